@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny models built locally, registries on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tiny_model import build_tiny_model  # noqa: E402
+
+POSTGRES_ENV = "WARMCACHE_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``{"qwen3": path, "llama": path}``: tiny checkpoints saved with save_pretrained."""
+    root = tmp_path_factory.mktemp("models")
+    return {arch: build_tiny_model(arch, root / f"tiny-{arch}") for arch in ("qwen3", "llama")}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads the developer's registry or cache by accident."""
+    monkeypatch.delenv("WARMCACHE_DB", raising=False)
+    monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def postgres_base_url() -> str:
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"{POSTGRES_ENV} is not set: PostgreSQL registry tests need a server (.ci/run sets it)")
+    return url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
+    import sqlalchemy as sa
+
+    from warmcache.registry.engine import normalise_url
+
+    base = normalise_url(postgres_base_url())
+    schema = f"wc_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same test on the embedded default and on the fleet database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def write_manifest(tmp_path: Path, tiny_models: dict[str, Path]) -> Callable[..., Path]:
+    """Write a manifest; ``{qwen3}``/``{llama}`` in the text become the tiny model folders."""
+
+    def write(text: str, name: str = "manifest.toml") -> Path:
+        path = tmp_path / name
+        body = textwrap.dedent(text).replace("{qwen3}", str(tiny_models["qwen3"])).replace("{llama}", str(tiny_models["llama"]))
+        path.write_text(body)
+        return path
+
+    return write

@@ -1,0 +1,122 @@
+"""The query CLI: plan, shapes and check, as users call them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from warmcache.cli import main
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry
+
+MANIFEST = """
+[[model]]
+name = "m"
+path = "{qwen3}"
+[[model.generate]]
+batch_sizes = [1, 2, 4]
+prompt_lengths = [16, 32]
+max_cache_len = 64
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [32]
+"""
+
+
+def _compile_all(url: str, manifest_path: Path, keep=lambda p: True) -> None:
+    """Mark shapes compiled through the registry's real claim path (no torch involved)."""
+    planned = [p for p in plan_manifest(load_manifest(manifest_path)) if keep(p)]
+    with Registry.open(url) as registry:
+        registry.ensure_pending(planned)
+        while (row := registry.claim([p.identity for p in planned], "test", 60)) is not None:
+            registry.mark_compiled(row.id, "test", compile_seconds=0.5, graphs_compiled=1)
+
+
+def test_plan_json_lists_every_spec_with_status(registry_url: str, write_manifest) -> None:
+    path = write_manifest(MANIFEST)
+    _compile_all(registry_url, path, keep=lambda p: p.spec.batch_size == 1)
+    result = CliRunner().invoke(main, ["plan", str(path), "--db", registry_url, "--json"])
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.output)
+    assert len(items) == 7
+    for item in items:
+        assert {"model", "workload", "batch_size", "seq_len", "max_cache_len", "dtype", "status"} <= item.keys()
+    assert {(i["batch_size"], i["status"]) for i in items if i["workload"] == "generate"} == {(1, "compiled"), (2, "missing"), (4, "missing")}
+
+
+def test_plan_text_has_a_summary_line(registry_url: str, write_manifest) -> None:
+    path = write_manifest(MANIFEST)
+    result = CliRunner().invoke(main, ["plan", str(path), "--db", registry_url])
+    assert result.exit_code == 0
+    assert result.output.strip().splitlines()[-1] == "7 shapes: 7 missing"
+
+
+def test_shapes_filters_and_json(registry_url: str, write_manifest) -> None:
+    path = write_manifest(MANIFEST)
+    _compile_all(registry_url, path)
+    runner = CliRunner()
+    rows = json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--workload", "train"]).output)
+    assert [(r["model"], r["batch_size"], r["seq_len"], r["status"]) for r in rows] == [("m", 2, 32, "compiled")]
+    text = runner.invoke(main, ["shapes", "--db", registry_url, "--status", "compiled"]).output
+    assert text.strip().endswith("7 shapes: 7 compiled")
+    assert json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--status", "failed"]).output) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (["--batch", "2", "--seq", "32"], 0, "is compiled exactly"),
+        (["--batch", "3", "--seq", "20"], 0, "pads to compiled batch=4 seq=32"),
+        (["--batch", "3", "--seq", "20", "--exact"], 1, "not compiled"),
+        (["--batch", "8", "--seq", "16"], 1, "nearest: batch=4 seq=16"),
+        (["--batch", "1", "--seq", "33"], 1, "nearest: batch=1 seq=32"),
+        (["--batch", "2", "--seq", "30", "--workload", "train"], 0, "pads to compiled batch=2 seq=32"),
+    ],
+)
+def test_check_exit_codes(registry_url: str, write_manifest, args: list[str], code: int, expected: str) -> None:
+    _compile_all(registry_url, write_manifest(MANIFEST))
+    result = CliRunner().invoke(main, ["check", "--model", "m", *args, "--db", registry_url])
+    assert result.exit_code == code, result.output
+    assert expected in result.output
+
+
+def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    _compile_all(url, write_manifest(MANIFEST))
+    runner = CliRunner()
+    result = runner.invoke(main, ["check", "--model", "m", "--batch", "3", "--seq", "16", "--db", url, "--json"])
+    data = json.loads(result.output)
+    assert result.exit_code == 0 and data["decision"] == "pad" and data["target"] == {"batch_size": 4, "seq_len": 16}
+    assert runner.invoke(main, ["check", "--model", "m", "--batch", "0", "--seq", "16", "--db", url]).exit_code == 2
+    assert runner.invoke(main, ["check", "--model", "m", "--seq", "16", "--db", url]).exit_code == 2
+    unknown = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url])
+    assert unknown.exit_code == 2 and "model 'nope' has no generate shapes" in unknown.stderr
+
+
+def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
+    in_manifest = tmp_path / "from-manifest.sqlite"
+    path = write_manifest(MANIFEST.replace('[[model]]', f'[registry]\nurl = "sqlite:///{in_manifest}"\n[[model]]', 1))
+    runner = CliRunner()
+    runner.invoke(main, ["plan", str(path)])
+    assert in_manifest.exists()
+    env_db = tmp_path / "from-env.sqlite"
+    monkeypatch.setenv("WARMCACHE_DB", f"sqlite:///{env_db}")
+    runner.invoke(main, ["plan", str(path)])
+    assert env_db.exists()
+    flag_db = tmp_path / "from-flag.sqlite"
+    runner.invoke(main, ["plan", str(path), "--db", f"sqlite:///{flag_db}"])
+    assert flag_db.exists()
+    monkeypatch.delenv("WARMCACHE_DB")
+    runner.invoke(main, ["shapes"])
+    assert (tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite").exists()
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "warmcache", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "plan" in result.stdout

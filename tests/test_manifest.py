@@ -1,0 +1,135 @@
+"""Manifest validation: every rule has a bad input, its message and its exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from warmcache.cli import main
+from warmcache.errors import ManifestError
+from warmcache.manifest import load_manifest
+
+GOOD = """
+[[model]]
+name = "m"
+path = "{qwen3}"
+[[model.generate]]
+batch_sizes = [1, 2]
+prompt_lengths = [8, 16]
+max_cache_len = 32
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [16]
+"""
+
+
+def test_good_manifest_expands_to_specs(write_manifest) -> None:
+    manifest = load_manifest(write_manifest(GOOD))
+    specs = manifest.specs()
+    assert [(s.workload, s.batch_size, s.seq_len) for s in specs] == [
+        ("generate", 1, 8),
+        ("generate", 1, 16),
+        ("generate", 2, 8),
+        ("generate", 2, 16),
+        ("train", 2, 16),
+    ]
+    model = manifest.models[0]
+    assert (model.device, model.backend, model.dtype, model.mode) == ("cpu", "inductor", "float32", "default")
+    assert specs[0].family.max_cache_len == 32 and specs[-1].family.max_cache_len is None
+    assert len({s.shape_hash for s in specs}) == len(specs)
+
+
+def test_defaults_per_device_and_relative_paths(write_manifest, tmp_path: Path) -> None:
+    path = write_manifest(
+        """
+        [registry]
+        url = "sqlite:///reg.sqlite"
+        [cache]
+        dir = "cache"
+        [[model]]
+        name = "n"
+        path = "./not-downloaded"
+        device = "neuron"
+        dtype = "bf16"
+        [[model.generate]]
+        batch_sizes = 1
+        prompt_lengths = [4]
+        max_cache_len = 8
+        """
+    )
+    manifest = load_manifest(path)
+    model = manifest.models[0]
+    assert model.backend == "neuron" and model.dtype == "bfloat16"
+    assert model.path == str(tmp_path / "not-downloaded")
+    assert manifest.registry_url == f"sqlite:///{tmp_path / 'reg.sqlite'}"
+    assert manifest.cache_dir == tmp_path / "cache"
+
+
+def test_hub_ids_stay_hub_ids(write_manifest) -> None:
+    path = write_manifest('[[model]]\nname = "q"\npath = "Qwen/Qwen3-0.6B"\n[[model.train]]\nbatch_sizes = [1]\nseq_lengths = [8]\n')
+    assert load_manifest(path).models[0].path == "Qwen/Qwen3-0.6B"
+
+
+BAD_CASES = {
+    "unknown top key": ('[registy]\nurl = "x"\n' + GOOD, "registy: unknown key (did you mean 'registry'?)"),
+    "unknown model key": (GOOD.replace('name = "m"', 'name = "m"\ndtyp = "bf16"'), "model[0].dtyp: unknown key (did you mean 'dtype'?)"),
+    "unknown generate key": (GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_beam = 2"), "model[0].generate[0].num_beam: unknown key (did you mean 'num_beams'?)"),
+    "wrong type": (GOOD.replace("batch_sizes = [1, 2]", 'batch_sizes = ["1"]'), "model[0].generate[0].batch_sizes[0]: must be an integer, got '1' (str)"),
+    "bool is not an int": (GOOD.replace("max_cache_len = 32", "max_cache_len = true"), "model[0].generate[0].max_cache_len: must be an integer, got True (bool)"),
+    "size zero": (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 0]"), "model[0].generate[0].batch_sizes[1]: must be > 0, got 0"),
+    "negative size": (GOOD.replace("seq_lengths = [16]", "seq_lengths = [-16]"), "model[0].train[0].seq_lengths[0]: must be > 0, got -16"),
+    "empty list": (GOOD.replace("batch_sizes = [2]", "batch_sizes = []"), "model[0].train[0].batch_sizes: must be a non-empty list of integers"),
+    "missing key": (GOOD.replace("max_cache_len = 32", ""), "model[0].generate[0].max_cache_len: missing required key"),
+    "prompt overflows cache": (GOOD.replace("max_cache_len = 32", "max_cache_len = 16"), "model[0].generate[0].prompt_lengths: prompt length 16 + 1 new token exceeds max_cache_len 16"),
+    "unknown dtype": (GOOD.replace('name = "m"', 'name = "m"\ndtype = "fp8"'), "model[0].dtype: unknown dtype 'fp8'"),
+    "device auto": (GOOD.replace('name = "m"', 'name = "m"\ndevice = "auto"'), "model[0].device: 'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU"),
+    "unknown device": (GOOD.replace('name = "m"', 'name = "m"\ndevice = "cdua"'), "model[0].device: unknown value 'cdua' (allowed: neuron, cpu, cuda); did you mean 'cuda'?"),
+    "backend for wrong device": (GOOD.replace('name = "m"', 'name = "m"\nbackend = "neuron"'), "model[0].backend: backend 'neuron' does not compile for device 'cpu'"),
+    "duplicate model": (GOOD + GOOD, "model[1].name: duplicate model name 'm' (first used by model[0])"),
+    "bad name": (GOOD.replace('name = "m"', 'name = "my model"'), "model[0].name: 'my model' must start with a letter or digit"),
+    "no workload": ('[[model]]\nname = "m"\npath = "x"\n', "model[0]: model 'm' declares no workload"),
+    "no model": ('[registry]\nurl = "sqlite:///x.db"\n', "model: no [[model]] entries"),
+    "tp size zero": (GOOD.replace('name = "m"', 'name = "m"\ndistributed = { tp_size = 0 }'), "model[0].distributed.tp_size: must be > 0, got 0"),
+    "num_return_sequences": (GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_return_sequences = 2"), "model[0].generate[0].num_return_sequences: 2 exceeds num_beams 1"),
+    "invalid toml": ("[[model]\nname=", "invalid TOML"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES), ids=sorted(BAD_CASES))
+def test_bad_manifest_names_file_key_and_value(case: str, write_manifest, tmp_path: Path) -> None:
+    text, expected = BAD_CASES[case]
+    path = write_manifest(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert expected in str(info.value)
+    assert str(path) in str(info.value)
+
+    db = tmp_path / "reg.sqlite"
+    result = CliRunner().invoke(main, ["plan", str(path), "--db", f"sqlite:///{db}"])
+    assert result.exit_code == 2, result.output
+    assert f"warmcache: error: {path}" in result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.output
+    assert not db.exists(), "a bad manifest must not touch the registry"
+
+
+def test_every_problem_is_reported_one_per_line(write_manifest) -> None:
+    text = GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [0]").replace('name = "m"', 'name = "m"\ndevice = "auto"')
+    with pytest.raises(ManifestError) as info:
+        load_manifest(write_manifest(text))
+    assert len(info.value.problems) == 2
+    assert all("\n" not in p for p in info.value.problems)
+
+
+def test_missing_manifest_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["plan", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'nope.toml'}: manifest not found" in result.stderr
+
+
+def test_example_manifest_validates() -> None:
+    root = Path(__file__).resolve().parents[1]
+    manifest = load_manifest(root / "examples" / "tiny-cpu.toml")
+    assert {m.name for m in manifest.models} == {"tiny-qwen3", "tiny-llama"}

@@ -1,0 +1,117 @@
+"""Build tiny, random-weight causal LMs with a real tokenizer, saved like a hub checkpoint.
+
+No model hub is reachable from CI, so tests, examples and benchmarks build their
+models here from a config (Qwen3, Llama, ...) and a BPE tokenizer trained on a
+small generated corpus, save them with ``save_pretrained`` and load them back
+through the real ``from_pretrained`` path.
+
+    python tools/tiny_model.py .warmcache/models            # every architecture
+    python tools/tiny_model.py .warmcache/models --arch qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ARCHITECTURES = ("qwen3", "llama")
+VOCAB_SIZE = 384
+_WORDS = (
+    "the a compile cache warm shape batch token neuron graph model train serve guard pad bucket "
+    "fast slow first next every prompt length decode prefill step loss tensor device core chip"
+).split()
+
+
+def _corpus(lines: int = 400) -> list[str]:
+    # Deterministic pseudo-sentences: enough variety for a few hundred BPE merges.
+    return [" ".join(_WORDS[(i * 7 + j * 13 + i * j) % len(_WORDS)] for j in range(6 + i % 9)) for i in range(lines)]
+
+
+def build_tokenizer(out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+    fast.save_pretrained(out_dir)
+
+
+def build_config(arch: str):  # type: ignore[no-untyped-def]
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+        # Large enough that greedy decoding of random weights varies with the prompt,
+        # so "padded output == unpadded output" is a real check, not a constant.
+        initializer_range=0.5,
+    )
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(head_dim=16, **common)
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(head_dim=16, **common)
+    raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+
+
+def build_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write ``config.json``, weights and tokenizer of a tiny ``arch`` model into ``out_dir``.
+
+    Idempotent: an existing complete folder is left as it is.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    marker = out_dir / "warmcache-tiny.json"
+    if marker.is_file():
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(build_config(arch))
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(out_dir)
+    build_tokenizer(out_dir)
+    marker.write_text(json.dumps({"arch": arch, "seed": seed}))
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_root", type=Path, help="Folder that receives one sub-folder per model (tiny-<arch>).")
+    parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: all).")
+    args = parser.parse_args()
+    for arch in args.arch or ARCHITECTURES:
+        path = build_tiny_model(arch, args.out_root / f"tiny-{arch}")
+        print(f"tiny-{arch}: {path}")
+
+
+if __name__ == "__main__":
+    main()

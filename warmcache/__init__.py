@@ -1,0 +1,59 @@
+"""warmcache: compile once, never in production.
+
+The public API. Importing it stays cheap (no torch, no transformers): runtime
+pieces that need torch are imported on first use through ``__getattr__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from warmcache.errors import (
+    CacheError,
+    ManifestError,
+    RegistryError,
+    SchemaOutOfDateError,
+    TargetUnavailableError,
+    UnseenShapeError,
+    UsageError,
+    WarmcacheError,
+)
+from warmcache.manifest import Manifest, ModelSpec, load_manifest
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
+
+#: Names served lazily: ``name -> module`` (these modules import torch).
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'warmcache' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "BucketTable",
+    "CacheError",
+    "Decision",
+    "Manifest",
+    "ManifestError",
+    "ModelSpec",
+    "PlannedShape",
+    "Registry",
+    "RegistryError",
+    "SchemaOutOfDateError",
+    "ShapeFamily",
+    "ShapeRecord",
+    "ShapeSpec",
+    "TargetUnavailableError",
+    "UnseenShapeError",
+    "UsageError",
+    "WarmcacheError",
+    "load_manifest",
+    "plan_manifest",
+    *_LAZY,
+]

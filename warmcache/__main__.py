@@ -1,0 +1,3 @@
+from warmcache.cli import main
+
+main(prog_name="warmcache")

@@ -1,0 +1,43 @@
+"""The ``warmcache`` command line: a click group of thin commands over the library.
+
+Every :class:`~warmcache.errors.WarmcacheError` becomes ``warmcache: error: ...``
+on stderr (one line per problem) and its exit code; no traceback reaches users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from sqlalchemy.exc import OperationalError
+
+from warmcache.cli.db import db_group
+from warmcache.cli.query import check, plan, shapes
+from warmcache.errors import RegistryError, WarmcacheError
+from warmcache.fingerprint import package_version
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WarmcacheError as exc:
+            _fail(ctx, exc)
+        except OperationalError as exc:
+            _fail(ctx, RegistryError(f"registry: {str(exc.orig or exc).strip().splitlines()[0]}"))
+
+
+def _fail(ctx: click.Context, exc: WarmcacheError) -> None:
+    for line in str(exc).splitlines():
+        click.echo(f"warmcache: error: {line}", err=True)
+    ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_version("warmcache") or "unknown", prog_name="warmcache")
+def main() -> None:
+    """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
+
+
+for _command in (plan, shapes, check, db_group):
+    main.add_command(_command)

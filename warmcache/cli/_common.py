@@ -1,0 +1,64 @@
+"""What every command shares: the registry location, ``--json`` output, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from warmcache.manifest import Manifest
+from warmcache.registry import Registry
+from warmcache.registry.engine import default_registry_url
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DB_HELP = "Registry database URL (default: $WARMCACHE_DB, then the manifest's [registry] url, then ~/.cache/warmcache/registry.sqlite)."
+
+
+def db_option(func: F) -> F:
+    return click.option("--db", "db_url", metavar="URL", default=None, help=DB_HELP)(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text.")(func)
+
+
+def registry_url(db_url: str | None, manifest: Manifest | None = None) -> str:
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default."""
+    return db_url or os.environ.get("WARMCACHE_DB") or (manifest.registry_url if manifest else None) or default_registry_url()
+
+
+def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Registry:
+    return Registry.open(registry_url(db_url, manifest))
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain left-aligned text table (numbers right-aligned)."""
+    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(_is_number(r[i]) for r in cells if r[i]) and bool(cells) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    return "\n".join([line(list(headers))] + [line(r) for r in cells])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_terminal() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")

@@ -1,0 +1,141 @@
+"""Query commands: ``plan``, ``shapes`` and ``check``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+
+from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.query import check_request, effective_status
+from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
+
+PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "failed", "stale")
+
+
+@click.command("plan")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--model", "model_name", default=None, help="Only this model.")
+@db_option
+@json_option
+def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
+    """List every shape MANIFEST declares with its registry status."""
+    parsed = load_manifest(manifest)
+    planned = plan_manifest(parsed, model_name)
+    with open_registry(db_url, parsed) as registry:
+        statuses = registry.plan_status(planned)
+    if as_json:
+        print_json(
+            [
+                {
+                    "model": s.planned.model.name,
+                    "workload": s.planned.spec.workload,
+                    "batch_size": s.planned.spec.batch_size,
+                    "seq_len": s.planned.spec.seq_len,
+                    "max_cache_len": s.planned.spec.family.max_cache_len,
+                    "dtype": s.planned.spec.family.dtype,
+                    "tp_size": s.planned.spec.family.tp_size,
+                    "fsdp_size": s.planned.spec.family.fsdp_size,
+                    "settings": s.planned.spec.family.settings_dict(),
+                    "device": s.planned.model.device,
+                    "backend": s.planned.model.backend,
+                    "status": s.status,
+                    "identity": s.planned.identity,
+                    "compile_seconds": s.record.compile_seconds if s.record and s.status != "stale" else None,
+                }
+                for s in statuses
+            ]
+        )
+        return
+    rows = [
+        (
+            s.planned.model.name,
+            s.planned.spec.workload,
+            s.planned.spec.family.dtype,
+            s.planned.spec.batch_size,
+            s.planned.spec.seq_len,
+            s.planned.spec.family.max_cache_len,
+            s.status,
+        )
+        for s in statuses
+    ]
+    click.echo(format_table(("model", "workload", "dtype", "batch", "seq", "max_cache_len", "status"), rows))
+    counts = Counter(s.status for s in statuses)
+    summary = ", ".join(f"{counts[k]} {k}" for k in PLAN_STATUSES if counts[k])
+    click.echo(f"{len(statuses)} shapes: {summary or 'none'}")
+
+
+@click.command("shapes")
+@click.option("--model", "model_name", default=None, help="Only this model.")
+@click.option("--workload", type=click.Choice(WORKLOADS), default=None)
+@click.option("--status", "status", type=click.Choice(PLAN_STATUSES[1:]), default=None, help="Only rows with this (effective) status.")
+@db_option
+@json_option
+def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:
+    """List the shapes in the registry (rows of another toolchain show as stale)."""
+    with open_registry(db_url) as registry:
+        records = registry.rows(model=model_name, workload=workload)
+    listed = [(r, effective_status(r)) for r in records]
+    if status is not None:
+        listed = [(r, s) for r, s in listed if s == status]
+    if as_json:
+        print_json([{**r.as_json(), "status": s, "stored_status": r.status} for r, s in listed])
+        return
+    rows = [
+        (
+            r.model_name,
+            r.workload,
+            r.dtype,
+            r.batch_size,
+            r.seq_len,
+            r.max_cache_len,
+            s,
+            f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else None,
+        )
+        for r, s in listed
+    ]
+    click.echo(format_table(("model", "workload", "dtype", "batch", "seq", "max_cache_len", "status", "compile_s"), rows))
+    counts = Counter(s for _, s in listed)
+    click.echo(f"{len(listed)} shapes: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"))
+
+
+@click.command("check")
+@click.option("--model", "model_name", required=True, help="Model name as in the manifest.")
+@click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True)
+@click.option("--batch", "batch_size", type=click.IntRange(min=1), required=True, help="Request batch size.")
+@click.option("--seq", "seq_len", type=click.IntRange(min=1), required=True, help="Prompt (generate) or sequence (train) length.")
+@click.option("--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype.")
+@click.option("--max-cache-len", type=click.IntRange(min=1), default=None, help="Only shapes compiled for this cache length.")
+@click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled.")
+@db_option
+@json_option
+def check(
+    model_name: str,
+    workload: str,
+    batch_size: int,
+    seq_len: int,
+    dtype: str | None,
+    max_cache_len: int | None,
+    exact: bool,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Exit 0 if a request can run without compiling (exactly or padded), 1 if not."""
+    with open_registry(db_url) as registry:
+        result = check_request(
+            registry,
+            model=model_name,
+            workload=workload,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            exact=exact,
+            dtype=dtype,
+            max_cache_len=max_cache_len,
+        )
+    if as_json:
+        print_json(result.as_json())
+    else:
+        click.echo(result.message())
+    raise SystemExit(0 if result.ok else 1)

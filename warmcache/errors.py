@@ -1,0 +1,71 @@
+"""One exception family for everything warmcache refuses to do.
+
+Every error carries a single-line message that names the file, key or value at
+fault, and the process exit code the CLI should use. The CLI prints
+``warmcache: error: <message>`` and exits with ``exit_code``; it never shows a
+traceback for these.
+"""
+
+from __future__ import annotations
+
+
+class WarmcacheError(Exception):
+    """Base class: a clear, single-line, user-facing failure."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        # Keep messages on one line so they survive log scrapers and CI annotations.
+        super().__init__(" ".join(str(message).split()))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class UsageError(WarmcacheError):
+    """The caller asked for something malformed (bad flag value, unknown model)."""
+
+    exit_code = 2
+
+
+class ManifestError(UsageError):
+    """The manifest file is unreadable or fails validation.
+
+    Validation reports every problem at once, one line each, so a user fixes a
+    manifest in one pass instead of one error per run.
+    """
+
+    def __init__(self, problems: "list[str] | str") -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        Exception.__init__(self, "\n".join(" ".join(p.split()) for p in self.problems))
+
+
+class SchemaOutOfDateError(WarmcacheError):
+    """The registry database was written by another schema revision."""
+
+    exit_code = 3
+
+
+class RegistryError(WarmcacheError):
+    """The registry database cannot be opened or written."""
+
+    exit_code = 3
+
+
+class TargetUnavailableError(WarmcacheError):
+    """A compile target (neuron, cuda) was requested where it cannot run."""
+
+    exit_code = 4
+
+
+class UnseenShapeError(WarmcacheError):
+    """A request's shape was never compiled and the policy forbids compiling it."""
+
+    exit_code = 1
+
+
+class CacheError(WarmcacheError):
+    """A compile-cache directory or bundle is unusable (bad hash, unsafe member)."""
+
+    exit_code = 5

@@ -1,0 +1,48 @@
+"""Bind declared shapes to this machine: add the model and toolchain fingerprints.
+
+A :class:`PlannedShape` is what the registry stores a row for. Its ``identity``
+covers the declared shape, the model config and the toolchain, so an upgrade of
+torch or a changed config yields a new identity and the old row reads as stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from warmcache.fingerprint import Toolchain, current_toolchain, model_config_hash
+from warmcache.manifest import Manifest, ModelSpec
+from warmcache.shapes import ShapeSpec, short_hash
+
+
+def shape_identity(shape_hash: str, config_hash: str, toolchain_hash: str) -> str:
+    return short_hash({"shape": shape_hash, "config": config_hash, "toolchain": toolchain_hash}, length=32)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedShape:
+    """A declared shape of a model, fingerprinted for this machine's toolchain."""
+
+    spec: ShapeSpec
+    model: ModelSpec
+    config_hash: str
+    toolchain: Toolchain
+
+    @property
+    def shape_hash(self) -> str:
+        return self.spec.shape_hash
+
+    @property
+    def identity(self) -> str:
+        return shape_identity(self.spec.shape_hash, self.config_hash, self.toolchain.hash)
+
+
+def plan_model(model: ModelSpec) -> list[PlannedShape]:
+    config = model_config_hash(model.path, model.revision)
+    toolchain = current_toolchain(model.device, model.backend, model.mode)
+    return [PlannedShape(spec, model, config, toolchain) for spec in model.specs()]
+
+
+def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[PlannedShape]:
+    """Every shape the manifest declares (optionally for one model), fingerprinted once per model."""
+    models = [manifest.model(model_name)] if model_name else list(manifest.models)
+    return [planned for model in models for planned in plan_model(model)]

@@ -1,0 +1,131 @@
+"""Read-side questions about the registry: what is usable here, and can a request run.
+
+A row is usable on this machine only if its toolchain fingerprint equals the one
+this machine would compile with; rows of any other toolchain read as ``stale``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.errors import UsageError
+from warmcache.fingerprint import current_toolchain
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.models import DONE_STATUSES
+from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
+
+
+@functools.cache
+def local_toolchain_hash(device: str, backend: str, mode: str) -> str:
+    return current_toolchain(device, backend, mode).hash
+
+
+def effective_status(record: ShapeRecord) -> str:
+    """The row's status, or ``stale`` when this machine's toolchain differs from the row's."""
+    if record.toolchain_hash != local_toolchain_hash(record.device, record.backend, record.mode):
+        return "stale"
+    return record.status
+
+
+def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
+    """Rows compiled (or verified) for this machine's toolchain."""
+    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != "stale"]
+
+
+def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTable]:
+    pairs: dict[ShapeFamily, set[tuple[int, int]]] = {}
+    for record in records:
+        pairs.setdefault(record.family, set()).add((record.batch_size, record.seq_len))
+    return {family: BucketTable.from_pairs(p) for family, p in pairs.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """Whether a request of ``(batch, seq)`` can run without compiling, and how."""
+
+    decision: Decision
+    family: ShapeFamily | None
+
+    @property
+    def ok(self) -> bool:
+        return self.decision.runnable
+
+    def message(self) -> str:
+        d = self.decision
+        where = self.family.describe() if self.family else ""
+        if d.kind == "exact":
+            return f"ok: batch={d.batch_size} seq={d.seq_len} is compiled exactly ({where})"
+        if d.kind == "pad":
+            assert d.target is not None
+            return f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} seq={d.target[1]} ({where})"
+        return f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: {format_pairs(d.nearest)}"
+
+    def as_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {
+            "ok": self.ok,
+            "decision": d.kind,
+            "batch_size": d.batch_size,
+            "seq_len": d.seq_len,
+            "target": {"batch_size": d.target[0], "seq_len": d.target[1]} if d.target else None,
+            "nearest": [{"batch_size": b, "seq_len": s} for b, s in d.nearest],
+            "family": None
+            if self.family is None
+            else {
+                "model": self.family.model,
+                "workload": self.family.workload,
+                "dtype": self.family.dtype,
+                "max_cache_len": self.family.max_cache_len,
+                "tp_size": self.family.tp_size,
+                "fsdp_size": self.family.fsdp_size,
+                "settings": self.family.settings_dict(),
+            },
+        }
+
+
+def check_request(
+    registry: Registry,
+    *,
+    model: str,
+    workload: str,
+    batch_size: int,
+    seq_len: int,
+    exact: bool = False,
+    dtype: str | None = None,
+    max_cache_len: int | None = None,
+) -> CheckResult:
+    """Decide a request against every usable compiled family of the model; the least padding wins."""
+    records = registry.rows(model=model, workload=workload)
+    if not records:
+        raise UsageError(f"model {model!r} has no {workload} shapes in registry {registry.display_url}")
+    usable = [
+        r
+        for r in usable_records(records)
+        if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len)
+    ]
+    best: CheckResult | None = None
+    nearest: list[tuple[int, int]] = []
+    for family, table in bucket_tables(usable).items():
+        decision = table.decide(batch_size, seq_len)
+        if decision.kind == "pad" and exact:
+            decision = Decision("refuse", batch_size, seq_len, nearest=table.nearest(batch_size, seq_len))
+        if decision.runnable:
+            cost = _padded_tokens(decision)
+            if best is None or cost < _padded_tokens(best.decision):
+                best = CheckResult(decision, family)
+        else:
+            nearest.extend(decision.nearest)
+    if best is not None:
+        return best
+    if not usable:
+        nearest = [(r.batch_size, r.seq_len) for r in records][:3]
+    ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len) if nearest else ()
+    return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
+
+
+def _padded_tokens(decision: Decision) -> int:
+    target = decision.target or (decision.batch_size, decision.seq_len)
+    return target[0] * target[1]

@@ -1,0 +1,85 @@
+"""Engines for the two supported databases, with the settings each one needs.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout so several
+warmup processes on one host can share it; write transactions begin
+``IMMEDIATE`` so two writers never deadlock upgrading a read snapshot.
+PostgreSQL (the fleet registry) is reached through psycopg 3.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from warmcache.errors import RegistryError, UsageError
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def default_registry_url() -> str:
+    """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}"
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``postgresql://`` and plain SQLite file paths; pick the psycopg 3 driver."""
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def display_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def create_registry_engine(url: str) -> Engine:
+    url = normalise_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise UsageError(f"registry URL {url!r} is not a database URL (e.g. sqlite:///path.db or postgresql://host/db)") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url, parsed.database)
+    if backend == "postgresql":
+        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    raise UsageError(f"registry URL {display_url(url)!r}: unsupported database {backend!r} (use sqlite or postgresql)")
+
+
+def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:":
+        folder = Path(database).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RegistryError(f"registry {url}: cannot create folder {folder}: {exc.strerror}") from None
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event own transaction start (pysqlite's own is lazy and wrong).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

@@ -1,0 +1,441 @@
+"""The Registry facade: open a database, add, claim, mark and query compiled shapes.
+
+Every write is one short transaction, so an interrupted process never leaves a
+half-written row: a claimed spec is either ``compiling`` under a lease (taken
+again once the lease expires) or in its final state with its artifacts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, selectinload
+
+from warmcache.errors import RegistryError
+from warmcache.plan import PlannedShape
+from warmcache.registry import schema
+from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
+from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
+from warmcache.registry.records import ArtifactRef, ShapeRecord
+
+
+def worker_id() -> str:
+    """``host:pid``: who holds a claim, readable in ``warmcache status``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStatus:
+    """A planned shape with what the registry knows about it."""
+
+    planned: PlannedShape
+    status: str
+    record: ShapeRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class MissEvent:
+    """One aggregated guard decision that was not an exact hit."""
+
+    model_name: str
+    workload: str
+    dtype: str
+    batch_size: int
+    seq_len: int
+    decision: str
+    padded_batch: int | None = None
+    padded_seq: int | None = None
+    count: int = 1
+    tp_size: int = 1
+    fsdp_size: int = 1
+
+
+class Registry:
+    """A connection to one registry database."""
+
+    def __init__(self, engine: Engine, url: str) -> None:
+        self.engine = engine
+        self.url = url
+
+    @classmethod
+    def open(cls, url: str, *, check_schema: bool = True) -> "Registry":
+        """Open a registry; an empty database is initialised, an out-of-date one refused."""
+        url = normalise_url(url)
+        engine = create_registry_engine(url)
+        try:
+            if check_schema:
+                schema.ensure_current(engine, display_url(url))
+        except OperationalError as exc:
+            engine.dispose()
+            raise RegistryError(f"registry {display_url(url)}: cannot connect: {_first_line(exc.orig or exc)}") from None
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, url)
+
+    @property
+    def display_url(self) -> str:
+        return display_url(self.url)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Registry":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any error."""
+        session = Session(self.engine, expire_on_commit=False)
+        try:
+            with session.begin():
+                yield session
+        except OperationalError as exc:
+            raise RegistryError(f"registry {self.display_url}: {_first_line(exc.orig or exc)}") from None
+        finally:
+            session.close()
+
+    # ---------------------------------------------------------------- writes
+
+    def ensure_pending(self, planned: Sequence[PlannedShape]) -> int:
+        """Insert a ``pending`` row for each planned shape that has none; return how many were new."""
+        if not planned:
+            return 0
+        values = [_row_values(p) for p in planned]
+        insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        inserted = 0
+        with self.session() as session:
+            for chunk in _chunks(values, 500):
+                stmt = insert(CompiledShape).values(chunk).on_conflict_do_nothing(index_elements=["identity"])
+                inserted += len(session.execute(stmt.returning(CompiledShape.id)).all())
+        return inserted
+
+    def claim(
+        self,
+        identities: Sequence[str],
+        worker: str,
+        lease_seconds: float,
+        *,
+        retry_failed: bool = False,
+    ) -> ShapeRecord | None:
+        """Take one claimable row among ``identities`` for ``worker``, or ``None`` if none is left.
+
+        Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
+        and with ``retry_failed`` also ``failed``. The final update re-checks the
+        condition, so two claimers racing for one row cannot both win; PostgreSQL
+        additionally skips rows another transaction has locked.
+        """
+        if not identities:
+            return None
+        for chunk in _chunks(list(identities), 2000):
+            while True:
+                now = utcnow()
+                claimable = _claimable(now, retry_failed)
+                with self.session() as session:
+                    query = (
+                        select(CompiledShape.id)
+                        .where(CompiledShape.identity.in_(chunk), claimable)
+                        .order_by(CompiledShape.id)
+                        .limit(1)
+                    )
+                    if self.dialect == "postgresql":
+                        query = query.with_for_update(skip_locked=True)
+                    candidate = session.scalar(query)
+                    if candidate is None:
+                        break
+                    won = session.execute(
+                        update(CompiledShape)
+                        .where(CompiledShape.id == candidate, claimable)
+                        .values(
+                            status="compiling",
+                            claimed_by=worker,
+                            lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+                            attempts=CompiledShape.attempts + 1,
+                            error=None,
+                            updated_at=now,
+                        )
+                        .execution_options(synchronize_session=False)
+                    ).rowcount
+                    if won:
+                        row = session.get(CompiledShape, candidate, populate_existing=True)
+                        assert row is not None
+                        return ShapeRecord.from_row(row)
+        return None
+
+    def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
+        """Extend a claim; ``False`` means the claim was lost (expired and taken over)."""
+        now = utcnow()
+        with self.session() as session:
+            return bool(
+                session.execute(
+                    update(CompiledShape)
+                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
+                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
+                ).rowcount
+            )
+
+    def release(self, row_id: int, worker: str) -> None:
+        """Give a claim back untouched (the worker is stopping, not failing)."""
+        self._finish(row_id, worker, status="pending")
+
+    def mark_compiled(
+        self,
+        row_id: int,
+        worker: str,
+        *,
+        compile_seconds: float,
+        graphs_compiled: int,
+        artifacts: Iterable[ArtifactRef] = (),
+        host: str | None = None,
+    ) -> bool:
+        """Record a successful compile with its artifacts; ``False`` if the claim was lost."""
+        now = utcnow()
+        with self.session() as session:
+            won = self._finish_in(
+                session,
+                row_id,
+                worker,
+                status="compiled",
+                compile_seconds=compile_seconds,
+                graphs_compiled=graphs_compiled,
+                host=host or socket.gethostname(),
+                compiled_at=now,
+                verified_at=None,
+            )
+            if won:
+                session.execute(delete(Artifact).where(Artifact.shape_id == row_id))
+                session.add_all(Artifact(shape_id=row_id, kind=a.kind, path=a.path, size_bytes=a.size_bytes) for a in set(artifacts))
+            return won
+
+    def mark_failed(self, row_id: int, worker: str, error: str, host: str | None = None) -> bool:
+        return self._finish(row_id, worker, status="failed", error=error, host=host or socket.gethostname())
+
+    def mark_verified(self, identities: Iterable[str]) -> int:
+        """Promote ``compiled`` rows that a fresh process replayed without compiling."""
+        ids = list(identities)
+        if not ids:
+            return 0
+        now = utcnow()
+        with self.session() as session:
+            return session.execute(
+                update(CompiledShape)
+                .where(CompiledShape.identity.in_(ids), CompiledShape.status.in_(("compiled", "verified")))
+                .values(status="verified", verified_at=now, updated_at=now)
+            ).rowcount
+
+    def mark_unverified(self, identities: Iterable[str], reason: str) -> int:
+        """Demote rows whose replay compiled: the cache does not hold what the row claims."""
+        ids = list(identities)
+        if not ids:
+            return 0
+        now = utcnow()
+        with self.session() as session:
+            return session.execute(
+                update(CompiledShape)
+                .where(CompiledShape.identity.in_(ids))
+                .values(status="failed", error=reason, verified_at=None, updated_at=now)
+            ).rowcount
+
+    def forget(self, row_ids: Iterable[int]) -> int:
+        """Delete rows (and their artifacts): those shapes read as ``missing`` again."""
+        ids = list(row_ids)
+        if not ids:
+            return 0
+        with self.session() as session:
+            session.execute(delete(Artifact).where(Artifact.shape_id.in_(ids)))
+            return session.execute(delete(CompiledShape).where(CompiledShape.id.in_(ids))).rowcount
+
+    def _finish(self, row_id: int, worker: str, **values: Any) -> bool:
+        with self.session() as session:
+            return self._finish_in(session, row_id, worker, **values)
+
+    @staticmethod
+    def _finish_in(session: Session, row_id: int, worker: str, **values: Any) -> bool:
+        return bool(
+            session.execute(
+                update(CompiledShape)
+                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
+                .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values)
+            ).rowcount
+        )
+
+    # ---------------------------------------------------------------- reads
+
+    def rows(
+        self,
+        *,
+        model: str | None = None,
+        workload: str | None = None,
+        statuses: Sequence[str] | None = None,
+        identities: Sequence[str] | None = None,
+        shape_hashes: Sequence[str] | None = None,
+        with_artifacts: bool = False,
+    ) -> list[ShapeRecord]:
+        """Registry rows matching every filter given, in a stable order."""
+        conditions: list[ColumnElement[bool]] = []
+        if model is not None:
+            conditions.append(CompiledShape.model_name == model)
+        if workload is not None:
+            conditions.append(CompiledShape.workload == workload)
+        if statuses is not None:
+            conditions.append(CompiledShape.status.in_(list(statuses)))
+        query = select(CompiledShape).where(*conditions).order_by(
+            CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id
+        )
+        if with_artifacts:
+            query = query.options(selectinload(CompiledShape.artifacts))
+        keys = [(CompiledShape.identity, identities), (CompiledShape.shape_hash, shape_hashes)]
+        with self.session() as session:
+            if not any(values is not None for _, values in keys):
+                return [ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query)]
+            out: list[ShapeRecord] = []
+            for column, values in keys:
+                if values is None:
+                    continue
+                for chunk in _chunks(list(values), 2000):
+                    out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
+            return out
+
+    def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
+        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
+        by_shape: dict[str, list[ShapeRecord]] = {}
+        for record in self.rows(shape_hashes=sorted({p.shape_hash for p in planned})):
+            by_shape.setdefault(record.shape_hash, []).append(record)
+        out = []
+        for p in planned:
+            records = by_shape.get(p.shape_hash, [])
+            own = next((r for r in records if r.identity == p.identity), None)
+            if own is not None:
+                out.append(PlanStatus(p, own.status, own))
+            elif records:
+                out.append(PlanStatus(p, "stale", max(records, key=lambda r: r.updated_at)))
+            else:
+                out.append(PlanStatus(p, "missing", None))
+        return out
+
+    def record_misses(self, events: Sequence[MissEvent]) -> None:
+        if not events:
+            return
+        host = socket.gethostname()
+        with self.session() as session:
+            session.add_all(
+                ShapeMiss(
+                    model_name=e.model_name,
+                    workload=e.workload,
+                    dtype=e.dtype,
+                    tp_size=e.tp_size,
+                    fsdp_size=e.fsdp_size,
+                    batch_size=e.batch_size,
+                    seq_len=e.seq_len,
+                    decision=e.decision,
+                    padded_batch=e.padded_batch,
+                    padded_seq=e.padded_seq,
+                    count=e.count,
+                    host=host,
+                )
+                for e in events
+            )
+
+    def miss_summary(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Recorded misses summed per (model, workload, dtype, shape, decision), most frequent first."""
+        columns = (
+            ShapeMiss.model_name,
+            ShapeMiss.workload,
+            ShapeMiss.dtype,
+            ShapeMiss.batch_size,
+            ShapeMiss.seq_len,
+            ShapeMiss.decision,
+            ShapeMiss.padded_batch,
+            ShapeMiss.padded_seq,
+        )
+        total = func.sum(ShapeMiss.count).label("count")
+        query = select(*columns, total, func.max(ShapeMiss.recorded_at).label("last_seen")).group_by(*columns)
+        if model is not None:
+            query = query.where(ShapeMiss.model_name == model)
+        with self.session() as session:
+            result = session.execute(query.order_by(total.desc(), *columns)).all()
+        return [
+            {
+                "model": r.model_name,
+                "workload": r.workload,
+                "dtype": r.dtype,
+                "batch_size": r.batch_size,
+                "seq_len": r.seq_len,
+                "decision": r.decision,
+                "padded_batch": r.padded_batch,
+                "padded_seq": r.padded_seq,
+                "count": int(r.count),
+                "last_seen": (r.last_seen.replace(tzinfo=dt.timezone.utc) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
+            }
+            for r in result
+        ]
+
+
+def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
+    options = [
+        CompiledShape.status == "pending",
+        and_(CompiledShape.status == "compiling", CompiledShape.lease_expires_at < now),
+    ]
+    if retry_failed:
+        options.append(CompiledShape.status == "failed")
+    return or_(*options)
+
+
+def _row_values(p: PlannedShape) -> dict[str, Any]:
+    spec, model, family = p.spec, p.model, p.spec.family
+    now = utcnow()
+    return {
+        "identity": p.identity,
+        "shape_hash": p.shape_hash,
+        "model_name": model.name,
+        "model_path": model.path,
+        "model_revision": model.revision,
+        "config_hash": p.config_hash,
+        "toolchain_hash": p.toolchain.hash,
+        "toolchain": p.toolchain.as_dict(),
+        "workload": family.workload,
+        "settings": family.settings_dict(),
+        "batch_size": spec.batch_size,
+        "seq_len": spec.seq_len,
+        "max_cache_len": family.max_cache_len,
+        "dtype": family.dtype,
+        "device": model.device,
+        "backend": model.backend,
+        "mode": model.mode,
+        "tp_size": family.tp_size,
+        "fsdp_size": family.fsdp_size,
+        "status": "pending",
+        "attempts": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _first_line(exc: object) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["MissEvent", "PlanStatus", "Registry", "worker_id"]

@@ -1,0 +1,75 @@
+"""Schema revisions: the registry refuses to run on a database of another revision.
+
+An empty database is brought to the head revision through the migrations (so
+``migrations/`` stays the schema's only source); a database at an older revision
+is an error that says how to upgrade, never a silent rewrite.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect
+
+from alembic import command
+from warmcache.errors import SchemaOutOfDateError
+
+
+def migrations_dir() -> Path:
+    return Path(str(resources.files("warmcache._migrations")))
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return config
+
+
+def head_revision(engine: Engine) -> str:
+    head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+    assert head is not None, "migrations/ holds no revision"
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    config = alembic_config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+
+
+def is_empty(engine: Engine) -> bool:
+    return not inspect(engine).get_table_names()
+
+
+def ensure_current(engine: Engine, display_url: str) -> None:
+    """Initialise an empty database; refuse one at another revision with the fix in the message."""
+    current = current_revision(engine)
+    head = head_revision(engine)
+    if current == head:
+        return
+    if current is None and is_empty(engine):
+        upgrade(engine)
+        return
+    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()}
+    if current is None:
+        raise SchemaOutOfDateError(
+            f"registry {display_url} has tables but no warmcache schema revision; point --db at an empty or warmcache database"
+        )
+    if current not in known:
+        raise SchemaOutOfDateError(
+            f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache"
+        )
+    raise SchemaOutOfDateError(
+        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}"
+    )
