@@ -1,0 +1,63 @@
+"""How warmcache calls ``generate()``: one definition shared by warmup and the runtime guard.
+
+The decode graph ``generate()`` compiles depends on the effective batch, the
+static cache length and the generation settings, so warmup and production must
+build the call the same way or production meets a graph warmup never compiled.
+Measured on CPU (tiny Qwen3, aot_eager, static cache pinned at 32): prompt
+lengths 8 and 16 and left-padded masks shared one decode graph per batch size;
+a prompt + max_new_tokens - 1 beyond the pinned length grew the cache and
+compiled a new graph. Hence :func:`max_new_tokens_that_fit`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import CompileConfig
+
+
+def compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
+    """The ``CompileConfig`` generate() compiles its decode step with.
+
+    ``dynamic=False`` everywhere: a bucketed deployment wants one static graph per
+    shape (and Neuron has no dynamic shapes). On CPU, ``_compile_all_devices`` is
+    how transformers is told to auto-compile at all.
+    """
+    from transformers import CompileConfig
+
+    config = CompileConfig(
+        backend=backend,
+        dynamic=False,
+        fullgraph=False,
+        # Inductor modes only mean something to Inductor; other backends reject them.
+        mode=mode if backend == "inductor" else None,
+    )
+    if device == "cpu":
+        config._compile_all_devices = True
+    return config
+
+
+def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
+    """The most new tokens a prompt of ``prompt_len`` can generate inside the compiled cache.
+
+    generate() sizes a static cache to ``prompt + max_new_tokens - 1``; past
+    ``max_cache_len`` the cache grows and the decode step recompiles.
+    """
+    return max_cache_len - prompt_len + 1
+
+
+def generate_kwargs(settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: "CompileConfig") -> dict[str, Any]:
+    """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs."""
+    kwargs: dict[str, Any] = {
+        "cache_implementation": settings.get("cache_implementation", "static"),
+        "max_cache_len": max_cache_len,
+        "max_new_tokens": max_new_tokens,
+        "do_sample": bool(settings.get("do_sample", False)),
+        "num_beams": int(settings.get("num_beams", 1)),
+        "num_return_sequences": int(settings.get("num_return_sequences", 1)),
+        "compile_config": config,
+    }
+    if settings.get("prefill_chunk_size"):
+        kwargs["prefill_chunk_size"] = int(settings["prefill_chunk_size"])
+    return kwargs
