@@ -1,0 +1,84 @@
+"""What one "entry" of a compile cache is, so that warmup, scan, prune and bundles agree.
+
+Artifacts in the registry are entries, named by their path relative to the
+cache root. Observed layouts:
+
+Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
+
+    fxgraph/<xx>/<key>              FX graph cache entry            kind inductor-fxgraph
+    aotautograd/<key>               AOTAutograd cache entry         kind inductor-aotautograd
+    <xx>/<hash>.{py,cpp,so,...}     generated code / compiled C++   kind inductor-code
+    triton/<device>/<hash>          Triton kernels (CUDA)           kind inductor-triton
+    locks/                          transient locks                 (not an entry)
+
+Neuron persistent cache (torch-xla era; ``--cache_dir``)::
+
+    neuronxcc-<ver>/MODULE_<hlo-hash>+<flags-hash>/   kind neuron-module
+
+Native Neuron backend (``TORCH_NEURONX_NEFF_CACHE_DIR``): each top-level child
+is one entry, kind neuron-neff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+CacheFlavor = Literal["inductor", "neuron", "neuron-native"]
+
+INDUCTOR_FXGRAPH = "inductor-fxgraph"
+INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"
+INDUCTOR_CODE = "inductor-code"
+INDUCTOR_TRITON = "inductor-triton"
+NEURON_MODULE = "neuron-module"
+NEURON_NEFF = "neuron-neff"
+
+
+def entry_of(flavor: CacheFlavor, relpath: str) -> tuple[str, str] | None:
+    """``(kind, entry path)`` of the entry that holds ``relpath`` (POSIX, relative), or ``None``."""
+    parts = relpath.split("/")
+    if flavor == "inductor":
+        head = parts[0]
+        if head == "fxgraph" and len(parts) >= 3:
+            return INDUCTOR_FXGRAPH, "/".join(parts[:3])
+        if head == "aotautograd" and len(parts) >= 2:
+            return INDUCTOR_AOTAUTOGRAD, "/".join(parts[:2])
+        if head == "triton" and len(parts) >= 3:
+            return INDUCTOR_TRITON, "/".join(parts[:3])
+        if head in ("locks", "fxgraph", "aotautograd", "triton"):
+            return None
+        if len(parts) == 2:
+            return INDUCTOR_CODE, relpath
+        return None
+    if flavor == "neuron":
+        if len(parts) >= 2 and parts[0].startswith("neuronxcc-") and parts[1].startswith("MODULE_"):
+            return NEURON_MODULE, "/".join(parts[:2])
+        return None
+    return NEURON_NEFF, parts[0]
+
+
+def list_entries(root: Path, flavor: CacheFlavor) -> dict[str, str]:
+    """Every entry under ``root`` as ``{entry path: kind}``; an absent root has none."""
+    entries: dict[str, str] = {}
+    if not root.is_dir():
+        return entries
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+            found = entry_of(flavor, rel)
+            if found is not None:
+                entries[found[1]] = found[0]
+        if flavor == "neuron" and rel_dir.count(os.sep) >= 1 and Path(rel_dir).name.startswith("MODULE_"):
+            entries.setdefault(rel_dir.replace(os.sep, "/"), NEURON_MODULE)
+            dirnames[:] = []
+    return entries
+
+
+def entry_size(root: Path, entry: str) -> int:
+    """Bytes on disk of one entry (a file, or a folder's files)."""
+    path = root / entry
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
