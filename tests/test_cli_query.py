@@ -120,3 +120,12 @@ def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatc
 def test_python_dash_m_runs_the_cli() -> None:
     result = subprocess.run([sys.executable, "-m", "warmcache", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "plan" in result.stdout
+
+
+def test_check_says_why_when_nothing_is_usable(tmp_path: Path, write_manifest) -> None:
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    with Registry.open(url) as registry:
+        registry.ensure_pending(plan_manifest(load_manifest(write_manifest(MANIFEST))))
+    result = CliRunner().invoke(main, ["check", "--model", "m", "--batch", "1", "--seq", "16", "--db", url])
+    assert result.exit_code == 1
+    assert "no usable compiled generate shape on this machine (registry rows: 6 pending)" in result.output

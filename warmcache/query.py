@@ -7,6 +7,7 @@ this machine would compile with; rows of any other toolchain read as ``stale``.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,8 @@ class CheckResult:
 
     decision: Decision
     family: ShapeFamily | None
+    #: Why nothing was usable, when that is the reason for refusing (rows stale, pending, failed).
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,6 +64,8 @@ class CheckResult:
         if d.kind == "pad":
             assert d.target is not None
             return f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} seq={d.target[1]} ({where})"
+        if self.reason:
+            return f"not compiled: batch={d.batch_size} seq={d.seq_len}: {self.reason}"
         return f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: {format_pairs(d.nearest)}"
 
     def as_json(self) -> dict[str, Any]:
@@ -72,6 +77,7 @@ class CheckResult:
             "seq_len": d.seq_len,
             "target": {"batch_size": d.target[0], "seq_len": d.target[1]} if d.target else None,
             "nearest": [{"batch_size": b, "seq_len": s} for b, s in d.nearest],
+            "reason": self.reason,
             "family": None
             if self.family is None
             else {
@@ -121,8 +127,10 @@ def check_request(
     if best is not None:
         return best
     if not usable:
-        nearest = [(r.batch_size, r.seq_len) for r in records][:3]
-    ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len) if nearest else ()
+        counts = Counter(effective_status(r) for r in records)
+        found = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=f"no usable compiled {workload} shape on this machine (registry rows: {found})")
+    ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len)
     return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
 
 
