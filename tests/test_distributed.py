@@ -1,0 +1,95 @@
+"""torchrun detection, relaunch and the rank coordination a sharded warmup relies on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from warmcache.manifest import load_manifest
+from warmcache.warmup import distributed
+
+MANIFEST = """
+[[model]]
+name = "single"
+path = "{qwen3}"
+backend = "eager"
+[[model.generate]]
+batch_sizes = [1]
+prompt_lengths = [8]
+max_cache_len = 16
+
+[[model]]
+name = "sharded"
+path = "{qwen3}"
+backend = "eager"
+distributed = { tp_size = 2 }
+[[model.generate]]
+batch_sizes = [1]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
+
+def test_in_torchrun_needs_all_three_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in distributed.TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert not distributed.in_torchrun() and distributed.is_registry_writer()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not distributed.in_torchrun()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.in_torchrun()
+    assert (distributed.rank(), distributed.world_size(), distributed.is_registry_writer()) == (1, 2, False)
+
+
+def test_torchrun_command_reruns_warmcache_on_a_free_port() -> None:
+    command = distributed.torchrun_command(["warmup", "m.toml", "--model", "x"], 4)
+    assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "warmcache", "warmup", "m.toml", "--model", "x"]
+
+
+def test_sharded_models_load_with_their_distributed_config(write_manifest) -> None:
+    manifest = load_manifest(write_manifest(MANIFEST))
+    single, sharded = manifest.model("single"), manifest.model("sharded")
+    assert distributed.distributed_config(single) is None
+    assert distributed.sharded_load_kwargs(single, {"device_map": "cuda"}) == {"device_map": "cuda"}
+    kwargs = distributed.sharded_load_kwargs(sharded, {"device_map": "cuda", "revision": None})
+    assert set(kwargs) == {"distributed_config", "revision"}
+    config = kwargs["distributed_config"]
+    assert (config.tp_size, config.fsdp_size) == (2, 1)
+
+
+_PROBE = """
+import json, sys
+from warmcache.warmup import distributed
+
+distributed.init_process_group("cpu")
+me = distributed.rank()
+claimed = distributed.broadcast_from_writer("identity-from-rank-0" if me == 0 else f"ignored-{me}")
+all_ok = distributed.agree_on_failure(None)
+one_failed = distributed.agree_on_failure("RuntimeError: shard too small" if me == 1 else None)
+done = distributed.broadcast_from_writer(None)
+print("RESULT " + json.dumps({"rank": me, "claimed": claimed, "all_ok": all_ok, "one_failed": one_failed, "done": done,
+                              "writer": distributed.is_registry_writer()}), flush=True)
+distributed.shutdown()
+"""
+
+
+def test_ranks_share_rank0_claims_and_fail_together(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(_PROBE))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["claimed"] == "identity-from-rank-0"
+        assert r["all_ok"] is None
+        assert r["one_failed"] == "rank 1: RuntimeError: shard too small"
+        assert r["done"] is None
+    assert [r["writer"] for r in results] == [True, False]

@@ -1,0 +1,167 @@
+"""Warm sharded models under torchrun: every rank compiles, rank 0 alone talks to the registry.
+
+A model declared with ``distributed = { tp_size = …, fsdp_size = … }`` only
+produces the graphs production runs when it is loaded the way production loads
+it: by ``from_pretrained(distributed_config=DistributedConfig(...))`` in each of
+``tp_size × fsdp_size`` processes started by torchrun. So warmcache does not
+coordinate ranks itself; it runs under torchrun (re-executing itself with
+``python -m torch.distributed.run`` when started outside one) and uses
+``torch.distributed`` for the three things the ranks must agree on:
+
+* which spec to run next: rank 0 claims it in the registry and broadcasts its
+  identity (one claimant per group of ranks, so the fleet's leases stay per host);
+* whether it worked: a failure on any rank fails the spec on all of them, since a
+  graph compiled on rank 0 alone is useless to a sharded deployment;
+* who writes: only rank 0 records results, so a spec is never marked twice.
+
+Coordination tensors are tiny CPU objects, so they always travel over a gloo
+group, whatever backend (nccl, neuron) the model's own collectives use.
+
+Measured on CPU, torch 2.13 + transformers 5.24, tiny Qwen3/Llama, gloo, 2 ranks:
+TP=2 loads sharded (q_proj local shard 32×64 of 64×64) and ``generate()`` with a
+static cache compiles one decode graph per rank (aot_eager, eager and Inductor)
+with the same tokens as one process; FSDP=2 generates too (5 graphs: FSDP hooks
+break the graph). A plain compiled TP training step recompiles once on its second
+step (transformers installs gradient hooks lazily on the first forward), then is
+stable. The ``Trainer`` refuses TP on CPU (accelerate: "ParallelismConfig is only
+compatible DistributedType.FSDP (version 2) or DistributedType.Multi{Device} or
+DistributedType.DEEPSPEED, but got DistributedType.MULTI_CPU").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from warmcache.manifest import ModelSpec
+
+if TYPE_CHECKING:
+    import torch.distributed as torch_dist
+    from transformers.distributed import DistributedConfig
+
+T = TypeVar("T")
+
+#: What torchrun (and every launcher compatible with it) sets in each rank's environment.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+#: A rank waits this long for the others; sharded loading and first compiles are slow.
+COLLECTIVE_TIMEOUT = dt.timedelta(hours=2)
+
+
+def in_torchrun() -> bool:
+    """Whether this process is one rank of a torchrun (or compatible) launch."""
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_registry_writer() -> bool:
+    """Rank 0 claims, renews leases and records results; the other ranks only compile."""
+    return rank() == 0
+
+
+def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
+    """The command that re-runs ``warmcache ARGV`` as ``nproc`` ranks on this host.
+
+    ``--standalone`` picks a free rendezvous port, so several warmups on one host
+    (a fleet of processes) never fight over torchrun's default port 29500.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "warmcache", *argv]
+
+
+def launch_torchrun(argv: Sequence[str], nproc: int) -> int:
+    """Run ``warmcache ARGV`` under torchrun with ``nproc`` ranks; return its exit code."""
+    return subprocess.run(torchrun_command(argv, nproc), check=False).returncode
+
+
+def distributed_config(model: ModelSpec) -> "DistributedConfig | None":
+    """The ``DistributedConfig`` production loads ``model`` with, or ``None`` for a single process."""
+    if model.world_size == 1:
+        return None
+    from transformers.distributed import DistributedConfig
+
+    return DistributedConfig(tp_size=model.tp_size, fsdp_size=model.fsdp_size)
+
+
+def sharded_load_kwargs(model: ModelSpec, load_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``from_pretrained`` arguments for one rank of a sharded model.
+
+    A ``device_map`` would put every rank's shard on one device; with a
+    ``distributed_config`` transformers binds each rank to its local device itself.
+    """
+    config = distributed_config(model)
+    if config is None:
+        return load_kwargs
+    return {**{k: v for k, v in load_kwargs.items() if k != "device_map"}, "distributed_config": config}
+
+
+def init_process_group(device: str) -> None:
+    """Join the torchrun job as ``from_pretrained(distributed_config=...)`` would (gloo on CPU).
+
+    Done by warmcache before any model is loaded, because rank 0 broadcasts the
+    first claim before anything else happens. On accelerators the job is joined
+    by transformers' own routine, so each rank binds its device exactly as in
+    production.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if device == "cpu":
+        dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        return
+    from transformers.distributed.utils import _ensure_torch_distributed
+
+    _ensure_torch_distributed(device)
+
+
+@functools.cache
+def _control_group() -> "torch_dist.ProcessGroup | None":
+    """A gloo group for coordination objects (``None``: the default group already is gloo)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+
+
+def broadcast_from_writer(value: T) -> T:
+    """Every rank gets rank 0's ``value`` (e.g. the identity of the spec rank 0 claimed, or ``None``: done)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [value]
+    dist.broadcast_object_list(box, src=0, group=_control_group())
+    return box[0]
+
+
+def agree_on_failure(local_error: str | None) -> str | None:
+    """``None`` if every rank succeeded, else the first failing rank's error, the same on all ranks.
+
+    Every rank must call this once per spec, success or not: it is a collective.
+    """
+    import torch.distributed as dist
+
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, local_error, group=_control_group())
+    for index, error in enumerate(errors):
+        if error is not None:
+            return error if len(errors) == 1 else f"rank {index}: {error}"
+    return None
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly (torch warns when a rank exits without it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
