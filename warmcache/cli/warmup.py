@@ -1,0 +1,55 @@
+"""``warmcache warmup`` and ``warmcache verify``: fill the compile cache, then prove it serves."""
+
+from __future__ import annotations
+
+import click
+
+from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
+from warmcache.manifest import load_manifest
+
+CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
+
+
+@click.command("warmup")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes, each claiming specs from the registry.")
+@click.option("--shard", metavar="I/N", default=None, help="Only the I-th of N deterministic slices of the manifest (1-based), for a fleet of machines.")
+@click.option("--retry-failed", is_flag=True, help="Compile specs that failed in an earlier run again.")
+@click.option("--dry-run", is_flag=True, help="Print what would be compiled and skipped; compile nothing.")
+@click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
+@click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
+@db_option
+@json_option
+def warmup(
+    manifest: str,
+    jobs: int,
+    shard: str | None,
+    retry_failed: bool,
+    dry_run: bool,
+    cache_dir: str | None,
+    lease_seconds: float | None,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    from warmcache.warmup.progress import progress_for
+    from warmcache.warmup.runner import Shard, WarmupOptions, run_warmup
+
+    parsed = load_manifest(manifest)
+    options = WarmupOptions(
+        registry_url=registry_url(db_url, parsed),
+        cache_dir=cache_dir,
+        lease_seconds=lease_seconds,
+        jobs=jobs,
+        shard=Shard.parse(shard) if shard else None,
+        retry_failed=retry_failed,
+        dry_run=dry_run,
+    )
+    terminal = is_terminal()
+    summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal))
+    if as_json:
+        print_json(summary.as_json())
+    else:
+        for line in summary.lines():
+            click.echo(line)
+    raise SystemExit(summary.exit_code)

@@ -1,0 +1,74 @@
+"""What a compile target is: a device, a backend, and the compile cache it fills.
+
+A target answers the questions the warmup runner and verify must not hard-code
+per device: where the persistent compile cache lives (and how to point the
+compiler at another folder *before* it compiles), how to load a model onto the
+device, and which ``CompileConfig`` ``generate()`` should use. Targets never
+import torch at module import time, so planning and the fast "already warm"
+path stay torch-free.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.layout import CacheFlavor
+
+if TYPE_CHECKING:
+    from transformers import CompileConfig
+
+#: Dynamo falls back to eager after this many recompiles of one function; warmup
+#: compiles every declared shape of a model in one process, so it must be far higher.
+WARMUP_RECOMPILE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Target(ABC):
+    """One ``(device, backend, mode)`` a model compiles for."""
+
+    device: str
+    backend: str
+    mode: str = "default"
+
+    @property
+    @abstractmethod
+    def cache_flavor(self) -> CacheFlavor | None:
+        """The layout of the persistent cache, or ``None`` when the backend keeps none."""
+
+    @abstractmethod
+    def default_cache_dir(self) -> Path:
+        """Where the compiler caches when warmcache is not told otherwise (env, then its default)."""
+
+    @abstractmethod
+    def point_cache_at(self, root: Path) -> None:
+        """Make the compiler cache under ``root``; must run before the first compile."""
+
+    @abstractmethod
+    def check_available(self) -> None:
+        """Raise :class:`~warmcache.errors.TargetUnavailableError` if this machine cannot run the target."""
+
+    def describe(self) -> str:
+        return f"{self.device}/{self.backend}"
+
+    def prepare(self) -> None:
+        """Process-wide settings every warmup or replay process needs before compiling."""
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, WARMUP_RECOMPILE_LIMIT)
+        dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, WARMUP_RECOMPILE_LIMIT)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Extra ``from_pretrained`` arguments that place the model on the device."""
+        return {}
+
+    def input_device(self) -> str:
+        """Where generate() inputs are built; ``generate()`` moves what ``forward`` needs."""
+        return "cpu"
+
+    def compile_config(self) -> "CompileConfig":
+        from warmcache.generation import compile_config
+
+        return compile_config(self.backend, self.mode, self.device)

@@ -1,0 +1,100 @@
+"""AWS Trainium/Inferentia through torch-neuronx (device ``neuron``).
+
+``torch_neuronx`` is imported here and only here, inside methods, so every other
+target (and every query command) runs on machines without it. Facts this
+follows (see DESIGN.md): load with ``device_map="neuron"`` (``"auto"`` silently
+loads on CPU and compiles nothing), keep generate inputs on CPU, compile with
+``dynamic=False``. The persistent cache is ``--cache_dir`` in ``NEURON_CC_FLAGS``,
+else ``NEURON_COMPILE_CACHE_URL``, else ``/var/tmp/neuron-compile-cache``; the
+native backend's NEFF cache is ``TORCH_NEURONX_NEFF_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmcache.cache.layout import CacheFlavor
+from warmcache.errors import TargetUnavailableError, UsageError
+from warmcache.targets.base import Target
+
+FLAGS_ENV = "NEURON_CC_FLAGS"
+CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+DEFAULT_CACHE_DIR = Path("/var/tmp/neuron-compile-cache")
+
+
+def _flag_cache_dir(flags: str) -> str | None:
+    tokens = shlex.split(flags)
+    for i, token in enumerate(tokens):
+        if token.startswith("--cache_dir="):
+            return token.split("=", 1)[1]
+        if token == "--cache_dir" and i + 1 < len(tokens):
+            return tokens[i + 1]
+    return None
+
+
+def _with_cache_dir(flags: str, root: Path) -> str:
+    """``NEURON_CC_FLAGS`` with its ``--cache_dir`` replaced (or added)."""
+    tokens = shlex.split(flags)
+    kept: list[str] = []
+    skip = False
+    for token in tokens:
+        if skip:
+            skip = False
+            continue
+        if token == "--cache_dir":
+            skip = True
+            continue
+        if not token.startswith("--cache_dir="):
+            kept.append(token)
+    return shlex.join([*kept, f"--cache_dir={root}"])
+
+
+@dataclass(frozen=True, slots=True)
+class NeuronTarget(Target):
+    """``device="neuron"``; backend ``neuron`` (or eager/aot_eager, which still run on the chip)."""
+
+    @property
+    def cache_flavor(self) -> CacheFlavor | None:
+        return "neuron-native" if os.environ.get(NEFF_CACHE_ENV) else "neuron"
+
+    def default_cache_dir(self) -> Path:
+        if os.environ.get(NEFF_CACHE_ENV):
+            return Path(os.environ[NEFF_CACHE_ENV])
+        location = _flag_cache_dir(os.environ.get(FLAGS_ENV, "")) or os.environ.get(CACHE_URL_ENV)
+        if location and "://" in location:
+            raise UsageError(
+                f"{FLAGS_ENV}/{CACHE_URL_ENV} points at the remote cache {location!r}: warmcache records artifacts "
+                "from a local cache; pass --cache-dir DIR (and sync DIR to the remote cache afterwards)"
+            )
+        return Path(location) if location else DEFAULT_CACHE_DIR
+
+    def point_cache_at(self, root: Path) -> None:
+        os.environ[FLAGS_ENV] = _with_cache_dir(os.environ.get(FLAGS_ENV, ""), root)
+        os.environ[CACHE_URL_ENV] = str(root)
+        if os.environ.get(NEFF_CACHE_ENV):
+            os.environ[NEFF_CACHE_ENV] = str(root)
+
+    def check_available(self) -> None:
+        try:
+            import torch_neuronx  # noqa: F401
+        except ImportError as exc:
+            raise TargetUnavailableError(
+                f"device 'neuron': torch_neuronx cannot be imported ({exc}); run on a Trainium/Inferentia instance "
+                "with torch-neuronx installed, or set device = \"cpu\" in the manifest"
+            ) from None
+        import torch
+
+        neuron = getattr(torch, "neuron", None)
+        if neuron is None or not neuron.is_available():
+            raise TargetUnavailableError("device 'neuron': torch_neuronx is installed but no Neuron device is visible (check neuron-ls)")
+
+    def load_kwargs(self) -> dict[str, Any]:
+        return {"device_map": "neuron"}
+
+    def input_device(self) -> str:
+        return "cpu"

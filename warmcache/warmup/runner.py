@@ -1,0 +1,358 @@
+"""The warmup runner: plan, skip what is warm, claim the rest, compile, record.
+
+Order of work, and why:
+
+1. Plan the manifest and ask the registry, in one query, what is already
+   compiled for this toolchain. That is the whole run for a warm manifest: no
+   torch import, no model load (re-running a warm 1,000-spec manifest is the
+   common case in a deployment pipeline and must cost well under 2 s).
+2. Insert ``pending`` rows for the rest, then let one or more workers **claim**
+   rows from the registry under a lease, renewed by a heartbeat while the spec
+   compiles. A worker that dies stops renewing; its spec is claimed again once
+   the lease expires.
+3. Each claimed spec also runs under a file lock in the cache folder, so two
+   processes pointed at one cache never compile the same spec at once even if
+   a lease expired under a long compile.
+4. A spec that fails is recorded as ``failed`` with its error and the run goes
+   on; Ctrl-C or SIGTERM gives the claim back (``pending``) untouched.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from warmcache.errors import UsageError, WarmcacheError
+from warmcache.manifest import Manifest, load_manifest
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.registry import Registry
+from warmcache.registry.models import DONE_STATUSES
+from warmcache.registry.registry import PlanStatus, worker_id
+from warmcache.targets import target_for
+from warmcache.warmup.progress import Progress, SpecOutcome
+from warmcache.warmup.worker import Worker, lock_path
+
+Report = Callable[[SpecOutcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """``--shard I/N``: the I-th (1-based) of N disjoint, deterministic slices of a manifest."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+        if count < 1 or not 1 <= index <= count:
+            raise UsageError(f"--shard {text!r}: need 1 <= I <= N")
+        return cls(index, count)
+
+    def select(self, planned: Sequence[PlannedShape]) -> list[PlannedShape]:
+        """Every N-th spec in identity order: stable across machines and manifest edits elsewhere."""
+        ordered = sorted(planned, key=lambda p: p.identity)
+        return [p for i, p in enumerate(ordered) if i % self.count == self.index - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupOptions:
+    registry_url: str
+    cache_dir: str | None = None
+    lease_seconds: float | None = None
+    jobs: int = 1
+    shard: Shard | None = None
+    retry_failed: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupPlan:
+    """What a run will do with each planned spec."""
+
+    statuses: list[PlanStatus]
+    retry_failed: bool
+
+    @property
+    def done(self) -> list[PlanStatus]:
+        return [s for s in self.statuses if s.status in DONE_STATUSES]
+
+    @property
+    def failed_kept(self) -> list[PlanStatus]:
+        """Failed earlier and not retried this run."""
+        return [] if self.retry_failed else [s for s in self.statuses if s.status == "failed"]
+
+    @property
+    def todo(self) -> list[PlannedShape]:
+        skip = set(DONE_STATUSES) | (set() if self.retry_failed else {"failed"})
+        return [s.planned for s in self.statuses if s.status not in skip]
+
+    def action(self, status: PlanStatus) -> str:
+        if status.status in DONE_STATUSES:
+            return f"skip ({status.status})"
+        if status.status == "failed" and not self.retry_failed:
+            return "skip (failed; --retry-failed to retry)"
+        return "compile"
+
+
+@dataclass
+class WarmupSummary:
+    plan: WarmupPlan
+    dry_run: bool
+    outcomes: list[SpecOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[SpecOutcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def exit_code(self) -> int:
+        """Non-zero while any planned spec is failed: the manifest is not fully warm."""
+        return 1 if self.failed or self.plan.failed_kept else 0
+
+    def as_json(self) -> dict[str, Any]:
+        count = lambda status: sum(1 for o in self.outcomes if o.status == status)  # noqa: E731
+        out: dict[str, Any] = {
+            "planned": len(self.plan.statuses),
+            "already_compiled": len(self.plan.done),
+            "failed_before": len(self.plan.failed_kept),
+            "to_compile": len(self.plan.todo),
+            "compiled": count("compiled"),
+            "failed": count("failed"),
+            "lost": count("lost"),
+            "seconds": round(self.seconds, 3),
+            "dry_run": self.dry_run,
+            "ok": self.exit_code == 0,
+            "specs": [o.as_json() for o in self.outcomes],
+        }
+        if self.dry_run:
+            out["plan"] = [
+                {"spec": s.planned.spec.describe(), "identity": s.planned.identity, "status": s.status, "action": self.plan.action(s)}
+                for s in self.plan.statuses
+            ]
+        return out
+
+    def lines(self) -> list[str]:
+        data = self.as_json()
+        if self.dry_run:
+            rows = [f"{p['action']:<40} {p['spec']}" for p in data["plan"]]
+            return rows + [f"dry run: {data['planned']} planned, {data['to_compile']} to compile, {data['already_compiled']} already compiled"]
+        out = [
+            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, "
+            f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
+        ]
+        out += [f"failed: {o.description}: {o.error}" for o in self.failed]
+        if self.plan.failed_kept:
+            out.append(f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with --retry-failed to compile them again")
+        return out
+
+
+def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
+    """One registry query decides every spec's fate; nothing heavy is imported."""
+    planned = plan_manifest(manifest)
+    if shard is not None:
+        planned = shard.select(planned)
+    return WarmupPlan(registry.plan_status(planned), retry_failed)
+
+
+def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
+    """Warm every spec the manifest declares that is not yet compiled for this toolchain."""
+    start = time.perf_counter()
+    with Registry.open(options.registry_url) as registry:
+        plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
+        summary = WarmupSummary(plan, options.dry_run)
+        todo = plan.todo
+        if options.dry_run or not todo:
+            summary.seconds = time.perf_counter() - start
+            return summary
+        for model in {p.model.name: p.model for p in todo}.values():
+            target_for(model).check_available()
+        registry.ensure_pending(todo)
+        if options.retry_failed:
+            _requeue_failed(registry, [s.planned.identity for s in plan.statuses if s.status == "failed"])
+        lease = options.lease_seconds or manifest.lease_seconds
+        bar = progress(len(todo))
+        report = _collecting(summary.outcomes, bar.advance)
+        try:
+            if options.jobs <= 1:
+                with _interrupt_on_sigterm():
+                    claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, report)
+            else:
+                _run_jobs(manifest, options, todo, lease, report)
+        finally:
+            bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def claim_loop(registry: Registry, worker: Worker, todo: Sequence[PlannedShape], lease_seconds: float, report: Report) -> None:
+    """Claim and run specs among ``todo`` until none is left to claim."""
+    by_identity = {p.identity: p for p in todo}
+    me = worker_id()
+    while (record := registry.claim(list(by_identity), me, lease_seconds)) is not None:
+        report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds))
+
+
+def run_claimed(registry: Registry, worker: Worker, planned: PlannedShape, row_id: int, me: str, lease_seconds: float) -> SpecOutcome:
+    """Compile one claimed spec under its heartbeat and file lock, and record the result."""
+    description = planned.spec.describe()
+    start = time.perf_counter()
+    try:
+        root = worker.cache_root(target_for(planned.model))
+        with _Heartbeat(registry, row_id, me, lease_seconds), _file_lock(lock_path(root, planned.identity)):
+            run = worker.run(planned)
+    except Exception as exc:
+        error = error_line(exc)
+        registry.mark_failed(row_id, me, error)
+        return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+    except BaseException:
+        registry.release(row_id, me)
+        raise
+    artifacts = run.artifacts()
+    won = registry.mark_compiled(row_id, me, compile_seconds=run.seconds, graphs_compiled=run.graphs, artifacts=artifacts)
+    return SpecOutcome(
+        planned.identity,
+        description,
+        "compiled" if won else "lost",
+        run.seconds,
+        graphs=run.graphs,
+        padded_graphs=run.padded_graphs,
+        artifacts=len(artifacts),
+    )
+
+
+def error_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
+
+
+def _collecting(into: list[SpecOutcome], then: Report) -> Report:
+    def report(outcome: SpecOutcome) -> None:
+        into.append(outcome)
+        then(outcome)
+
+    return report
+
+
+def _requeue_failed(registry: Registry, identities: list[str]) -> None:
+    """Turn this plan's failed rows back into ``pending`` (claim, then give back untouched)."""
+    me = worker_id()
+    while identities and (record := registry.claim(identities, me, 60, retry_failed=True)) is not None:
+        registry.release(record.id, me)
+        identities = [i for i in identities if i != record.identity]
+
+
+class _Heartbeat:
+    """Renews a claim's lease every third of its length until the spec is done."""
+
+    def __init__(self, registry: Registry, row_id: int, worker: str, lease_seconds: float) -> None:
+        self._args = (registry, row_id, worker, lease_seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"warmcache-lease-{row_id}", daemon=True)
+
+    def _run(self) -> None:
+        registry, row_id, worker, lease = self._args
+        while not self._stop.wait(max(lease / 3, 0.2)):
+            try:
+                if not registry.renew_lease(row_id, worker, lease):
+                    return  # claim lost: the result will not be recorded (mark_compiled says so)
+            except WarmcacheError:
+                continue  # a transient registry error: the lease still has two thirds left
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path)):
+        yield
+
+
+@contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C, so the claim in hand is given back before exiting."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ------------------------------------------------------------------ --jobs N
+
+
+def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, report: Report) -> None:
+    """N spawned worker processes, each claiming from the registry; outcomes come back on a queue."""
+    context = multiprocessing.get_context("spawn")
+    outcomes: Any = context.Queue()
+    identities = [p.identity for p in todo]
+    jobs = [
+        context.Process(target=_job_main, args=(str(manifest.path), options, identities, lease, outcomes), name=f"warmcache-job-{i}")
+        for i in range(options.jobs)
+    ]
+    for job in jobs:
+        job.start()
+    try:
+        while any(job.is_alive() for job in jobs) or not outcomes.empty():
+            try:
+                report(outcomes.get(timeout=0.2))
+            except queue.Empty:
+                continue
+    except BaseException:
+        for job in jobs:
+            if job.is_alive():
+                job.terminate()  # SIGTERM: each job gives its claim back
+        for job in jobs:
+            job.join()
+        raise
+    for job in jobs:
+        job.join()
+    crashed = [f"{job.name} (exit code {job.exitcode})" for job in jobs if job.exitcode]
+    if crashed:
+        raise WarmcacheError(f"warmup worker process(es) stopped abnormally: {', '.join(crashed)}; their claims are retaken after the lease")
+
+
+def _job_main(manifest_path: str, options: WarmupOptions, identities: list[str], lease: float, outcomes: Any) -> None:
+    """Entry point of one ``--jobs`` worker process."""
+    with _interrupt_on_sigterm():
+        try:
+            manifest = load_manifest(manifest_path)
+            wanted = set(identities)
+            todo = [p for p in plan_manifest(manifest) if p.identity in wanted]
+            with Registry.open(options.registry_url) as registry:
+                claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, outcomes.put)
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+        except WarmcacheError as exc:
+            print(f"warmcache: error: {exc}", flush=True)
+            raise SystemExit(exc.exit_code) from None

@@ -1,0 +1,136 @@
+"""Run one spec on this process: the boundary between "what to compile" and "how".
+
+A :class:`Worker` owns the loaded models (each loaded once, then reused for every
+spec of that model) and the per-target process setup, and runs one planned spec
+at a time, measuring what it compiled: seconds, Dynamo graphs, Inductor cache
+hits/misses and the cache entries that appeared. Claiming, leases and the
+registry are the runner's business; the same Worker serves warmup (which records
+what it produced) and verify (which must see nothing produced).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.layout import entry_size, list_entries
+from warmcache.manifest import Manifest, ModelSpec
+from warmcache.plan import PlannedShape
+from warmcache.registry.records import ArtifactRef
+from warmcache.targets import Target, resolve_cache_dir, target_for
+from warmcache.warmup.distributed import sharded_load_kwargs
+from warmcache.warmup.workloads import run_generate, run_train
+
+if TYPE_CHECKING:
+    from transformers import CompileConfig, PreTrainedModel
+
+#: Folder under a cache root that holds warmcache's per-spec file locks (never an artifact).
+LOCK_DIRNAME = ".warmcache-locks"
+
+
+def lock_path(cache_root: Path, identity: str) -> Path:
+    return cache_root / LOCK_DIRNAME / f"{identity}.lock"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecRun:
+    """What running one spec did to the compiler and its cache."""
+
+    seconds: float
+    graphs: int
+    padded_graphs: int
+    cache_hits: int
+    cache_misses: int
+    new_entries: dict[str, str]
+    cache_root: Path
+    persistent_cache: bool
+
+    def artifacts(self) -> list[ArtifactRef]:
+        return [ArtifactRef(kind, entry, entry_size(self.cache_root, entry)) for entry, kind in sorted(self.new_entries.items())]
+
+
+@dataclass
+class Worker:
+    """Loads models once per process and runs planned specs on them."""
+
+    manifest: Manifest
+    cache_dir: str | Path | None = None
+    _roots: dict[Target, Path] = field(default_factory=dict)
+    _models: dict[tuple[Any, ...], "PreTrainedModel"] = field(default_factory=dict)
+    _compile_configs: dict[Target, "CompileConfig"] = field(default_factory=dict)
+
+    def cache_root(self, target: Target) -> Path:
+        """The target's cache root; the first call points the compiler at it (before any compile)."""
+        root = self._roots.get(target)
+        if root is None:
+            root, chosen = resolve_cache_dir(target, self.cache_dir, self.manifest)
+            if chosen:
+                target.point_cache_at(root)
+            root.mkdir(parents=True, exist_ok=True)
+            target.check_available()
+            target.prepare()
+            self._roots[target] = root
+        return root
+
+    def run(self, planned: PlannedShape) -> SpecRun:
+        """Run the spec's real workload once and measure it."""
+        from warmcache.compile_counter import CompileCounter
+
+        model_spec, spec = planned.model, planned.spec
+        target = target_for(model_spec)
+        root = self.cache_root(target)
+        model = self._model(model_spec, target, spec.workload, spec.family.settings_dict())
+        flavor = target.cache_flavor
+        before = list_entries(root, flavor) if flavor else {}
+        start = time.perf_counter()
+        with CompileCounter() as counter:
+            if spec.workload == "generate":
+                result = run_generate(model, spec, self._compile_config(target), target.input_device())
+            else:
+                result = run_train(model, spec, target.device, target.backend, target.mode)
+        seconds = time.perf_counter() - start
+        after = list_entries(root, flavor) if flavor else {}
+        new = {e: k for e, k in after.items() if e not in before and not e.startswith(LOCK_DIRNAME)}
+        return SpecRun(
+            seconds=seconds,
+            graphs=counter.graphs,
+            padded_graphs=result.padded_graphs,
+            cache_hits=counter.cache_hits,
+            cache_misses=counter.cache_misses,
+            new_entries=new,
+            cache_root=root,
+            persistent_cache=flavor is not None,
+        )
+
+    def _compile_config(self, target: Target) -> "CompileConfig":
+        # One config object per target: generate() re-wraps torch.compile whenever the
+        # config differs from the last one, which would retrace every shape.
+        config = self._compile_configs.get(target)
+        if config is None:
+            config = self._compile_configs[target] = target.compile_config()
+        return config
+
+    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
+        # Training mutates the model (train mode, weights, gradient checkpointing), so
+        # generate and each training configuration get their own copy.
+        key: tuple[Any, ...] = (model_spec.name, workload) + ((settings.get("gradient_checkpointing"),) if workload == "train" else ())
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = load_model(model_spec, target, train=workload == "train")
+        return model
+
+
+def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> "PreTrainedModel":
+    """``from_pretrained`` onto the target's device in the manifest's dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_spec.path,
+        revision=model_spec.revision,
+        dtype=getattr(torch, model_spec.dtype),
+        **sharded_load_kwargs(model_spec, target.load_kwargs()),
+    )
+    return model.train() if train else model.eval()

@@ -1,0 +1,204 @@
+"""Drive the real ``generate()`` and the real ``Trainer`` step over one declared shape.
+
+These are the calls production makes, built the same way (``warmcache.generation``
+for generate, standard causal-LM batches for training), so the graphs compiled
+here are the graphs production asks for. Both mask forms a runtime guard sends
+are exercised: an unpadded batch and a padded one (left padding for generate,
+right padding with labels -100 for training). Whether the padded form needs
+graphs of its own is measured per spec and reported, not assumed.
+
+torch and transformers are imported inside functions: this module is only
+loaded by processes that compile.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.shapes import ShapeSpec
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import CompileConfig, PreTrainedModel
+
+#: At least two decode steps after the prefill: the first decode call may differ
+#: from steady state (cache initialisation), the second must be the steady graph.
+DECODE_TOKENS = 3
+TRAIN_STEPS = 2
+#: Seed for the synthetic token ids: a replay feeds the same tokens as the warmup.
+SEED = 1234
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadResult:
+    """What running one spec observed, beyond the counters the caller measures."""
+
+    padded_graphs: int
+    """Dynamo graphs the padded mask form added after the unpadded form ran (0: they share graphs)."""
+
+
+def token_ids(model: "PreTrainedModel", batch: int, length: int) -> "torch.Tensor":
+    """``batch × length`` ids drawn from the vocabulary, never a special token, same every run."""
+    import torch
+
+    special = {
+        getattr(source, name, None)
+        for source in (model.config, getattr(model, "generation_config", None))
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+    }
+    flat: set[int] = set()
+    for value in special:
+        if isinstance(value, int):
+            flat.add(value)
+        elif isinstance(value, (list, tuple)):
+            flat.update(v for v in value if isinstance(v, int))
+    vocab = torch.tensor([i for i in range(model.config.vocab_size) if i not in flat])
+    generator = torch.Generator().manual_seed(SEED + 7919 * batch + length)
+    return vocab[torch.randint(len(vocab), (batch, length), generator=generator)]
+
+
+def pad_token_id(model: "PreTrainedModel") -> int:
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "pad_token_id", None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConfig", input_device: str) -> WorkloadResult:
+    """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``."""
+    import torch
+
+    from warmcache.compile_counter import CompileCounter
+
+    max_cache_len = spec.family.max_cache_len
+    assert max_cache_len is not None, f"generate spec without max_cache_len: {spec.describe()}"
+    new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(spec.seq_len, max_cache_len))
+    kwargs = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config)
+    pad_id = pad_token_id(model)
+    ids = token_ids(model, spec.batch_size, spec.seq_len)
+    mask = torch.ones_like(ids)
+
+    def generate(input_ids: "torch.Tensor", attention_mask: "torch.Tensor") -> None:
+        with torch.inference_mode():
+            model.generate(
+                input_ids=input_ids.to(input_device),
+                attention_mask=attention_mask.to(input_device),
+                # A random-weight (or any) model may emit EOS early; the decode steps must run.
+                min_new_tokens=new_tokens,
+                pad_token_id=pad_id,
+                **kwargs,
+            )
+
+    generate(ids, mask)
+    if spec.seq_len < 2:
+        return WorkloadResult(padded_graphs=0)  # a one-token prompt has no room for padding
+    padded_ids, padded_mask = ids.clone(), mask.clone()
+    lead = spec.seq_len // 2
+    padded_ids[0, :lead] = pad_id
+    padded_mask[0, :lead] = 0
+    with CompileCounter() as padded:
+        generate(padded_ids, padded_mask)
+    return WorkloadResult(padded_graphs=padded.graphs)
+
+
+class _Rows:
+    """A map-style dataset of ready causal-LM rows (the Trainer's default collator stacks them)."""
+
+    def __init__(self, rows: list[dict[str, "torch.Tensor"]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, "torch.Tensor"]:
+        return self.rows[index]
+
+
+def training_rows(model: "PreTrainedModel", batch: int, length: int) -> list[dict[str, "torch.Tensor"]]:
+    """Two batches of exactly ``batch × length``: unpadded, then with the first row right-padded.
+
+    Padding follows the guard's training collator: pad ids, attention 0, labels -100.
+    """
+    ids = token_ids(model, 2 * batch, length)
+    mask = ids.new_ones(ids.shape)
+    labels = ids.clone()
+    if length >= 2:
+        tail = length // 2
+        ids[batch, -tail:] = pad_token_id(model)
+        mask[batch, -tail:] = 0
+        labels[batch, -tail:] = -100
+    return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2 * batch)]
+
+
+def run_train(model: "PreTrainedModel", spec: ShapeSpec, device: str, backend: str, mode: str) -> WorkloadResult:
+    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one."""
+    from transformers import Trainer, TrainingArguments
+
+    settings = spec.family.settings_dict()
+    # accelerate compiles with dynamic=None (automatic dynamic shapes) unless told:
+    # a second shape would then compile a symbolic graph that production never asks
+    # for. Bucketed training wants one static graph per shape, as on Neuron.
+    os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = "0"
+    # accelerate returns a model it prepared before untouched, uncompiled: the second
+    # spec of a model would silently train eagerly. Each spec's Trainer must prepare
+    # and compile the model as a training job's one Trainer does.
+    if getattr(model, "_is_accelerate_prepared", False):
+        del model._is_accelerate_prepared
+    rows = training_rows(model, spec.batch_size, spec.seq_len)
+    with tempfile.TemporaryDirectory(prefix="warmcache-train-") as out:
+        extra: dict[str, Any] = {"use_cpu": True} if device == "cpu" else {}
+        if backend == "inductor" and mode != "default":
+            extra["torch_compile_mode"] = mode
+        args = TrainingArguments(
+            output_dir=out,
+            torch_compile=True,
+            torch_compile_backend=backend,
+            dataloader_drop_last=True,
+            train_sampling_strategy="sequential",
+            max_steps=TRAIN_STEPS,
+            per_device_train_batch_size=spec.batch_size,
+            bf16=bool(settings.get("bf16", False)),
+            gradient_checkpointing=bool(settings.get("gradient_checkpointing", False)),
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            **extra,
+        )
+        steps = _StepGraphs()
+        Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback()]).train()
+    return WorkloadResult(padded_graphs=steps.padded_graphs)
+
+
+class _StepGraphs:
+    """Counts Dynamo graphs per training step, to tell what the padded (second) batch added."""
+
+    def __init__(self) -> None:
+        from warmcache.compile_counter import CompileCounter
+
+        self.counter = CompileCounter()
+        self.after_first_step = 0
+        self.padded_graphs = 0
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        owner = self
+
+        class StepGraphs(TrainerCallback):  # type: ignore[misc]
+            def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+                owner.counter.__enter__()
+
+            def on_step_end(self, args: Any, state: Any, *rest: Any, **kwargs: Any) -> None:
+                owner.counter.update()
+                if state.global_step == 1:
+                    owner.after_first_step = owner.counter.graphs
+                else:
+                    owner.padded_graphs = owner.counter.graphs - owner.after_first_step
+
+        return StepGraphs()
