@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from warmcache.cli.db import db_group
 from warmcache.cli.query import check, plan, shapes
 from warmcache.cli.status import status
-from warmcache.cli.warmup import warmup
+from warmcache.cli.warmup import verify, warmup
 from warmcache.errors import RegistryError, WarmcacheError
 from warmcache.fingerprint import package_version
 
@@ -41,5 +41,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, warmup):
+for _command in (plan, shapes, check, status, db_group, warmup, verify):
     main.add_command(_command)

@@ -53,3 +53,22 @@ def warmup(
         for line in summary.lines():
             click.echo(line)
     raise SystemExit(summary.exit_code)
+
+
+@click.command("verify")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
+@db_option
+@json_option
+def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
+    """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
+    from warmcache.warmup.verify import run_verify
+
+    parsed = load_manifest(manifest)
+    summary = run_verify(parsed, registry_url(db_url, parsed), cache_dir)
+    if as_json:
+        print_json(summary.as_json())
+    else:
+        for line in summary.lines():
+            click.echo(line)
+    raise SystemExit(summary.exit_code)

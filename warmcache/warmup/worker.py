@@ -10,6 +10,8 @@ what it produced) and verify (which must see nothing produced).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +87,8 @@ class Worker:
         flavor = target.cache_flavor
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
-        with CompileCounter() as counter:
+        # The Trainer prints its metrics to stdout; keep stdout for --json output.
+        with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter:
             if spec.workload == "generate":
                 result = run_generate(model, spec, self._compile_config(target), target.input_device())
             else:
