@@ -12,6 +12,7 @@ import click
 from sqlalchemy.exc import OperationalError
 
 from warmcache.cli.db import db_group
+from warmcache.cli.guard import guard_group, misses
 from warmcache.cli.query import check, plan, shapes
 from warmcache.cli.status import status
 from warmcache.cli.warmup import verify, warmup
@@ -41,5 +42,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, warmup, verify):
+for _command in (plan, shapes, check, status, db_group, warmup, verify, misses, guard_group):
     main.add_command(_command)

@@ -1,0 +1,216 @@
+"""ShapeGuard decisions, snapshots, miss telemetry and the ``misses``/``guard export`` commands (no compiles)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
+
+from warmcache.cli import main
+from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.runtime.guard import ShapeGuard
+
+MANIFEST = """
+[[model]]
+name = "m"
+path = "{qwen3}"
+backend = "aot_eager"
+[[model.generate]]
+batch_sizes = [1, 2, 4]
+prompt_lengths = [16, 32]
+max_cache_len = 64
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [32]
+"""
+
+
+@pytest.fixture
+def compiled(registry_url: str, write_manifest) -> str:
+    _compile_all(registry_url, write_manifest(MANIFEST))
+    return registry_url
+
+
+def test_decide_pads_to_the_smallest_fitting_bucket(compiled: str) -> None:
+    with ShapeGuard.from_registry(compiled, "m", telemetry=False) as guard:
+        assert guard.buckets == [(1, 16), (1, 32), (2, 16), (2, 32), (4, 16), (4, 32)]
+        assert guard.decide(2, 32).kind == "exact"
+        decision = guard.decide(3, 20)
+        assert (decision.kind, decision.target) == ("pad", (4, 32))
+        assert guard.decide(1, 1).target == (1, 16)
+
+
+@pytest.mark.parametrize(
+    ("policy", "batch", "seq", "expected"),
+    [
+        ("pad", 8, 16, "request batch=8 seq=16 fits no compiled shape; nearest compiled: batch=4 seq=16"),
+        ("pad", 1, 33, "request batch=1 seq=33 fits no compiled shape; nearest compiled: batch=1 seq=32"),
+        ("refuse", 3, 20, "request batch=3 seq=20 is not compiled exactly (policy refuse); nearest compiled: batch=2 seq=16"),
+    ],
+)
+def test_refusals_name_the_request_and_the_nearest_compiled_shapes(compiled: str, policy: str, batch: int, seq: int, expected: str) -> None:
+    guard = ShapeGuard.from_registry(compiled, "m", policy=policy, telemetry=False)  # type: ignore[arg-type]
+    with pytest.raises(UnseenShapeError) as info:
+        guard.decide(batch, seq)
+    assert expected in str(info.value)
+    assert str(info.value).startswith("m/generate float32 max_cache_len=64")
+    assert [(e.batch_size, e.seq_len, e.decision) for e in guard.misses()] == [(batch, seq, "refuse")]
+
+
+def test_warn_pads_what_fits_and_lets_the_rest_through(compiled: str, caplog: pytest.LogCaptureFixture) -> None:
+    guard = ShapeGuard.from_registry(compiled, "m", policy="warn", telemetry=False)
+    assert guard.decide(3, 20).target == (4, 32)
+    beyond = guard.decide(8, 16)
+    assert beyond.kind == "refuse" and beyond.target is None
+    assert "batch=8 seq=16 fits no compiled shape and will compile (policy warn)" in caplog.text
+    assert sorted((e.decision, e.count) for e in guard.misses()) == [("pad", 1), ("warn", 1)]
+
+
+def test_guard_needs_one_family_and_usable_rows(registry_url: str, write_manifest) -> None:
+    two_families = MANIFEST + "[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [16]\nmax_cache_len = 128\n"
+    _compile_all(registry_url, write_manifest(two_families))
+    with pytest.raises(UsageError, match="several compiled families .*max_cache_len=128 .*max_cache_len=64 "):
+        ShapeGuard.from_registry(registry_url, "m", telemetry=False)
+    assert ShapeGuard.from_registry(registry_url, "m", max_cache_len=128, telemetry=False).buckets == [(1, 16)]
+    with pytest.raises(UsageError, match="no usable compiled model 'other' generate shapes"):
+        ShapeGuard.from_registry(registry_url, "other", telemetry=False)
+    with pytest.raises(UsageError, match="policy 'strict' is not one of pad, refuse, warn"):
+        ShapeGuard.from_registry(registry_url, "m", policy="strict", max_cache_len=128)  # type: ignore[arg-type]
+
+
+def test_refresh_picks_up_newly_compiled_buckets(registry_url: str, write_manifest) -> None:
+    path = write_manifest(MANIFEST)
+    _compile_all(registry_url, path, keep=lambda p: p.spec.batch_size == 1)
+    guard = ShapeGuard.from_registry(registry_url, "m", telemetry=False)
+    assert guard.buckets == [(1, 16), (1, 32)]
+    with pytest.raises(UnseenShapeError):
+        guard.decide(2, 16)
+    _compile_all(registry_url, path)
+    guard.refresh()
+    assert guard.decide(2, 16).kind == "exact"
+
+
+def test_snapshot_round_trip_and_stale_rows(compiled: str, tmp_path: Path) -> None:
+    out = tmp_path / "guard.json"
+    result = CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["shapes"] == 7
+    from_db = ShapeGuard.from_registry(compiled, "m", telemetry=False)
+    from_file = ShapeGuard.from_snapshot(out, "m")
+    assert from_file.buckets == from_db.buckets and from_file.family == from_db.family
+    assert from_file.records == from_db.records
+    assert ShapeGuard.from_snapshot(out, "m", "train").buckets == [(2, 32)]
+
+    # A row compiled by another toolchain is stale here: the guard must not trust it.
+    document = json.loads(out.read_text())
+    for record in document["records"]:
+        if record["batch_size"] == 4:
+            record["toolchain_hash"] = "0" * 20
+    out.write_text(json.dumps(document))
+    stale = ShapeGuard.from_snapshot(out, "m")
+    assert (4, 16) not in stale.buckets
+    with pytest.raises(UnseenShapeError):
+        stale.decide(4, 16)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not a JSON file"),
+        ('{"format": "other"}', "not a warmcache guard snapshot"),
+        ('{"format": "warmcache-guard-snapshot", "version": 9, "records": []}', "snapshot version 9 is not supported"),
+        ('{"format": "warmcache-guard-snapshot", "version": 1, "records": [{"id": 1}]}', "records[0]: missing key(s)"),
+    ],
+)
+def test_bad_snapshot_names_file_and_key(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "snap.json"
+    path.write_text(content)
+    with pytest.raises(UsageError) as info:
+        ShapeGuard.from_snapshot(path, "m")
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_export_of_an_unknown_model_fails_cleanly(compiled: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["guard", "export", "--model", "nope", "--out", str(tmp_path / "x.json"), "--db", compiled])
+    assert result.exit_code == 2
+    assert "model 'nope' has no compiled shapes" in result.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_misses_are_flushed_in_the_background_and_summarised(compiled: str) -> None:
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=0.05)
+    for _ in range(5):
+        guard.decide(3, 20)
+    with pytest.raises(UnseenShapeError):
+        guard.decide(8, 16)
+    deadline = time.monotonic() + 10
+    while guard.telemetry.flushed < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    guard.close()
+    assert guard.telemetry.flushed == 6
+    runner = CliRunner()
+    summary = json.loads(runner.invoke(main, ["misses", "--db", compiled, "--json", "--model", "m"]).output)
+    assert [(s["batch_size"], s["seq_len"], s["decision"], s["padded_batch"], s["padded_seq"], s["count"]) for s in summary] == [
+        (3, 20, "pad", 4, 32, 5),
+        (8, 16, "refuse", None, None, 1),
+    ]
+    text = runner.invoke(main, ["misses", "--db", compiled]).output
+    assert "4x32" in text and text.strip().endswith("6 misses over 2 shapes")
+    assert json.loads(runner.invoke(main, ["misses", "--db", compiled, "--json", "--model", "other"]).output) == []
+
+
+@pytest.fixture
+def silent_postgres() -> Iterator[str]:
+    """A PostgreSQL URL whose server accepts TCP connections and then never answers (a hung database)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{server.getsockname()[1]}/test"
+    finally:
+        server.close()
+
+
+def _closed_port_url() -> str:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return f"postgresql://postgres@127.0.0.1:{port}/test"
+
+
+@pytest.mark.parametrize("outage", ["hung", "refused"])
+def test_a_database_outage_never_blocks_or_fails_requests(write_manifest, tmp_path: Path, silent_postgres: str, outage: str) -> None:
+    source = f"sqlite:///{tmp_path / 'source.sqlite'}"
+    _compile_all(source, write_manifest(MANIFEST))
+    snapshot = tmp_path / "guard.json"
+    assert CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(snapshot), "--db", source]).exit_code == 0
+    url = silent_postgres if outage == "hung" else _closed_port_url()
+    guard = ShapeGuard.from_snapshot(snapshot, "m", telemetry_url=url, telemetry_interval=0.01)
+    start = time.perf_counter()
+    for i in range(2000):
+        assert guard.decide(1 + i % 3, 17 + i % 10).runnable
+        if i % 100 == 0:
+            time.sleep(0.002)  # let the flusher run (and hang or fail) while requests keep coming
+    elapsed = time.perf_counter() - start
+    closing = time.perf_counter()
+    guard.close(timeout=0.5)
+    close_seconds = time.perf_counter() - closing
+    print(f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in {close_seconds * 1000:.0f} ms")
+    assert elapsed < 1.0 and close_seconds < 1.0
+    assert sum(e.count for e in guard.misses()) == 2000  # every request padded (lengths 17-26), every one counted
+    if outage == "refused":
+        assert guard.telemetry.failed_flushes >= 1 and guard.telemetry.flushed == 0
+
+
+def test_runtime_guard_and_cli_import_without_torch() -> None:
+    code = "import sys, warmcache.runtime.guard, warmcache.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,327 @@
+"""ShapeGuard: keep production requests on compiled shapes, by padding them or refusing them.
+
+The guard is built once from the registry (or a snapshot file) for one shape
+family: one model, workload, dtype, parallelism and set of graph-changing
+settings. Its decisions are a bisect over an in-memory
+:class:`~warmcache.shapes.BucketTable` (memoised): no database access and no
+torch on the hot path.
+
+Policies:
+
+``pad``
+    Pad a request up to the smallest compiled bucket that fits. A request beyond
+    every bucket is refused (:class:`~warmcache.errors.UnseenShapeError`), never
+    silently compiled.
+``refuse``
+    Run only exactly compiled shapes; anything else is refused.
+``warn``
+    Pad when a bucket fits; otherwise let the request through unpadded (it will
+    compile) and log and record it. For rollouts where a stall beats an error.
+
+Padded, refused and warned requests are counted by :class:`MissTelemetry` and
+flushed to the registry in the background (``warmcache misses`` shows them).
+The torch-facing helpers (:meth:`fit`, :meth:`generate`, :meth:`prime`,
+:meth:`collator`, :meth:`callback`, :meth:`sentinel`) import torch only when
+called.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.fingerprint import config_hash
+from warmcache.query import bucket_tables, usable_records
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.engine import display_url, normalise_url
+from warmcache.registry.registry import MissEvent
+from warmcache.runtime.snapshot import read_snapshot
+from warmcache.runtime.telemetry import MissTelemetry
+from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from warmcache.runtime.padding import FittedBatch
+    from warmcache.runtime.sentinel import SentinelReport
+    from warmcache.runtime.serving import PrimeReport
+    from warmcache.runtime.training import BucketCollator, GuardCallback
+
+Policy = Literal["pad", "refuse", "warn"]
+POLICIES: tuple[Policy, ...] = ("pad", "refuse", "warn")
+
+log = logging.getLogger("warmcache.runtime")
+
+
+class ShapeGuard:
+    """The compiled buckets of one shape family and the policy for everything else."""
+
+    def __init__(
+        self,
+        load: Callable[[], list[ShapeRecord]],
+        *,
+        model: str,
+        workload: Workload = "generate",
+        policy: Policy = "pad",
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+        backend: str | None = None,
+        source: str,
+        telemetry_url: str | None = None,
+        telemetry_interval: float = 10.0,
+    ) -> None:
+        """Prefer :meth:`from_registry` and :meth:`from_snapshot`; ``load`` returns the candidate rows."""
+        if policy not in POLICIES:
+            raise UsageError(f"guard policy {policy!r} is not one of {', '.join(POLICIES)}")
+        self.model_name = model
+        self.workload: Workload = workload
+        self.policy: Policy = policy
+        self.source = source
+        self.primed = False
+        self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
+        self._load = load
+        self._records: list[ShapeRecord] = []
+        self._table = BucketTable()
+        self.family = self._reload()
+        self.telemetry = MissTelemetry(self.family, telemetry_url, interval=telemetry_interval)
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def from_registry(
+        cls,
+        registry_url: str,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        policy: Policy = "pad",
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+        backend: str | None = None,
+        telemetry: bool = True,
+        telemetry_interval: float = 10.0,
+    ) -> "ShapeGuard":
+        """A guard over the registry's usable rows; misses are flushed back to the same registry."""
+
+        def load() -> list[ShapeRecord]:
+            with Registry.open(registry_url) as registry:
+                return registry.rows(model=model, workload=workload)
+
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            policy=policy,
+            dtype=dtype,
+            max_cache_len=max_cache_len,
+            backend=backend,
+            source=display_url(normalise_url(registry_url)),
+            telemetry_url=registry_url if telemetry else None,
+            telemetry_interval=telemetry_interval,
+        )
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        path: str | Path,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        policy: Policy = "pad",
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+        backend: str | None = None,
+        telemetry_url: str | None = None,
+        telemetry_interval: float = 10.0,
+    ) -> "ShapeGuard":
+        """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
+        snapshot = Path(path)
+
+        def load() -> list[ShapeRecord]:
+            return [r for r in read_snapshot(snapshot) if r.model_name == model and r.workload == workload]
+
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            policy=policy,
+            dtype=dtype,
+            max_cache_len=max_cache_len,
+            backend=backend,
+            source=str(snapshot),
+            telemetry_url=telemetry_url,
+            telemetry_interval=telemetry_interval,
+        )
+
+    def refresh(self) -> None:
+        """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
+        family = self._reload()
+        if family != self.family:
+            raise UsageError(f"{self.source}: guard family changed on refresh from {self.family.describe()} to {family.describe()}")
+
+    def _reload(self) -> ShapeFamily:
+        dtype, max_cache_len, backend = self._filters
+        rows = [
+            r
+            for r in usable_records(self._load())
+            if (dtype is None or r.dtype == dtype)
+            and (max_cache_len is None or r.max_cache_len == max_cache_len)
+            and (backend is None or r.backend == backend)
+        ]
+        wanted = f"model {self.model_name!r} {self.workload}"
+        tables = bucket_tables(rows)
+        if not tables:
+            raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain (see `warmcache shapes`)")
+        targets = {(r.device, r.backend, r.mode) for r in rows}
+        if len(tables) > 1 or len(targets) > 1:
+            options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
+            raise UsageError(f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend=")
+        ((family, table),) = tables.items()
+        # Swap whole objects so a concurrent decide() sees either the old table or the new one.
+        self._records, self._table = rows, table
+        return family
+
+    # ------------------------------------------------------------ facts
+
+    @property
+    def records(self) -> list[ShapeRecord]:
+        return list(self._records)
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The compiled ``(batch, length)`` pairs, smallest first."""
+        return self._table.pairs()
+
+    @property
+    def target(self) -> tuple[str, str, str]:
+        """``(device, backend, mode)`` the buckets were compiled for."""
+        r = self._records[0]
+        return r.device, r.backend, r.mode
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.family.settings_dict()
+
+    def check_model_config(self, config: dict[str, Any]) -> None:
+        """Refuse a model whose config differs from the one the buckets were compiled for.
+
+        Weights are graph inputs, so any checkpoint of the same config shares the
+        graphs; a different config (layers, heads, vocabulary) would compile anew.
+        When rows of several configs exist, the table narrows to this config's rows.
+        """
+        digest = config_hash(config)
+        matching = [r for r in self._records if r.config_hash == digest]
+        if not matching:
+            known = ", ".join(sorted({r.config_hash for r in self._records}))
+            raise UsageError(f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {known})")
+        if len(matching) != len(self._records):
+            self._records, self._table = matching, BucketTable.from_pairs({(r.batch_size, r.seq_len) for r in matching})
+
+    # ------------------------------------------------------------ the hot path
+
+    def decide(self, batch_size: int, seq_len: int) -> Decision:
+        """Where a request of ``(batch, length)`` runs: exact, padded to ``target``, or (``warn`` only) unguarded.
+
+        Raises :class:`UnseenShapeError` when the policy forbids running it.
+        Returns a ``refuse`` decision only under ``warn``: run unpadded, it will compile.
+        """
+        decision = self._table.decide(batch_size, seq_len)
+        if decision.kind == "exact":
+            return decision
+        if decision.kind == "pad" and self.policy != "refuse":
+            self.telemetry.record(decision)
+            return decision
+        if self.policy == "warn":
+            self.telemetry.record(decision, "warn")
+            log.warning("%s", self.unseen_message(decision, "fits no compiled shape and will compile (policy warn)"))
+            return decision
+        self.telemetry.record(decision, "refuse")
+        reason = "is not compiled exactly (policy refuse)" if decision.kind == "pad" else "fits no compiled shape"
+        raise UnseenShapeError(self.unseen_message(decision, reason))
+
+    def require_exact(self, batch_size: int, seq_len: int) -> Decision:
+        """For shapes already fixed (a collated training batch): anything but an exact bucket is a miss.
+
+        A non-exact shape raises unless the policy is ``warn`` (then it is logged and recorded).
+        """
+        decision = self._table.decide(batch_size, seq_len)
+        if decision.kind == "exact":
+            return decision
+        kind = "warn" if self.policy == "warn" else "refuse"
+        self.telemetry.record(decision, kind)
+        message = self.unseen_message(decision, f"is not a compiled bucket (policy {self.policy})")
+        if kind == "refuse":
+            raise UnseenShapeError(message)
+        log.warning("%s", message)
+        return decision
+
+    def bucket(self, batch_size: int, seq_len: int) -> Decision:
+        """The table's answer alone: no policy, no telemetry (for callers that apply their own, like the collator)."""
+        return self._table.decide(batch_size, seq_len)
+
+    def longest_length(self, batch_size: int) -> int | None:
+        """The longest compiled length among buckets that hold ``batch_size`` rows (what to truncate to)."""
+        return max((length for batch, length in self._table.pairs() if batch >= batch_size), default=None)
+
+    def unseen_message(self, decision: Decision, reason: str) -> str:
+        """``<family>: request batch=B seq=L <reason>; nearest compiled: ...`` (one line)."""
+        nearest = decision.nearest or self._table.nearest(decision.batch_size, decision.seq_len)
+        return (
+            f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} {reason}; "
+            f"nearest compiled: {format_pairs(nearest)}"
+        )
+
+    def misses(self) -> list[MissEvent]:
+        """Every padded/refused/warned request this guard saw, aggregated per shape."""
+        return self.telemetry.totals()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush telemetry (bounded by ``timeout``; a database outage is abandoned, not waited for)."""
+        self.telemetry.close(timeout)
+
+    def __enter__(self) -> "ShapeGuard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ torch-facing helpers (lazy imports)
+
+    def fit(self, inputs: Any, pad_token_id: int | None = None) -> "FittedBatch":
+        """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""
+        from warmcache.runtime.padding import fit_generate_inputs
+
+        return fit_generate_inputs(self, inputs, pad_token_id)
+
+    def generate(self, model: Any, /, **kwargs: Any) -> Any:
+        """``model.generate`` on a compiled bucket: fit → generate → unpad; see :mod:`warmcache.runtime.serving`."""
+        from warmcache.runtime.serving import guarded_generate
+
+        return guarded_generate(self, model, **kwargs)
+
+    def prime(self, model: Any, **kwargs: Any) -> "PrimeReport":
+        """Load every compiled bucket once, then run generate() under the strict sentinel; see :mod:`warmcache.runtime.serving`."""
+        from warmcache.runtime.serving import prime
+
+        return prime(self, model, **kwargs)
+
+    def collator(self, tokenizer: Any, **kwargs: Any) -> "BucketCollator":
+        """A training data collator that keeps every batch on a compiled bucket."""
+        from warmcache.runtime.training import BucketCollator
+
+        return BucketCollator(self, tokenizer, **kwargs)
+
+    def callback(self) -> "GuardCallback":
+        """A Trainer callback that checks every batch's shape before its step and counts compiles per step."""
+        from warmcache.runtime.training import GuardCallback
+
+        return GuardCallback(self)
+
+    def sentinel(self, label: str = "guarded region") -> "AbstractContextManager[SentinelReport]":
+        """Fail (``pad``/``refuse``) or record (``warn``) any compile inside the block."""
+        from warmcache.runtime.sentinel import recompile_sentinel
+
+        return recompile_sentinel(self.policy, label)

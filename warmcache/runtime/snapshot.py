@@ -1,0 +1,87 @@
+"""Guard snapshots: the compiled rows a ShapeGuard needs, as a JSON file, for processes without database access.
+
+A production replica often cannot (or should not) reach the fleet registry. The
+deployment pipeline exports the compiled rows of a model once (``warmcache guard
+export``) and ships the file next to the compile cache; the replica builds its
+guard from the file. The rows keep their toolchain fingerprint, so a replica
+whose torch or compiler differs from the one that compiled them still sees them
+as stale and refuses to trust them, exactly as with the database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from warmcache.errors import UsageError
+from warmcache.registry import ShapeRecord
+from warmcache.registry.records import ArtifactRef
+
+SNAPSHOT_FORMAT = "warmcache-guard-snapshot"
+SNAPSHOT_VERSION = 1
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ShapeRecord)}
+_DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" in str(f.type))
+_REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING)
+
+
+def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> None:
+    """Write ``records`` to ``path`` atomically (a reader never sees half a file)."""
+    document = {
+        "format": SNAPSHOT_FORMAT,
+        "version": SNAPSHOT_VERSION,
+        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "source": source,
+        "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
+    }
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(document, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write snapshot: {exc.strerror}") from None
+
+
+def read_snapshot(path: Path) -> list[ShapeRecord]:
+    """The rows stored in a snapshot file; every problem names the file and the key at fault."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read snapshot: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not a JSON file: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
+        raise UsageError(f"{path}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
+    if document.get("version") != SNAPSHOT_VERSION:
+        raise UsageError(f"{path}: snapshot version {document.get('version')!r} is not supported (expected {SNAPSHOT_VERSION})")
+    records = document.get("records")
+    if not isinstance(records, list):
+        raise UsageError(f"{path}: key 'records' must be a list")
+    return [_record(path, i, item) for i, item in enumerate(records)]
+
+
+def _record(path: Path, index: int, item: Any) -> ShapeRecord:
+    where = f"{path}: records[{index}]"
+    if not isinstance(item, dict):
+        raise UsageError(f"{where} must be an object")
+    missing = sorted(_REQUIRED - item.keys())
+    if missing:
+        raise UsageError(f"{where}: missing key(s) {', '.join(missing)}")
+    values = {k: v for k, v in item.items() if k in _FIELDS}
+    try:
+        for name in _DATETIME_FIELDS:
+            if values.get(name) is not None:
+                values[name] = dt.datetime.fromisoformat(values[name])
+        values["artifacts"] = tuple(ArtifactRef(a["kind"], a["path"], a.get("size_bytes")) for a in values.get("artifacts", ()))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{where}: malformed value: {exc}") from None
+    for name in ("batch_size", "seq_len"):
+        if not isinstance(values[name], int) or values[name] < 1:
+            raise UsageError(f"{where}.{name}: expected a positive integer, got {values[name]!r}")
+    return ShapeRecord(**values)
