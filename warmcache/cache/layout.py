@@ -17,6 +17,9 @@ Neuron persistent cache (torch-xla era; ``--cache_dir``)::
 
 Native Neuron backend (``TORCH_NEURONX_NEFF_CACHE_DIR``): each top-level child
 is one entry, kind neuron-neff.
+
+Top-level folders named ``.warmcache-*`` are warmcache's own work folders (the
+trash of a prune, the staging folder of a bundle unpack) and never entries.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
+
+#: Prefix of warmcache's work folders at the top of a cache root (never entries).
+WORK_DIR_PREFIX = ".warmcache-"
+#: Work folders a crash can leave behind: a prune's trash, an unpack's staging folder.
+TRASH_PREFIX = f"{WORK_DIR_PREFIX}trash-"
+STAGING_PREFIX = f"{WORK_DIR_PREFIX}unpack-"
 
 
 def entry_of(flavor: CacheFlavor, relpath: str) -> tuple[str, str] | None:
@@ -65,6 +74,9 @@ def list_entries(root: Path, flavor: CacheFlavor) -> dict[str, str]:
         return entries
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if not d.startswith(WORK_DIR_PREFIX)]
+            filenames = [f for f in filenames if not f.startswith(WORK_DIR_PREFIX)]
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
             found = entry_of(flavor, rel)

@@ -12,6 +12,7 @@ import click
 from sqlalchemy.exc import OperationalError
 
 from warmcache.cli.buckets import buckets_group
+from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
 from warmcache.cli.query import check, plan, shapes
@@ -43,5 +44,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group):
+for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group):
     main.add_command(_command)

@@ -1,0 +1,233 @@
+"""An inventory of one compile cache, cross-referenced with the registry.
+
+Modelled on huggingface_hub's cache manager: a scan returns frozen data
+(:class:`CacheInfo` → :class:`CacheEntry`), and anything that deletes works from
+a plan computed on that data (:mod:`warmcache.cache.cleanup`), so a dry run and
+the real run decide exactly the same thing.
+
+The registry's ``artifacts`` table names the entries each compiled shape needs
+(path relative to the cache root). An entry no row names is an *orphan*; an
+artifact a row names that the cache lacks is *missing* (that row's claim is false).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
+from warmcache.cache.locate import CacheLocation, flavor_of_kind
+from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native
+from warmcache.query import effective_status
+from warmcache.registry import ShapeRecord
+from warmcache.registry.models import DONE_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class EntryUse:
+    """A registry row that references a cache entry."""
+
+    row_id: int
+    identity: str
+    model: str
+    workload: str
+    batch_size: int
+    seq_len: int
+    #: The row's effective status on this machine (``stale`` for another toolchain).
+    status: str
+
+    @classmethod
+    def of(cls, record: ShapeRecord) -> "EntryUse":
+        return cls(record.id, record.identity, record.model_name, record.workload, record.batch_size, record.seq_len, effective_status(record))
+
+    @property
+    def needed(self) -> bool:
+        """A current compiled/verified shape: deleting its entry would make production compile."""
+        return self.status in DONE_STATUSES
+
+    def describe(self) -> str:
+        return f"{self.model} {self.workload} batch={self.batch_size} seq={self.seq_len} ({self.status})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"row_id": self.row_id, "identity": self.identity, "model": self.model, "workload": self.workload,
+                "batch_size": self.batch_size, "seq_len": self.seq_len, "status": self.status}
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One cache entry (see :mod:`warmcache.cache.layout`) and what uses it."""
+
+    path: str
+    kind: str
+    #: ``locked`` whenever a lock file is present; otherwise :attr:`content_state`.
+    state: EntryState
+    content_state: EntryState
+    size_bytes: int
+    #: Newest access or modification time of its files (epoch seconds): the LRU clock.
+    last_used: float
+    compiler_version: str | None
+    flags: tuple[str, ...] | None
+    locks: tuple[LockInfo, ...]
+    used_by: tuple[EntryUse, ...]
+
+    @property
+    def is_orphan(self) -> bool:
+        return not self.used_by
+
+    @property
+    def is_needed(self) -> bool:
+        return any(u.needed for u in self.used_by)
+
+    @property
+    def only_stale(self) -> bool:
+        """Used only by rows of other toolchains: nothing on this machine can load it."""
+        return bool(self.used_by) and all(u.status == "stale" for u in self.used_by)
+
+    @property
+    def lock_held(self) -> bool:
+        return any(lock.held for lock in self.locks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "state": self.state,
+            "content_state": self.content_state,
+            "size_bytes": self.size_bytes,
+            "last_used": self.last_used,
+            "compiler_version": self.compiler_version,
+            "flags": list(self.flags) if self.flags is not None else None,
+            "locks": [{"path": lk.path, "age_seconds": round(lk.age_seconds, 1), "held": lk.held} for lk in self.locks],
+            "orphan": self.is_orphan,
+            "used_by": [u.as_json() for u in self.used_by],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MissingArtifact:
+    """An artifact a registry row names that the cache does not hold."""
+
+    path: str
+    kind: str
+    used_by: EntryUse
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "used_by": self.used_by.as_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkDir:
+    """A prune's trash or an unpack's staging folder at the cache root (a crash leaves them)."""
+
+    path: str
+    size_bytes: int
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInfo:
+    """The result of :func:`scan_cache`."""
+
+    location: CacheLocation
+    exists: bool
+    entries: tuple[CacheEntry, ...]
+    missing: tuple[MissingArtifact, ...]
+    work_dirs: tuple[WorkDir, ...]
+    scanned_at: float
+
+    @property
+    def root(self) -> Path:
+        return self.location.root
+
+    @property
+    def size_on_disk(self) -> int:
+        return sum(e.size_bytes for e in self.entries)
+
+    @property
+    def orphans(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for e in self.entries if e.is_orphan)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "flavor": self.location.flavor,
+            "source": self.location.source,
+            "exists": self.exists,
+            "size_bytes": self.size_on_disk,
+            "entry_count": len(self.entries),
+            "orphan_count": len(self.orphans),
+            "entries": [e.as_json() for e in self.entries],
+            "missing": [m.as_json() for m in self.missing],
+            "work_dirs": [{"path": w.path, "size_bytes": w.size_bytes, "age_seconds": round(w.age_seconds, 1)} for w in self.work_dirs],
+        }
+
+
+def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now: float | None = None) -> CacheInfo:
+    """Inventory ``location``; ``records`` (read ``with_artifacts=True``) supply the cross-reference."""
+    now = time.time() if now is None else now
+    root = location.root
+    users: dict[str, list[EntryUse]] = {}
+    wanted: list[tuple[str, str, EntryUse]] = []
+    for record in records:
+        use = EntryUse.of(record)
+        for artifact in record.artifacts:
+            if flavor_of_kind(artifact.kind) == location.flavor:
+                users.setdefault(artifact.path, []).append(use)
+                wanted.append((artifact.path, artifact.kind, use))
+    found = list_entries(root, location.flavor)
+    entries = tuple(_entry(root, path, kind, tuple(users.get(path, ())), now) for path, kind in sorted(found.items()))
+    missing = tuple(MissingArtifact(path, kind, use) for path, kind, use in wanted if path not in found)
+    return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now)
+
+
+def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float) -> CacheEntry:
+    facts = _facts(root, path, kind, now)
+    state: EntryState = "locked" if facts.locks else facts.content_state
+    return CacheEntry(
+        path=path,
+        kind=kind,
+        state=state,
+        content_state=facts.content_state,
+        size_bytes=entry_size(root, path),
+        last_used=last_used(root / path),
+        compiler_version=facts.compiler_version,
+        flags=facts.flags,
+        locks=facts.locks,
+        used_by=used_by,
+    )
+
+
+def _facts(root: Path, path: str, kind: str, now: float) -> NeuronEntryFacts:
+    if kind == NEURON_MODULE:
+        return inspect_module(root, path, now)
+    if kind == NEURON_NEFF:
+        return inspect_native(root, path, now)
+    # Inductor writes each entry atomically (temp file, then rename): present means complete.
+    return NeuronEntryFacts("done", None, None, ())
+
+
+def last_used(path: Path) -> float:
+    """Newest atime/mtime among ``path``'s files (``relatime`` keeps atime roughly current)."""
+    stats = [path.lstat()] if not path.is_dir() else [p.lstat() for p in _files(path)] or [path.lstat()]
+    return max(max(s.st_atime, s.st_mtime) for s in stats)
+
+
+def _files(folder: Path) -> Iterable[Path]:
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            yield Path(dirpath, name)
+
+
+def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
+    if not root.is_dir():
+        return ()
+    out = []
+    for child in sorted(root.iterdir()):
+        if child.name.startswith((TRASH_PREFIX, STAGING_PREFIX)):
+            size = sum(p.lstat().st_size for p in _files(child)) if child.is_dir() else child.lstat().st_size
+            out.append(WorkDir(child.name, size, max(0.0, now - child.lstat().st_mtime)))
+    return tuple(out)

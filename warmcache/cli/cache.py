@@ -1,0 +1,179 @@
+"""``warmcache cache scan|doctor|prune``: inspect and clean compile caches (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from warmcache.cache.cleanup import CleanupPlan
+from warmcache.cache.doctor import diagnose
+from warmcache.cache.inventory import CacheInfo, scan_cache
+from warmcache.cache.locate import FLAVORS, locate_caches
+from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
+from warmcache.cache.prune import PruneRules, plan_prune
+from warmcache.cache.units import format_age, format_size, parse_age, parse_size
+from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.manifest import Manifest, load_manifest
+from warmcache.registry import Registry
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cache_options(func: F) -> F:
+    """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
+    for option in reversed(
+        (
+            click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."),
+            click.option("--flavor", type=click.Choice(FLAVORS), default=None, help="Cache layout (default: detected from the folder)."),
+            click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the cache folder and registry from this manifest."),
+            db_option,
+            json_option,
+        )
+    ):
+        func = option(func)
+    return func
+
+
+def _grace_option(func: F) -> F:
+    return click.option(
+        "--grace", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
+        help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a compile may still be running).",
+    )(func)  # fmt: skip
+
+
+def _scan_all(registry: Registry, cache_dir: str | None, flavor: str | None, manifest: Manifest | None) -> list[CacheInfo]:
+    records = registry.rows(with_artifacts=True)
+    return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
+
+
+def _manifest(path: str | None) -> Manifest | None:
+    return load_manifest(path) if path else None
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """Inspect, repair and prune compile caches (Neuron NEFF cache, Inductor)."""
+
+
+@cache_group.command("scan")
+@cache_options
+@click.option("--entries", "show_entries", is_flag=True, help="List every entry, not just the summary.")
+def scan(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, show_entries: bool) -> None:
+    """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
+    manifest = _manifest(manifest_path)
+    with open_registry(db_url, manifest) as registry:
+        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    if as_json:
+        print_json([info.as_json() for info in infos])
+        return
+    for info in infos:
+        click.echo(_describe(info))
+        if show_entries and info.entries:
+            rows = [
+                (e.path, e.kind, e.state, format_size(e.size_bytes), format_age(info.scanned_at - e.last_used),
+                 "; ".join(u.describe() for u in e.used_by) or "orphan")
+                for e in info.entries
+            ]  # fmt: skip
+            click.echo(format_table(("entry", "kind", "state", "size", "idle", "used by"), rows))
+        for missing in info.missing:
+            click.echo(f"  missing: {missing.path} ({missing.kind}), needed by {missing.used_by.describe()}")
+
+
+def _describe(info: CacheInfo) -> str:
+    head = f"{info.root} ({info.location.flavor}, from {info.location.source})"
+    if not info.exists:
+        return f"{head}: does not exist"
+    lines = [f"{head}: {len(info.entries)} entries, {format_size(info.size_on_disk)}"]
+    for kind, count in sorted(Counter(e.kind for e in info.entries).items()):
+        of_kind = [e for e in info.entries if e.kind == kind]
+        states = Counter(e.state for e in of_kind)
+        versions = sorted({e.compiler_version for e in of_kind if e.compiler_version})
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        lines.append(f"  {kind}: {count} ({format_size(sum(e.size_bytes for e in of_kind))}; {detail}{'; neuronxcc ' + ', '.join(versions) if versions else ''})")
+    rows = {u.row_id: u for e in info.entries for u in e.used_by}
+    statuses = Counter(u.status for u in rows.values())
+    orphans = info.orphans
+    lines.append(
+        f"  used by {len(rows)} registry rows ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
+        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); {len(info.missing)} missing artifacts"
+    )
+    return "\n".join(lines)
+
+
+@cache_group.command("doctor")
+@cache_options
+@_grace_option
+@click.option("--fix", is_flag=True, help="Apply the repairs (default: only say what would be done).")
+def doctor(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool) -> None:
+    """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
+    grace_seconds = parse_age(grace, option="--grace")
+    manifest = _manifest(manifest_path)
+    with open_registry(db_url, manifest) as registry:
+        infos = _scan_all(registry, cache_dir, flavor, manifest)
+        _report([diagnose(info, grace_seconds) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix")
+
+
+@cache_group.command("prune")
+@cache_options
+@_grace_option
+@click.option("--orphans", is_flag=True, help="Entries no registry row references.")
+@click.option("--stale-toolchains", is_flag=True, help="Entries only rows of other toolchains reference (their rows are forgotten).")
+@click.option("--older-than", metavar="AGE", default=None, help="Only entries unused for AGE (e.g. 7d, 12h).")
+@click.option("--max-size", metavar="SIZE", default=None, help="Delete least recently used entries until the cache fits SIZE (e.g. 20G).")
+@click.option("--include-referenced", is_flag=True, help="Also delete entries current compiled/verified shapes need (those rows are forgotten).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+def prune(
+    cache_dir: str | None,
+    flavor: str | None,
+    manifest_path: str | None,
+    db_url: str | None,
+    as_json: bool,
+    grace: str,
+    orphans: bool,
+    stale_toolchains: bool,
+    older_than: str | None,
+    max_size: str | None,
+    include_referenced: bool,
+    dry_run: bool,
+) -> None:
+    """Delete cache entries to free space; never one a compiled shape needs unless told so."""
+    rules = PruneRules(
+        orphans=orphans,
+        stale_toolchains=stale_toolchains,
+        older_than_seconds=parse_age(older_than, option="--older-than") if older_than else None,
+        max_size_bytes=parse_size(max_size, option="--max-size") if max_size else None,
+        include_referenced=include_referenced,
+        grace_seconds=parse_age(grace, option="--grace"),
+    )
+    rules.check()
+    manifest = _manifest(manifest_path)
+    with open_registry(db_url, manifest) as registry:
+        infos = _scan_all(registry, cache_dir, flavor, manifest)
+        _report([plan_prune(info, rules) for info in infos], registry, apply=not dry_run, as_json=as_json, how_to_apply="without --dry-run")
+
+
+def _report(plans: list[CleanupPlan], registry: Registry, *, apply: bool, as_json: bool, how_to_apply: str) -> None:
+    """Print each plan, and execute it when asked (rows forgotten before files are deleted)."""
+    results = [plan.execute(registry) if apply else None for plan in plans]
+    if as_json:
+        print_json([{**plan.as_json(), "applied": apply, "result": r.as_json() if r else None} for plan, r in zip(plans, results)])
+        return
+    for plan, result in zip(plans, results):
+        click.echo(f"{plan.root} ({plan.flavor}):")
+        for removal in plan.removals:
+            click.echo(f"  {'removed' if apply else 'would remove'} {removal.path} ({format_size(removal.size_bytes)}): {removal.reason}")
+        for forget in plan.forgets:
+            click.echo(f"  {'forgot' if apply else 'would forget'} row {forget.description}: {forget.reason}")
+        for note in plan.notes:
+            click.echo(f"  note: {note}")
+        if result is not None:
+            for path in result.kept:
+                click.echo(f"  kept {path}: a registry row started to use it during this run")
+            click.echo(f"  freed {format_size(result.freed_bytes)}, forgot {result.forgotten} rows")
+        elif plan.is_empty:
+            click.echo("  nothing to do")
+        else:
+            click.echo(f"  would free {format_size(plan.freed_bytes)} and forget {len(plan.forgets)} rows; run again {how_to_apply} to apply")
