@@ -154,6 +154,8 @@ def test_from_misses_weights_each_length_by_its_count(registry_url: str) -> None
 
     too_long = suggest("--from-misses", "--model", "chat", "--db", registry_url, "--max-length", "25")
     assert too_long.exit_code == 2 and "batch=1 seq=30: length 30 tokens exceeds the model maximum 25" in too_long.output
+    batched = suggest("--from-misses", "--model", "chat", "--db", registry_url, "--batch", "4")
+    assert batched.exit_code == 2 and "--batch does not apply to --from-misses" in batched.output
     none = suggest("--from-misses", "--model", "nobody", "--db", registry_url)
     assert none.exit_code == 2 and "no recorded misses for model 'nobody' (workload generate)" in none.output
 

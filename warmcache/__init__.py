@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from warmcache.buckets import LengthDistribution, Traffic, suggest_buckets
 from warmcache.errors import (
     CacheError,
     ManifestError,
@@ -39,6 +40,7 @@ __all__ = [
     "BucketTable",
     "CacheError",
     "Decision",
+    "LengthDistribution",
     "Manifest",
     "ManifestError",
     "ModelSpec",
@@ -50,10 +52,12 @@ __all__ = [
     "ShapeRecord",
     "ShapeSpec",
     "TargetUnavailableError",
+    "Traffic",
     "UnseenShapeError",
     "UsageError",
     "WarmcacheError",
     "load_manifest",
     "plan_manifest",
+    "suggest_buckets",
     *_LAZY,
 ]

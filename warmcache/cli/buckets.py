@@ -78,6 +78,10 @@ def suggest(
         raise UsageError(f"--max-buckets: K must be >= 1, got {max_buckets}")
     if expected_requests is not None and compile_cost is None:
         raise UsageError("--expected-requests only matters with --compile-cost")
+    if from_misses and batch_size > 1:
+        raise UsageError(
+            "--batch does not apply to --from-misses: a recorded miss is a whole request whose seq_len is already its longest row"
+        )
     if (manifest_snippet or from_misses) and not model_name:
         raise UsageError(f"{'--from-misses' if from_misses else '--manifest-snippet'} needs --model NAME")
     snippet_batches = _parse_batch_sizes(batch_sizes) if batch_sizes is not None else [batch_size]
