@@ -189,3 +189,10 @@ def test_default_budget_is_the_powers_of_two_ladder() -> None:
     assert suggestion.buckets == dist.values  # six lengths, six buckets: nothing padded
     assert suggestion.plan.cost.waste_percent == 0
     assert [s.name for s in suggestion.strategies] == ["optimal (DP)", "powers of two", "evenly spaced", "powers of two from 128"]
+
+
+def test_lengths_that_never_lead_a_batch_get_no_bucket() -> None:
+    # With 1 short length in 10**6 and batches of 400, P(a batch's longest is 1) = 1e-2400: zero in floats.
+    dist = LengthDistribution.from_counts({1: 1, 50: 10**6 - 1, 60: 10**6})
+    suggestion = suggest_buckets(Traffic(dist, 400), max_buckets=3)
+    assert suggestion.buckets == (50, 60)

@@ -89,19 +89,15 @@ def suggest_buckets(
     lengths = traffic.lengths
     longest = lengths.max_length
     requests = expected_requests if expected_requests is not None else lengths.total
-    weights = traffic.planner_weights
+    # A short length can be (numerically) never a large batch's longest member: a bucket there would serve nothing.
+    kept = [(value, weight) for value, weight in zip(lengths.values, traffic.planner_weights) if weight > 0]
+    values, weights = [v for v, _ in kept], [w for _, w in kept]
     started = time.perf_counter()
     if compile_cost is not None:
-        plan = plan_by_compile_cost(
-            lengths.values,
-            weights,
-            compile_cost=compile_cost,
-            scale=requests / sum(weights),
-            max_buckets=max_buckets,
-        )
+        plan = plan_by_compile_cost(values, weights, compile_cost=compile_cost, scale=requests / sum(weights), max_buckets=max_buckets)
     else:
         budget = max_buckets if max_buckets is not None else len(powers_of_two(longest, pow2_floor))
-        plan = plan_fixed(lengths.values, weights, budget)
+        plan = plan_fixed(values, weights, budget)
     elapsed = time.perf_counter() - started
 
     k = len(plan.buckets)
