@@ -12,6 +12,7 @@ import click
 from sqlalchemy.exc import OperationalError
 
 from warmcache.cli.buckets import buckets_group
+from warmcache.cli.bundle import bundle_group
 from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
@@ -44,5 +45,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group):
+for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group):
     main.add_command(_command)

@@ -1,0 +1,221 @@
+"""bundle pack/unpack on hand-built Neuron caches: round trip, idempotence, toolchains, hostile archives."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from test_cache_neuron import done_files, module, planned_by_batch, record_compiled  # noqa: E402
+from warmcache.cli import main
+from warmcache.registry import Registry
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@dataclass(frozen=True)
+class Built:
+    manifest: Path
+    root: Path
+    url: str
+    entries: list[str]
+
+
+@pytest.fixture
+def built(tmp_path: Path, write_manifest) -> Built:
+    """A build machine: two compiled shapes with their Neuron entries, one declared shape not compiled."""
+    manifest = write_manifest(
+        """
+        [[model]]
+        name = "neuron-m"
+        path = "{qwen3}"
+        device = "neuron"
+        [[model.generate]]
+        batch_sizes = [1, 2, 4]
+        prompt_lengths = [16]
+        max_cache_len = 64
+        """
+    )
+    root = tmp_path / "build-cache"
+    url = f"sqlite:///{tmp_path / 'build.sqlite'}"
+    entries = [module(root, "aaa+f1", done_files(5000)), module(root, "bbb+f1", done_files(7000))]
+    module(root, "unrelated+f1", done_files(100))
+    planned = planned_by_batch(manifest)
+    record_compiled(url, planned[1], [entries[0]])
+    record_compiled(url, planned[2], [entries[1]])
+    return Built(manifest, root, url, entries)
+
+
+def pack(built: Built, output: Path) -> Result:
+    return cli("bundle", "pack", str(built.manifest), "-o", str(output), "--cache-dir", str(built.root), "--db", built.url)
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def rows(url: str) -> list[tuple]:
+    with Registry.open(url) as registry:
+        return [(r.identity, r.status, r.updated_at, tuple(sorted(a.path for a in r.artifacts))) for r in registry.rows(with_artifacts=True)]
+
+
+def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Built, tmp_path: Path, registry_url: str) -> None:
+    bundle = tmp_path / "warm.tar.gz"
+    packed = pack(built, bundle)
+    assert packed.exit_code == 0, packed.output
+    assert "2 compiled shapes, 2 cache entries, 8 files" in packed.output and "1 declared shapes are not compiled" in packed.output
+    with tarfile.open(bundle) as tar:
+        meta = json.load(tar.extractfile(tar.getmembers()[0]))  # type: ignore[arg-type]
+        names = tar.getnames()
+    assert names[0] == "warmcache-bundle.json" and not any("unrelated" in n for n in names)
+    assert sorted(f["path"] for f in meta["files"]) == sorted(n[len("cache/") :] for n in names[1:])
+    assert all(len(f["sha256"]) == 64 for f in meta["files"]) and len(meta["rows"]) == 2 and meta["toolchains"]
+
+    target = tmp_path / "prod-cache"
+    first = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json")
+    assert first.exit_code == 0, first.output
+    result = json.loads(first.stdout)
+    assert (result["entries_added"], result["rows"]["inserted"]) == (2, 2)
+    expected = {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
+    assert files_under(target) == expected  # exactly the referenced entries, byte for byte; no staging left
+    plan = json.loads(cli("plan", str(built.manifest), "--db", registry_url, "--json").stdout)
+    assert sorted(i["status"] for i in plan) == ["compiled", "compiled", "missing"]
+    after_first = rows(registry_url)
+    assert [r[3] for r in after_first] == [(built.entries[0],), (built.entries[1],)]
+
+    second = json.loads(cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json").stdout)
+    assert (second["entries_added"], second["entries_already_present"]) == (0, 2)
+    assert (second["rows"]["inserted"], second["rows"]["updated"], second["rows"]["unchanged"]) == (0, 0, 2)
+    assert rows(registry_url) == after_first and files_under(target) == expected
+
+
+def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built: Built, tmp_path: Path) -> None:
+    bundle = tmp_path / "warm.tar"
+    assert pack(built, bundle).exit_code == 0
+    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
+    broken = target / built.entries[0]
+    broken.mkdir(parents=True)
+    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    with Registry.open(url) as registry:
+        registry.ensure_pending([planned_by_batch(built.manifest)[1]])
+    result = json.loads(cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url, "--json").stdout)
+    assert (result["entries_added"], result["entries_replaced"]) == (1, 1)
+    assert (result["rows"]["inserted"], result["rows"]["updated"]) == (1, 1)
+    assert not (broken / "model.log").exists() and (broken / "model.done").exists()
+    assert {r[1] for r in rows(url)} == {"compiled"}
+
+
+def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_compiled(built: Built, tmp_path: Path, write_manifest) -> None:
+    (built.root / built.entries[1] / "model.neff").unlink()
+    (built.root / built.entries[1] / "model.done").unlink()
+    for path in (built.root / built.entries[1]).iterdir():
+        path.unlink()
+    (built.root / built.entries[1]).rmdir()
+    gone = pack(built, tmp_path / "b.tar.gz")
+    assert gone.exit_code == 5 and "is gone" in gone.stderr and "cache doctor" in gone.stderr
+    assert not (tmp_path / "b.tar.gz").exists() and not list(tmp_path.glob(".b.tar.gz.partial*"))
+    empty = cli("bundle", "pack", str(built.manifest), "-o", str(tmp_path / "e.tar"), "--cache-dir", str(built.root), "--db", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    assert empty.exit_code == 5 and "no compiled shapes" in empty.stderr
+    suffix = pack(built, tmp_path / "b.zip")
+    assert suffix.exit_code == 2 and "*.tar" in suffix.stderr
+
+
+def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = tmp_path / "warm.tar.gz"
+    assert pack(built, bundle).exit_code == 0
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O3")  # this machine compiles differently
+    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
+    refused = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
+    assert refused.exit_code == 5, refused.output
+    assert "another toolchain" in refused.stderr and "neuron_cc_flags: bundle , here --model-type=transformer -O3" in refused.stderr
+    assert "--force" in refused.stderr and not target.exists() and rows(url) == []
+    forced = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert len(rows(url)) == 2
+    shapes = json.loads(cli("shapes", "--db", url, "--json").stdout)
+    assert {s["status"] for s in shapes} == {"stale"}
+
+
+# ------------------------------------------------------------- hostile archives
+
+
+def rebuild(good: Path, out: Path, change: Callable[[tarfile.TarFile, list[tuple[tarfile.TarInfo, bytes | None]]], None]) -> Path:
+    """Copy a good bundle member by member, letting ``change`` edit the list first."""
+    with tarfile.open(good) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
+        change(tar, members)
+    with tarfile.open(out, "w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out
+
+
+def _add(members: list, name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"evil\n", link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = len(data) if kind == tarfile.REGTYPE and data is not None else 0
+    members.append((info, data if kind == tarfile.REGTYPE else None))
+
+
+def _listed(members: list, name: str, data: bytes = b"evil\n") -> None:
+    """Add ``name`` and list it in the metadata with a correct hash, so only the path check can stop it."""
+    import hashlib
+
+    meta_info, blob = members[0]
+    meta = json.loads(blob)
+    meta["files"].append({"path": name[len("cache/") :] if name.startswith("cache/") else name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+    blob = json.dumps(meta).encode()
+    meta_info.size = len(blob)
+    members[0] = (meta_info, blob)
+    _add(members, name, data=data)
+
+
+def _flip_first_file_byte(members: list) -> None:
+    info, data = members[1]
+    members[1] = (info, bytes([data[0] ^ 0x01]) + data[1:])
+
+
+HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile, list], None], str]] = {
+    "path traversal": (lambda t, m: _listed(m, "cache/../../evil"), "climbs out of the cache with '..'"),
+    "absolute path": (lambda t, m: _add(m, "/tmp/warmcache-evil"), "is an absolute path"),
+    "symlink": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.SYMTYPE, None, "/etc/passwd"), "is a link (to '/etc/passwd')"),
+    "hard link": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.LNKTYPE, None, "/etc/passwd"), "is a link"),
+    "device file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/null", tarfile.CHRTYPE, None), "is a device or FIFO"),
+    "unlisted file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff"), "is not in the bundle's file list"),
+    "flipped byte": (lambda t, m: _flip_first_file_byte(m), "content does not match the bundle's file list"),
+    "listed file missing": (lambda t, m: m.pop(), "but the bundle lacks it"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_bundles_are_refused_and_write_nothing(built: Built, tmp_path: Path, case: str) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    change, message = HOSTILE[case]
+    bad = rebuild(good, tmp_path / "bad.tar", change)
+    target, url = tmp_path / "sandbox" / "cache", f"sqlite:///{tmp_path / 'prod.sqlite'}"
+    before = {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*"))
+    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(target), "--db", url)
+    assert result.exit_code == 5, result.output
+    assert message in result.stderr and result.stderr.startswith("warmcache: error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert not target.exists()  # not even a staging folder is left behind
+    assert {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*")) == before | {tmp_path / "prod.sqlite"}
+    assert rows(url) == []
+
+
+def test_a_truncated_compressed_bundle_is_refused(built: Built, tmp_path: Path) -> None:
+    good = tmp_path / "good.tar.gz"
+    assert pack(built, good).exit_code == 0
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(tmp_path / "cache"), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    assert result.exit_code == 5 and "not a readable bundle archive" in result.stderr
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,198 @@
+"""Portable bundles: the cache entries a manifest's compiled shapes need, with their rows.
+
+A bundle is a tar archive (``.tar``, ``.tar.gz``/``.tgz`` or ``.tar.xz``) holding
+
+- ``warmcache-bundle.json`` (first member): format version, cache layout, the
+  toolchains, the registry rows (JSON) and the file list with a sha256 and size
+  for every file;
+- ``cache/<path>``: exactly the files of the entries those rows reference
+  (their artifacts), paths relative to the cache root.
+
+This is how a deployment pipeline ships a warm cache into an image or a fleet:
+``pack`` on the build machine, ``unpack`` (:mod:`warmcache.cache.unbundle`) there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from warmcache.cache.bundle_rows import row_to_json
+from warmcache.cache.layout import WORK_DIR_PREFIX, entry_of
+from warmcache.cache.locate import CacheLocation, flavor_of_kind
+from warmcache.cache.quiet import open_quietly
+from warmcache.errors import CacheError, UsageError
+from warmcache.fingerprint import package_version
+from warmcache.manifest import Manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.models import DONE_STATUSES, utcnow
+
+BUNDLE_FORMAT = 1
+META_NAME = "warmcache-bundle.json"
+CACHE_PREFIX = "cache/"
+_WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz"}
+
+#: ``progress(done_bytes, total_bytes)``, called as files are written.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BundleFile:
+    """One file of the bundle: path relative to the cache root, sha256, size."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PackResult:
+    output: Path
+    rows: int
+    entries: int
+    files: int
+    bytes: int
+    not_compiled: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"output": str(self.output), "rows": self.rows, "entries": self.entries, "files": self.files,
+                "bytes": self.bytes, "declared_but_not_compiled": self.not_compiled}
+
+
+def check_relpath(path: Any, where: str) -> str:
+    """A safe, normalised POSIX path relative to a root, or :class:`CacheError` naming what is wrong."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise CacheError(f"{where}: {path!r} is not a file name")
+    if path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":") or "\\" in path:
+        raise CacheError(f"{where}: {path!r} is an absolute path; refused")
+    parts = [p for p in PurePosixPath(path).parts if p != "."]
+    if ".." in parts:
+        raise CacheError(f"{where}: {path!r} climbs out of the cache with '..'; refused")
+    if not parts:
+        raise CacheError(f"{where}: {path!r} names no file")
+    if parts[0].startswith(WORK_DIR_PREFIX):
+        raise CacheError(f"{where}: {path!r} is a warmcache work folder, not a cache entry; refused")
+    return "/".join(parts)
+
+
+def write_mode(output: Path) -> str:
+    for suffix, mode in _WRITE_MODES.items():
+        if output.name.endswith(suffix):
+            return mode
+    raise UsageError(f"-o {output}: name the bundle *.tar, *.tar.gz, *.tgz or *.tar.xz")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open_quietly(path) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compiled_records(registry: Registry, manifest: Manifest, model_name: str | None) -> tuple[list[ShapeRecord], int]:
+    """This toolchain's compiled/verified rows for the manifest, and how many declared shapes lack one."""
+    statuses = registry.plan_status(plan_manifest(manifest, model_name))
+    done = [s.planned.identity for s in statuses if s.status in DONE_STATUSES]
+    records = [r for r in registry.rows(identities=done, with_artifacts=True) if r.status in DONE_STATUSES]
+    return records, len(statuses) - len(records)
+
+
+def pack_bundle(
+    manifest: Manifest,
+    registry: Registry,
+    location: CacheLocation,
+    output: Path,
+    *,
+    model_name: str | None = None,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Write the bundle of ``manifest``'s compiled shapes to ``output`` (atomically: all or nothing)."""
+    mode = write_mode(output)
+    records, not_compiled = compiled_records(registry, manifest, model_name)
+    if not records:
+        raise CacheError(f"{manifest.path}: no compiled shapes for this machine's toolchain in registry {registry.display_url}; run warmcache warmup first")
+    entries = _entries_needed(records, location)
+    files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
+    meta = {
+        "format": BUNDLE_FORMAT,
+        "created_at": utcnow().isoformat(),
+        "created_by": f"warmcache {package_version('warmcache') or 'unknown'} on {socket.gethostname()}",
+        "manifest": str(manifest.path),
+        "flavor": location.flavor,
+        "toolchains": {r.toolchain_hash: r.toolchain for r in records},
+        "rows": [row_to_json(r) for r in records],
+        "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in files],
+    }
+    total = sum(f.size for f in files)
+    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    now = utcnow().timestamp()
+    try:
+        with tarfile.open(partial, mode) as tar:
+            blob = json.dumps(meta, indent=1, sort_keys=True).encode()
+            tar.addfile(_tarinfo(META_NAME, len(blob), 0o644, now), io.BytesIO(blob))
+            done = 0
+            for f in files:
+                source = location.root / f.path
+                stat = source.stat()
+                info = _tarinfo(CACHE_PREFIX + f.path, f.size, 0o755 if stat.st_mode & 0o111 else 0o644, stat.st_mtime or now)
+                with open_quietly(source) as handle:
+                    tar.addfile(info, handle)
+                done += f.size
+                if progress:
+                    progress(done, total)
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return PackResult(output, len(records), len(entries), len(files), total, not_compiled)
+
+
+def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[str]:
+    """Every entry the rows reference, checked to exist under the cache root."""
+    entries: set[str] = set()
+    for record in records:
+        for artifact in record.artifacts:
+            flavor = flavor_of_kind(artifact.kind)
+            if flavor != location.flavor:
+                raise UsageError(
+                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind {artifact.kind!r} is not "
+                    f"in the {location.flavor} cache {location.root}; pack each model's cache separately with --model"
+                )
+            path = check_relpath(artifact.path, f"registry artifact of {record.model_name} batch={record.batch_size} seq={record.seq_len}")
+            if not os.path.lexists(location.root / path):
+                raise CacheError(
+                    f"{location.root / path}: cache entry of {record.model_name} {record.workload} batch={record.batch_size} "
+                    f"seq={record.seq_len} is gone; run warmcache cache doctor --fix, then warmcache warmup"
+                )
+            entries.add(path)
+    return sorted(entries)
+
+
+def _entry_files(root: Path, entries: list[str]) -> Iterator[str]:
+    """The regular files of each entry; a link or special file inside one is refused."""
+    for entry in entries:
+        path = root / entry
+        candidates = [path] if not path.is_dir() or path.is_symlink() else sorted(p for p in path.rglob("*") if not p.is_dir() or p.is_symlink())
+        for candidate in candidates:
+            if candidate.is_symlink() or not candidate.is_file():
+                raise CacheError(f"{candidate}: not a regular file (link or special file); bundles carry regular files only")
+            yield candidate.relative_to(root).as_posix()
+
+
+def _tarinfo(name: str, size: int, mode: int, mtime: float) -> tarfile.TarInfo:
+    """A member with no owner: unpacking must not depend on the packer's users."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, mode, int(mtime)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info

@@ -1,0 +1,123 @@
+"""Registry rows in a bundle: written as JSON, merged back idempotently by identity.
+
+The identity (shape × model config × toolchain) is the key, so unpacking the same
+bundle twice, or two bundles that share shapes, changes nothing the second time.
+A local row that already says ``compiled``/``verified`` is kept (its missing
+artifacts are added); a ``pending`` or ``failed`` one takes the bundle's result;
+one a live worker is compiling right now is left to that worker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from warmcache.errors import CacheError
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, utcnow
+
+#: Row fields a bundle carries; who claimed it and lease times belong to the build machine only.
+_FIELDS = (
+    "identity", "shape_hash", "model_name", "model_path", "model_revision", "config_hash", "toolchain_hash", "toolchain",
+    "workload", "settings", "batch_size", "seq_len", "max_cache_len", "dtype", "device", "backend", "mode", "tp_size",
+    "fsdp_size", "status", "attempts", "host", "compile_seconds", "graphs_compiled", "created_at", "updated_at",
+    "compiled_at", "verified_at",
+)  # fmt: skip
+_TIMES = ("created_at", "updated_at", "compiled_at", "verified_at")
+_RESULT_FIELDS = ("status", "host", "compile_seconds", "graphs_compiled", "compiled_at", "verified_at")
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    inserted: int
+    updated: int
+    unchanged: int
+    skipped: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"inserted": self.inserted, "updated": self.updated, "unchanged": self.unchanged, "skipped": list(self.skipped)}
+
+
+def row_to_json(record: ShapeRecord) -> dict[str, Any]:
+    data = record.as_json()
+    out = {name: data[name] for name in _FIELDS}
+    out["artifacts"] = data["artifacts"]
+    return out
+
+
+def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
+    """Validate bundled rows enough that a bad bundle fails before anything is written."""
+    if not isinstance(rows, list):
+        raise CacheError(f"{where}: 'rows' must be a list")
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise CacheError(f"{where}: rows[{index}] must be an object")
+        missing = [name for name in (*_FIELDS, "artifacts") if name not in row]
+        if missing:
+            raise CacheError(f"{where}: rows[{index}] lacks {', '.join(missing)}")
+        if row["status"] not in DONE_STATUSES:
+            raise CacheError(f"{where}: rows[{index}].status is {row['status']!r}; a bundle carries only compiled or verified rows")
+        if not isinstance(row["artifacts"], list) or not all(isinstance(a, dict) and {"kind", "path"} <= a.keys() for a in row["artifacts"]):
+            raise CacheError(f"{where}: rows[{index}].artifacts must be a list of {{kind, path, size_bytes}} objects")
+    return rows
+
+
+def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]]) -> MergeResult:
+    """Insert or complete each bundled row in one transaction (all or nothing)."""
+    inserted = updated = unchanged = 0
+    skipped: list[str] = []
+    now = utcnow()
+    with registry.session() as session:
+        existing = {
+            row.identity: row
+            for row in session.scalars(
+                select(CompiledShape)
+                .where(CompiledShape.identity.in_([r["identity"] for r in rows]))
+                .options(selectinload(CompiledShape.artifacts))
+            )
+        }
+        for data in rows:
+            values = _values(data)
+            artifacts = {(a["kind"], a["path"]): a.get("size_bytes") for a in data["artifacts"]}
+            row = existing.get(data["identity"])
+            if row is None:
+                row = CompiledShape(**values)
+                row.artifacts = [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items())]
+                session.add(row)
+                existing[row.identity] = row
+                inserted += 1
+            elif row.status in DONE_STATUSES:
+                have = {(a.kind, a.path) for a in row.artifacts}
+                extra = [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items()) if (k, p) not in have]
+                row.artifacts.extend(extra)
+                updated, unchanged = (updated + 1, unchanged) if extra else (updated, unchanged + 1)
+            elif row.status == "compiling" and row.lease_expires_at is not None and row.lease_expires_at > now:
+                skipped.append(f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now")
+            else:
+                for name in _RESULT_FIELDS:
+                    setattr(row, name, values[name])
+                row.error = row.claimed_by = row.lease_expires_at = None
+                row.updated_at = now
+                row.artifacts.clear()
+                session.flush()  # delete the old artifact rows before inserting ones with the same (kind, path)
+                row.artifacts.extend([Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items())])
+                updated += 1
+    return MergeResult(inserted, updated, unchanged, tuple(skipped))
+
+
+def _values(data: dict[str, Any]) -> dict[str, Any]:
+    values = {name: data[name] for name in _FIELDS}
+    for name in _TIMES:
+        if values[name] is not None:
+            try:
+                values[name] = dt.datetime.fromisoformat(values[name])
+            except (TypeError, ValueError):
+                raise CacheError(f"bundle row {data['identity']}: {name} {values[name]!r} is not an ISO timestamp") from None
+            if values[name].tzinfo is None:
+                values[name] = values[name].replace(tzinfo=dt.timezone.utc)
+    return values

@@ -1,0 +1,289 @@
+"""Unpacking a bundle: trust nothing in it until every check has passed.
+
+Refused, before anything is written: a member with an absolute path or ``..``,
+a link, a device or any other special file, a file missing from the file list
+(or listed but absent), rows or artifacts that name unsafe paths, and a
+toolchain that differs from this machine's (unless ``force``). Then files are
+extracted into a staging folder *inside* the target cache root (so the final
+moves are same-filesystem renames), each file's sha256 and size are checked, and
+only then is each entry moved into place with one rename and the rows merged
+(idempotently, by identity). A bad bundle leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import tarfile
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from warmcache.cache.bundle import BUNDLE_FORMAT, CACHE_PREFIX, META_NAME, BundleFile, Progress, check_relpath, sha256_of
+from warmcache.cache.bundle_rows import MergeResult, check_rows, merge_rows
+from warmcache.cache.layout import STAGING_PREFIX, CacheFlavor, entry_of
+from warmcache.cache.locate import FLAVORS, CacheLocation, flavor_of_kind, locate_caches
+from warmcache.errors import CacheError, UsageError
+from warmcache.fingerprint import current_toolchain
+from warmcache.registry import Registry
+
+_HEX = frozenset("0123456789abcdef")
+#: What a truncated, corrupt or non-tar file raises while it is read.
+_ARCHIVE_ERRORS = (tarfile.TarError, zlib.error, lzma.LZMAError, EOFError, gzip.BadGzipFile)
+
+
+@dataclass(frozen=True, slots=True)
+class BundleMeta:
+    """The validated ``warmcache-bundle.json`` of a bundle."""
+
+    flavor: CacheFlavor
+    rows: list[dict[str, Any]]
+    files: dict[str, BundleFile]
+
+
+@dataclass(frozen=True, slots=True)
+class UnpackResult:
+    root: Path
+    added: int
+    replaced: int
+    already_present: int
+    files: int
+    bytes: int
+    rows: MergeResult
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cache_dir": str(self.root), "entries_added": self.added, "entries_replaced": self.replaced,
+                "entries_already_present": self.already_present, "files": self.files, "bytes": self.bytes, "rows": self.rows.as_json()}
+
+
+def unpack_bundle(
+    bundle: Path,
+    registry: Registry,
+    *,
+    cache_dir: str | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> UnpackResult:
+    """Check ``bundle`` completely, then install its entries and merge its rows."""
+    if not bundle.is_file():
+        raise UsageError(f"{bundle}: bundle not found")
+    try:
+        with tarfile.open(bundle, "r:*") as tar:
+            members = tar.getmembers()
+            meta = _read_meta(tar, members, bundle)
+            file_members = _check_members(members, meta, bundle)
+            if not force:
+                _check_toolchain(meta, bundle)
+            location = _target(cache_dir, meta.flavor)
+            return _install(tar, file_members, meta, location, registry, progress)
+    except _ARCHIVE_ERRORS as exc:
+        raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
+    except OSError as exc:
+        raise CacheError(f"{exc.filename or bundle}: {exc.strerror or exc}") from None
+
+
+def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Path) -> BundleMeta:
+    if not members or members[0].name != META_NAME or not members[0].isfile():
+        raise CacheError(f"{bundle}: not a warmcache bundle: its first member must be {META_NAME}")
+    handle = tar.extractfile(members[0])
+    assert handle is not None
+    try:
+        raw = json.loads(handle.read())
+    except ValueError as exc:
+        raise CacheError(f"{bundle}: {META_NAME} is not valid JSON ({exc})") from None
+    where = f"{bundle}: {META_NAME}"
+    if not isinstance(raw, dict) or raw.get("format") != BUNDLE_FORMAT:
+        raise CacheError(f"{where}: unsupported bundle format {raw.get('format') if isinstance(raw, dict) else raw!r} (this warmcache reads format {BUNDLE_FORMAT})")
+    flavor = raw.get("flavor")
+    if flavor not in FLAVORS:
+        raise CacheError(f"{where}: unknown cache layout {flavor!r}")
+    files = _check_files(raw.get("files"), flavor, where)
+    rows = check_rows(raw.get("rows"), where)
+    for index, row in enumerate(rows):
+        for artifact in row["artifacts"]:
+            path = check_relpath(artifact["path"], f"{where}: rows[{index}] artifact")
+            if flavor_of_kind(artifact["kind"]) != flavor:
+                raise CacheError(f"{where}: rows[{index}] artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
+            if not any(name == path or name.startswith(path + "/") for name in files):
+                raise CacheError(f"{where}: rows[{index}] artifact {path!r} has no files in the bundle")
+    return BundleMeta(flavor, rows, files)
+
+
+def _check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
+    if not isinstance(listed, list):
+        raise CacheError(f"{where}: 'files' must be a list")
+    files: dict[str, BundleFile] = {}
+    for index, item in enumerate(listed):
+        if not isinstance(item, dict):
+            raise CacheError(f"{where}: files[{index}] must be an object")
+        path = check_relpath(item.get("path"), f"{where}: files[{index}]")
+        digest, size = item.get("sha256"), item.get("size")
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+            raise CacheError(f"{where}: files[{index}] ({path}): sha256 {digest!r} is not a hex sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CacheError(f"{where}: files[{index}] ({path}): size {size!r} is not a byte count")
+        if entry_of(flavor, path) is None:
+            raise CacheError(f"{where}: files[{index}] {path!r} is not part of any {flavor} cache entry")
+        if path in files:
+            raise CacheError(f"{where}: files[{index}] {path!r} is listed twice")
+        files[path] = BundleFile(path, digest, size)
+    return files
+
+
+def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Path) -> dict[str, tarfile.TarInfo]:
+    """Every member is the metadata, a folder, or a listed regular file; every listed file is there."""
+    found: dict[str, tarfile.TarInfo] = {}
+    for member in members[1:]:
+        where = f"{bundle}: member {member.name!r}"
+        if member.issym() or member.islnk():
+            raise CacheError(f"{where} is a link (to {member.linkname!r}); bundles carry regular files only; refused")
+        if member.ischr() or member.isblk() or member.isfifo():
+            raise CacheError(f"{where} is a device or FIFO; bundles carry regular files only; refused")
+        if not (member.isfile() or member.isdir()):
+            raise CacheError(f"{where} is not a regular file or folder (tar type {member.type!r}); refused")
+        name = check_relpath(member.name, where)
+        if not name.startswith(CACHE_PREFIX) and not (member.isdir() and name + "/" == CACHE_PREFIX):
+            raise CacheError(f"{where} lies outside {CACHE_PREFIX}; refused")
+        if member.isdir():
+            continue
+        path = name[len(CACHE_PREFIX) :]
+        if path not in meta.files:
+            raise CacheError(f"{where} is not in the bundle's file list; refused")
+        if path in found:
+            raise CacheError(f"{where} appears twice; refused")
+        found[path] = member
+    absent = sorted(set(meta.files) - set(found))
+    if absent:
+        raise CacheError(f"{bundle}: the file list names {CACHE_PREFIX}{absent[0]} but the bundle lacks it ({len(absent)} missing); refused")
+    return found
+
+
+def _check_toolchain(meta: BundleMeta, bundle: Path) -> None:
+    for row in meta.rows:
+        local = current_toolchain(row["device"], row["backend"], row["mode"])
+        if row["toolchain_hash"] != local.hash:
+            differences = "; ".join(_differences(row["toolchain"], local.as_dict())) or "fingerprint differs"
+            raise CacheError(
+                f"{bundle}: built with another toolchain than this machine's for {row['model_name']} "
+                f"({differences}): its graphs would not load here; pass --force to unpack anyway (its rows then read stale)"
+            )
+
+
+def _differences(bundled: Any, local: Any, prefix: str = "") -> Iterable[str]:
+    if isinstance(bundled, dict) and isinstance(local, dict):
+        for key in sorted(set(bundled) | set(local)):
+            yield from _differences(bundled.get(key), local.get(key), f"{prefix}{key}.")
+    elif bundled != local:
+        yield f"{prefix.rstrip('.')}: bundle {bundled}, here {local}"
+
+
+def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
+    locations = locate_caches(cache_dir, None, flavor)
+    if not locations:
+        raise UsageError(f"no default {flavor} cache folder on this machine; pass --cache-dir DIR")
+    return locations[0]
+
+
+def _install(
+    tar: tarfile.TarFile,
+    members: dict[str, tarfile.TarInfo],
+    meta: BundleMeta,
+    location: CacheLocation,
+    registry: Registry,
+    progress: Progress | None,
+) -> UnpackResult:
+    root = location.root
+    created = [p for p in (root, *root.parents) if not p.exists()]
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    try:
+        total = sum(f.size for f in meta.files.values())
+        done = 0
+        for path, member in sorted(members.items()):
+            _extract_checked(tar, member, meta.files[path], staging / path)
+            done += meta.files[path].size
+            if progress:
+                progress(done, total)
+        added, replaced, present = _move_into_place(meta, staging, root)
+        rows = merge_rows(registry, meta.rows)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_if_empty(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return UnpackResult(root, added, replaced, present, len(members), total, rows)
+
+
+def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
+    """Stream one member to ``target`` (a new file, never through a link) and check its hash."""
+    source = tar.extractfile(member)
+    assert source is not None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if member.mode & 0o111 else 0o644)
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "wb") as out:
+        for block in _blocks(source):
+            digest.update(block)
+            size += len(block)
+            out.write(block)
+    if size != expected.size or digest.hexdigest() != expected.sha256:
+        raise CacheError(
+            f"{CACHE_PREFIX}{expected.path}: content does not match the bundle's file list "
+            f"(sha256 {digest.hexdigest()[:16]}…, {size} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+        )
+
+
+def _blocks(handle: IO[bytes]) -> Iterable[bytes]:
+    return iter(lambda: handle.read(1 << 20), b"")
+
+
+def _move_into_place(meta: BundleMeta, staging: Path, root: Path) -> tuple[int, int, int]:
+    """Move each staged entry to its place with one rename; an identical entry already there is kept."""
+    by_entry: dict[str, list[BundleFile]] = {}
+    for path, file in meta.files.items():
+        found = entry_of(meta.flavor, path)
+        assert found is not None  # checked in _check_files
+        by_entry.setdefault(found[1], []).append(file)
+    added = replaced = present = 0
+    old = staging / ".replaced"
+    for index, (entry, files) in enumerate(sorted(by_entry.items())):
+        dest = root / entry
+        if os.path.lexists(dest):
+            if _holds(root, files):
+                present += 1
+                continue
+            old.mkdir(exist_ok=True)
+            os.rename(dest, old / str(index))
+            replaced += 1
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            added += 1
+        os.rename(staging / entry, dest)
+    return added, replaced, present
+
+
+def _holds(root: Path, files: list[BundleFile]) -> bool:
+    """Whether the cache already has exactly these files (same bytes)."""
+    for file in files:
+        path = root / file.path
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != file.size or sha256_of(path) != file.sha256:
+            return False
+    return True
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    """Remove the folders this unpack created (deepest first), as long as they are empty."""
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
