@@ -1,0 +1,103 @@
+"""Compile targets: cache-folder precedence, Neuron cache flags, and a clear error where a target cannot run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from warmcache.cli import main
+from warmcache.errors import UsageError
+from warmcache.manifest import load_manifest
+from warmcache.targets import InductorTarget, NeuronTarget, resolve_cache_dir, target_for
+from warmcache.targets.inductor import inductor_default_cache_dir
+from warmcache.warmup.runner import Shard
+
+MANIFEST = """
+[cache]
+dir = "from-manifest"
+[[model]]
+name = "m"
+path = "{qwen3}"
+backend = "aot_eager"
+[[model.generate]]
+batch_sizes = [1]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
+
+def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = load_manifest(write_manifest(MANIFEST))
+    target = target_for(manifest.models[0])
+    assert isinstance(target, InductorTarget) and target.cache_flavor is None  # aot_eager keeps no cache
+
+    monkeypatch.setenv("WARMCACHE_CACHE_DIR", str(tmp_path / "from-env"))
+    assert resolve_cache_dir(target, tmp_path / "from-flag", manifest) == ((tmp_path / "from-flag").resolve(), True)
+    assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-env").resolve(), True)
+    monkeypatch.delenv("WARMCACHE_CACHE_DIR")
+    assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-manifest").resolve(), True)
+
+    bare = load_manifest(write_manifest(MANIFEST.replace('dir = "from-manifest"', ""), name="bare.toml"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-env"))
+    assert resolve_cache_dir(target, None, bare) == (tmp_path / "inductor-env", False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert resolve_cache_dir(target, None, bare) == (inductor_default_cache_dir(), False)
+
+
+def test_inductor_target_points_torch_at_the_chosen_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    InductorTarget("cpu", "inductor").point_cache_at(tmp_path)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(tmp_path)
+
+
+def test_neuron_cache_dir_from_flags_then_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = NeuronTarget("neuron", "neuron")
+    for name in ("NEURON_CC_FLAGS", "NEURON_COMPILE_CACHE_URL", "TORCH_NEURONX_NEFF_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert target.default_cache_dir() == Path("/var/tmp/neuron-compile-cache") and target.cache_flavor == "neuron"
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", str(tmp_path / "url"))
+    assert target.default_cache_dir() == tmp_path / "url"
+    monkeypatch.setenv("NEURON_CC_FLAGS", f"--model-type transformer --cache_dir {tmp_path / 'flag'} -O1")
+    assert target.default_cache_dir() == tmp_path / "flag"
+
+    target.point_cache_at(tmp_path / "chosen")
+    import os
+
+    assert os.environ["NEURON_CC_FLAGS"] == f"--model-type transformer -O1 --cache_dir={tmp_path / 'chosen'}"
+    assert os.environ["NEURON_COMPILE_CACHE_URL"] == str(tmp_path / "chosen")
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--cache_dir=s3://bucket/cache")
+    with pytest.raises(UsageError, match="s3://bucket/cache"):
+        target.default_cache_dir()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is not None, reason="torch_neuronx is installed here")
+def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_path: Path) -> None:
+    path = write_manifest(MANIFEST.replace('backend = "aot_eager"', 'device = "neuron"'))
+    db = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    result = CliRunner().invoke(main, ["warmup", str(path), "--db", db])
+    assert result.exit_code == 4, result.output
+    assert "device 'neuron': torch_neuronx cannot be imported" in result.output
+    # Nothing was claimed: the spec is still pending, not failed or stuck compiling.
+    plan = CliRunner().invoke(main, ["plan", str(path), "--db", db, "--json"])
+    assert [row["status"] for row in json.loads(plan.output)] == ["missing"]
+
+
+def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
+    from warmcache.plan import plan_manifest
+
+    manifest = load_manifest(write_manifest(MANIFEST.replace("batch_sizes = [1]", "batch_sizes = [1, 2, 3, 4, 5, 6, 7]")))
+    planned = plan_manifest(manifest)
+    shards = [Shard.parse(f"{i}/3").select(planned) for i in (1, 2, 3)]
+    ids = [p.identity for shard in shards for p in shard]
+    assert sorted(ids) == sorted(p.identity for p in planned) and len(set(ids)) == len(ids)
+    assert [len(s) for s in shards] == [3, 2, 2]
+    for bad in ("0/3", "4/3", "1-3", "a/b"):
+        with pytest.raises(UsageError, match="--shard"):
+            Shard.parse(bad)

@@ -1,0 +1,261 @@
+"""``warmcache warmup``: real warmups of tiny models, idempotence, failures, crashes and concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry, ShapeRecord
+
+
+def warmup(*args: str, wait: bool = True) -> Any:
+    """``warmcache warmup ARGS --json`` in a fresh process, as a deployment pipeline runs it."""
+    command = [sys.executable, "-m", "warmcache", "warmup", *args, "--json"]
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def summary(stdout: str) -> dict[str, Any]:
+    return json.loads(stdout)
+
+
+def rows(url: str) -> list[ShapeRecord]:
+    with Registry.open(url) as registry:
+        return registry.rows(with_artifacts=True)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'registry.sqlite'}"
+
+
+BOTH_ARCHS = """
+[[model]]
+name = "qwen3"
+path = "{qwen3}"
+backend = "aot_eager"
+[[model.generate]]
+batch_sizes = [1, 2]
+prompt_lengths = [8]
+max_cache_len = 16
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [8]
+
+[[model]]
+name = "llama"
+path = "{llama}"
+backend = "eager"
+[[model.generate]]
+batch_sizes = [2]
+prompt_lengths = [8, 12]
+max_cache_len = 16
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [8, 12]
+"""
+
+
+@pytest.mark.slow
+def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sqlite_url: str, tmp_path: Path) -> None:
+    path = write_manifest(BOTH_ARCHS)
+    result = warmup(str(path), "--db", sqlite_url, "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    report = summary(result.stdout)
+    assert (report["planned"], report["compiled"], report["failed"]) == (7, 7, 0)
+    # Not a tty: one plain progress line per spec on stderr.
+    assert result.stderr.count("compiled in") == 7 and "[7/7]" in result.stderr
+
+    records = rows(sqlite_url)
+    assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {
+        (m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")
+    }
+    assert all(r.compile_seconds and r.compile_seconds > 0 and r.host for r in records)
+    graphs = {(r.model_name, r.workload, r.batch_size, r.seq_len): r.graphs_compiled for r in records}
+    # A new batch size, or a new training length, is a new graph; the first spec of each
+    # model and workload compiles at least one.
+    assert graphs[("qwen3", "generate", 1, 8)] >= 1 and graphs[("qwen3", "generate", 2, 8)] >= 1
+    assert graphs[("qwen3", "train", 2, 8)] >= 1
+    assert graphs[("llama", "train", 2, 8)] >= 1 and graphs[("llama", "train", 2, 12)] >= 1
+    # The decode graph does not depend on the prompt length (DESIGN.md): prompt 12 reuses prompt 8's.
+    assert graphs[("llama", "generate", 2, 12)] == 0
+    # eager/aot_eager keep no persistent cache, so there is nothing to record as artifacts.
+    assert all(r.artifacts == () for r in records)
+
+    started = time.perf_counter()
+    again = warmup(str(path), "--db", sqlite_url)
+    assert again.returncode == 0, again.stderr
+    assert summary(again.stdout) | {"seconds": 0} == summary(again.stdout) | {
+        "planned": 7, "already_compiled": 7, "to_compile": 0, "compiled": 0, "specs": [], "seconds": 0
+    }
+    assert time.perf_counter() - started < 30
+    assert {r.attempts for r in rows(sqlite_url)} == {1}
+
+
+def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_manifest, sqlite_url: str) -> None:
+    path = write_manifest(
+        """
+        [[model]]
+        name = "big"
+        path = "{qwen3}"
+        [[model.generate]]
+        batch_sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        prompt_lengths = [%s]
+        max_cache_len = 512
+        """
+        % ", ".join(str(n) for n in range(8, 408, 4))
+    )
+    planned = plan_manifest(load_manifest(path))
+    assert len(planned) == 1000
+    with Registry.open(sqlite_url) as registry:
+        registry.ensure_pending(planned)
+        for p in planned:
+            row = registry.claim([p.identity], "test", 60)
+            assert row is not None
+            registry.mark_compiled(row.id, "test", compile_seconds=1.0, graphs_compiled=1)
+
+    code = (
+        "import sys, time; start = time.perf_counter()\n"
+        "from warmcache.cli import main\n"
+        "try:\n"
+        f"    main(['warmup', {str(path)!r}, '--db', {sqlite_url!r}, '--json'])\n"
+        "except SystemExit as exit:\n"
+        "    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules, round(time.perf_counter() - start, 3), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    exit_code, torch_loaded, transformers_loaded, seconds = result.stderr.split()[-4:]
+    assert (exit_code, torch_loaded, transformers_loaded) == ("0", "False", "False"), result.stderr
+    assert summary(result.stdout)["already_compiled"] == 1000
+    print(f"warm 1000-spec rerun: {seconds}s in-process (imports included)")
+    assert float(seconds) < 2.0
+
+
+def test_dry_run_prints_the_plan_and_compiles_nothing(write_manifest, sqlite_url: str) -> None:
+    path = write_manifest(BOTH_ARCHS)
+    result = subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(path), "--db", sqlite_url, "--dry-run"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert sum(line.startswith("compile ") for line in lines) == 7
+    assert "llama/train float32 batch=2 seq=12" in result.stdout
+    assert lines[-1] == "dry run: 7 planned, 7 to compile, 0 already compiled"
+    assert rows(sqlite_url) == []
+
+
+@pytest.mark.slow
+def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    shutil.copy(tiny_models["qwen3"] / "config.json", broken / "config.json")  # no weights
+    path = write_manifest(
+        f"""
+        [[model]]
+        name = "broken"
+        path = "{broken}"
+        backend = "eager"
+        [[model.generate]]
+        batch_sizes = [1]
+        prompt_lengths = [8]
+        max_cache_len = 16
+
+        [[model]]
+        name = "good"
+        path = "{{llama}}"
+        backend = "eager"
+        [[model.generate]]
+        batch_sizes = [1]
+        prompt_lengths = [8]
+        max_cache_len = 16
+        """
+    )
+    first = warmup(str(path), "--db", sqlite_url)
+    assert first.returncode == 1
+    report = summary(first.stdout)
+    assert (report["compiled"], report["failed"]) == (1, 1)
+    failed = next(r for r in rows(sqlite_url) if r.model_name == "broken")
+    assert failed.status == "failed" and failed.error and failed.error.startswith("OSError: ")
+    assert failed.claimed_by is None
+    assert next(r for r in rows(sqlite_url) if r.model_name == "good").status == "compiled"
+
+    # Without --retry-failed the failure stands (and still fails the run); with it, a fixed model compiles.
+    kept = warmup(str(path), "--db", sqlite_url)
+    assert kept.returncode == 1 and summary(kept.stdout)["failed_before"] == 1
+    for item in tiny_models["qwen3"].iterdir():
+        if item.suffix == ".safetensors":
+            shutil.copy(item, broken / item.name)
+    retried = warmup(str(path), "--db", sqlite_url, "--retry-failed")
+    assert retried.returncode == 0, retried.stderr
+    assert summary(retried.stdout)["compiled"] == 1
+    assert {(r.model_name, r.status) for r in rows(sqlite_url)} == {("broken", "compiled"), ("good", "compiled")}
+
+
+FOUR_SPECS = """
+[[model]]
+name = "llama"
+path = "{llama}"
+backend = "eager"
+[[model.generate]]
+batch_sizes = [1, 2, 3, 4]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
+
+@pytest.mark.slow
+def test_sigkilled_warmup_resumes_and_every_spec_compiles_once(write_manifest, sqlite_url: str, tmp_path: Path) -> None:
+    path = write_manifest(FOUR_SPECS)
+    cache = str(tmp_path / "cache")
+    with Registry.open(sqlite_url):
+        pass  # create the schema before the test polls the database the warmup writes
+    victim = warmup(str(path), "--db", sqlite_url, "--cache-dir", cache, "--lease", "3", wait=False)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        statuses = [r.status for r in rows(sqlite_url)]
+        if "compiled" in statuses and "compiling" in statuses:
+            break
+        assert victim.poll() is None, victim.communicate()
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    interrupted = [r for r in rows(sqlite_url) if r.status == "compiling"]
+    assert len(interrupted) == 1  # the killed worker's claim is left behind, under its lease
+    done_before = {r.identity for r in rows(sqlite_url) if r.status == "compiled"}
+
+    time.sleep(3.5)  # the lease expires: nobody renews it
+    resumed = warmup(str(path), "--db", sqlite_url, "--cache-dir", cache, "--lease", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    recompiled = {s["identity"] for s in summary(resumed.stdout)["specs"]}
+    assert recompiled.isdisjoint(done_before) and interrupted[0].identity in recompiled
+    final = {r.identity: r for r in rows(sqlite_url)}
+    assert {r.status for r in final.values()} == {"compiled"} and len(final) == 4
+    # Each spec was claimed once, except the interrupted one: its second claim is the one that finished.
+    assert {i: r.attempts for i, r in final.items()} == {i: 2 if i == interrupted[0].identity else 1 for i in final}
+
+
+@pytest.mark.slow
+def test_two_concurrent_warmups_compile_each_spec_once(write_manifest, registry_url: str, tmp_path: Path) -> None:
+    path = write_manifest(FOUR_SPECS)
+    cache = str(tmp_path / "cache")
+    with Registry.open(registry_url):
+        pass  # create the schema once, before two processes race to
+    # One plain process and one with two worker processes, all claiming from one registry.
+    first = warmup(str(path), "--db", registry_url, "--cache-dir", cache, wait=False)
+    second = warmup(str(path), "--db", registry_url, "--cache-dir", cache, "--jobs", "2", wait=False)
+    outputs = [process.communicate(timeout=600) for process in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], [err for _, err in outputs]
+    done = [[s["identity"] for s in summary(out)["specs"] if s["status"] == "compiled"] for out, _ in outputs]
+    assert not set(done[0]) & set(done[1])
+    assert len(done[0]) + len(done[1]) == 4
+    final = rows(registry_url)
+    assert [(r.status, r.attempts) for r in final] == [("compiled", 1)] * 4
