@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 
 from test_cache_neuron import done_files, module, planned_by_batch, record_compiled  # noqa: E402
 from warmcache.cli import main
+from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
 
 
@@ -128,10 +129,19 @@ def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_comp
     assert suffix.exit_code == 2 and "*.tar" in suffix.stderr
 
 
-def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fresh_toolchain() -> Iterator[None]:
+    """The toolchain fingerprint is memoised per process; a test that changes it must not leak."""
+    local_toolchain_hash.cache_clear()
+    yield
+    local_toolchain_hash.cache_clear()
+
+
+def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_toolchain: None) -> None:
     bundle = tmp_path / "warm.tar.gz"
     assert pack(built, bundle).exit_code == 0
     monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O3")  # this machine compiles differently
+    local_toolchain_hash.cache_clear()
     target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
     refused = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
     assert refused.exit_code == 5, refused.output

@@ -249,6 +249,7 @@ def test_prune_keeps_fresh_orphans_a_running_warmup_may_still_record(tmp_path: P
 
 
 def test_prune_stale_toolchains_deletes_what_only_old_toolchains_use(tmp_path: Path, neuron_manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local_toolchain_hash.cache_clear()  # memoised per process: start from this test's environment
     root = tmp_path / "cache"
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
     old_entry = module(root, "old+f2", done_files(), version="2.14.0.0")

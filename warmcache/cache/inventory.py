@@ -53,8 +53,15 @@ class EntryUse:
         return f"{self.model} {self.workload} batch={self.batch_size} seq={self.seq_len} ({self.status})"
 
     def as_json(self) -> dict[str, Any]:
-        return {"row_id": self.row_id, "identity": self.identity, "model": self.model, "workload": self.workload,
-                "batch_size": self.batch_size, "seq_len": self.seq_len, "status": self.status}
+        return {
+            "row_id": self.row_id,
+            "identity": self.identity,
+            "model": self.model,
+            "workload": self.workload,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "status": self.status,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,24 +61,33 @@ def detect_flavor(root: Path) -> CacheFlavor:
 
 
 def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavor: str | None = None) -> list[CacheLocation]:
-    """The cache folders to inspect, deduplicated, in a stable order."""
+    """The cache folders to inspect, deduplicated, in a stable order.
+
+    With a manifest, each model's target resolves its folder and knows its layout;
+    without one, a folder given by flag or environment has its layout detected, and
+    otherwise the Inductor and Neuron defaults are inspected.
+    """
     if flavor is not None and flavor not in FLAVORS:
         raise UsageError(f"--flavor: unknown layout {flavor!r} (allowed: {', '.join(FLAVORS)})")
-    chosen = cache_dir or os.environ.get(CACHE_DIR_ENV) or (manifest.cache_dir if manifest else None)
-    if chosen:
-        source = "--cache-dir" if cache_dir else (f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else f"{manifest.path} [cache] dir")  # type: ignore[union-attr]
-        root = Path(chosen).expanduser().resolve()
-        return [CacheLocation(root, flavor or detect_flavor(root), source)]  # type: ignore[arg-type]
-    targets: list[Target] = (
-        [target_for(m) for m in manifest.models]
-        if manifest
-        else [InductorTarget("cpu", "inductor"), NeuronTarget("neuron", "neuron")]
-    )
+    explicit = cache_dir or os.environ.get(CACHE_DIR_ENV)
+    if manifest is None and explicit:
+        root = Path(explicit).expanduser().resolve()
+        return [CacheLocation(root, flavor or detect_flavor(root), _source(cache_dir, manifest))]  # type: ignore[arg-type]
+    targets: list[Target] = [target_for(m) for m in manifest.models] if manifest else [InductorTarget("cpu", "inductor"), NeuronTarget("neuron", "neuron")]
     out: dict[Path, CacheLocation] = {}
     for target in targets:
-        target_flavor = target.cache_flavor
-        if target_flavor is None or (flavor is not None and target_flavor != flavor):
-            continue
-        root, _ = resolve_cache_dir(target, None, None)
-        out.setdefault(root, CacheLocation(root, target_flavor, f"{target.describe()} default"))
+        if target.cache_flavor is None or (manifest is None and flavor is not None and target.cache_flavor != flavor):
+            continue  # eager/aot_eager keep no cache; without a manifest, --flavor picks the default to look at
+        root, chosen = resolve_cache_dir(target, cache_dir, manifest)
+        source = _source(cache_dir, manifest) if chosen else f"{target.describe()} default"
+        out.setdefault(root, CacheLocation(root, flavor or target.cache_flavor, source))  # type: ignore[arg-type]
     return list(out.values())
+
+
+def _source(cache_dir: str | None, manifest: Manifest | None) -> str:
+    """Which setting chose the folder, for the user to see (the precedence itself is resolve_cache_dir's)."""
+    if cache_dir:
+        return "--cache-dir"
+    if os.environ.get(CACHE_DIR_ENV):
+        return f"${CACHE_DIR_ENV}"
+    return f"{manifest.path if manifest else 'manifest'} [cache] dir"
