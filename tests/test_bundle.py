@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from test_cache_neuron import done_files, module, planned_by_batch, record_compiled  # noqa: E402
-from warmcache.cli import main
+from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
 from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 @dataclass(frozen=True)
@@ -33,18 +30,7 @@ class Built:
 @pytest.fixture
 def built(tmp_path: Path, write_manifest) -> Built:
     """A build machine: two compiled shapes with their Neuron entries, one declared shape not compiled."""
-    manifest = write_manifest(
-        """
-        [[model]]
-        name = "neuron-m"
-        path = "{qwen3}"
-        device = "neuron"
-        [[model.generate]]
-        batch_sizes = [1, 2, 4]
-        prompt_lengths = [16]
-        max_cache_len = 64
-        """
-    )
+    manifest = write_manifest(NEURON_MANIFEST)
     root = tmp_path / "build-cache"
     url = f"sqlite:///{tmp_path / 'build.sqlite'}"
     entries = [module(root, "aaa+f1", done_files(5000)), module(root, "bbb+f1", done_files(7000))]
@@ -115,11 +101,7 @@ def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built:
 
 
 def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_compiled(built: Built, tmp_path: Path, write_manifest) -> None:
-    (built.root / built.entries[1] / "model.neff").unlink()
-    (built.root / built.entries[1] / "model.done").unlink()
-    for path in (built.root / built.entries[1]).iterdir():
-        path.unlink()
-    (built.root / built.entries[1]).rmdir()
+    shutil.rmtree(built.root / built.entries[1])
     gone = pack(built, tmp_path / "b.tar.gz")
     assert gone.exit_code == 5 and "is gone" in gone.stderr and "cache doctor" in gone.stderr
     assert not (tmp_path / "b.tar.gz").exists() and not list(tmp_path.glob(".b.tar.gz.partial*"))
@@ -177,8 +159,6 @@ def _add(members: list, name: str, kind: bytes = tarfile.REGTYPE, data: bytes | 
 
 def _listed(members: list, name: str, data: bytes = b"evil\n") -> None:
     """Add ``name`` and list it in the metadata with a correct hash, so only the path check can stop it."""
-    import hashlib
-
     meta_info, blob = members[0]
     meta = json.loads(blob)
     meta["files"].append({"path": name[len("cache/") :] if name.startswith("cache/") else name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
