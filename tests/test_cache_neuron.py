@@ -11,6 +11,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from click.testing import CliRunner, Result
 from warmcache.cache.inventory import scan_cache
 from warmcache.cache.layout import TRASH_PREFIX
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.neuron import neuron_compiler_running
 from warmcache.cache.prune import PruneRules, plan_prune
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -343,3 +346,22 @@ def test_cache_folder_precedence_and_remote_caches(tmp_path: Path, monkeypatch: 
 def test_prune_rejects_bad_options_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = cli("cache", "prune", "--cache-dir", str(tmp_path), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", *args)
     assert result.exit_code == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_running_neuron_compiler_keeps_every_unheld_lock(cache, tmp_path: Path) -> None:
+    """The cache's lock may be a plain file no flock probe sees: while neuronx-cc runs here, no lock is stale."""
+    compiler = tmp_path / "neuronx-cc"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", compiler)
+    process = subprocess.Popen([str(compiler), "60"])
+    try:
+        deadline = time.time() + 10
+        while not neuron_compiler_running() and time.time() < deadline:
+            time.sleep(0.05)
+        [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(cache.root), "--db", cache.url, "--fix", "--json").output)
+    finally:
+        process.kill()
+        process.wait()
+    removed = {r["path"] for r in plan["remove"]}
+    assert not any(path.endswith(".lock") for path in removed) and cache.entries["crashed"] not in removed
+    assert (cache.root / cache.entries["stale_lock"] / "model.hlo_module.pb.lock").exists()
+    assert cache.entries["failed"] in removed  # a failure is not a lock: still removed

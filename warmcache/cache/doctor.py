@@ -35,7 +35,7 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> C
     notes: list[str] = []
     for entry in info.entries:
         if entry.lock_held:
-            notes.append(f"{entry.path}: locked by a live process (compiling now); left alone")
+            notes.append(f"{entry.path}: locked, and a live process holds the lock or a Neuron compiler runs on this host; left alone")
             continue
         fresh_locks = [lk for lk in entry.locks if not lk.is_stale(grace_seconds)]
         if fresh_locks:

@@ -21,7 +21,7 @@ from typing import Any
 
 from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
-from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native
+from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
 from warmcache.registry.models import DONE_STATUSES
@@ -186,13 +186,14 @@ def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now
                 users.setdefault(artifact.path, []).append(use)
                 wanted.append((artifact.path, artifact.kind, use))
     found = list_entries(root, location.flavor)
-    entries = tuple(_entry(root, path, kind, tuple(users.get(path, ())), now) for path, kind in sorted(found.items()))
+    compiler_running = location.flavor != "inductor" and bool(found) and neuron_compiler_running()
+    entries = tuple(_entry(root, path, kind, tuple(users.get(path, ())), now, compiler_running) for path, kind in sorted(found.items()))
     missing = tuple(MissingArtifact(path, kind, use) for path, kind, use in wanted if path not in found)
     return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now)
 
 
-def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float) -> CacheEntry:
-    facts = _facts(root, path, kind, now)
+def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float, compiler_running: bool) -> CacheEntry:
+    facts = _facts(root, path, kind, now, compiler_running)
     state: EntryState = "locked" if facts.locks else facts.content_state
     return CacheEntry(
         path=path,
@@ -208,11 +209,11 @@ def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now:
     )
 
 
-def _facts(root: Path, path: str, kind: str, now: float) -> NeuronEntryFacts:
+def _facts(root: Path, path: str, kind: str, now: float, compiler_running: bool) -> NeuronEntryFacts:
     if kind == NEURON_MODULE:
-        return inspect_module(root, path, now)
+        return inspect_module(root, path, now, compiler_running)
     if kind == NEURON_NEFF:
-        return inspect_native(root, path, now)
+        return inspect_native(root, path, now, compiler_running)
     # Inductor writes each entry atomically (temp file, then rename): present means complete.
     return NeuronEntryFacts("done", None, None, ())
 

@@ -9,13 +9,16 @@ A module folder ``neuronxcc-<ver>/MODULE_<hlo-hash>+<flags-hash>/`` is
 - ``incomplete``: anything else (a compile killed before it wrote ``model.done``);
 - ``locked``: a ``*.lock`` file is present, whatever else is there.
 
-A lock is *held* when a live process holds an ``fcntl`` lock on the file: the
-Neuron cache takes its locks with ``filelock``, which uses ``flock`` and leaves the
-file behind on release or crash, so the file's existence proves nothing. We probe
-with a non-blocking ``flock``. A lock nobody holds is *stale* once it is older than
-a grace period: ``flock`` does not see holders on other hosts of a network file
-system, and a lock only just created may not be taken yet. The native backend's
-NEFF cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) is ``done`` when an entry holds a NEFF.
+A lock (``model.hlo_module.pb.lock``) may be live or left behind by a killed
+compile, which makes every later compile of that graph wait on it forever. We
+count it as *held* when a non-blocking ``flock`` probe fails (a live process holds
+it), or when a Neuron compiler process (``neuronx-cc``, ``walrus_driver``) runs on
+this host at all: the cache's lock may be a plain "file exists" lock that no
+probe can see, and we cannot tell which module a running compiler works on.
+An unheld lock is *stale* once it is older than a grace period, because ``flock``
+and the process table do not see compiles on other hosts of a network file
+system. The native backend's NEFF cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) is
+``done`` when an entry holds a NEFF.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import errno
 import fcntl
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -77,8 +79,22 @@ def lock_is_held(path: Path) -> bool:
         os.close(fd)
 
 
-def find_locks(root: Path, entry: str, now: float | None = None) -> tuple[LockInfo, ...]:
-    now = time.time() if now is None else now
+#: Process names of the Neuron compiler (``/proc/<pid>/comm``, at most 15 characters).
+NEURON_COMPILER_PROCESSES = frozenset({"neuronx-cc", "walrus_driver"})
+
+
+def neuron_compiler_running() -> bool:
+    """Whether a Neuron compiler process runs on this host (read from ``/proc``; ``False`` without it)."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() in NEURON_COMPILER_PROCESSES:
+                return True
+        except OSError:
+            continue  # the process ended while we looked
+    return False
+
+
+def find_locks(root: Path, entry: str, now: float, compiler_running: bool) -> tuple[LockInfo, ...]:
     folder = root / entry
     if not folder.is_dir():
         return ()
@@ -87,11 +103,12 @@ def find_locks(root: Path, entry: str, now: float | None = None) -> tuple[LockIn
         if lock.is_symlink() or not lock.is_file():
             continue
         stat = lock.stat()
-        out.append(LockInfo(lock.relative_to(root).as_posix(), max(0.0, now - stat.st_mtime), lock_is_held(lock), stat.st_size))
+        held = compiler_running or lock_is_held(lock)
+        out.append(LockInfo(lock.relative_to(root).as_posix(), max(0.0, now - stat.st_mtime), held, stat.st_size))
     return tuple(out)
 
 
-def inspect_module(root: Path, entry: str, now: float | None = None) -> NeuronEntryFacts:
+def inspect_module(root: Path, entry: str, now: float, compiler_running: bool) -> NeuronEntryFacts:
     """Facts about ``neuronxcc-<ver>/MODULE_.../`` (``entry`` is relative to ``root``)."""
     folder = root / entry
     version_dir = entry.split("/", 1)[0]
@@ -103,14 +120,14 @@ def inspect_module(root: Path, entry: str, now: float | None = None) -> NeuronEn
         state = "failed"
     else:
         state = "incomplete"
-    return NeuronEntryFacts(state, version, _read_flags(folder / "compile_flags.json"), find_locks(root, entry, now))
+    return NeuronEntryFacts(state, version, _read_flags(folder / "compile_flags.json"), find_locks(root, entry, now, compiler_running))
 
 
-def inspect_native(root: Path, entry: str, now: float | None = None) -> NeuronEntryFacts:
+def inspect_native(root: Path, entry: str, now: float, compiler_running: bool) -> NeuronEntryFacts:
     """Facts about one top-level entry of the native backend's NEFF cache."""
     path = root / entry
     has_neff = path.suffix == ".neff" if path.is_file() else any(path.rglob("*.neff"))
-    return NeuronEntryFacts("done" if has_neff else "incomplete", None, None, find_locks(root, entry, now))
+    return NeuronEntryFacts("done" if has_neff else "incomplete", None, None, find_locks(root, entry, now, compiler_running))
 
 
 def _read_flags(path: Path) -> tuple[str, ...] | None:
