@@ -1,0 +1,64 @@
+"""Catch a compile that slips past the guard inside a region that must not compile.
+
+Padding keeps requests on compiled buckets, but something else can still
+trigger a compile (a generation setting the guard does not see, a cache entry
+that was never shipped). The sentinel is the last line of defence: with the
+strict policies it turns Dynamo's ``fail_on_recompile`` stance on, so the
+compile raises instead of stalling the request for minutes; with ``warn`` it
+lets the compile happen and records it, so it shows up in logs and telemetry.
+
+Measured with torch 2.13: ``fail_on_recompile`` also fires on the *first* call
+of a compiled function in a fresh process, even when the persistent cache would
+serve it. Enter a strict sentinel only after every bucket has been loaded once
+(:meth:`warmcache.runtime.guard.ShapeGuard.prime`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from warmcache.compile_counter import CompileCounter
+from warmcache.errors import UnseenShapeError
+
+log = logging.getLogger("warmcache.runtime")
+
+#: How torch words the error ``fail_on_recompile`` raises (a plain RuntimeError).
+_RECOMPILE_MESSAGE = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+
+
+@dataclass
+class SentinelReport:
+    """What a guarded region compiled (always 0 graphs under a strict sentinel that did not raise)."""
+
+    label: str
+    graphs: int = 0
+    cache_misses: int = 0
+
+
+@contextmanager
+def recompile_sentinel(policy: str, label: str = "guarded region") -> Iterator[SentinelReport]:
+    """Fail (policies ``pad``/``refuse``) or record (policy ``warn``) any compile inside the block.
+
+    ``label`` names the region (a shape, a training step) in the error or the log line.
+    """
+    import torch
+
+    report = SentinelReport(label)
+    with CompileCounter() as counter:
+        try:
+            if policy == "warn":
+                yield report
+            else:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    yield report
+        except RuntimeError as exc:
+            if not str(exc).startswith(_RECOMPILE_MESSAGE):
+                raise
+            reason = str(exc).split("triggered by the following guard failure(s):", 1)[-1]
+            raise UnseenShapeError(f"{label}: torch.compile would recompile here (policy {policy}); {reason}") from None
+    report.graphs, report.cache_misses = counter.graphs, counter.cache_misses
+    if report.graphs or report.cache_misses:
+        log.warning("%s compiled %d graph(s), %d Inductor cache miss(es)", label, report.graphs, report.cache_misses)

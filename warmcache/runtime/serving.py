@@ -1,0 +1,177 @@
+"""Guarded generate(): every call lands on a compiled bucket, with the exact call warmup compiled.
+
+The decode graph depends on the effective batch, the static cache length and the
+generation settings, so the guard builds the call with
+:func:`warmcache.generation.generate_kwargs` and :func:`compile_config` (the
+definition warmup compiles with), pins ``max_cache_len`` to the compiled value
+and keeps ``max_new_tokens`` inside it: a prompt bucket of ``L`` leaves room for
+``max_cache_len - L + 1`` new tokens before the cache grows and recompiles.
+
+Start-up (:func:`prime`) loads every compiled bucket once (each a cache hit)
+and only then arms the strict recompile sentinel around every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from warmcache.compile_counter import CompileCounter
+from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+from warmcache.runtime.padding import fit_generate_inputs
+from warmcache.runtime.sentinel import recompile_sentinel
+
+if TYPE_CHECKING:
+    from transformers import CompileConfig
+
+    from warmcache.runtime.guard import ShapeGuard
+
+log = logging.getLogger("warmcache.runtime")
+
+#: generate() keyword arguments that are per-token tensors of the batch.
+INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
+_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config")
+
+
+@functools.cache
+def _compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
+    # One object per target: transformers recompiles its forward when the config object compares unequal.
+    return compile_config(backend, mode, device)
+
+
+def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
+    """``model.generate(**kwargs)`` padded onto a compiled bucket; returns the output without the padding."""
+    inputs = {name: kwargs.pop(name) for name in INPUT_KEYS if name in kwargs}
+    requested = kwargs.pop("max_new_tokens", None)
+    max_cache_len = guard.family.max_cache_len
+    if max_cache_len is None:
+        raise UsageError(f"{guard.family.describe()}: not a generate family (no max_cache_len)")
+    _refuse_changed_settings(guard, kwargs, max_cache_len)
+    fitted = fit_generate_inputs(guard, inputs, _pad_token_id(model))
+    batch, length = fitted.shape
+    max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, max_cache_len)
+    device, backend, mode = guard.target
+    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=_compile_config(backend, mode, device))
+    if not guard.primed:
+        return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
+    with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
+        output = model.generate(**fitted.inputs, **call, **kwargs)
+    return fitted.unpad(output)
+
+
+def _refuse_changed_settings(guard: "ShapeGuard", kwargs: dict[str, Any], max_cache_len: int) -> None:
+    expected = {**guard.settings, "max_cache_len": max_cache_len}
+    for name in (*_FIXED_BY_FAMILY, "max_cache_len"):
+        if name not in kwargs:
+            continue
+        value = kwargs.pop(name)
+        if name == "compile_config" or value != expected.get(name):
+            raise UsageError(
+                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
+                f"({name}={expected.get(name)!r}); the guard sets it"
+            )
+
+
+def _pad_token_id(model: Any) -> int | None:
+    generation = getattr(model, "generation_config", None)
+    for candidate in (getattr(generation, "pad_token_id", None), getattr(model.config, "pad_token_id", None)):
+        if candidate is not None:
+            return int(candidate)
+    return None
+
+
+def _fit_max_new_tokens(guard: "ShapeGuard", fitted: Any, requested: int | None, max_cache_len: int) -> int:
+    """The requested ``max_new_tokens`` if it fits the compiled cache; clipped (pad/warn) or refused (refuse) if not."""
+    batch, length = fitted.shape
+    room = max_new_tokens_that_fit(length, max_cache_len)
+    if room < 1:
+        raise UnseenShapeError(f"{guard.family.describe()}: prompt length {length} leaves no room in max_cache_len={max_cache_len}")
+    if requested is None:
+        return room
+    if requested <= room:
+        return int(requested)
+    message = (
+        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled "
+        f"max_cache_len={max_cache_len} (at most {room} fit)"
+    )
+    if guard.policy == "refuse":
+        guard.telemetry.record(fitted.decision, "refuse")
+        raise UnseenShapeError(message)
+    guard.telemetry.record(fitted.decision, "clip")
+    log.warning("%s; clipped to %d", message, room)
+    return room
+
+
+@dataclass
+class PrimeReport:
+    """What loading every bucket cost: Dynamo graphs traced and Inductor cache hits/misses (misses mean real compiles)."""
+
+    buckets: list[tuple[int, int]] = field(default_factory=list)
+    graphs: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    seconds: float = 0.0
+
+
+#: Buckets primed in this process, over every guard. Dynamo's recompile limit counts graphs per
+#: code object, and transformers compiles every model's forward through one shared wrapper, so
+#: two primed models share one budget (measured: a second tiny model's buckets silently ran eager).
+_primed_buckets = 0
+
+
+def _reserve_recompile_room(buckets: int) -> None:
+    import torch
+
+    global _primed_buckets
+    _primed_buckets += buckets
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, _primed_buckets)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * _primed_buckets)
+
+
+def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, progress: bool = True) -> PrimeReport:
+    """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
+
+    Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` graphs per
+    function (8 by default) and silently falls back to eager past it, so the
+    limit is raised to cover the buckets first, and priming runs with
+    ``fail_on_recompile_limit_hit`` so a bucket that would still run eager is an
+    error, not a slow surprise. Synthetic prompts are forced to two new tokens:
+    the first comes from the eager prefill, the second from the compiled decode
+    step being loaded.
+    """
+    import torch
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    if check_config:
+        guard.check_model_config(model.config.to_diff_dict())
+    buckets = guard.buckets
+    _reserve_recompile_room(len(buckets))
+    token = model.config.bos_token_id if model.config.bos_token_id is not None else 1
+    max_cache_len = guard.family.max_cache_len or 0
+    report = PrimeReport(buckets)
+    start = time.perf_counter()
+    guard.primed = False
+    with CompileCounter() as counter, torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for i, (batch, length) in enumerate(buckets, 1):
+            t0 = time.perf_counter()
+            ids = torch.full((batch, length), int(token), dtype=torch.long)
+            new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
+            try:
+                guarded_generate(guard, model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            except FailOnRecompileLimitHit:
+                raise UsageError(
+                    f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
+                    f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process compiles; raise it"
+                ) from None
+            if progress:
+                log.info("primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0)
+    report.graphs, report.cache_hits, report.cache_misses = counter.graphs, counter.cache_hits, counter.cache_misses
+    report.seconds = time.perf_counter() - start
+    guard.primed = True
+    return report
