@@ -365,3 +365,21 @@ def test_a_running_neuron_compiler_keeps_every_unheld_lock(cache, tmp_path: Path
     assert not any(path.endswith(".lock") for path in removed) and cache.entries["crashed"] not in removed
     assert (cache.root / cache.entries["stale_lock"] / "model.hlo_module.pb.lock").exists()
     assert cache.entries["failed"] in removed  # a failure is not a lock: still removed
+
+
+def test_native_neff_cache_is_scanned_but_never_judged_broken(tmp_path: Path) -> None:
+    root = tmp_path / "neff-cache"
+    (root / "graph-a").mkdir(parents=True)
+    (root / "graph-a" / "graph.neff").write_bytes(b"n" * 300)
+    (root / "graph-b").mkdir()
+    (root / "graph-b" / "graph.hlo").write_bytes(b"h" * 10)
+    (root / "c.neff").write_bytes(b"n" * 50)
+    [info] = json.loads(cli("cache", "scan", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json").output)
+    assert info["flavor"] == "neuron-native"
+    assert {e["path"]: (e["kind"], e["state"], e["size_bytes"]) for e in info["entries"]} == {
+        "graph-a": ("neuron-neff", "done", 300),
+        "graph-b": ("neuron-neff", "incomplete", 10),
+        "c.neff": ("neuron-neff", "done", 50),
+    }
+    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--grace", "0s", "--json").output)
+    assert plan["remove"] == []  # the native layout is not documented enough to call an entry broken

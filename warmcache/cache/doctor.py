@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from warmcache.cache.cleanup import CleanupPlan, Forget, Removal
 from warmcache.cache.inventory import CacheEntry, CacheInfo, EntryUse
+from warmcache.cache.layout import NEURON_MODULE
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.units import format_age
 
@@ -58,6 +59,8 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> C
 
 
 def _entry_problem(entry: CacheEntry, idle_seconds: float, grace_seconds: float) -> str | None:
+    if entry.kind != NEURON_MODULE:
+        return None  # only the persistent Neuron cache's layout is documented well enough to judge an entry broken
     if entry.content_state == "failed":
         return "failed compile: the cache replays this failure instead of recompiling, forever"
     if entry.content_state == "incomplete" and idle_seconds >= grace_seconds:
