@@ -1,0 +1,150 @@
+"""First ``generate()`` latency in a fresh process: empty Inductor cache vs a cache warmed by warmcache.
+
+    python tools/bench_coldstart.py [--model DIR] [--batch 1] [--prompt 8] [--max-cache-len 32]
+
+Each measurement is a fresh Python process (``--child``), so nothing of an earlier
+compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
+
+* ``cold``: an empty ``TORCHINDUCTOR_CACHE_DIR``: the first call compiles everything.
+* ``warm``: the folder ``warmcache warmup`` filled for this exact shape.
+* ``mega``: an empty folder plus ``torch.compiler.load_cache_artifacts()`` of the
+  portable "mega-cache" saved by a warm process (what ships without the cache dir).
+
+For each it prints the first ``generate()`` latency, the steady-state latency of
+the next call, and where the first call's time went according to Dynamo's
+compilation metrics: Dynamo tracing (frame compile minus backend), the backend
+(AOTAutograd + Inductor: on a cache hit that is loading the cached graph and its
+compiled C++), and the rest (eager prefill, generate() bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One fresh process: import, load, optionally load a mega-cache, generate twice, report."""
+    started = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.compile_counter import CompileCounter
+    from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+
+    imported = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    loaded = time.perf_counter()
+    mega_s = 0.0
+    if args.load_mega:
+        begin = time.perf_counter()
+        torch.compiler.load_cache_artifacts(Path(args.load_mega).read_bytes())
+        mega_s = time.perf_counter() - begin
+    ids = token_ids(model, args.batch, args.prompt)
+    new = min(DECODE_TOKENS, max_new_tokens_that_fit(args.prompt, args.max_cache_len))
+    kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config("inductor", "default", "cpu"))
+
+    def generate() -> float:
+        begin = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)
+        return time.perf_counter() - begin
+
+    with CompileCounter() as counter:
+        first = generate()
+    second = generate()
+    metrics = torch._dynamo.utils.get_compilation_metrics()
+    frame = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
+    backend = sum(m.backend_compile_time_s or 0.0 for m in metrics)
+    if args.save_mega:
+        artifacts = torch.compiler.save_cache_artifacts()
+        if artifacts is not None:
+            Path(args.save_mega).write_bytes(artifacts[0])
+    print(
+        json.dumps(
+            {
+                "import_s": imported - started,
+                "load_s": loaded - imported,
+                "mega_load_s": mega_s,
+                "first_generate_s": first,
+                "second_generate_s": second,
+                "dynamo_trace_s": frame - backend,
+                "backend_s": backend,
+                "other_s": first - frame,
+                "graphs": counter.graphs,
+                "cache_hits": counter.cache_hits,
+                "cache_misses": counter.cache_misses,
+            }
+        )
+    )
+
+
+def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    command = [sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), *extra]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path) -> None:
+    manifest = work / "bench.toml"
+    manifest.write_text(
+        f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache_dir}"\n'
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "inductor"\n'
+        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+    )
+    subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
+
+
+def show(name: str, r: dict[str, Any]) -> None:
+    print(
+        f"{name:<5} first generate() {r['first_generate_s']:6.2f}s  (dynamo trace {r['dynamo_trace_s']:5.2f}s, "
+        f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache misses, {r['cache_hits']} hits)  "
+        f"next call {r['second_generate_s']:.3f}s  [import {r['import_s']:.1f}s, load {r['load_s']:.1f}s"
+        + (f", mega-cache load {r['mega_load_s']:.2f}s]" if r["mega_load_s"] else "]")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="A causal LM folder (default: build a tiny Qwen3).")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=8)
+    parser.add_argument("--max-cache-len", type=int, default=32)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--save-mega", help=argparse.SUPPRESS)
+    parser.add_argument("--load-mega", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="warmcache-bench-") as tmp:
+        work = Path(tmp)
+        if args.model is None:
+            sys.path.insert(0, str(ROOT / "tools"))
+            from tiny_model import build_tiny_model
+
+            args.model = build_tiny_model("qwen3", work / "tiny-qwen3")
+        cold = measure(args, work / "cold-cache")
+        warm_with_warmcache(args, work, work / "warm-cache")
+        warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
+        mega = measure(args, work / "mega-cache", "--load-mega", str(work / "mega.bin"))
+        print(f"tiny model {args.model.name}, batch={args.batch} prompt={args.prompt} max_cache_len={args.max_cache_len}, Inductor on CPU ({os.cpu_count()} cores)")
+        show("cold", cold)
+        show("warm", warm)
+        show("mega", mega)
+        print(f"cold/warm first-call ratio: {cold['first_generate_s'] / warm['first_generate_s']:.1f}x; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
