@@ -259,3 +259,21 @@ def test_two_concurrent_warmups_compile_each_spec_once(write_manifest, registry_
     assert len(done[0]) + len(done[1]) == 4
     final = rows(registry_url)
     assert [(r.status, r.attempts) for r in final] == [("compiled", 1)] * 4
+
+
+@pytest.mark.slow
+def test_sigterm_gives_the_claim_back(write_manifest, sqlite_url: str, tmp_path: Path) -> None:
+    path = write_manifest(FOUR_SPECS)
+    with Registry.open(sqlite_url):
+        pass
+    process = warmup(str(path), "--db", sqlite_url, "--cache-dir", str(tmp_path / "cache"), wait=False)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "compiling" not in [r.status for r in rows(sqlite_url)]:
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    statuses = [(r.status, r.claimed_by) for r in rows(sqlite_url)]
+    assert ("compiling", None) not in statuses and all(s in ("pending", "compiled") for s, _ in statuses)
+    assert all(claimed is None for _, claimed in statuses)

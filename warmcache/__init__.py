@@ -26,7 +26,11 @@ from warmcache.registry import Registry, ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
 
 #: Names served lazily: ``name -> module`` (these modules import torch).
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "WarmupOptions": "warmcache.warmup.runner",
+    "run_warmup": "warmcache.warmup.runner",
+    "run_verify": "warmcache.warmup.verify",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import entry_size, list_entries
+from warmcache.cache.layout import WORK_DIR_PREFIX, entry_size, list_entries
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
@@ -28,8 +28,8 @@ from warmcache.warmup.workloads import run_generate, run_train
 if TYPE_CHECKING:
     from transformers import CompileConfig, PreTrainedModel
 
-#: Folder under a cache root that holds warmcache's per-spec file locks (never an artifact).
-LOCK_DIRNAME = ".warmcache-locks"
+#: Folder under a cache root that holds warmcache's per-spec file locks (a work folder, never an entry).
+LOCK_DIRNAME = f"{WORK_DIR_PREFIX}locks"
 
 
 def lock_path(cache_root: Path, identity: str) -> Path:
@@ -95,7 +95,7 @@ class Worker:
                 result = run_train(model, spec, target.device, target.backend, target.mode)
         seconds = time.perf_counter() - start
         after = list_entries(root, flavor) if flavor else {}
-        new = {e: k for e, k in after.items() if e not in before and not e.startswith(LOCK_DIRNAME)}
+        new = {e: k for e, k in after.items() if e not in before}
         return SpecRun(
             seconds=seconds,
             graphs=counter.graphs,
