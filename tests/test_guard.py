@@ -214,3 +214,15 @@ def test_a_database_outage_never_blocks_or_fails_requests(write_manifest, tmp_pa
 def test_runtime_guard_and_cli_import_without_torch() -> None:
     code = "import sys, warmcache.runtime.guard, warmcache.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from warmcache.runtime import telemetry
+
+    monkeypatch.setattr(telemetry, "MAX_KEYS", 50)
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
+    unique = [(b, l) for l in range(1, 33) for b in range(1, 5) if (b, l) not in guard.buckets]
+    for batch, length in unique:
+        guard.decide(batch, length)
+    assert len(guard.misses()) == 50
+    assert guard.telemetry.dropped == len(unique) - 50  # every miss beyond the bound is counted, not kept

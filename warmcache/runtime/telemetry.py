@@ -1,26 +1,34 @@
-"""Miss telemetry: count padded and refused requests in memory, flush them to the registry off the request path.
+"""Miss telemetry: note padded and refused requests in memory, flush them to the registry off the request path.
 
-A request only increments an in-memory counter under a lock (well under a
-microsecond). A daemon thread flushes the aggregated counts every
-``interval`` seconds as one :meth:`Registry.record_misses` batch. The database
-is a best-effort sink: when it is down or hangs, the counts stay in memory
-(bounded; the oldest keys are dropped first) and the flush is retried later.
-Nothing here can block or fail a request.
+A request only appends one small tuple to a bounded ``deque`` (atomic under
+the GIL, no lock, ~0.1 µs). A daemon thread drains the queue, aggregates it
+per shape and every ``interval`` seconds writes the counts as one
+:meth:`Registry.record_misses` batch. The database is a best-effort sink: when
+it is down or hangs, the counts stay in memory (bounded) and the flush is
+retried later. Nothing here can block or fail a request.
+
+Bounds, so a flood of unique shapes or a long outage cannot exhaust memory:
+the queue keeps the newest :data:`MAX_QUEUED` events, and aggregation keeps
+:data:`MAX_KEYS` distinct shapes (events of shapes beyond that are counted in
+``dropped`` instead of being sent).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
+
 from warmcache.registry import Registry
 from warmcache.registry.registry import MissEvent
 from warmcache.shapes import Decision, ShapeFamily
 
 log = logging.getLogger("warmcache.runtime")
 
-#: Distinct (shape, decision) keys kept while the registry is unreachable.
-MAX_PENDING_KEYS = 10_000
-
+#: Events waiting for the aggregating thread (the oldest are dropped beyond this).
+MAX_QUEUED = 100_000
+#: Distinct (shape, decision) keys kept in memory, pending or total.
+MAX_KEYS = 10_000
 #: Seconds a flush may wait for a PostgreSQL connection before it gives up until the next interval.
 CONNECT_TIMEOUT_S = 5
 
@@ -28,7 +36,7 @@ _MissKey = tuple[int, int, str, int | None, int | None]
 
 
 class MissTelemetry:
-    """Aggregate misses of one shape family; flush them to ``registry_url`` (or keep them, when ``None``)."""
+    """Aggregate misses of one shape family; flush them to ``registry_url`` (or only keep them, when ``None``)."""
 
     def __init__(self, family: ShapeFamily, registry_url: str | None, *, interval: float = 10.0) -> None:
         self.family = family
@@ -36,39 +44,36 @@ class MissTelemetry:
         self.interval = interval
         self.flushed = 0
         self.failed_flushes = 0
+        self.dropped = 0
+        self._queue: deque[_MissKey] = deque(maxlen=MAX_QUEUED)
         self._pending: dict[_MissKey, int] = {}
         self._totals: dict[_MissKey, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending/_totals; never taken on the request path
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._registry: Registry | None = None
 
     def record(self, decision: Decision, kind: str | None = None) -> None:
-        """Count one non-exact decision; ``kind`` overrides ``decision.kind`` (``warn``, ``truncate``)."""
+        """Note one non-exact decision; ``kind`` overrides ``decision.kind`` (``warn``, ``clip``, ``truncate``)."""
         target = decision.target or (None, None)
-        key = (decision.batch_size, decision.seq_len, kind or decision.kind, target[0], target[1])
-        with self._lock:
-            if key not in self._pending and len(self._pending) >= MAX_PENDING_KEYS:
-                self._pending.pop(next(iter(self._pending)))
-            self._pending[key] = self._pending.get(key, 0) + 1
-            self._totals[key] = self._totals.get(key, 0) + 1
-        if self.registry_url is not None and self._thread is None:
+        self._queue.append((decision.batch_size, decision.seq_len, kind or decision.kind, target[0], target[1]))
+        if self._thread is None:
             self._start()
 
     def totals(self) -> list[MissEvent]:
-        """Every miss this process has seen (flushed or not), for logs and tests."""
+        """Every miss this process has seen (flushed or not), aggregated per shape."""
         with self._lock:
+            self._drain()
             return [self._event(key, count) for key, count in self._totals.items()]
 
     def flush(self) -> bool:
         """Write pending misses now (from the calling thread); ``False`` if the registry refused them."""
         with self._lock:
+            self._drain()
+            if self.registry_url is None or not self._pending:
+                return True
             pending, self._pending = self._pending, {}
-        if not pending:
-            return True
-        if self.registry_url is None:
-            return True
         events = [self._event(key, count) for key, count in pending.items()]
         try:
             if self._registry is None:
@@ -80,7 +85,7 @@ class MissTelemetry:
             log.warning("miss telemetry: registry unavailable, keeping %d miss key(s) for later: %s", len(events), exc)
             with self._lock:
                 for key, count in pending.items():
-                    self._pending[key] = self._pending.get(key, 0) + count
+                    _add(self._pending, key, count)
             return False
         self.flushed += sum(pending.values())
         return True
@@ -94,6 +99,15 @@ class MissTelemetry:
             if self._thread.is_alive():
                 return  # the flusher is stuck in the database; it is a daemon and dies with the process
         self._drop_registry()
+
+    def _drain(self) -> None:
+        """Move queued events into the aggregates (caller holds ``_lock``)."""
+        queue = self._queue
+        while queue:
+            key = queue.popleft()
+            _add(self._totals, key, 1)
+            if not _add(self._pending, key, 1):
+                self.dropped += 1
 
     def _drop_registry(self) -> None:
         if self._registry is not None:
@@ -120,6 +134,14 @@ class MissTelemetry:
             f.model, f.workload, f.dtype, batch, seq, decision,
             padded_batch=padded_batch, padded_seq=padded_seq, count=count, tp_size=f.tp_size, fsdp_size=f.fsdp_size,
         )
+
+
+def _add(counts: dict[_MissKey, int], key: _MissKey, count: int) -> bool:
+    """Add to a bounded counter; ``False`` when the key is new and the counter is full."""
+    if key not in counts and len(counts) >= MAX_KEYS:
+        return False
+    counts[key] = counts.get(key, 0) + count
+    return True
 
 
 def with_connect_timeout(url: str, seconds: int) -> str:

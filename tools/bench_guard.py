@@ -1,0 +1,142 @@
+"""Benchmark the runtime guard: decision latency over 10,000 compiled shapes, and what padding costs.
+
+    python tools/bench_guard.py                     # defaults: 10,000 shapes, 100,000 decisions
+    python tools/bench_guard.py --decisions 20000 --forwards 100
+
+Decision latency is timed one ``ShapeGuard.decide`` at a time with
+``time.perf_counter_ns`` (the timer's own overhead, measured on an empty
+interval, is printed alongside), for traffic that repeats (the memoised
+path) and for traffic whose every request is new (the bisect path). Padding
+cost is ``fit`` + ``unpad`` of a request that needs both dummy rows and extra
+columns, as a fraction of one forward of the tiny model at the bucket shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import build_tiny_model  # noqa: E402
+
+from warmcache.manifest import load_manifest  # noqa: E402
+from warmcache.plan import PlannedShape, plan_manifest  # noqa: E402
+from warmcache.registry import ShapeRecord  # noqa: E402
+from warmcache.runtime.guard import ShapeGuard  # noqa: E402
+
+BATCH_SIZES = list(range(1, 101))
+LENGTHS = list(range(64, 6464, 64))  # 100 lengths x 100 batch sizes = 10,000 compiled shapes
+
+
+def compiled_record(planned: PlannedShape, row_id: int) -> ShapeRecord:
+    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the database)."""
+    spec, model, family = planned.spec, planned.model, planned.spec.family
+    now = dt.datetime.now(dt.timezone.utc)
+    values = dict(
+        id=row_id, identity=planned.identity, shape_hash=planned.shape_hash, model_name=model.name, model_path=model.path,
+        model_revision=model.revision, config_hash=planned.config_hash, toolchain_hash=planned.toolchain.hash,
+        toolchain=planned.toolchain.as_dict(), workload=family.workload, settings=family.settings_dict(),
+        batch_size=spec.batch_size, seq_len=spec.seq_len, max_cache_len=family.max_cache_len, dtype=family.dtype,
+        device=model.device, backend=model.backend, mode=model.mode, tp_size=family.tp_size, fsdp_size=family.fsdp_size,
+        status="compiled", attempts=1, claimed_by=None, lease_expires_at=None, host="bench", compile_seconds=1.0,
+        graphs_compiled=1, error=None, created_at=now, updated_at=now, compiled_at=now, verified_at=None,
+    )
+    assert set(values) == {f.name for f in dataclasses.fields(ShapeRecord)} - {"artifacts"}
+    return ShapeRecord(**values)
+
+
+def percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    ordered = sorted(samples_ns)
+    return ordered[len(ordered) // 2] / 1000, ordered[int(len(ordered) * 0.99)] / 1000
+
+
+def time_each(call: Callable[[int, int], object], requests: list[tuple[int, int]]) -> list[int]:
+    clock = time.perf_counter_ns
+    samples = []
+    for batch, length in requests:
+        start = clock()
+        call(batch, length)
+        samples.append(clock() - start)
+    return samples
+
+
+def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
+    manifest = work / "bench.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "bench"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
+        f"[[model.generate]]\nbatch_sizes = {BATCH_SIZES}\nprompt_lengths = {LENGTHS}\nmax_cache_len = 8192\n"
+    )
+    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    guard = ShapeGuard(lambda: records, model="bench", source="bench", policy="pad")
+    rng = random.Random(0)
+    repeated = [(rng.randint(1, 100), rng.choice((100, 200, 500, 1000, 2000, 4000))) for _ in range(decisions)]
+    fresh = list({(rng.randint(1, 100), rng.randint(1, LENGTHS[-1])) for _ in range(decisions)})
+    empty = percentiles(time_each(lambda b, l: None, repeated))
+    print(f"decision latency, {len(guard.records):,} compiled shapes ({len(repeated):,} timed one by one):")
+    print(f"  timer overhead (empty call)      p50 {empty[0]:6.2f} us  p99 {empty[1]:6.2f} us")
+    for label, requests in (("repeated traffic (memoised)", repeated), ("every request new (bisect)", fresh)):
+        time_each(guard.decide, requests[:1000])  # warm the interpreter's caches
+        p50, p99 = percentiles(time_each(guard.decide, requests))
+        verdict = "ok" if p99 < 5 else "ABOVE TARGET"
+        print(f"  {label:<32} p50 {p50:6.2f} us  p99 {p99:6.2f} us  (target p99 < 5 us: {verdict})")
+    guard.close()
+
+
+def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    manifest = work / "pad.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "pad"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
+        "[[model.generate]]\nbatch_sizes = [1, 4, 8]\nprompt_lengths = [16, 64]\nmax_cache_len = 128\n"
+    )
+    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    guard = ShapeGuard(lambda: records, model="pad", source="bench")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    print(f"padding cost vs one forward of the tiny model at the bucket shape (median of {forwards}):")
+    for batch, length in ((3, 11), (6, 50)):
+        ids = torch.randint(3, 300, (batch, length))
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        fitted = guard.fit(inputs)
+        output = torch.cat([fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1)  # a generate()-shaped output
+        pad_ns = [_ns(lambda: guard.fit(inputs).unpad(output)) for _ in range(forwards)]
+        with torch.inference_mode():
+            forward_ns = [_ns(lambda: model(**fitted.inputs)) for _ in range(forwards)]
+        pad, fwd = statistics.median(pad_ns) / 1e6, statistics.median(forward_ns) / 1e6
+        print(
+            f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: "
+            f"fit+unpad {pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}"
+        )
+    guard.close()
+
+
+def _ns(call: Callable[[], object]) -> int:
+    start = time.perf_counter_ns()
+    call()
+    return time.perf_counter_ns() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=100_000, help="Decisions timed per traffic pattern.")
+    parser.add_argument("--forwards", type=int, default=50, help="Repetitions of fit+unpad and of the forward.")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmp:
+        work = Path(tmp)
+        model_dir = build_tiny_model("qwen3", work / "tiny-qwen3")
+        bench_decisions(model_dir, work, args.decisions)
+        bench_padding(model_dir, work, args.forwards)
+
+
+if __name__ == "__main__":
+    main()
