@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "WarmupOptions": "warmcache.warmup.runner",
     "run_warmup": "warmcache.warmup.runner",
     "run_verify": "warmcache.warmup.verify",
+    "ShapeGuard": "warmcache.runtime.guard",
 }
 
 
