@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.fingerprint import config_hash
@@ -52,6 +52,16 @@ if TYPE_CHECKING:
 
 Policy = Literal["pad", "refuse", "warn"]
 POLICIES: tuple[Policy, ...] = ("pad", "refuse", "warn")
+
+
+class GuardOptions(TypedDict, total=False):
+    """What selects the family and how the guard behaves, whatever the rows come from."""
+
+    policy: Policy
+    dtype: str | None
+    max_cache_len: int | None
+    backend: str | None
+    telemetry_interval: float
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -83,6 +93,7 @@ class ShapeGuard:
         self.primed = False
         self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
         self._load = load
+        self._config_hash: str | None = None
         self._records: list[ShapeRecord] = []
         self._table = BucketTable()
         self.family = self._reload()
@@ -92,17 +103,7 @@ class ShapeGuard:
 
     @classmethod
     def from_registry(
-        cls,
-        registry_url: str,
-        model: str,
-        workload: Workload = "generate",
-        *,
-        policy: Policy = "pad",
-        dtype: str | None = None,
-        max_cache_len: int | None = None,
-        backend: str | None = None,
-        telemetry: bool = True,
-        telemetry_interval: float = 10.0,
+        cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]
     ) -> "ShapeGuard":
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
@@ -110,32 +111,12 @@ class ShapeGuard:
             with Registry.open(registry_url) as registry:
                 return registry.rows(model=model, workload=workload)
 
-        return cls(
-            load,
-            model=model,
-            workload=workload,
-            policy=policy,
-            dtype=dtype,
-            max_cache_len=max_cache_len,
-            backend=backend,
-            source=display_url(normalise_url(registry_url)),
-            telemetry_url=registry_url if telemetry else None,
-            telemetry_interval=telemetry_interval,
-        )
+        source = display_url(normalise_url(registry_url))
+        return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)
 
     @classmethod
     def from_snapshot(
-        cls,
-        path: str | Path,
-        model: str,
-        workload: Workload = "generate",
-        *,
-        policy: Policy = "pad",
-        dtype: str | None = None,
-        max_cache_len: int | None = None,
-        backend: str | None = None,
-        telemetry_url: str | None = None,
-        telemetry_interval: float = 10.0,
+        cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]
     ) -> "ShapeGuard":
         """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
         snapshot = Path(path)
@@ -143,18 +124,7 @@ class ShapeGuard:
         def load() -> list[ShapeRecord]:
             return [r for r in read_snapshot(snapshot) if r.model_name == model and r.workload == workload]
 
-        return cls(
-            load,
-            model=model,
-            workload=workload,
-            policy=policy,
-            dtype=dtype,
-            max_cache_len=max_cache_len,
-            backend=backend,
-            source=str(snapshot),
-            telemetry_url=telemetry_url,
-            telemetry_interval=telemetry_interval,
-        )
+        return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, **options)
 
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
@@ -170,6 +140,7 @@ class ShapeGuard:
             if (dtype is None or r.dtype == dtype)
             and (max_cache_len is None or r.max_cache_len == max_cache_len)
             and (backend is None or r.backend == backend)
+            and (self._config_hash is None or r.config_hash == self._config_hash)
         ]
         wanted = f"model {self.model_name!r} {self.workload}"
         tables = bucket_tables(rows)
@@ -213,12 +184,13 @@ class ShapeGuard:
         When rows of several configs exist, the table narrows to this config's rows.
         """
         digest = config_hash(config)
-        matching = [r for r in self._records if r.config_hash == digest]
-        if not matching:
-            known = ", ".join(sorted({r.config_hash for r in self._records}))
-            raise UsageError(f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {known})")
-        if len(matching) != len(self._records):
-            self._records, self._table = matching, BucketTable.from_pairs({(r.batch_size, r.seq_len) for r in matching})
+        known = sorted({r.config_hash for r in self._records})
+        if digest not in known:
+            raise UsageError(
+                f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {', '.join(known)})"
+            )
+        self._config_hash = digest
+        self._reload()
 
     # ------------------------------------------------------------ the hot path
 
