@@ -5,8 +5,11 @@ A bundle is a tar archive (``.tar``, ``.tar.gz``/``.tgz`` or ``.tar.xz``) holdin
 - ``warmcache-bundle.json`` (first member): format version, cache layout, the
   toolchains, the registry rows (JSON) and the file list with a sha256 and size
   for every file;
-- ``cache/<path>``: exactly the files of the entries those rows reference
-  (their artifacts), paths relative to the cache root.
+- ``cache/<path>``: the files of the entries those rows reference (their
+  artifacts), paths relative to the cache root, plus every Inductor kernel file
+  of the cache: kernels are shared between graphs and a row records only the
+  kernels its own compile wrote (see ``layout.SHARED_KINDS``), so leaving the
+  others out would make production recompile them.
 
 This is how a deployment pipeline ships a warm cache into an image or a fleet:
 ``pack`` on the build machine, ``unpack`` (:mod:`warmcache.cache.unbundle`) there.
@@ -26,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warmcache.cache.bundle_rows import row_to_json
-from warmcache.cache.layout import WORK_DIR_PREFIX, entry_of
+from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
 from warmcache.errors import CacheError, UsageError
@@ -121,7 +124,7 @@ def pack_bundle(
     records, not_compiled = compiled_records(registry, manifest, model_name)
     if not records:
         raise CacheError(f"{manifest.path}: no compiled shapes for this machine's toolchain in registry {registry.display_url}; run warmcache warmup first")
-    entries = _entries_needed(records, location)
+    entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
     files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
     meta = {
         "format": BUNDLE_FORMAT,
@@ -176,6 +179,10 @@ def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list
                 )
             entries.add(path)
     return sorted(entries)
+
+
+def _shared_kernels(location: CacheLocation) -> set[str]:
+    return {entry for entry, kind in list_entries(location.root, location.flavor).items() if kind in SHARED_KINDS}
 
 
 def _entry_files(root: Path, entries: list[str]) -> Iterator[str]:

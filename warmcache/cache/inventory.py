@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
+from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, SHARED_KINDS, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.query import effective_status
@@ -95,6 +95,11 @@ class CacheEntry:
         return bool(self.used_by) and all(u.status == "stale" for u in self.used_by)
 
     @property
+    def is_shared_kernel(self) -> bool:
+        """A kernel file any compiled graph in this cache may load (see ``layout.SHARED_KINDS``)."""
+        return self.kind in SHARED_KINDS
+
+    @property
     def lock_held(self) -> bool:
         return any(lock.held for lock in self.locks)
 
@@ -157,6 +162,12 @@ class CacheInfo:
     @property
     def orphans(self) -> tuple[CacheEntry, ...]:
         return tuple(e for e in self.entries if e.is_orphan)
+
+    @property
+    def needed_by(self) -> tuple[EntryUse, ...]:
+        """Every current compiled/verified row with an entry in this cache, once each."""
+        uses = {u.row_id: u for e in self.entries for u in e.used_by if u.needed}
+        return tuple(uses[k] for k in sorted(uses))
 
     def as_json(self) -> dict[str, Any]:
         return {

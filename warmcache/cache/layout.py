@@ -37,6 +37,13 @@ INDUCTOR_TRITON = "inductor-triton"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 
+#: Kinds whose entries are shared between compiled graphs: Inductor kernel files are
+#: content-addressed, a graph compiled later loads kernels an earlier one wrote, and
+#: warmup records an entry only under the spec that wrote it. Measured (tiny Qwen3,
+#: Inductor, batch 1 then batch 2): the batch-2 graph loads 14 code files recorded only
+#: under batch 1. So no registry row says which graphs need a kernel file.
+SHARED_KINDS = frozenset({INDUCTOR_CODE, INDUCTOR_TRITON})
+
 #: Prefix of warmcache's work folders at the top of a cache root (never entries).
 WORK_DIR_PREFIX = ".warmcache-"
 #: Work folders a crash can leave behind: a prune's trash, an unpack's staging folder.

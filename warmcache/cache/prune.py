@@ -11,9 +11,13 @@ Which entries are *eligible*:
 
 Never eligible: an entry a current ``compiled``/``verified`` row needs, unless
 ``include_referenced`` (those rows are then forgotten and read ``missing``); an
-entry under a live or recent lock (a compile in progress); an orphan younger than
-the grace period (a running warmup writes its entries before it records them).
-Every row that references a deleted entry is forgotten first (see :mod:`cleanup`).
+Inductor kernel file while any current row uses this cache (kernels are shared
+between graphs and no row records every kernel it loads, see
+``layout.SHARED_KINDS``), unless ``include_referenced``, which then forgets every
+row of the cache; an entry under a live or recent lock (a compile in progress); an
+orphan younger than the grace period (a running warmup writes its entries before
+it records them). Every row that references a deleted entry is forgotten first
+(see :mod:`cleanup`).
 """
 
 from __future__ import annotations
@@ -46,25 +50,37 @@ class PruneRules:
 def plan_prune(info: CacheInfo, rules: PruneRules) -> CleanupPlan:
     """The prune plan for ``info`` under ``rules`` (nothing is changed here)."""
     rules.check()
-    notes: list[str] = []
     eligible: list[tuple[CacheEntry, str]] = []
+    kept: dict[str, list[CacheEntry]] = {}
+    in_use = bool(info.needed_by)
     for entry in info.entries:
         reason = _selected(entry, rules, info.scanned_at)
         if reason is None:
             continue
-        blocker = _blocker(entry, rules, info.scanned_at)
+        blocker = _blocker(entry, rules, info.scanned_at, in_use)
         if blocker is not None:
-            notes.append(f"{entry.path}: kept: {blocker}")
-            continue
-        eligible.append((entry, reason))
+            kept.setdefault(blocker, []).append(entry)
+        else:
+            eligible.append((entry, reason))
+    notes = [_kept_note(blocker, entries) for blocker, entries in kept.items()]
     if rules.max_size_bytes is not None:
         eligible = _least_recently_used_until_fits(eligible, info.size_on_disk, rules.max_size_bytes, notes)
     forgets: dict[int, Forget] = {}
     for entry, reason in eligible:
         for use in entry.used_by:
             forgets.setdefault(use.row_id, Forget(use.row_id, use.describe(), f"its cache entry {entry.path} is pruned ({reason})"))
+        if entry.is_shared_kernel:
+            for use in info.needed_by:
+                forgets.setdefault(use.row_id, Forget(use.row_id, use.describe(), f"it may load kernel file {entry.path}, which is pruned"))
     removals = tuple(Removal(e.path, e.size_bytes, reason) for e, reason in eligible)
     return CleanupPlan(info.root, info.location.flavor, removals, tuple(forgets.values()), tuple(notes))
+
+
+def _kept_note(blocker: str, entries: list[CacheEntry]) -> str:
+    """One line per reason, however many entries it keeps."""
+    if len(entries) == 1:
+        return f"{entries[0].path}: kept: {blocker}"
+    return f"{len(entries)} entries ({format_size(sum(e.size_bytes for e in entries))}) kept: {blocker}; e.g. {entries[0].path}"
 
 
 def _selected(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
@@ -87,15 +103,16 @@ def _selected(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
     return "; ".join(reasons)
 
 
-def _blocker(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
+def _blocker(entry: CacheEntry, rules: PruneRules, now: float, cache_in_use: bool) -> str | None:
     """Why an entry the rules chose must stay anyway, or ``None``."""
     if entry.lock_held or any(not lk.is_stale(rules.grace_seconds) for lk in entry.locks):
         return "locked (a compile may be in progress)"
     if entry.is_needed and not rules.include_referenced:
-        needed = [u for u in entry.used_by if u.needed]
-        return f"needed by {len(needed)} compiled shape(s), e.g. {needed[0].describe()} (--include-referenced deletes it anyway)"
+        return "needed by compiled shapes (--include-referenced deletes it anyway)"
+    if entry.is_shared_kernel and cache_in_use and not rules.include_referenced:
+        return "a kernel file compiled shapes of this cache may load: kernels are shared between graphs (--include-referenced deletes it anyway)"
     if entry.is_orphan and now - entry.last_used < rules.grace_seconds:
-        return f"orphan written {format_age(now - entry.last_used)} ago: a running warmup may record it yet"
+        return "a new orphan: a running warmup may record it yet (--grace)"
     return None
 
 

@@ -1,0 +1,73 @@
+"""prune and pack on a hand-built Inductor cache: kernel files are shared between graphs.
+
+The real-cache version (a warmup of two shapes) is tests/test_bundle_inductor.py;
+this one runs in a second and pins the rule down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+from test_cache_neuron import cli  # noqa: E402
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry
+from warmcache.registry.records import ArtifactRef
+
+MANIFEST = """
+[[model]]
+name = "m"
+path = "{qwen3}"
+backend = "inductor"
+[[model.generate]]
+batch_sizes = [1, 2]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
+
+def write(root: Path, path: str, size: int = 1000, age: float = 7200) -> str:
+    file = root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(os.urandom(size))
+    stamp = time.time() - age
+    os.utime(file, (stamp, stamp))
+    return path
+
+
+def test_kernel_files_stay_while_any_compiled_graph_may_load_them(tmp_path: Path, write_manifest) -> None:
+    root = tmp_path / "inductor"
+    graph_1 = write(root, "fxgraph/ab/fabkey1/entry").rsplit("/", 1)[0]  # the entry is the key's folder
+    graph_2 = write(root, "fxgraph/cd/fcdkey2/entry").rsplit("/", 1)[0]
+    kernel = write(root, "xy/cxykernel.so")  # written by graph 1's compile, loaded by graph 2's as well
+    own_kernel = write(root, "zz/czzkernel.so")
+    manifest = write_manifest(MANIFEST)
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    planned = {p.spec.batch_size: p for p in plan_manifest(load_manifest(manifest))}
+    with Registry.open(url) as registry:
+        registry.ensure_pending(list(planned.values()))
+        for batch, paths in ((1, [graph_1, kernel]), (2, [graph_2, own_kernel])):
+            row = registry.claim([planned[batch].identity], "w", 60)
+            assert row is not None
+            kinds = {graph_1: "inductor-fxgraph", graph_2: "inductor-fxgraph"}
+            registry.mark_compiled(row.id, "w", compile_seconds=1, graphs_compiled=1, artifacts=[ArtifactRef(kinds.get(p, "inductor-code"), p) for p in paths])
+        registry.forget([r.id for r in registry.rows() if r.batch_size == 1])
+
+    [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
+    assert plan["result"]["removed"] == [graph_1]
+    assert (root / kernel).exists() and any("kernels are shared between graphs" in n for n in plan["notes"])
+
+    packed = cli("bundle", "pack", str(manifest), "-o", str(tmp_path / "b.tar"), "--cache-dir", str(root), "--db", url)
+    assert packed.exit_code == 0, packed.output
+    with tarfile.open(tmp_path / "b.tar") as tar:
+        assert set(tar.getnames()[1:]) == {f"cache/{graph_2}/entry", f"cache/{own_kernel}", f"cache/{kernel}"}
+
+    [forced] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--include-referenced", "--json").output)
+    assert forced["result"]["removed"] == [kernel]
+    assert [f["shape"] for f in forced["forget"]] == ["m generate batch=2 seq=8 (compiled)"]  # it may have loaded that kernel
+    with Registry.open(url) as registry:
+        assert registry.rows() == []
