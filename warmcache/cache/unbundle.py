@@ -267,7 +267,12 @@ def _move_into_place(meta: BundleMeta, staging: Path, root: Path) -> tuple[int, 
         else:
             dest.parent.mkdir(parents=True, exist_ok=True)
             added += 1
-        os.rename(staging / entry, dest)
+        try:
+            os.rename(staging / entry, dest)
+        except OSError:
+            if not _holds(root, files):
+                raise
+            added, present = added - 1, present + 1  # a concurrent unpack of the same entry won the race
     return added, replaced, present
 
 

@@ -39,7 +39,7 @@ def cache_options(func: F) -> F:
 
 def _grace_option(func: F) -> F:
     return click.option(
-        "--grace", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
+        "--grace", metavar="AGE", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
         help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a compile may still be running).",
     )(func)  # fmt: skip
 
