@@ -31,6 +31,10 @@ _LAZY: dict[str, str] = {
     "run_warmup": "warmcache.warmup.runner",
     "run_verify": "warmcache.warmup.verify",
     "ShapeGuard": "warmcache.runtime.guard",
+    "locate_caches": "warmcache.cache.locate",
+    "scan_cache": "warmcache.cache.inventory",
+    "pack_bundle": "warmcache.cache.bundle",
+    "unpack_bundle": "warmcache.cache.unbundle",
 }
 
 
