@@ -61,6 +61,7 @@ def served(request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_pat
     report = guard.prime(model)
     yield Served(guard, model, tokenizer, report)
     guard.close()
+    torch._dynamo.reset()  # the next model starts with Dynamo as a fresh process has it
 
 
 def _prompts(rng: random.Random, count: int, min_words: int, max_words: int) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError
 from warmcache.runtime.sentinel import recompile_sentinel
 
@@ -42,3 +43,28 @@ def test_other_runtime_errors_pass_through_unchanged() -> None:
     with pytest.raises(RuntimeError, match="not a recompile"):
         with recompile_sentinel("refuse"):
             raise RuntimeError("not a recompile")
+
+
+def test_running_out_of_the_recompile_budget_is_loud_and_room_can_be_reserved() -> None:
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
+
+    with torch._dynamo.config.patch(recompile_limit=1):
+        # Dynamo's budget is per code object: each function here needs its own code.
+        quiet = torch.compile(lambda x: x + 1, backend="eager", dynamic=False)
+        quiet(torch.ones(2))
+        with CompileCounter() as counter:
+            assert quiet(torch.ones(3)).tolist() == [2.0] * 3  # past the limit: silently eager, still correct
+        assert counter.graphs == 0
+        loud = torch.compile(lambda x: x + 2, backend="eager", dynamic=False)
+        loud(torch.ones(2))
+        with pytest.raises(FailOnRecompileLimitHit), loud_recompile_limit():
+            loud(torch.ones(3))
+        reserve_recompile_room(3)
+        assert torch._dynamo.config.recompile_limit >= 3
+        fits = torch.compile(lambda x: x + 3, backend="eager", dynamic=False)
+        with loud_recompile_limit(), CompileCounter() as counter:
+            for n in (2, 3, 4):
+                fits(torch.ones(n))
+        assert counter.graphs == 3

@@ -80,6 +80,7 @@ def test_compiled_training_stays_on_buckets_and_compiles_only_on_the_first_pass(
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "0")  # static graph per bucket, as warmup compiles them
+    torch._dynamo.reset()  # Dynamo as a fresh training process has it, whatever ran in this one before
 
     guard = ShapeGuard.from_registry(guard_url, "m", "train", telemetry=False)
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["llama"])

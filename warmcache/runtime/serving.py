@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.runtime.padding import fit_generate_inputs
 from warmcache.runtime.sentinel import recompile_sentinel
 
@@ -118,28 +119,11 @@ class PrimeReport:
     seconds: float = 0.0
 
 
-#: Buckets primed in this process, over every guard. Dynamo's recompile limit counts graphs per
-#: code object, and transformers compiles every model's forward through one shared wrapper, so
-#: two primed models share one budget (measured: a second tiny model's buckets silently ran eager).
-_primed_buckets = 0
-
-
-def _reserve_recompile_room(buckets: int) -> None:
-    import torch
-
-    global _primed_buckets
-    _primed_buckets += buckets
-    dynamo = torch._dynamo.config
-    dynamo.recompile_limit = max(dynamo.recompile_limit, _primed_buckets)
-    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * _primed_buckets)
-
-
 def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, progress: bool = True) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
-    Dynamo keeps at most ``torch._dynamo.config.recompile_limit`` graphs per
-    function (8 by default) and silently falls back to eager past it, so the
-    limit is raised to cover the buckets first, and priming runs with
+    Dynamo's recompile limit is raised to cover the buckets first (see
+    :mod:`warmcache.runtime.budget`), and priming runs with
     ``fail_on_recompile_limit_hit`` so a bucket that would still run eager is an
     error, not a slow surprise. Synthetic prompts are forced to two new tokens:
     the first comes from the eager prefill, the second from the compiled decode
@@ -151,13 +135,13 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, progres
     if check_config:
         guard.check_model_config(model.config.to_diff_dict())
     buckets = guard.buckets
-    _reserve_recompile_room(len(buckets))
+    reserve_recompile_room(len(buckets))
     token = model.config.bos_token_id if model.config.bos_token_id is not None else 1
     max_cache_len = guard.family.max_cache_len or 0
     report = PrimeReport(buckets)
     start = time.perf_counter()
     guard.primed = False
-    with CompileCounter() as counter, torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+    with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
             t0 = time.perf_counter()
             ids = torch.full((batch, length), int(token), dtype=torch.long)

@@ -12,12 +12,15 @@ The callback is the check for collators that are not the guard's: before each
 forward of the training model it asserts the batch is an exactly compiled
 bucket (a forward pre-hook, run outside the compiled graph), and it counts the
 graphs compiled during every step, so a run can prove no step compiled after
-the first pass over the buckets.
+the first pass over the buckets. During training it makes room for every bucket
+in Dynamo's recompile budget and makes running out of it an error, not a silent
+fall-back to eager (see :mod:`warmcache.runtime.budget`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +29,7 @@ from transformers import TrainerCallback
 
 from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.shapes import Decision
 
 if TYPE_CHECKING:
@@ -101,13 +105,16 @@ class GuardCallback(TrainerCallback):
         self.steps: list[StepRecord] = []
         self._shape: tuple[int, int] | None = None
         self._counter = CompileCounter()
-        self._hook: Any = None
+        self._training = ExitStack()  # what on_train_begin set up, undone by on_train_end
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is None:
             raise UsageError("GuardCallback: the Trainer passed no model to on_train_begin")
         # Disabled for Dynamo: the check runs eagerly before the compiled forward instead of being traced into it.
-        self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._check_batch), with_kwargs=True)
+        hook = model.register_forward_pre_hook(torch.compiler.disable(self._check_batch), with_kwargs=True)
+        self._training.callback(hook.remove)
+        reserve_recompile_room(len(self.guard.buckets))
+        self._training.enter_context(loud_recompile_limit())
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._shape = None
@@ -118,9 +125,7 @@ class GuardCallback(TrainerCallback):
         self.steps.append(StepRecord(state.global_step, self._shape, self._counter.graphs))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._training.close()
 
     def _check_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not module.training:
