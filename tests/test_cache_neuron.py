@@ -383,3 +383,18 @@ def test_native_neff_cache_is_scanned_but_never_judged_broken(tmp_path: Path) ->
     }
     [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--grace", "0s", "--json").output)
     assert plan["remove"] == []  # the native layout is not documented enough to call an entry broken
+
+
+def test_prune_keeps_orphans_while_a_warmup_holds_a_lock_in_the_cache(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    orphan = module(root, "old+f", done_files(), age=30 * 86400)
+    (root / ".warmcache-locks").mkdir()
+    spec_lock = root / ".warmcache-locks" / "0123abcd.lock"
+    spec_lock.touch()
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    with open(spec_lock) as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # as warmup's FileLock holds it while a spec compiles
+        [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
+    assert plan["remove"] == [] and "while a warmup compiles into this cache" in plan["notes"][0]
+    [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
+    assert plan["result"]["removed"] == [orphan]  # the lock file stays behind when released: only holding it counts

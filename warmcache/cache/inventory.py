@@ -21,6 +21,7 @@ from typing import Any
 
 from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, SHARED_KINDS, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
+from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
@@ -150,6 +151,8 @@ class CacheInfo:
     missing: tuple[MissingArtifact, ...]
     work_dirs: tuple[WorkDir, ...]
     scanned_at: float
+    #: A warmup holds a per-spec lock in this cache: its new entries are not recorded yet.
+    warmup_running: bool = False
 
     @property
     def root(self) -> Path:
@@ -178,6 +181,7 @@ class CacheInfo:
             "size_bytes": self.size_on_disk,
             "entry_count": len(self.entries),
             "orphan_count": len(self.orphans),
+            "warmup_running": self.warmup_running,
             "entries": [e.as_json() for e in self.entries],
             "missing": [m.as_json() for m in self.missing],
             "work_dirs": [{"path": w.path, "size_bytes": w.size_bytes, "age_seconds": round(w.age_seconds, 1)} for w in self.work_dirs],
@@ -200,7 +204,7 @@ def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now
     compiler_running = location.flavor != "inductor" and bool(found) and neuron_compiler_running()
     entries = tuple(_entry(root, path, kind, tuple(users.get(path, ())), now, compiler_running) for path, kind in sorted(found.items()))
     missing = tuple(MissingArtifact(path, kind, use) for path, kind, use in wanted if path not in found)
-    return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now)
+    return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now, warmup_running(root))
 
 
 def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float, compiler_running: bool) -> CacheEntry:

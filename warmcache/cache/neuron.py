@@ -23,14 +23,13 @@ system. The native backend's NEFF cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) is
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from warmcache.cache.locks import lock_is_held
 from warmcache.cache.quiet import open_quietly
 
 EntryState = Literal["done", "failed", "incomplete", "locked"]
@@ -60,23 +59,6 @@ class NeuronEntryFacts:
     compiler_version: str | None
     flags: tuple[str, ...] | None
     locks: tuple[LockInfo, ...]
-
-
-def lock_is_held(path: Path) -> bool:
-    """Whether a live process holds a ``flock`` on ``path`` (probed, never waited for)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 #: Process names of the Neuron compiler (``/proc/<pid>/comm``, at most 15 characters).

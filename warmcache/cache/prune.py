@@ -15,9 +15,9 @@ Inductor kernel file while any current row uses this cache (kernels are shared
 between graphs and no row records every kernel it loads, see
 ``layout.SHARED_KINDS``), unless ``include_referenced``, which then forgets every
 row of the cache; an entry under a live or recent lock (a compile in progress); an
-orphan younger than the grace period (a running warmup writes its entries before
-it records them). Every row that references a deleted entry is forgotten first
-(see :mod:`cleanup`).
+orphan while a warmup holds a lock in this cache, or younger than the grace
+period (a warmup writes its entries before it records them). Every row that
+references a deleted entry is forgotten first (see :mod:`cleanup`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def plan_prune(info: CacheInfo, rules: PruneRules) -> CleanupPlan:
         reason = _selected(entry, rules, info.scanned_at)
         if reason is None:
             continue
-        blocker = _blocker(entry, rules, info.scanned_at, in_use)
+        blocker = _blocker(entry, rules, info, in_use)
         if blocker is not None:
             kept.setdefault(blocker, []).append(entry)
         else:
@@ -103,7 +103,7 @@ def _selected(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
     return "; ".join(reasons)
 
 
-def _blocker(entry: CacheEntry, rules: PruneRules, now: float, cache_in_use: bool) -> str | None:
+def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use: bool) -> str | None:
     """Why an entry the rules chose must stay anyway, or ``None``."""
     if entry.lock_held or any(not lk.is_stale(rules.grace_seconds) for lk in entry.locks):
         return "locked (a compile may be in progress)"
@@ -111,7 +111,9 @@ def _blocker(entry: CacheEntry, rules: PruneRules, now: float, cache_in_use: boo
         return "needed by compiled shapes (--include-referenced deletes it anyway)"
     if entry.is_shared_kernel and cache_in_use and not rules.include_referenced:
         return "a kernel file compiled shapes of this cache may load: kernels are shared between graphs (--include-referenced deletes it anyway)"
-    if entry.is_orphan and now - entry.last_used < rules.grace_seconds:
+    if entry.is_orphan and info.warmup_running:
+        return "an orphan while a warmup compiles into this cache: it records entries when each shape finishes"
+    if entry.is_orphan and info.scanned_at - entry.last_used < rules.grace_seconds:
         return "a new orphan: a running warmup may record it yet (--grace)"
     return None
 
