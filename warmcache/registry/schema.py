@@ -13,10 +13,14 @@ from pathlib import Path
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect, text
 
 from alembic import command
 from warmcache.errors import SchemaOutOfDateError
+
+
+#: Serialises first-time initialisation of a PostgreSQL registry ("warm" in ASCII).
+_INIT_LOCK_KEY = 0x7761726D
 
 
 def migrations_dir() -> Path:
@@ -42,10 +46,14 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    config = alembic_config(engine)
     with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+        _upgrade_on(conn, engine, revision)
+
+
+def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
+    config = alembic_config(engine)
+    config.attributes["connection"] = conn
+    command.upgrade(config, revision)
 
 
 def is_empty(engine: Engine) -> bool:
@@ -53,14 +61,25 @@ def is_empty(engine: Engine) -> bool:
 
 
 def ensure_current(engine: Engine, display_url: str) -> None:
-    """Initialise an empty database; refuse one at another revision with the fix in the message."""
-    current = current_revision(engine)
+    """Initialise an empty database; refuse one at another revision with the fix in the message.
+
+    A fleet often starts all at once on a fresh database, so the check and the
+    initialisation happen in one transaction that holds a lock (PostgreSQL: an
+    advisory lock; SQLite: the write lock its transactions begin with): one
+    process creates the schema, the others wait and then find it current.
+    """
     head = head_revision(engine)
-    if current == head:
-        return
-    if current is None and is_empty(engine):
-        upgrade(engine)
-        return
+    if current_revision(engine) == head:
+        return  # the common case takes no lock
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current == head:
+            return
+        if current is None and not inspect(conn).get_table_names():
+            _upgrade_on(conn, engine, "head")
+            return
     known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()}
     if current is None:
         raise SchemaOutOfDateError(
