@@ -15,6 +15,7 @@ the queue keeps the newest :data:`MAX_QUEUED` events, and aggregation keeps
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
@@ -31,6 +32,8 @@ MAX_QUEUED = 100_000
 MAX_KEYS = 10_000
 #: Seconds a flush may wait for a PostgreSQL connection before it gives up until the next interval.
 CONNECT_TIMEOUT_S = 5
+#: Seconds a clean interpreter exit may spend on the last flush.
+EXIT_FLUSH_TIMEOUT_S = 2.0
 
 _MissKey = tuple[int, int, str, int | None, int | None]
 
@@ -120,6 +123,9 @@ class MissTelemetry:
                 return
             self._thread = threading.Thread(target=self._run, name="warmcache-miss-telemetry", daemon=True)
         self._thread.start()
+        if self.registry_url is not None:
+            # A daemon thread dies with the interpreter: flush the last interval's misses on a clean exit.
+            atexit.register(self.close, EXIT_FLUSH_TIMEOUT_S)
 
     def _run(self) -> None:
         while not self._stopping:
