@@ -232,7 +232,8 @@ def test_sigkilled_warmup_resumes_and_every_spec_compiles_once(write_manifest, s
     assert len(interrupted) == 1  # the killed worker's claim is left behind, under its lease
     done_before = {r.identity for r in rows(sqlite_url) if r.status == "compiled"}
 
-    time.sleep(3.5)  # the lease expires: nobody renews it
+    # The next run finds the spec claimed by a dead worker: it waits out the lease
+    # (nobody renews it), then claims and compiles it.
     resumed = warmup(str(path), "--db", sqlite_url, "--cache-dir", cache, "--lease", "3")
     assert resumed.returncode == 0, resumed.stderr
     recompiled = {s["identity"] for s in summary(resumed.stdout)["specs"]}

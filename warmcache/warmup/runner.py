@@ -43,6 +43,9 @@ from warmcache.warmup.worker import Worker, lock_path
 
 Report = Callable[[SpecOutcome], None]
 
+#: How often a worker with nothing to claim looks again at specs other workers hold.
+LEASE_POLL_SECONDS = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class Shard:
@@ -199,11 +202,23 @@ def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[i
 
 
 def claim_loop(registry: Registry, worker: Worker, todo: Sequence[PlannedShape], lease_seconds: float, report: Report) -> None:
-    """Claim and run specs among ``todo`` until none is left to claim."""
+    """Claim and run specs among ``todo`` until every one is finished, here or elsewhere.
+
+    When nothing is claimable but other workers still hold specs, wait: either they
+    finish, or they died and their lease expires and the spec is claimed here. So a
+    run that exits 0 means the manifest is warm, not "warm except what others were doing".
+    """
     by_identity = {p.identity: p for p in todo}
+    identities = list(by_identity)
     me = worker_id()
-    while (record := registry.claim(list(by_identity), me, lease_seconds)) is not None:
-        report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds))
+    while True:
+        record = registry.claim(identities, me, lease_seconds)
+        if record is not None:
+            report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds))
+            continue
+        if not any(r.status in ("pending", "compiling") for r in registry.rows(identities=identities)):
+            return
+        time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
 
 
 def run_claimed(registry: Registry, worker: Worker, planned: PlannedShape, row_id: int, me: str, lease_seconds: float) -> SpecOutcome:
