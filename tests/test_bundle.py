@@ -58,7 +58,7 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     bundle = tmp_path / "warm.tar.gz"
     packed = pack(built, bundle)
     assert packed.exit_code == 0, packed.output
-    assert "2 compiled shapes, 2 cache entries, 8 files" in packed.output and "1 declared shapes are not compiled" in packed.output
+    assert "2 compiled shapes, 2 cache entries, 8 files" in packed.output and "1 declared shapes are not in the bundle (not compiled)" in packed.output
     with tarfile.open(bundle) as tar:
         meta = json.load(tar.extractfile(tar.getmembers()[0]))  # type: ignore[arg-type]
         names = tar.getnames()
@@ -82,6 +82,19 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     assert (second["entries_added"], second["entries_already_present"]) == (0, 2)
     assert (second["rows"]["inserted"], second["rows"]["updated"], second["rows"]["unchanged"]) == (0, 0, 2)
     assert rows(registry_url) == after_first and files_under(target) == expected
+
+
+def test_pack_verified_only_ships_only_what_verify_proved(built: Built, tmp_path: Path) -> None:
+    args = ("bundle", "pack", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--verified-only")
+    none = cli(*args, "-o", str(tmp_path / "none.tar"))
+    assert none.exit_code == 5 and "no verified shapes" in none.stderr and "warmcache verify" in none.stderr
+    with Registry.open(built.url) as registry:
+        registry.mark_verified([planned_by_batch(built.manifest)[2].identity])
+    packed = cli(*args, "-o", str(tmp_path / "v.tar"), "--json")
+    assert packed.exit_code == 0, packed.output
+    assert (json.loads(packed.stdout)["rows"], json.loads(packed.stdout)["entries"]) == (1, 1)
+    with tarfile.open(tmp_path / "v.tar") as tar:
+        assert {n.split("/")[2] for n in tar.getnames()[1:]} == {built.entries[1].split("/")[1]}
 
 
 def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built: Built, tmp_path: Path) -> None:

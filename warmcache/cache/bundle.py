@@ -102,12 +102,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def compiled_records(registry: Registry, manifest: Manifest, model_name: str | None) -> tuple[list[ShapeRecord], int]:
-    """This toolchain's compiled/verified rows for the manifest, and how many declared shapes lack one."""
-    statuses = registry.plan_status(plan_manifest(manifest, model_name))
-    done = [s.planned.identity for s in statuses if s.status in DONE_STATUSES]
-    records = [r for r in registry.rows(identities=done, with_artifacts=True) if r.status in DONE_STATUSES]
-    return records, len(statuses) - len(records)
+def compiled_records(registry: Registry, manifest: Manifest, model_name: str | None, statuses: tuple[str, ...]) -> tuple[list[ShapeRecord], int]:
+    """This toolchain's rows in ``statuses`` for the manifest, and how many declared shapes lack one."""
+    planned = registry.plan_status(plan_manifest(manifest, model_name))
+    done = [s.planned.identity for s in planned if s.status in statuses]
+    records = [r for r in registry.rows(identities=done, with_artifacts=True) if r.status in statuses]
+    return records, len(planned) - len(records)
 
 
 def pack_bundle(
@@ -117,13 +117,20 @@ def pack_bundle(
     output: Path,
     *,
     model_name: str | None = None,
+    verified_only: bool = False,
     progress: Progress | None = None,
 ) -> PackResult:
-    """Write the bundle of ``manifest``'s compiled shapes to ``output`` (atomically: all or nothing)."""
+    """Write the bundle of ``manifest``'s compiled shapes to ``output`` (atomically: all or nothing).
+
+    ``verified_only`` ships only shapes a fresh process replayed without compiling
+    (``warmcache verify``), for pipelines that promote nothing unproven.
+    """
     mode = write_mode(output)
-    records, not_compiled = compiled_records(registry, manifest, model_name)
+    statuses = ("verified",) if verified_only else DONE_STATUSES
+    records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
     if not records:
-        raise CacheError(f"{manifest.path}: no compiled shapes for this machine's toolchain in registry {registry.display_url}; run warmcache warmup first")
+        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
+        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
     entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
     files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
     meta = {

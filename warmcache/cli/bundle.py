@@ -27,10 +27,11 @@ def bundle_group() -> None:
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
+@click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
 @click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default).")
 @db_option
 @json_option
-def pack(manifest: str, output: Path, model_name: str | None, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
+def pack(manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     parsed = load_manifest(manifest)
     scope = dataclasses.replace(parsed, models=(parsed.model(model_name),)) if model_name else parsed
@@ -39,13 +40,13 @@ def pack(manifest: str, output: Path, model_name: str | None, cache_dir: str | N
         roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
         raise UsageError(f"{manifest}: its models use {len(locations)} cache folders ({roots}); pack one at a time with --model or --cache-dir")
     with open_registry(db_url, parsed) as registry, _progress("packing") as progress:
-        result = pack_bundle(parsed, registry, locations[0], output, model_name=model_name, progress=progress)
+        result = pack_bundle(parsed, registry, locations[0], output, model_name=model_name, verified_only=verified_only, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
     click.echo(
         f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, {result.files} files ({format_size(result.bytes)})"
-        + (f"; {result.not_compiled} declared shapes are not compiled and not in the bundle" if result.not_compiled else "")
+        + (f"; {result.not_compiled} declared shapes are not in the bundle (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
     )
 
 
