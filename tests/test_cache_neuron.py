@@ -76,14 +76,14 @@ def planned_by_batch(manifest: Path) -> dict[int, PlannedShape]:
     return {p.spec.batch_size: p for p in plan_manifest(load_manifest(manifest))}
 
 
-def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, root: Path | None = None) -> None:
+def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, host: str | None = None) -> None:
     """Mark ``planned`` compiled with ``artifacts`` through ensure_pending → claim → mark_compiled."""
     with Registry.open(url) as registry:
         registry.ensure_pending([planned])
         row = registry.claim([planned.identity], "test-worker", 60)
         assert row is not None
         refs = [ArtifactRef("neuron-module", a, None) for a in artifacts]
-        assert registry.mark_compiled(row.id, "test-worker", compile_seconds=1.0, graphs_compiled=1, artifacts=refs)
+        assert registry.mark_compiled(row.id, "test-worker", compile_seconds=1.0, graphs_compiled=1, artifacts=refs, host=host)
 
 
 def statuses(url: str) -> dict[int, str]:
@@ -398,3 +398,18 @@ def test_prune_keeps_orphans_while_a_warmup_holds_a_lock_in_the_cache(tmp_path: 
     assert plan["remove"] == [] and "while a warmup compiles into this cache" in plan["notes"][0]
     [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
     assert plan["result"]["removed"] == [orphan]  # the lock file stays behind when released: only holding it counts
+
+
+def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(tmp_path: Path, neuron_manifest: Path) -> None:
+    """A fleet registry: build-7 compiled batch=4 into its own cache; this host's cache never had it."""
+    root, url = tmp_path / "cache", f"sqlite:///{tmp_path / 'r.sqlite'}"
+    kept = module(root, "kept+f1", done_files())
+    planned = planned_by_batch(neuron_manifest)
+    record_compiled(url, planned[4], [f"neuronxcc-{VERSION}/MODULE_elsewhere+f1"], host="build-7")
+    record_compiled(url, planned[1], [kept, f"neuronxcc-{VERSION}/MODULE_lost+f1"], host="build-7")  # half here: damage
+    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--json").output)
+    assert [f["shape"] for f in plan["forget"]] == ["neuron-m generate batch=1 seq=16 (compiled)"]
+    assert any("other hosts" in n and "--any-host" in n for n in plan["notes"])
+    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--any-host", "--fix", "--json").output)
+    assert sorted(f["shape"] for f in plan["forget"]) == ["neuron-m generate batch=1 seq=16 (compiled)", "neuron-m generate batch=4 seq=16 (compiled)"]
+    assert statuses(url) == {}

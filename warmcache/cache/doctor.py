@@ -10,13 +10,17 @@ It finds, for one cache root:
   the registry promises a warm shape the cache cannot serve. Those rows are
   forgotten, so the shapes read ``missing`` and the next warmup compiles them.
   Rows of other toolchains describe other machines' caches and are left to
-  ``cache prune --stale-toolchains``;
+  ``cache prune --stale-toolchains``. In a registry a fleet shares, a row compiled
+  on another host that names none of this cache's entries may describe that
+  host's own cache: it is left alone unless ``any_host``;
 - leftover ``.warmcache-*`` work folders of interrupted prunes and unpacks.
 
 Removing an entry also forgets every row that references it.
 """
 
 from __future__ import annotations
+
+import socket
 
 from warmcache.cache.cleanup import CleanupPlan, Forget, Removal
 from warmcache.cache.inventory import CacheEntry, CacheInfo, EntryUse
@@ -25,7 +29,7 @@ from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.units import format_age
 
 
-def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> CleanupPlan:
+def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, any_host: bool = False) -> CleanupPlan:
     """The repair plan for ``info`` (nothing is changed here)."""
     if not info.exists:
         # A wrong --cache-dir must not read as "every artifact is gone" and forget every row.
@@ -49,9 +53,22 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> C
             continue
         for lock in entry.locks:
             removals.append(Removal(lock.path, lock.size_bytes, f"stale lock: no live holder, {format_age(lock.age_seconds)} old", is_entry=False))
+    here = socket.gethostname()
+    holds_some = {u.row_id for e in info.entries for u in e.used_by}
+    elsewhere: set[int] = set()
     for missing in info.missing:
-        if missing.used_by.needed:
-            _forget_users(forgets, (missing.used_by,), f"artifact {missing.path} is gone from the cache")
+        use = missing.used_by
+        if not use.needed:
+            continue
+        if any_host or use.host == here or use.row_id in holds_some:
+            _forget_users(forgets, (use,), f"artifact {missing.path} is gone from the cache")
+        else:
+            elsewhere.add(use.row_id)
+    if elsewhere:
+        notes.append(
+            f"{len(elsewhere)} compiled row(s) from other hosts name only entries this cache lacks: left alone, they may "
+            "describe another machine's cache (--any-host forgets them)"
+        )
     for work in info.work_dirs:
         if work.age_seconds >= grace_seconds:
             removals.append(Removal(work.path, work.size_bytes, "leftover work folder of an interrupted prune or unpack", is_entry=False))

@@ -40,10 +40,12 @@ class EntryUse:
     seq_len: int
     #: The row's effective status on this machine (``stale`` for another toolchain).
     status: str
+    #: The host that compiled it.
+    host: str | None = None
 
     @classmethod
     def of(cls, record: ShapeRecord) -> "EntryUse":
-        return cls(record.id, record.identity, record.model_name, record.workload, record.batch_size, record.seq_len, effective_status(record))
+        return cls(record.id, record.identity, record.model_name, record.workload, record.batch_size, record.seq_len, effective_status(record), record.host)
 
     @property
     def needed(self) -> bool:
@@ -62,6 +64,7 @@ class EntryUse:
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "status": self.status,
+            "host": self.host,
         }
 
 

@@ -107,13 +107,16 @@ def _describe(info: CacheInfo) -> str:
 @cache_options
 @_grace_option
 @click.option("--fix", is_flag=True, help="Apply the repairs (default: only say what would be done).")
-def doctor(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool) -> None:
+@click.option("--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries.")
+def doctor(
+    cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool
+) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
     manifest = _manifest(manifest_path)
     with open_registry(db_url, manifest) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
-        _report([diagnose(info, grace_seconds) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix")
+        _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix")
 
 
 @cache_group.command("prune")
