@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import click
 
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
 from warmcache.manifest import load_manifest
+
+class _Summary(Protocol):
+    @property
+    def exit_code(self) -> int: ...
+
+    def as_json(self) -> dict[str, Any]: ...
+
+    def lines(self) -> list[str]: ...
+
+
+def _finish(summary: _Summary, as_json: bool) -> None:
+    """Print a run's summary (text or JSON) and exit with its code."""
+    if as_json:
+        print_json(summary.as_json())
+    else:
+        for line in summary.lines():
+            click.echo(line)
+    raise SystemExit(summary.exit_code)
+
 
 CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
 
@@ -47,12 +68,7 @@ def warmup(
     )
     terminal = is_terminal()
     summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal))
-    if as_json:
-        print_json(summary.as_json())
-    else:
-        for line in summary.lines():
-            click.echo(line)
-    raise SystemExit(summary.exit_code)
+    _finish(summary, as_json)
 
 
 @click.command("verify")
@@ -66,9 +82,4 @@ def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bo
 
     parsed = load_manifest(manifest)
     summary = run_verify(parsed, registry_url(db_url, parsed), cache_dir)
-    if as_json:
-        print_json(summary.as_json())
-    else:
-        for line in summary.lines():
-            click.echo(line)
-    raise SystemExit(summary.exit_code)
+    _finish(summary, as_json)
