@@ -9,6 +9,7 @@ import click
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
 from warmcache.manifest import load_manifest
 
+
 class _Summary(Protocol):
     @property
     def exit_code(self) -> int: ...

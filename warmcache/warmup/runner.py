@@ -126,8 +126,11 @@ class WarmupSummary:
         """Non-zero while any planned spec is failed: the manifest is not fully warm."""
         return 1 if self.failed or self.plan.failed_kept else 0
 
+    def count(self, status: str) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
     def as_json(self) -> dict[str, Any]:
-        count = lambda status: sum(1 for o in self.outcomes if o.status == status)  # noqa: E731
+        count = self.count
         out: dict[str, Any] = {
             "planned": len(self.plan.statuses),
             "already_compiled": len(self.plan.done),
