@@ -39,6 +39,7 @@ VERIFIED = "verified"
 RECOMPILED = "recompiled"
 REPLAY_ONLY = "replay-only"
 REPLAY_FAILED = "replay-failed"
+_STDERR_FD = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,9 @@ def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_di
     with tempfile.TemporaryDirectory(prefix="warmcache-verify-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir}))
-        process = subprocess.run([sys.executable, "-m", "warmcache.warmup.verify", str(request), str(result)], stdout=sys.stderr, check=False)
+        # The replay's progress (and anything libraries print) goes to our stderr file
+        # descriptor, which works even where sys.stderr is not a real file.
+        process = subprocess.run([sys.executable, "-m", "warmcache.warmup.verify", str(request), str(result)], stdout=_STDERR_FD, check=False)
         results: dict[str, dict[str, Any]] = json.loads(result.read_text()) if result.exists() else {}
         if not results and process.returncode:
             raise WarmcacheError(f"verify: the replay process exited with code {process.returncode} before replaying anything")
