@@ -14,6 +14,7 @@ from test_cli_query import _compile_all  # the registry's real claim → mark_co
 from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.generation import compile_config, generate_kwargs
+from warmcache.runtime.budget import reserve_recompile_room
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.serving import PrimeReport
 
@@ -156,3 +157,17 @@ def test_unservable_requests_are_refused_before_generate(served: Served) -> None
     right_padded = {"input_ids": torch.ones((2, 5), dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
     with pytest.raises(UsageError, match="right-padded"):
         served.guard.generate(served.model, **right_padded)
+
+
+def test_warn_runs_an_unservable_request_unpadded_and_records_its_compile(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    lenient = ShapeGuard(lambda: served.guard.records, model="m", policy="warn", source="test")
+    lenient.primed = True  # the buckets are loaded in this process (by the fixture's prime)
+    reserve_recompile_room(1)  # the replay's unguarded stream may have used the budget up: past it Dynamo runs eager, unseen
+    ids = torch.full((9, 8), 5, dtype=torch.long)
+    output = lenient.generate(served.model, input_ids=ids, max_new_tokens=2)
+    assert output.shape == (9, 10)
+    assert "request batch=9 seq=8 fits no compiled shape and will compile (policy warn)" in caplog.text
+    assert "batch=9 seq=8 compiled 1 graph(s)" in caplog.text
+    assert [(m.batch_size, m.decision) for m in lenient.misses()] == [(9, "warn")]
