@@ -26,7 +26,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
@@ -42,7 +42,8 @@ from warmcache.registry.models import DONE_STATUSES, utcnow
 BUNDLE_FORMAT = 1
 META_NAME = "warmcache-bundle.json"
 CACHE_PREFIX = "cache/"
-_WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz"}
+WriteMode = Literal["w", "w:gz", "w:xz"]
+_WRITE_MODES: dict[str, WriteMode] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz"}
 
 #: ``progress(done_bytes, total_bytes)``, called as files are written.
 Progress = Callable[[int, int], None]
@@ -87,7 +88,7 @@ def check_relpath(path: Any, where: str) -> str:
     return "/".join(parts)
 
 
-def write_mode(output: Path) -> str:
+def write_mode(output: Path) -> WriteMode:
     for suffix, mode in _WRITE_MODES.items():
         if output.name.endswith(suffix):
             return mode
