@@ -157,6 +157,10 @@ def test_unservable_requests_are_refused_before_generate(served: Served) -> None
     right_padded = {"input_ids": torch.ones((2, 5), dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
     with pytest.raises(UsageError, match="right-padded"):
         served.guard.generate(served.model, **right_padded)
+    with pytest.raises(UsageError, match=r"'input_ids' of shape \(0, 8\) is empty"):
+        served.guard.fit({"input_ids": torch.ones((0, 8), dtype=torch.long)})
+    with pytest.raises(UsageError, match="'attention_mask' must be a tensor of input_ids' shape"):
+        served.guard.fit({"input_ids": torch.ones((2, 8), dtype=torch.long), "attention_mask": torch.ones((2, 7), dtype=torch.long)})
 
 
 def test_warn_runs_an_unservable_request_unpadded_and_records_its_compile(served: Served, caplog: pytest.LogCaptureFixture) -> None:

@@ -95,6 +95,8 @@ def _per_token_tensors(inputs: Mapping[str, Any]) -> dict[str, "torch.Tensor"]:
     input_ids = inputs["input_ids"]
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise UsageError("generate inputs: 'input_ids' must be a 2-D (batch, length) tensor; tokenize with return_tensors='pt'")
+    if 0 in input_ids.shape:
+        raise UsageError(f"generate inputs: 'input_ids' of shape {tuple(input_ids.shape)} is empty")
     out: dict[str, torch.Tensor] = {}
     for name, value in inputs.items():
         if value is None:
