@@ -68,8 +68,14 @@ class PackResult:
     not_compiled: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"output": str(self.output), "rows": self.rows, "entries": self.entries, "files": self.files,
-                "bytes": self.bytes, "declared_but_not_compiled": self.not_compiled}
+        return {
+            "output": str(self.output),
+            "rows": self.rows,
+            "entries": self.entries,
+            "files": self.files,
+            "bytes": self.bytes,
+            "declared_but_not_compiled": self.not_compiled,
+        }
 
 
 def check_relpath(path: Any, where: str) -> str:

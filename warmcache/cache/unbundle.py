@@ -35,6 +35,8 @@ from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
 
 _HEX = frozenset("0123456789abcdef")
+#: The metadata is read into memory: a bundle of a million files needs a few hundred MB at most.
+MAX_META_BYTES = 512 * 1024 * 1024
 #: What a truncated, corrupt or non-tar file raises while it is read.
 _ARCHIVE_ERRORS = (tarfile.TarError, zlib.error, lzma.LZMAError, EOFError, gzip.BadGzipFile)
 
@@ -59,8 +61,15 @@ class UnpackResult:
     rows: MergeResult
 
     def as_json(self) -> dict[str, Any]:
-        return {"cache_dir": str(self.root), "entries_added": self.added, "entries_replaced": self.replaced,
-                "entries_already_present": self.already_present, "files": self.files, "bytes": self.bytes, "rows": self.rows.as_json()}
+        return {
+            "cache_dir": str(self.root),
+            "entries_added": self.added,
+            "entries_replaced": self.replaced,
+            "entries_already_present": self.already_present,
+            "files": self.files,
+            "bytes": self.bytes,
+            "rows": self.rows.as_json(),
+        }
 
 
 def unpack_bundle(
@@ -92,6 +101,8 @@ def unpack_bundle(
 def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Path) -> BundleMeta:
     if not members or members[0].name != META_NAME or not members[0].isfile():
         raise CacheError(f"{bundle}: not a warmcache bundle: its first member must be {META_NAME}")
+    if members[0].size > MAX_META_BYTES:
+        raise CacheError(f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs ({MAX_META_BYTES}); refused")
     handle = tar.extractfile(members[0])
     assert handle is not None
     try:
