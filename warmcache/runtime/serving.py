@@ -119,7 +119,7 @@ class PrimeReport:
     seconds: float = 0.0
 
 
-def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, progress: bool = True) -> PrimeReport:
+def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     Dynamo's recompile limit is raised to cover the buckets first (see
@@ -153,8 +153,8 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, progres
                     f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
                     f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process compiles; raise it"
                 ) from None
-            if progress:
-                log.info("primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0)
+            # One line per bucket: on Neuron a bucket can take minutes to load, and the log shows where it stands.
+            log.info("primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0)
     report.graphs, report.cache_hits, report.cache_misses = counter.graphs, counter.cache_hits, counter.cache_misses
     report.seconds = time.perf_counter() - start
     guard.primed = True
