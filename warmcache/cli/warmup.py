@@ -54,6 +54,7 @@ def warmup(
     as_json: bool,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.progress import progress_for
     from warmcache.warmup.runner import Shard, WarmupOptions, run_warmup
 
@@ -69,6 +70,8 @@ def warmup(
     )
     terminal = is_terminal()
     summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal))
+    if not is_registry_writer():
+        raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json)
 
 

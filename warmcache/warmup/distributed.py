@@ -32,17 +32,25 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from warmcache.manifest import ModelSpec
+from warmcache.errors import UsageError, WarmcacheError
+from warmcache.manifest import Manifest, ModelSpec
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.warmup.progress import SpecOutcome
 
 if TYPE_CHECKING:
     import torch.distributed as torch_dist
     from transformers.distributed import DistributedConfig
+
+    from warmcache.warmup.runner import WarmupOptions, WarmupSummary
+    from warmcache.warmup.worker import Worker
 
 T = TypeVar("T")
 
@@ -79,9 +87,143 @@ def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "warmcache", *argv]
 
 
-def launch_torchrun(argv: Sequence[str], nproc: int) -> int:
-    """Run ``warmcache ARGV`` under torchrun with ``nproc`` ranks; return its exit code."""
-    return subprocess.run(torchrun_command(argv, nproc), check=False).returncode
+def launch_torchrun(argv: Sequence[str], nproc: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``warmcache ARGV`` under torchrun with ``nproc`` ranks; its stdout is captured, stderr passes through."""
+    return subprocess.run(torchrun_command(argv, nproc), stdout=subprocess.PIPE, text=True, env=env, check=False)
+
+
+def for_this_launch(planned: Sequence[PlannedShape]) -> list[PlannedShape]:
+    """Inside a torchrun of N ranks, the specs of models that need N ranks; outside, all of them.
+
+    So ``torchrun --nproc_per_node=2 -m warmcache warmup M`` warms M's 2-rank
+    models and nothing else, and its plan and exit code speak for those alone.
+    """
+    if not in_torchrun():
+        return list(planned)
+    return [p for p in planned if p.model.world_size == world_size()]
+
+
+def split_by_world_size(todo: Sequence[PlannedShape]) -> tuple[list[PlannedShape], dict[int, list[PlannedShape]]]:
+    """The specs this process warms itself, and those that need a torchrun of N ranks, by N.
+
+    One ``warmcache warmup`` of a manifest mixing single-process and sharded
+    models warms each model in the launch it needs.
+    """
+    here = world_size() if in_torchrun() else 1
+    mine = [p for p in todo if p.model.world_size == here]
+    others: dict[int, list[PlannedShape]] = {}
+    for p in todo:
+        if p.model.world_size != here:
+            others.setdefault(p.model.world_size, []).append(p)
+    return mine, others
+
+
+def warm_under_torchrun(options: "WarmupOptions", manifest: Manifest, nproc: int) -> list[SpecOutcome]:
+    """Warm the manifest's ``nproc``-rank models in a torchrun child; return what its rank 0 compiled.
+
+    The registry URL and cache folder travel in the environment, not on the
+    command line, so a database password never shows in ``ps``.
+    """
+    argv = ["warmup", str(manifest.path), "--json"]
+    if options.lease_seconds:
+        argv += ["--lease", str(options.lease_seconds)]
+    if options.shard:
+        argv += ["--shard", f"{options.shard.index}/{options.shard.count}"]
+    if options.retry_failed:
+        argv.append("--retry-failed")
+    env = {**os.environ, "WARMCACHE_DB": options.registry_url}
+    if options.cache_dir:
+        env["WARMCACHE_CACHE_DIR"] = str(options.cache_dir)
+    done = launch_torchrun(argv, nproc, env)
+    try:
+        specs = json.loads(done.stdout)["specs"]
+    except (ValueError, KeyError, TypeError):
+        models = ", ".join(sorted({m.name for m in manifest.models if m.world_size == nproc}))
+        raise WarmcacheError(f"torchrun warmup of {models} ({nproc} ranks) exited with code {done.returncode} before reporting; see its output above") from None
+    return [
+        SpecOutcome(
+            identity=s["identity"],
+            description=s["spec"],
+            status=s["status"],
+            seconds=s["seconds"],
+            graphs=s["graphs"],
+            padded_graphs=s["padded_graphs"],
+            artifacts=s["artifacts"],
+            error=s["error"],
+        )
+        for s in specs
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Coordination:
+    """What the registry writer tells the other ranks around each claimed spec."""
+
+    announce: Callable[[str | None], object]
+    """Called with each claimed spec's identity before it runs."""
+    agree: Callable[[str | None], str | None]
+    """Called once per spec with this rank's error (or ``None``); returns the error of any rank."""
+
+
+ALONE = Coordination(announce=lambda identity: None, agree=lambda error: error)
+
+
+def coordination() -> Coordination:
+    """How the claim loop of this process coordinates: alone, or as rank 0 of a torchrun."""
+    return Coordination(announce=broadcast_from_writer, agree=agree_on_failure) if in_torchrun() else ALONE
+
+
+def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[], "WarmupSummary"]) -> "WarmupSummary":
+    """One rank of a torchrun warmup: rank 0 runs ``warm`` (the normal runner), the others follow it.
+
+    Rank 0's summary is the group's; the other ranks return an empty one and
+    print nothing (see ``is_registry_writer``).
+    """
+    models = [m for m in manifest.models if m.world_size == world_size()]
+    if not models:
+        raise UsageError(
+            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} "
+            "or run warmcache warmup without torchrun"
+        )
+    if options.jobs > 1:
+        raise UsageError("--jobs does not combine with torchrun: each rank group warms one spec at a time")
+    devices = sorted({m.device for m in models})
+    if len(devices) > 1:
+        raise UsageError(f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests")
+    init_process_group(devices[0])
+    try:
+        if is_registry_writer():
+            summary = warm()
+            broadcast_from_writer(None)  # done: the followers leave their loop
+            return summary
+        from warmcache.warmup.runner import WarmupPlan, WarmupSummary
+        from warmcache.warmup.worker import Worker
+
+        follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
+        return WarmupSummary(WarmupPlan([], options.retry_failed), options.dry_run)
+    finally:
+        shutdown()
+
+
+def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
+    """A non-zero rank: run each spec rank 0 announces, report success or error, until rank 0 says done.
+
+    No registry access and no per-spec file lock: rank 0 holds the lock, and a
+    rank waiting on it would deadlock the group's collectives.
+    """
+    from warmcache.warmup.runner import error_line
+
+    by_identity = {p.identity: p for p in planned}
+    while (identity := broadcast_from_writer(None)) is not None:
+        error: str | None = None
+        try:
+            spec = by_identity.get(identity)
+            if spec is None:
+                raise UsageError(f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with the same toolchain?")
+            worker.run(spec)
+        except Exception as exc:
+            error = error_line(exc)
+        agree_on_failure(error)
 
 
 def distributed_config(model: ModelSpec) -> "DistributedConfig | None":

@@ -38,8 +38,9 @@ from warmcache.registry import Registry
 from warmcache.registry.models import DONE_STATUSES
 from warmcache.registry.registry import PlanStatus, worker_id
 from warmcache.targets import target_for
+from warmcache.warmup import distributed
 from warmcache.warmup.progress import Progress, SpecOutcome
-from warmcache.warmup.worker import Worker, lock_path
+from warmcache.warmup.worker import SpecRun, Worker, lock_path
 
 Report = Callable[[SpecOutcome], None]
 
@@ -168,14 +169,26 @@ class WarmupSummary:
 
 def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
     """One registry query decides every spec's fate; nothing heavy is imported."""
-    planned = plan_manifest(manifest)
+    planned = distributed.for_this_launch(plan_manifest(manifest))
     if shard is not None:
         planned = shard.select(planned)
     return WarmupPlan(registry.plan_status(planned), retry_failed)
 
 
 def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
-    """Warm every spec the manifest declares that is not yet compiled for this toolchain."""
+    """Warm every spec the manifest declares that is not yet compiled for this toolchain.
+
+    Under torchrun every rank calls this: rank 0 runs the warmup and the other
+    ranks run each spec it claims (:mod:`warmcache.warmup.distributed`); their
+    summary is empty, rank 0 speaks for the group. Outside torchrun, models that
+    need several ranks are warmed by a torchrun this launches.
+    """
+    if distributed.in_torchrun():
+        return distributed.run_as_rank(manifest, options, lambda: _warm(manifest, options, progress))
+    return _warm(manifest, options, progress)
+
+
+def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
     start = time.perf_counter()
     with Registry.open(options.registry_url) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
@@ -190,21 +203,31 @@ def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[i
         if options.retry_failed:
             _requeue_failed(registry, [s.planned.identity for s in plan.statuses if s.status == "failed"])
         lease = options.lease_seconds or manifest.lease_seconds
+        todo, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance)
         try:
-            if options.jobs <= 1:
-                with _interrupt_on_sigterm():
-                    claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, report)
-            else:
+            if todo and options.jobs > 1:
                 _run_jobs(manifest, options, todo, lease, report)
+            elif todo:
+                with _interrupt_on_sigterm():
+                    claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, report, distributed.coordination())
         finally:
             bar.close()
+        for nproc in sorted(sharded):
+            summary.outcomes.extend(distributed.warm_under_torchrun(options, manifest, nproc))
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def claim_loop(registry: Registry, worker: Worker, todo: Sequence[PlannedShape], lease_seconds: float, report: Report) -> None:
+def claim_loop(
+    registry: Registry,
+    worker: Worker,
+    todo: Sequence[PlannedShape],
+    lease_seconds: float,
+    report: Report,
+    ranks: distributed.Coordination = distributed.ALONE,
+) -> None:
     """Claim and run specs among ``todo`` until every one is finished, here or elsewhere.
 
     When nothing is claimable but other workers still hold specs, wait: either they
@@ -217,28 +240,41 @@ def claim_loop(registry: Registry, worker: Worker, todo: Sequence[PlannedShape],
     while True:
         record = registry.claim(identities, me, lease_seconds)
         if record is not None:
-            report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds))
+            ranks.announce(record.identity)
+            report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds, ranks.agree))
             continue
         if not any(r.status in ("pending", "compiling") for r in registry.rows(identities=identities)):
             return
         time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
 
 
-def run_claimed(registry: Registry, worker: Worker, planned: PlannedShape, row_id: int, me: str, lease_seconds: float) -> SpecOutcome:
-    """Compile one claimed spec under its heartbeat and file lock, and record the result."""
+def run_claimed(
+    registry: Registry,
+    worker: Worker,
+    planned: PlannedShape,
+    row_id: int,
+    me: str,
+    lease_seconds: float,
+    agree: Callable[[str | None], str | None] = distributed.ALONE.agree,
+) -> SpecOutcome:
+    """Compile one claimed spec under its heartbeat and file lock, and record the result.
+
+    ``agree`` turns this process's error into the group's: under torchrun a spec
+    that failed on any rank fails on all (the lease is still renewed meanwhile).
+    """
     description = planned.spec.describe()
     start = time.perf_counter()
     try:
-        root = worker.cache_root(target_for(planned.model))
-        with _Heartbeat(registry, row_id, me, lease_seconds), _file_lock(lock_path(root, planned.identity)):
-            run = worker.run(planned)
-    except Exception as exc:
-        error = error_line(exc)
-        registry.mark_failed(row_id, me, error)
-        return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+        with _Heartbeat(registry, row_id, me, lease_seconds):
+            run, error = _run_locked(worker, planned)
+            error = agree(error)
     except BaseException:
         registry.release(row_id, me)
         raise
+    if error is not None:
+        registry.mark_failed(row_id, me, error)
+        return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+    assert run is not None  # no rank failed, so this one ran the spec
     artifacts = run.artifacts()
     won = registry.mark_compiled(row_id, me, compile_seconds=run.seconds, graphs_compiled=run.graphs, artifacts=artifacts)
     return SpecOutcome(
@@ -250,6 +286,16 @@ def run_claimed(registry: Registry, worker: Worker, planned: PlannedShape, row_i
         padded_graphs=run.padded_graphs,
         artifacts=len(artifacts),
     )
+
+
+def _run_locked(worker: Worker, planned: PlannedShape) -> tuple[SpecRun | None, str | None]:
+    """Run the spec under its per-spec file lock; an exception becomes the spec's error line."""
+    try:
+        root = worker.cache_root(target_for(planned.model))
+        with _file_lock(lock_path(root, planned.identity)):
+            return worker.run(planned), None
+    except Exception as exc:
+        return None, error_line(exc)
 
 
 def error_line(exc: BaseException) -> str:

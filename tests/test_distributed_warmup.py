@@ -1,0 +1,99 @@
+"""Sharded models warmed under torchrun on CPU (gloo): real ranks, real TP loading, real compiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry
+
+pytestmark = pytest.mark.slow
+
+TP_GENERATE = """
+[[model]]
+name = "tp"
+path = "{qwen3}"
+backend = "aot_eager"
+distributed = { tp_size = 2 }
+[[model.generate]]
+batch_sizes = [1, 2]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
+MIXED = """
+[[model]]
+name = "solo"
+path = "{llama}"
+backend = "eager"
+[[model.generate]]
+batch_sizes = [1]
+prompt_lengths = [8]
+max_cache_len = 16
+
+[[model]]
+name = "tp"
+path = "{qwen3}"
+backend = "aot_eager"
+distributed = { tp_size = 2 }
+[[model.generate]]
+batch_sizes = [2]
+prompt_lengths = [8]
+max_cache_len = 16
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [8]
+"""
+
+
+def _run(command: list[str], url: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WARMCACHE_DB": url, "WARMCACHE_CACHE_DIR": str(cache)}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_torchrun_warms_a_tensor_parallel_model(tmp_path: Path, write_manifest) -> None:
+    manifest = write_manifest(TP_GENERATE)
+    url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "warmcache", "warmup", str(manifest), "--json"]
+    done = _run(command, url, tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout)  # rank 0 alone reports: stdout is one JSON document
+    assert (summary["compiled"], summary["failed"]) == (2, 0)
+    assert all(spec["graphs"] >= 1 for spec in summary["specs"])
+
+    with Registry.open(url) as registry:
+        rows = registry.rows(model="tp")
+    assert [(r.batch_size, r.tp_size, r.fsdp_size, r.status, r.attempts) for r in rows] == [(1, 2, 1, "compiled", 1), (2, 2, 1, "compiled", 1)]
+    assert {r.identity for r in rows} == {p.identity for p in plan_manifest(load_manifest(manifest))}
+
+
+def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_fails_the_spec(tmp_path: Path, write_manifest) -> None:
+    """One ``warmcache warmup``: the single-process model here, the TP model under a torchrun it starts.
+
+    The Trainer refuses tensor parallelism on CPU (accelerate's MULTI_CPU), so the
+    TP training spec fails on every rank: recorded once as failed, the rest goes on.
+    """
+    manifest = write_manifest(MIXED)
+    url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    done = _run([sys.executable, "-m", "warmcache", "warmup", str(manifest), "--json"], url, tmp_path / "cache")
+    assert done.returncode == 1, done.stderr[-4000:]
+    summary = json.loads(done.stdout)
+    outcomes = {spec["spec"].split()[0]: spec for spec in summary["specs"]}
+    assert outcomes["solo/generate"]["status"] == "compiled"
+    assert outcomes["tp/generate"]["status"] == "compiled"
+    assert outcomes["tp/train"]["status"] == "failed"
+    assert outcomes["tp/train"]["error"].startswith("rank 0: ValueError: ParallelismConfig is only compatible")
+
+    with Registry.open(url) as registry:
+        rows = {(r.model_name, r.workload): r for r in registry.rows()}
+    assert (rows["solo", "generate"].tp_size, rows["solo", "generate"].status) == (1, "compiled")
+    assert (rows["tp", "generate"].tp_size, rows["tp", "generate"].status, rows["tp", "generate"].attempts) == (2, "compiled", 1)
+    assert (rows["tp", "train"].status, rows["tp", "train"].attempts) == ("failed", 1)
+    assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
