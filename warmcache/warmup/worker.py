@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import WORK_DIR_PREFIX, entry_size, list_entries
+from warmcache.cache.usage import InductorLookups
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
@@ -48,9 +49,13 @@ class SpecRun:
     new_entries: dict[str, str]
     cache_root: Path
     persistent_cache: bool
+    #: Entries the spec looked up and found (compiled earlier by another spec), still on disk.
+    reused_entries: dict[str, str] = field(default_factory=dict)
 
     def artifacts(self) -> list[ArtifactRef]:
-        return [ArtifactRef(kind, entry, entry_size(self.cache_root, entry)) for entry, kind in sorted(self.new_entries.items())]
+        """Every entry the spec needs: the ones it wrote and the ones it reused."""
+        needed = {**self.reused_entries, **self.new_entries}
+        return [ArtifactRef(kind, entry, entry_size(self.cache_root, entry)) for entry, kind in sorted(needed.items())]
 
 
 @dataclass
@@ -85,10 +90,16 @@ class Worker:
         root = self.cache_root(target)
         model = self._model(model_spec, target, spec.workload, spec.family.settings_dict())
         flavor = target.cache_flavor
+        if flavor == "inductor":
+            # Forget graphs compiled for earlier specs so this spec looks its own graphs
+            # up in the cache: what it reuses is then recorded as its artifacts too.
+            import torch
+
+            torch._dynamo.reset()
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
         # The Trainer prints its metrics to stdout; keep stdout for --json output.
-        with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter:
+        with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
             if spec.workload == "generate":
                 result = run_generate(model, spec, self._compile_config(target), target.input_device())
             else:
@@ -96,6 +107,7 @@ class Worker:
         seconds = time.perf_counter() - start
         after = list_entries(root, flavor) if flavor else {}
         new = {e: k for e, k in after.items() if e not in before}
+        reused = {e: k for e, k in lookups.entries.items() if e in after and e not in new}
         return SpecRun(
             seconds=seconds,
             graphs=counter.graphs,
@@ -105,6 +117,7 @@ class Worker:
             new_entries=new,
             cache_root=root,
             persistent_cache=flavor is not None,
+            reused_entries=reused,
         )
 
     def _compile_config(self, target: Target) -> "CompileConfig":
