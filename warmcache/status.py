@@ -9,6 +9,7 @@ for that model and workload, spread over the workers holding live claims.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 from collections import Counter
@@ -78,15 +79,7 @@ class Failure:
     host: str | None
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "workload": self.workload,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "error": self.error,
-            "attempts": self.attempts,
-            "host": self.host,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

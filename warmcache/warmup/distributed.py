@@ -17,6 +17,12 @@ coordinate ranks itself; it runs under torchrun (re-executing itself with
 Coordination tensors are tiny CPU objects, so they always travel over a gloo
 group, whatever backend (nccl, neuron) the model's own collectives use.
 
+The agreement covers failures every rank reaches (a load or compile error, the
+Trainer refusing a configuration). A rank that dies or raises *inside* one of the
+model's collectives leaves the others blocked in it: torch.distributed cannot
+recover that in-process, so torchrun tears the group down (or the collective
+times out), rank 0's claim is given back or expires, and the spec is claimed again.
+
 Measured on CPU, torch 2.13 + transformers 5.24, tiny Qwen3/Llama, gloo, 2 ranks:
 TP=2 loads sharded (q_proj local shard 32×64 of 64×64) and ``generate()`` with a
 static cache compiles one decode graph per rank (aot_eager, eager and Inductor)

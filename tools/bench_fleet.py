@@ -1,0 +1,175 @@
+"""Fleet scaling: wall time of one compile-bound manifest warmed by 1, 2 and 4 processes.
+
+Each run starts N independent ``warmcache warmup`` processes (as N hosts would)
+on a fresh registry and a fresh shared cache folder; they split the manifest
+through registry claims alone. The output puts the runs side by side with the
+speed-up over one process and checks that every spec was compiled exactly once.
+
+Compiles are CPU-bound: the speed-up is capped by the cores of this machine
+(printed with the results), and each process pays its own torch import and model
+load, which a longer manifest amortises. Processes sharing one host split its
+cores (``OMP_NUM_THREADS`` = cores / workers, as torchrun does): on the 2-core
+test box, two processes each running torch's default of one thread per core
+took 2.0x and 1.2x the time of one process (two runs, other jobs on the box),
+against 0.6-0.8x with the cores split (three runs). ``--no-split-cores`` reproduces that.
+
+    python tools/bench_fleet.py                                   # SQLite
+    python tools/bench_fleet.py --db postgresql://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import build_tiny_model  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Run:
+    workers: int
+    wall_seconds: float
+    compiled_per_worker: tuple[int, ...]
+    compile_seconds: float
+    duplicates: int
+
+
+def manifest_text(models: dict[str, Path], batch_sizes: int, backend: str) -> str:
+    """Every batch size is a new decode graph, so each spec is a real compile."""
+    tables = []
+    for arch, path in models.items():
+        tables.append(
+            textwrap.dedent(
+                f"""
+                [[model]]
+                name = "tiny-{arch}"
+                path = "{path}"
+                backend = "{backend}"
+                [[model.generate]]
+                batch_sizes = {list(range(1, batch_sizes + 1))}
+                prompt_lengths = [8]
+                max_cache_len = 16
+                """
+            )
+        )
+    return "\n".join(tables)
+
+
+@contextmanager
+def fresh_registry(db: str | None, work: Path, name: str) -> Iterator[str]:
+    """An empty registry per run: a SQLite file, or a PostgreSQL schema dropped afterwards."""
+    if not db or db.startswith("sqlite"):
+        yield f"sqlite:///{work / f'{name}.sqlite'}"
+        return
+    import sqlalchemy as sa
+
+    from warmcache.registry.engine import normalise_url
+
+    base = normalise_url(db)
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
+def run_fleet(manifest: Path, url: str, cache: Path, workers: int, split_cores: bool) -> Run:
+    command = [sys.executable, "-m", "warmcache", "warmup", str(manifest), "--db", url, "--cache-dir", str(cache), "--json"]
+    env = dict(os.environ)
+    if split_cores:
+        env["OMP_NUM_THREADS"] = str(threads_per_worker(workers))
+    start = time.perf_counter()
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(workers)]
+    results = [p.communicate() for p in processes]
+    wall = time.perf_counter() - start
+    summaries = []
+    for process, (out, err) in zip(processes, results):
+        if process.returncode != 0:
+            raise SystemExit(f"a warmup process exited {process.returncode}:\n{err[-2000:]}")
+        summaries.append(json.loads(out))
+    compiled = [[s for s in summary["specs"] if s["status"] == "compiled"] for summary in summaries]
+    counts = Counter(s["identity"] for specs in compiled for s in specs)
+    return Run(
+        workers=workers,
+        wall_seconds=wall,
+        compiled_per_worker=tuple(len(specs) for specs in compiled),
+        compile_seconds=sum(s["seconds"] for specs in compiled for s in specs),
+        duplicates=sum(n - 1 for n in counts.values()),
+    )
+
+
+def threads_per_worker(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def report(runs: list[Run], specs: int, db: str, split_cores: bool) -> str:
+    base = runs[0].wall_seconds
+    threads = "OMP_NUM_THREADS = cores / workers" if split_cores else "torch's default threads in every process"
+    lines = [
+        f"fleet warmup of {specs} specs (decode graphs), {db}, {os.cpu_count()} CPU cores, {threads}",
+        f"{'workers':>7}  {'wall_s':>7}  {'speed-up':>8}  {'spec_s_sum':>10}  {'median_spec_s':>13}  specs per worker",
+    ]
+    for run in runs:
+        lines.append(
+            f"{run.workers:>7}  {run.wall_seconds:>7.1f}  {base / run.wall_seconds:>7.2f}x  {run.compile_seconds:>10.1f}  "
+            f"{run.compile_seconds / max(1, sum(run.compiled_per_worker)):>13.2f}  {'/'.join(map(str, run.compiled_per_worker))}"
+            + (f"  ({run.duplicates} DUPLICATE compiles)" if run.duplicates else "")
+        )
+    lines.append(
+        f"ratios 1:{':'.join(f'{base / r.wall_seconds:.2f}' for r in runs[1:])} "
+        f"(ceiling: min(workers, {os.cpu_count()} cores); per-spec time grows when processes share cores)"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default=None, help="PostgreSQL URL (a fresh schema per run) or omit for SQLite files.")
+    parser.add_argument("--workers", default="1,2,4", help="Comma-separated process counts (default: 1,2,4).")
+    parser.add_argument("--batch-sizes", type=int, default=24, help="Batch sizes 1..N per model: 2N specs (default 24: ~45 s for one process on 2 cores).")
+    parser.add_argument("--backend", default="aot_eager", choices=("eager", "aot_eager", "inductor"))
+    parser.add_argument("--no-split-cores", dest="split_cores", action="store_false", help="Leave every process at torch's default thread count.")
+    parser.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",")]
+
+    with tempfile.TemporaryDirectory(prefix="warmcache-bench-fleet-") as tmp:
+        work = args.work or Path(tmp)
+        models = {arch: build_tiny_model(arch, work / "models" / f"tiny-{arch}") for arch in ("qwen3", "llama")}
+        manifest = work / "fleet.toml"
+        manifest.write_text(manifest_text(models, args.batch_sizes, args.backend))
+        specs = 2 * args.batch_sizes
+        runs = []
+        for workers in counts:
+            with fresh_registry(args.db, work, f"registry-{workers}") as url:
+                run = run_fleet(manifest, url, work / f"cache-{workers}", workers, args.split_cores)
+            if sum(run.compiled_per_worker) != specs:
+                raise SystemExit(f"{workers} workers compiled {sum(run.compiled_per_worker)} of {specs} specs")
+            print(f"{workers} worker(s): {run.wall_seconds:.1f}s", file=sys.stderr, flush=True)
+            runs.append(run)
+        print(report(runs, specs, "PostgreSQL" if args.db and args.db.startswith("postgres") else "SQLite", args.split_cores))
+        if any(r.duplicates for r in runs):
+            raise SystemExit("some specs were compiled more than once")
+
+
+if __name__ == "__main__":
+    main()
