@@ -16,7 +16,7 @@ from warmcache.registry import Registry
 
 pytestmark = pytest.mark.slow
 
-TP_GENERATE = """
+TWO_RANKS = """
 [[model]]
 name = "tp"
 path = "{qwen3}"
@@ -26,6 +26,15 @@ distributed = { tp_size = 2 }
 batch_sizes = [1, 2]
 prompt_lengths = [8]
 max_cache_len = 16
+
+[[model]]
+name = "fsdp"
+path = "{llama}"
+backend = "aot_eager"
+distributed = { fsdp_size = 2 }
+[[model.train]]
+batch_sizes = [2]
+seq_lengths = [8]
 """
 
 MIXED = """
@@ -58,19 +67,24 @@ def _run(command: list[str], url: str, cache: Path) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_torchrun_warms_a_tensor_parallel_model(tmp_path: Path, write_manifest) -> None:
-    manifest = write_manifest(TP_GENERATE)
+def test_torchrun_warms_tensor_and_fully_sharded_models(tmp_path: Path, write_manifest) -> None:
+    """``torchrun --nproc_per_node=2 -m warmcache warmup``: TP generate and an FSDP Trainer step, one registry writer."""
+    manifest = write_manifest(TWO_RANKS)
     url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "warmcache", "warmup", str(manifest), "--json"]
     done = _run(command, url, tmp_path / "cache")
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)  # rank 0 alone reports: stdout is one JSON document
-    assert (summary["compiled"], summary["failed"]) == (2, 0)
+    assert (summary["compiled"], summary["failed"]) == (3, 0)
     assert all(spec["graphs"] >= 1 for spec in summary["specs"])
 
     with Registry.open(url) as registry:
-        rows = registry.rows(model="tp")
-    assert [(r.batch_size, r.tp_size, r.fsdp_size, r.status, r.attempts) for r in rows] == [(1, 2, 1, "compiled", 1), (2, 2, 1, "compiled", 1)]
+        rows = registry.rows()
+    assert sorted((r.model_name, r.workload, r.batch_size, r.tp_size, r.fsdp_size, r.status, r.attempts) for r in rows) == [
+        ("fsdp", "train", 2, 1, 2, "compiled", 1),
+        ("tp", "generate", 1, 2, 1, "compiled", 1),
+        ("tp", "generate", 2, 2, 1, "compiled", 1),
+    ]
     assert {r.identity for r in rows} == {p.identity for p in plan_manifest(load_manifest(manifest))}
 
 
