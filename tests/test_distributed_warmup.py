@@ -37,6 +37,18 @@ batch_sizes = [2]
 seq_lengths = [8]
 """
 
+TP_ONE_SHAPE = """
+[[model]]
+name = "tp"
+path = "{qwen3}"
+backend = "aot_eager"
+distributed = { tp_size = 2 }
+[[model.generate]]
+batch_sizes = [2]
+prompt_lengths = [8]
+max_cache_len = 16
+"""
+
 MIXED = """
 [[model]]
 name = "solo"
@@ -111,3 +123,20 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     assert (rows["tp", "generate"].tp_size, rows["tp", "generate"].status, rows["tp", "generate"].attempts) == (2, "compiled", 1)
     assert (rows["tp", "train"].status, rows["tp", "train"].attempts) == ("failed", 1)
     assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
+
+
+def test_verify_replays_sharded_specs_under_torchrun(tmp_path: Path, write_manifest) -> None:
+    """A sharded spec is replayed by as many ranks as it was warmed with, not failed for lack of them."""
+    manifest = write_manifest(TP_ONE_SHAPE)
+    url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    warm = _run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], url, tmp_path / "cache")
+    assert warm.returncode == 0, warm.stderr[-4000:]
+    done = _run([sys.executable, "-m", "warmcache", "verify", str(manifest), "--json"], url, tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-4000:]
+    (spec,) = json.loads(done.stdout)["specs"]
+    # aot_eager keeps no persistent cache: the proof is a replay without error on both ranks.
+    assert (spec["verdict"], spec["reason"]) == ("replay-only", "backend keeps no persistent cache")
+    assert spec["graphs_traced"] >= 1
+    with Registry.open(url) as registry:
+        (row,) = registry.rows()
+    assert (row.tp_size, row.status) == (2, "compiled")

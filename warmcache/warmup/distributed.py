@@ -84,13 +84,13 @@ def is_registry_writer() -> bool:
     return rank() == 0
 
 
-def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
-    """The command that re-runs ``warmcache ARGV`` as ``nproc`` ranks on this host.
+def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache") -> list[str]:
+    """The command that runs ``python -m MODULE ARGV`` as ``nproc`` ranks on this host.
 
     ``--standalone`` picks a free rendezvous port, so several warmups on one host
     (a fleet of processes) never fight over torchrun's default port 29500.
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "warmcache", *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
 
 
 def launch_torchrun(argv: Sequence[str], nproc: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -292,15 +292,21 @@ def broadcast_from_writer(value: T) -> T:
     return box[0]
 
 
+def gather_from_ranks(value: T) -> list[T]:
+    """Every rank's ``value``, in rank order, on every rank (a collective: all ranks must call it)."""
+    import torch.distributed as dist
+
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value, group=_control_group())
+    return values
+
+
 def agree_on_failure(local_error: str | None) -> str | None:
     """``None`` if every rank succeeded, else the first failing rank's error, the same on all ranks.
 
     Every rank must call this once per spec, success or not: it is a collective.
     """
-    import torch.distributed as dist
-
-    errors: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, local_error, group=_control_group())
+    errors = gather_from_ranks(local_error)
     for index, error in enumerate(errors):
         if error is not None:
             return error if len(errors) == 1 else f"rank {index}: {error}"

@@ -34,6 +34,7 @@ from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.models import DONE_STATUSES
+from warmcache.warmup import distributed
 
 VERIFIED = "verified"
 RECOMPILED = "recompiled"
@@ -117,7 +118,12 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
         summary.not_compiled = [s.planned.spec.describe() for s in statuses if s.status not in DONE_STATUSES]
         compiled = [s.planned for s in statuses if s.status in DONE_STATUSES]
         if compiled:
-            results = _replay_in_fresh_process(manifest, [p.identity for p in compiled], cache_dir)
+            # Sharded specs replay under a torchrun of their world size, as they were warmed.
+            single, sharded = distributed.split_by_world_size(compiled)
+            results: dict[str, dict[str, Any]] = {}
+            for nproc, group in sorted({1: single, **sharded}.items()):
+                if group:
+                    results.update(_replay_in_fresh_process(manifest, [p.identity for p in group], cache_dir, nproc))
             summary.verdicts = [judge(p.identity, p.spec.describe(), results.get(p.identity)) for p in compiled]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == VERIFIED])
             for verdict in summary.verdicts:
@@ -145,13 +151,16 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
     return SpecVerdict(identity, description, VERIFIED, **counts)
 
 
-def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_dir: str | None) -> dict[str, dict[str, Any]]:
+def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="warmcache-verify-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir}))
         # The replay's progress (and anything libraries print) goes to our stderr file
         # descriptor, which works even where sys.stderr is not a real file.
-        process = subprocess.run([sys.executable, "-m", "warmcache.warmup.verify", str(request), str(result)], stdout=_STDERR_FD, check=False)
+        argv = [str(request), str(result)]
+        module = "warmcache.warmup.verify"
+        command = [sys.executable, "-m", module, *argv] if nproc == 1 else distributed.torchrun_command(argv, nproc, module=module)
+        process = subprocess.run(command, stdout=_STDERR_FD, check=False)
         results: dict[str, dict[str, Any]] = json.loads(result.read_text()) if result.exists() else {}
         if not results and process.returncode:
             raise WarmcacheError(f"verify: the replay process exited with code {process.returncode} before replaying anything")
@@ -168,6 +177,9 @@ def replay(request_path: Path, result_path: Path) -> None:
     wanted = request["identities"]
     by_identity = {p.identity: p for p in plan_manifest(manifest)}
     worker = Worker(manifest, request["cache_dir"])
+    ranks = distributed.in_torchrun()
+    if ranks:
+        distributed.init_process_group(by_identity[wanted[0]].model.device)
     results: dict[str, dict[str, Any]] = {}
     for index, identity in enumerate(wanted, 1):
         planned = by_identity[identity]
@@ -183,11 +195,31 @@ def replay(request_path: Path, result_path: Path) -> None:
                 "new_entries": sorted(run.new_entries),
                 "persistent_cache": run.persistent_cache,
             }
+        if ranks:
+            results[identity] = merge_ranks(distributed.gather_from_ranks(results[identity]))
+            if not distributed.is_registry_writer():
+                continue  # rank 0 reports for the group
         outcome = results[identity]
         status = outcome.get("error") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)
         # Written after every spec, so a crash still leaves the verdicts so far.
         result_path.write_text(json.dumps(results))
+    if ranks:
+        distributed.shutdown()
+
+
+def merge_ranks(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sharded spec's replay over all its ranks: any rank's error, and every rank's compiles."""
+    for index, outcome in enumerate(outcomes):
+        if outcome.get("error"):
+            return {"error": f"rank {index}: {outcome['error']}"}
+    return {
+        "graphs": max(o["graphs"] for o in outcomes),
+        "cache_hits": sum(o["cache_hits"] for o in outcomes),
+        "cache_misses": sum(o["cache_misses"] for o in outcomes),
+        "new_entries": sorted({e for o in outcomes for e in o["new_entries"]}),
+        "persistent_cache": outcomes[0]["persistent_cache"],
+    }
 
 
 if __name__ == "__main__":
