@@ -319,3 +319,4 @@ def shutdown() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _control_group.cache_clear()  # its group died with the process group
