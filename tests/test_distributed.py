@@ -73,8 +73,10 @@ claimed = distributed.broadcast_from_writer("identity-from-rank-0" if me == 0 el
 all_ok = distributed.agree_on_failure(None)
 one_failed = distributed.agree_on_failure("RuntimeError: shard too small" if me == 1 else None)
 done = distributed.broadcast_from_writer(None)
-print("RESULT " + json.dumps({"rank": me, "claimed": claimed, "all_ok": all_ok, "one_failed": one_failed, "done": done,
-                              "writer": distributed.is_registry_writer()}), flush=True)
+# One file per rank: two ranks printing at once can interleave on one stdout line.
+with open(f"{sys.argv[1]}/rank-{me}.json", "w") as out:
+    json.dump({"rank": me, "claimed": claimed, "all_ok": all_ok, "one_failed": one_failed, "done": done,
+               "writer": distributed.is_registry_writer()}, out)
 distributed.shutdown()
 """
 
@@ -82,10 +84,10 @@ distributed.shutdown()
 def test_ranks_share_rank0_claims_and_fail_together(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(_PROBE))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line), key=lambda r: r["rank"])
+    results = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert r["claimed"] == "identity-from-rank-0"

@@ -229,29 +229,28 @@ class Registry:
 
     def mark_verified(self, identities: Iterable[str]) -> int:
         """Promote ``compiled`` rows that a fresh process replayed without compiling."""
-        ids = list(identities)
-        if not ids:
-            return 0
         now = utcnow()
-        with self.session() as session:
-            return session.execute(
-                update(CompiledShape)
-                .where(CompiledShape.identity.in_(ids), CompiledShape.status.in_(("compiled", "verified")))
-                .values(status="verified", verified_at=now, updated_at=now)
-            ).rowcount
+        return self._update_identities(
+            identities,
+            CompiledShape.status.in_(("compiled", "verified")),
+            status="verified",
+            verified_at=now,
+            updated_at=now,
+        )
 
     def mark_unverified(self, identities: Iterable[str], reason: str) -> int:
         """Demote rows whose replay compiled: the cache does not hold what the row claims."""
+        return self._update_identities(identities, None, status="failed", error=reason, verified_at=None, updated_at=utcnow())
+
+    def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool] | None, **values: Any) -> int:
         ids = list(identities)
         if not ids:
             return 0
-        now = utcnow()
+        query = update(CompiledShape).where(CompiledShape.identity.in_(ids))
+        if condition is not None:
+            query = query.where(condition)
         with self.session() as session:
-            return session.execute(
-                update(CompiledShape)
-                .where(CompiledShape.identity.in_(ids))
-                .values(status="failed", error=reason, verified_at=None, updated_at=now)
-            ).rowcount
+            return session.execute(query.values(**values)).rowcount
 
     def forget(self, row_ids: Iterable[int]) -> int:
         """Delete rows (and their artifacts): those shapes read as ``missing`` again."""

@@ -20,6 +20,7 @@ Order of work, and why:
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -408,6 +409,10 @@ def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[Planned
 
 def _job_main(manifest_path: str, options: WarmupOptions, identities: list[str], lease: float, outcomes: Any) -> None:
     """Entry point of one ``--jobs`` worker process."""
+    # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
+    # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
+    # Set before torch is imported in this fresh (spawned) process; a user's own setting wins.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, options.jobs))))
     with _interrupt_on_sigterm():
         try:
             manifest = load_manifest(manifest_path)
