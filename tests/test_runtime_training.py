@@ -72,6 +72,15 @@ def test_collator_and_callback_refuse_what_was_not_compiled(guard_url: str, tiny
     callback.on_train_end(None, None, None)
     model(input_ids=torch.ones((2, 10), dtype=torch.long))  # the hook is gone after training
 
+    # A train() that raises never reaches on_train_end: the context manager still cleans up,
+    # and a second on_train_begin does not stack a second check on the first.
+    with guard.callback() as failed_run:
+        failed_run.on_train_begin(None, None, None, model=model)
+        failed_run.on_train_begin(None, None, None, model=model)
+        assert len(model._forward_pre_hooks) == 1
+    assert not model._forward_pre_hooks
+    model(input_ids=torch.ones((2, 10), dtype=torch.long))
+
 
 @pytest.mark.slow
 def test_compiled_training_stays_on_buckets_and_compiles_only_on_the_first_pass(

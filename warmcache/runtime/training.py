@@ -110,6 +110,7 @@ class GuardCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is None:
             raise UsageError("GuardCallback: the Trainer passed no model to on_train_begin")
+        self.close()  # a previous train() that raised never reached on_train_end
         # Disabled for Dynamo: the check runs eagerly before the compiled forward instead of being traced into it.
         hook = model.register_forward_pre_hook(torch.compiler.disable(self._check_batch), with_kwargs=True)
         self._training.callback(hook.remove)
@@ -125,7 +126,21 @@ class GuardCallback(TrainerCallback):
         self.steps.append(StepRecord(state.global_step, self._shape, self._counter.graphs))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the shape check and restore Dynamo's settings (``on_train_end`` does it too).
+
+        The Trainer skips ``on_train_end`` when training raises, so long-lived
+        processes use the callback as a context manager: ``with guard.callback() as cb:``.
+        """
         self._training.close()
+
+    def __enter__(self) -> "GuardCallback":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _check_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not module.training:
