@@ -106,7 +106,10 @@ def normalise_neuron_cc_flags(flags: str | None) -> str:
     """
     if not flags:
         return ""
-    tokens = shlex.split(flags)
+    try:
+        tokens = shlex.split(flags)
+    except ValueError as exc:
+        raise UsageError(f"NEURON_CC_FLAGS={flags!r}: {exc}") from None
     options: list[str] = []
     i = 0
     while i < len(tokens):

@@ -306,7 +306,9 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
 
 
 def resolve_registry_url(url: str, base: Path) -> str:
-    """Anchor a relative SQLite path at ``base``; other URLs pass through unchanged."""
+    """Anchor a relative SQLite path (or plain file path) at ``base``; other URLs pass through unchanged."""
+    if "://" not in url:
+        return f"sqlite:///{(base / Path(url).expanduser()).resolve()}"
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         return prefix + str((base / url[len(prefix):]).resolve())

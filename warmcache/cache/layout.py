@@ -96,8 +96,18 @@ def list_entries(root: Path, flavor: CacheFlavor) -> dict[str, str]:
 
 
 def entry_size(root: Path, entry: str) -> int:
-    """Bytes on disk of one entry (a file, or a folder's files)."""
+    """Bytes on disk of one entry (a file, or a folder's files).
+
+    Files that vanish while being counted (another worker's write-then-rename on a
+    shared cache) count as zero instead of failing the caller.
+    """
     path = root / entry
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if not p.is_symlink()]
+    return sum(_size_if_file(p) for p in files)
+
+
+def _size_if_file(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except FileNotFoundError:
+        return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from warmcache.cli.buckets import buckets_group
 from warmcache.cli.bundle import bundle_group
@@ -29,7 +29,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except WarmcacheError as exc:
             _fail(ctx, exc)
-        except OperationalError as exc:
+        except DBAPIError as exc:
             _fail(ctx, RegistryError(f"registry: {str(exc.orig or exc).strip().splitlines()[0]}"))
 
 

@@ -18,14 +18,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
 from warmcache.errors import RegistryError
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
-from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
+from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, ShapeMiss, utcnow
 from warmcache.registry.records import ArtifactRef, ShapeRecord
 
 
@@ -75,9 +75,9 @@ class Registry:
         try:
             if check_schema:
                 schema.ensure_current(engine, display_url(url))
-        except OperationalError as exc:
+        except DBAPIError as exc:
             engine.dispose()
-            raise RegistryError(f"registry {display_url(url)}: cannot connect: {_first_line(exc.orig or exc)}") from None
+            raise RegistryError(f"registry {display_url(url)}: cannot open: {_first_line(exc.orig or exc)}") from None
         except BaseException:
             engine.dispose()
             raise
@@ -107,7 +107,9 @@ class Registry:
         try:
             with session.begin():
                 yield session
-        except OperationalError as exc:
+        except DBAPIError as exc:
+            # Any driver error (connection lost, not a database, permission denied) is the
+            # registry's, reported in one line; callers never see a driver traceback.
             raise RegistryError(f"registry {self.display_url}: {_first_line(exc.orig or exc)}") from None
         finally:
             session.close()
@@ -239,16 +241,25 @@ class Registry:
         )
 
     def mark_unverified(self, identities: Iterable[str], reason: str) -> int:
-        """Demote rows whose replay compiled: the cache does not hold what the row claims."""
-        return self._update_identities(identities, None, status="failed", error=reason, verified_at=None, updated_at=utcnow())
+        """Demote compiled rows whose replay compiled: the cache does not hold what the row claims."""
+        return self._update_identities(
+            identities,
+            CompiledShape.status.in_(DONE_STATUSES),
+            status="failed",
+            error=reason,
+            verified_at=None,
+            updated_at=utcnow(),
+        )
 
-    def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool] | None, **values: Any) -> int:
+    def requeue_failed(self, identities: Iterable[str]) -> int:
+        """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
+        return self._update_identities(identities, CompiledShape.status == "failed", status="pending", updated_at=utcnow())
+
+    def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
         if not ids:
             return 0
-        query = update(CompiledShape).where(CompiledShape.identity.in_(ids))
-        if condition is not None:
-            query = query.where(condition)
+        query = update(CompiledShape).where(CompiledShape.identity.in_(ids), condition)
         with self.session() as session:
             return session.execute(query.values(**values)).rowcount
 

@@ -25,7 +25,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any
 
 from warmcache.errors import UsageError, WarmcacheError
-from warmcache.manifest import Manifest, load_manifest
+from warmcache.manifest import Manifest, ModelSpec, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.models import DONE_STATUSES
@@ -118,6 +118,8 @@ class WarmupSummary:
     dry_run: bool
     outcomes: list[SpecOutcome] = field(default_factory=list)
     seconds: float = 0.0
+    #: Specs of this run left failed (or unfinished) by other workers while it waited.
+    unfinished: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[SpecOutcome]:
@@ -126,7 +128,7 @@ class WarmupSummary:
     @property
     def exit_code(self) -> int:
         """Non-zero while any planned spec is failed: the manifest is not fully warm."""
-        return 1 if self.failed or self.plan.failed_kept else 0
+        return 1 if self.failed or self.plan.failed_kept or self.unfinished else 0
 
     def count(self, status: str) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
@@ -141,6 +143,7 @@ class WarmupSummary:
             "compiled": count("compiled"),
             "failed": count("failed"),
             "lost": count("lost"),
+            "unfinished_elsewhere": self.unfinished,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
             "ok": self.exit_code == 0,
@@ -163,6 +166,7 @@ class WarmupSummary:
             f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
         ]
         out += [f"failed: {o.description}: {o.error}" for o in self.failed]
+        out += [f"not warm (another worker's): {line}" for line in self.unfinished]
         if self.plan.failed_kept:
             out.append(f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with --retry-failed to compile them again")
         return out
@@ -170,10 +174,11 @@ class WarmupSummary:
 
 def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
     """One registry query decides every spec's fate; nothing heavy is imported."""
-    planned = distributed.for_this_launch(plan_manifest(manifest))
+    planned = plan_manifest(manifest)
     if shard is not None:
+        # Shard before narrowing to this launch, so a torchrun child slices the same list as its parent.
         planned = shard.select(planned)
-    return WarmupPlan(registry.plan_status(planned), retry_failed)
+    return WarmupPlan(registry.plan_status(distributed.for_this_launch(planned)), retry_failed)
 
 
 def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
@@ -198,27 +203,58 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         if options.dry_run or not todo:
             summary.seconds = time.perf_counter() - start
             return summary
-        for model in {p.model.name: p.model for p in todo}.values():
-            target_for(model).check_available()
+        worker = Worker(manifest, options.cache_dir)
+        _prepare_targets(worker, {p.model.name: p.model for p in todo}.values())
         registry.ensure_pending(todo)
         if options.retry_failed:
-            _requeue_failed(registry, [s.planned.identity for s in plan.statuses if s.status == "failed"])
+            registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == "failed"])
         lease = options.lease_seconds or manifest.lease_seconds
         todo, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance)
         try:
-            if todo and options.jobs > 1:
-                _run_jobs(manifest, options, todo, lease, report)
-            elif todo:
-                with _interrupt_on_sigterm():
-                    claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, report, distributed.coordination())
+            with _interrupt_on_sigterm():
+                if todo and options.jobs > 1:
+                    _run_jobs(manifest, options, todo, lease, report)
+                elif todo:
+                    claim_loop(registry, worker, todo, lease, report, distributed.coordination())
         finally:
             bar.close()
         for nproc in sorted(sharded):
             summary.outcomes.extend(distributed.warm_under_torchrun(options, manifest, nproc))
+        summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _prepare_targets(worker: Worker, models: Iterable[ModelSpec]) -> None:
+    """Check each target and create its cache folder before claiming anything.
+
+    A missing toolchain or an unusable cache folder is the user's error, reported
+    once; found inside a spec it would be recorded as every claimed spec's failure.
+    """
+    for model in models:
+        target = target_for(model)
+        target.check_available()
+        try:
+            worker.cache_root(target)
+        except OSError as exc:
+            raise UsageError(f"model {model.name!r}: cache folder unusable: {exc}") from None
+
+
+def _unfinished_elsewhere(registry: Registry, todo: Sequence[PlannedShape], outcomes: Sequence[SpecOutcome]) -> list[str]:
+    """Specs of this run that are not compiled now, though no outcome here says so.
+
+    A run waits for specs other workers hold; if one of them failed it there, this
+    run must not exit 0 claiming the manifest is warm.
+    """
+    reported = {o.identity for o in outcomes if o.status == "failed"}
+    described = {p.identity: p.spec.describe() for p in todo}
+    return [
+        f"{described[r.identity]}: {r.status}" + (f" ({r.error})" if r.error else "")
+        for r in registry.rows(identities=list(described))
+        if r.status not in DONE_STATUSES and r.identity not in reported
+    ]
 
 
 def claim_loop(
@@ -265,19 +301,21 @@ def run_claimed(
     """
     description = planned.spec.describe()
     start = time.perf_counter()
+    # Until the final mark lands, any interruption (Ctrl-C, a registry error) gives the
+    # claim back; releasing after a mark landed changes nothing (the row is no longer ours).
     try:
         with _Heartbeat(registry, row_id, me, lease_seconds):
             run, error = _run_locked(worker, planned)
             error = agree(error)
+        if error is not None:
+            registry.mark_failed(row_id, me, error)
+            return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+        assert run is not None  # no rank failed, so this one ran the spec
+        artifacts = run.artifacts()
+        won = registry.mark_compiled(row_id, me, compile_seconds=run.seconds, graphs_compiled=run.graphs, artifacts=artifacts)
     except BaseException:
         registry.release(row_id, me)
         raise
-    if error is not None:
-        registry.mark_failed(row_id, me, error)
-        return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
-    assert run is not None  # no rank failed, so this one ran the spec
-    artifacts = run.artifacts()
-    won = registry.mark_compiled(row_id, me, compile_seconds=run.seconds, graphs_compiled=run.graphs, artifacts=artifacts)
     return SpecOutcome(
         planned.identity,
         description,
@@ -313,14 +351,6 @@ def _collecting(into: list[SpecOutcome], then: Report) -> Report:
     return report
 
 
-def _requeue_failed(registry: Registry, identities: list[str]) -> None:
-    """Turn this plan's failed rows back into ``pending`` (claim, then give back untouched)."""
-    me = worker_id()
-    while identities and (record := registry.claim(identities, me, 60, retry_failed=True)) is not None:
-        registry.release(record.id, me)
-        identities = [i for i in identities if i != record.identity]
-
-
 class _Heartbeat:
     """Renews a claim's lease every third of its length until the spec is done."""
 
@@ -336,7 +366,7 @@ class _Heartbeat:
                 if not registry.renew_lease(row_id, worker, lease):
                     return  # claim lost: the result will not be recorded (mark_compiled says so)
             except WarmcacheError:
-                continue  # a transient registry error: the lease still has two thirds left
+                continue  # a transient registry error (RegistryError): the lease still has two thirds left
 
     def __enter__(self) -> "_Heartbeat":
         self._thread.start()

@@ -126,8 +126,10 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
                     results.update(_replay_in_fresh_process(manifest, [p.identity for p in group], cache_dir, nproc))
             summary.verdicts = [judge(p.identity, p.spec.describe(), results.get(p.identity)) for p in compiled]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == VERIFIED])
+            # Only a replay that compiled proves the cache wrong. A replay that crashed or
+            # never ran (the subprocess died) proves nothing: report it, keep the row.
             for verdict in summary.verdicts:
-                if verdict.verdict in (RECOMPILED, REPLAY_FAILED):
+                if verdict.verdict == RECOMPILED:
                     registry.mark_unverified([verdict.identity], f"verify: {verdict.reason}")
     summary.seconds = time.perf_counter() - start
     return summary
