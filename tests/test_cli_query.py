@@ -129,3 +129,12 @@ def test_check_says_why_when_nothing_is_usable(tmp_path: Path, write_manifest) -
     result = CliRunner().invoke(main, ["check", "--model", "m", "--batch", "1", "--seq", "16", "--db", url])
     assert result.exit_code == 1
     assert "no usable compiled generate shape on this machine (registry rows: 6 pending)" in result.output
+
+
+def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.sqlite"
+    bogus.write_text("this is not a database, it is a shopping list\n" * 100)
+    result = CliRunner().invoke(main, ["shapes", "--db", f"sqlite:///{bogus}"])
+    assert result.exit_code == 3
+    assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output

@@ -90,3 +90,9 @@ def test_fingerprinting_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False False"
+
+
+def test_malformed_neuron_cc_flags_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_CC_FLAGS", '--model-type "transformer')
+    with pytest.raises(UsageError, match="NEURON_CC_FLAGS=.*No closing quotation"):
+        current_toolchain("neuron", "neuron")

@@ -67,6 +67,11 @@ def test_defaults_per_device_and_relative_paths(write_manifest, tmp_path: Path) 
     assert manifest.cache_dir == tmp_path / "cache"
 
 
+def test_a_plain_registry_path_resolves_against_the_manifest_folder(write_manifest, tmp_path: Path) -> None:
+    path = write_manifest('[registry]\nurl = "reg.sqlite"\n' + GOOD)
+    assert load_manifest(path).registry_url == f"sqlite:///{tmp_path / 'reg.sqlite'}"
+
+
 def test_hub_ids_stay_hub_ids(write_manifest) -> None:
     path = write_manifest('[[model]]\nname = "q"\npath = "Qwen/Qwen3-0.6B"\n[[model.train]]\nbatch_sizes = [1]\nseq_lengths = [8]\n')
     assert load_manifest(path).models[0].path == "Qwen/Qwen3-0.6B"
