@@ -236,3 +236,38 @@ def test_a_model_of_another_config_is_refused(compiled: str, tiny_models: dict[s
         guard.check_model_config({**config, "num_hidden_layers": 3})
     guard.refresh()
     assert len(guard.buckets) == 6
+
+
+def _another_config_of(model_dir: Path, into: Path) -> Path:
+    """A checkpoint folder of model ``m`` whose config compiles other graphs (3 layers)."""
+    into.mkdir()
+    config = json.loads((model_dir / "config.json").read_text())
+    (into / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    return into
+
+
+def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(
+    compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    other = _another_config_of(tiny_models["qwen3"], tmp_path / "deeper")
+    only_batch_8 = MANIFEST.replace("{qwen3}", str(other)).replace("batch_sizes = [1, 2, 4]", "batch_sizes = [2, 8]")
+    _compile_all(compiled, write_manifest(only_batch_8, name="other.toml"))
+    with ShapeGuard.from_registry(compiled, "m", telemetry=False) as guard:
+        # (8, 16) exists only for the deeper config, (1, 16) only for the original: neither is safe yet.
+        assert guard.buckets == [(2, 16), (2, 32)]
+        with pytest.raises(UnseenShapeError):
+            guard.decide(5, 16)
+        guard.check_model_config(json.loads((other / "config.json").read_text()))
+        assert guard.buckets == [(2, 16), (2, 32), (8, 16), (8, 32)]
+        assert guard.decide(5, 16).target == (8, 16)
+
+
+def test_a_refused_refresh_keeps_the_old_table_serving(compiled: str, write_manifest, tmp_path: Path) -> None:
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
+    # A new family appears (another max_cache_len): refresh must refuse and keep serving the old buckets.
+    _compile_all(compiled, write_manifest(MANIFEST.replace("max_cache_len = 64", "max_cache_len = 256").replace("[16, 32]", "[128]"), name="longer.toml"))
+    with pytest.raises(UsageError, match="several compiled families"):
+        guard.refresh()
+    with pytest.raises(UnseenShapeError):
+        guard.decide(1, 100)
+    assert guard.decide(1, 20).target == (1, 32)

@@ -128,11 +128,9 @@ class ShapeGuard:
 
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
-        family = self._reload()
-        if family != self.family:
-            raise UsageError(f"{self.source}: guard family changed on refresh from {self.family.describe()} to {family.describe()}")
+        self._reload(expect=self.family)
 
-    def _reload(self) -> ShapeFamily:
+    def _reload(self, expect: ShapeFamily | None = None) -> ShapeFamily:
         dtype, max_cache_len, backend = self._filters
         rows = [
             r
@@ -143,7 +141,7 @@ class ShapeGuard:
             and (self._config_hash is None or r.config_hash == self._config_hash)
         ]
         wanted = f"model {self.model_name!r} {self.workload}"
-        tables = bucket_tables(rows)
+        tables = bucket_tables(_compiled_for_every_config(rows))
         if not tables:
             raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain (see `warmcache shapes`)")
         targets = {(r.device, r.backend, r.mode) for r in rows}
@@ -151,6 +149,9 @@ class ShapeGuard:
             options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
             raise UsageError(f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend=")
         ((family, table),) = tables.items()
+        if expect is not None and family != expect:
+            # Checked before the swap: a refused refresh must leave the old table serving.
+            raise UsageError(f"{self.source}: guard family changed on refresh from {expect.describe()} to {family.describe()}")
         # Swap whole objects so a concurrent decide() sees either the old table or the new one.
         self._records, self._table = rows, table
         return family
@@ -297,3 +298,16 @@ class ShapeGuard:
         from warmcache.runtime.sentinel import recompile_sentinel
 
         return recompile_sentinel(self.policy, label)
+
+
+def _compiled_for_every_config(rows: list[ShapeRecord]) -> list[ShapeRecord]:
+    """While no model config is chosen (:meth:`ShapeGuard.check_model_config`), keep only
+    the buckets compiled for every config among ``rows``: padding onto a bucket that only
+    another checkpoint config compiled would compile in production."""
+    by_config: dict[str, set[tuple[int, int]]] = {}
+    for r in rows:
+        by_config.setdefault(r.config_hash, set()).add((r.batch_size, r.seq_len))
+    if len(by_config) < 2:
+        return rows
+    common = set.intersection(*by_config.values())
+    return [r for r in rows if (r.batch_size, r.seq_len) in common]
