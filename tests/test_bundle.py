@@ -181,6 +181,13 @@ def _listed(members: list, name: str, data: bytes = b"evil\n") -> None:
     _add(members, name, data=data)
 
 
+def _grow_first_file(members: list) -> None:
+    """A member far larger than the file list says (a decompression bomb's shape)."""
+    info, data = members[1]
+    info.size = len(data) * 1000
+    members[1] = (info, data * 1000)
+
+
 def _flip_first_file_byte(members: list) -> None:
     info, data = members[1]
     members[1] = (info, bytes([data[0] ^ 0x01]) + data[1:])
@@ -195,6 +202,7 @@ HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile, list], None], str]] = {
     "unlisted file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff"), "is not in the bundle's file list"),
     "flipped byte": (lambda t, m: _flip_first_file_byte(m), "content does not match the bundle's file list"),
     "listed file missing": (lambda t, m: m.pop(), "but the bundle lacks it"),
+    "member larger than listed": (lambda t, m: _grow_first_file(m), "but the file list says"),
 }
 
 
@@ -222,3 +230,15 @@ def test_a_truncated_compressed_bundle_is_refused(built: Built, tmp_path: Path) 
     result = cli("bundle", "unpack", str(bad), "--cache-dir", str(tmp_path / "cache"), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
     assert result.exit_code == 5 and "not a readable bundle archive" in result.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_bundle_of_another_layout_is_refused_before_touching_the_cache(built: Built, tmp_path: Path) -> None:
+    bundle = tmp_path / "neuron.tar"
+    assert pack(built, bundle).exit_code == 0
+    inductor_cache = tmp_path / "inductor-cache"
+    (inductor_cache / "aotautograd" / "akey").mkdir(parents=True)
+    (inductor_cache / "aotautograd" / "akey" / "entry").write_bytes(b"compiled")
+    before = files_under(inductor_cache)
+    result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(inductor_cache), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    assert result.exit_code == 5 and "holds a cache of layout inductor; refused" in result.stderr
+    assert files_under(inductor_cache) == before

@@ -28,8 +28,8 @@ from typing import IO, Any
 
 from warmcache.cache.bundle import BUNDLE_FORMAT, CACHE_PREFIX, META_NAME, BundleFile, Progress, check_relpath, sha256_of
 from warmcache.cache.bundle_rows import MergeResult, check_rows, merge_rows
-from warmcache.cache.layout import STAGING_PREFIX, CacheFlavor, entry_of
-from warmcache.cache.locate import FLAVORS, CacheLocation, flavor_of_kind, locate_caches
+from warmcache.cache.layout import STAGING_PREFIX, WORK_DIR_PREFIX, CacheFlavor, entry_of
+from warmcache.cache.locate import FLAVORS, CacheLocation, detect_flavor, flavor_of_kind, locate_caches
 from warmcache.errors import CacheError, UsageError
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
@@ -91,6 +91,7 @@ def unpack_bundle(
             if not force:
                 _check_toolchain(meta, bundle)
             location = _target(cache_dir, meta.flavor)
+            _check_layout_matches(location.root, meta.flavor, bundle)
             return _install(tar, file_members, meta, location, registry, progress)
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
@@ -169,6 +170,9 @@ def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Pat
             raise CacheError(f"{where} is not in the bundle's file list; refused")
         if path in found:
             raise CacheError(f"{where} appears twice; refused")
+        if member.size != meta.files[path].size:
+            # Checked before anything is written: a member larger than listed could fill the disk.
+            raise CacheError(f"{where} holds {member.size} bytes but the file list says {meta.files[path].size}; refused")
         found[path] = member
     absent = sorted(set(meta.files) - set(found))
     if absent:
@@ -193,6 +197,18 @@ def _differences(bundled: Any, local: Any, prefix: str = "") -> Iterable[str]:
             yield from _differences(bundled.get(key), local.get(key), f"{prefix}{key}.")
     elif bundled != local:
         yield f"{prefix.rstrip('.')}: bundle {bundled}, here {local}"
+
+
+def _check_layout_matches(root: Path, flavor: CacheFlavor, bundle: Path) -> None:
+    """Refuse a bundle of another layout than the target folder holds.
+
+    Entries are cut by the bundle's layout: a "neuron-native" bundle names whole
+    top-level folders as entries, and unpacked into an Inductor cache it would
+    replace ``aotautograd/`` wholesale.
+    """
+    held = [c for c in root.iterdir() if not c.name.startswith(WORK_DIR_PREFIX)] if root.is_dir() else []
+    if held and detect_flavor(root) != flavor:
+        raise CacheError(f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout {detect_flavor(root)}; refused (pass another --cache-dir)")
 
 
 def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
