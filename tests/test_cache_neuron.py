@@ -76,14 +76,16 @@ def planned_by_batch(manifest: Path) -> dict[int, PlannedShape]:
     return {p.spec.batch_size: p for p in plan_manifest(load_manifest(manifest))}
 
 
-def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, host: str | None = None) -> None:
+def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, host: str | None = None, cache_root: Path | None = None) -> None:
     """Mark ``planned`` compiled with ``artifacts`` through ensure_pending → claim → mark_compiled."""
     with Registry.open(url) as registry:
         registry.ensure_pending([planned])
         row = registry.claim([planned.identity], "test-worker", 60)
         assert row is not None
         refs = [ArtifactRef("neuron-module", a, None) for a in artifacts]
-        assert registry.mark_compiled(row.id, "test-worker", compile_seconds=1.0, graphs_compiled=1, artifacts=refs, host=host)
+        assert registry.mark_compiled(
+            row.id, "test-worker", compile_seconds=1.0, graphs_compiled=1, artifacts=refs, host=host, cache_root=str(cache_root) if cache_root else None
+        )
 
 
 def statuses(url: str) -> dict[int, str]:
@@ -412,4 +414,23 @@ def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(tmp_p
     assert any("other hosts" in n and "--any-host" in n for n in plan["notes"])
     [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--any-host", "--fix", "--json").output)
     assert sorted(f["shape"] for f in plan["forget"]) == ["neuron-m generate batch=1 seq=16 (compiled)", "neuron-m generate batch=4 seq=16 (compiled)"]
+    assert statuses(url) == {}
+
+
+def test_doctor_forgets_only_rows_compiled_into_the_folder_it_examines(neuron_manifest: Path, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
+    entry = module(cache_a, "one+f1", done_files())
+    module(cache_b, "unrelated+f1", done_files())  # another Neuron cache on the same host
+    record_compiled(url, planned_by_batch(neuron_manifest)[1], [entry], cache_root=cache_a)
+
+    # Pointed at another folder of the same host, doctor must not forget cache A's row.
+    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(cache_b), "--db", url, "--fix", "--json").output)
+    assert plan["forget"] == [] and statuses(url) == {1: "compiled"}
+    assert any("another cache" in n for n in plan["notes"])
+
+    # Its own folder lost the entry: now the row is forgotten and the shape reads missing.
+    shutil.rmtree(cache_a / entry)
+    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(cache_a), "--db", url, "--fix", "--json").output)
+    assert [f["shape"] for f in plan["forget"]] == ["neuron-m generate batch=1 seq=16 (compiled)"]
     assert statuses(url) == {}

@@ -64,14 +64,24 @@ def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> 
     assert "warmcache: error: registry" in result.stderr and "Traceback" not in result.output
 
 
-def test_older_revision_says_how_to_upgrade(registry_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_url: str, planned: list[PlannedShape]) -> None:
     from warmcache.registry import schema
 
-    Registry.open(registry_url).close()
-    # A newer warmcache knows a revision 0002 that this database has not seen yet.
-    monkeypatch.setattr(schema, "head_revision", lambda engine: "0002")
+    engine = create_registry_engine(registry_url)
+    schema.upgrade(engine, "0001")  # a registry written by the first release
+    engine.dispose()
+    with Registry.open(registry_url, check_schema=False) as old:
+        assert old.ensure_pending(planned) == 4
     with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0002; run: warmcache db upgrade --db"):
         Registry.open(registry_url)
+    shapes = CliRunner().invoke(main, ["shapes", "--db", registry_url])
+    assert shapes.exit_code == 3 and "warmcache db upgrade" in shapes.stderr
+
+    upgraded = CliRunner().invoke(main, ["db", "upgrade", "--db", registry_url])
+    assert upgraded.exit_code == 0 and "0001 -> 0002" in upgraded.output
+    with Registry.open(registry_url) as registry:
+        rows = registry.rows()
+    assert len(rows) == 4 and all(r.cache_root is None and r.status == "pending" for r in rows)
 
 
 def test_db_upgrade_and_current(registry_url: str) -> None:
@@ -79,9 +89,9 @@ def test_db_upgrade_and_current(registry_url: str) -> None:
     result = runner.invoke(main, ["db", "current", "--db", registry_url, "--json"])
     assert result.exit_code == 0 and '"revision": null' in result.output
     result = runner.invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert result.exit_code == 0 and "empty -> 0001" in result.output
+    assert result.exit_code == 0 and "empty -> 0002" in result.output
     result = runner.invoke(main, ["db", "current", "--db", registry_url])
-    assert "schema 0001 (up to date)" in result.output
+    assert "schema 0002 (up to date)" in result.output
 
 
 def test_ensure_pending_is_idempotent(registry_url: str, planned: list[PlannedShape]) -> None:

@@ -52,6 +52,7 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(wr
     # Both prompt lengths share one decode graph: the spec that reused it names its entries too.
     shared = {a.path for a in served.artifacts if a.kind == INDUCTOR_FXGRAPH} & {a.path for a in reuser.artifacts}
     assert shared, (served.artifacts, reuser.artifacts)
+    assert served.cache_root is not None and Path(served.cache_root).resolve() == cache.resolve()
     # The artifacts are the Inductor cache entries this spec wrote, and they exist on disk.
     kinds = {a.kind for a in served.artifacts}
     assert INDUCTOR_FXGRAPH in kinds

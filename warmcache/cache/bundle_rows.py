@@ -67,8 +67,12 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
     return rows
 
 
-def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]]) -> MergeResult:
-    """Insert or complete each bundled row in one transaction (all or nothing)."""
+def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: str | None = None) -> MergeResult:
+    """Insert or complete each bundled row in one transaction (all or nothing).
+
+    Rows that take the bundle's result now live in ``cache_root`` (the unpack target),
+    not in the build machine's folder.
+    """
     inserted = updated = unchanged = 0
     skipped: list[str] = []
     now = utcnow()
@@ -82,7 +86,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]]) -> MergeResul
             )
         }
         for data in rows:
-            values = _values(data)
+            values = {**_values(data), "cache_root": cache_root}
             artifacts = {(a["kind"], a["path"]): a.get("size_bytes") for a in data["artifacts"]}
             row = existing.get(data["identity"])
             if row is None:
@@ -99,7 +103,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]]) -> MergeResul
             elif row.status == "compiling" and row.lease_expires_at is not None and row.lease_expires_at > now:
                 skipped.append(f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now")
             else:
-                for name in _RESULT_FIELDS:
+                for name in (*_RESULT_FIELDS, "cache_root"):
                     setattr(row, name, values[name])
                 row.error = row.claimed_by = row.lease_expires_at = None
                 row.updated_at = now

@@ -10,9 +10,11 @@ It finds, for one cache root:
   the registry promises a warm shape the cache cannot serve. Those rows are
   forgotten, so the shapes read ``missing`` and the next warmup compiles them.
   Rows of other toolchains describe other machines' caches and are left to
-  ``cache prune --stale-toolchains``. In a registry a fleet shares, a row compiled
-  on another host that names none of this cache's entries may describe that
-  host's own cache: it is left alone unless ``any_host``;
+  ``cache prune --stale-toolchains``. A row is this cache's when it was compiled
+  into this folder (its ``cache_root``), or still keeps some entry here; a row of
+  another folder or another host of a fleet registry is left alone unless
+  ``any_host``. Rows recorded before warmcache kept the folder fall back to "compiled
+  on this host";
 - leftover ``.warmcache-*`` work folders of interrupted prunes and unpacks.
 
 Removing an entry also forgets every row that references it.
@@ -21,6 +23,7 @@ Removing an entry also forgets every row that references it.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from warmcache.cache.cleanup import CleanupPlan, Forget, Removal
 from warmcache.cache.inventory import CacheEntry, CacheInfo, EntryUse
@@ -60,14 +63,14 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
         use = missing.used_by
         if not use.needed:
             continue
-        if any_host or use.host == here or use.row_id in holds_some:
+        if any_host or use.row_id in holds_some or _compiled_into(use, info.root, here):
             _forget_users(forgets, (use,), f"artifact {missing.path} is gone from the cache")
         else:
             elsewhere.add(use.row_id)
     if elsewhere:
         notes.append(
-            f"{len(elsewhere)} compiled row(s) from other hosts name only entries this cache lacks: left alone, they may "
-            "describe another machine's cache (--any-host forgets them)"
+            f"{len(elsewhere)} compiled row(s) from other hosts or cache folders name only entries this cache lacks: "
+            "left alone, they may describe another cache (--any-host forgets them)"
         )
     for work in info.work_dirs:
         if work.age_seconds >= grace_seconds:
@@ -88,3 +91,10 @@ def _entry_problem(entry: CacheEntry, idle_seconds: float, grace_seconds: float)
 def _forget_users(forgets: dict[int, Forget], users: tuple[EntryUse, ...], reason: str) -> None:
     for use in users:
         forgets.setdefault(use.row_id, Forget(use.row_id, use.describe(), reason))
+
+
+def _compiled_into(use: EntryUse, root: Path, here: str) -> bool:
+    """Whether a row was compiled into this cache folder (legacy rows: on this host)."""
+    if use.cache_root is not None:
+        return Path(use.cache_root).resolve() == root.resolve()
+    return use.host == here

@@ -42,10 +42,22 @@ class EntryUse:
     status: str
     #: The host that compiled it.
     host: str | None = None
+    #: The cache folder it was compiled into (``None`` for rows recorded before warmcache kept it).
+    cache_root: str | None = None
 
     @classmethod
     def of(cls, record: ShapeRecord) -> "EntryUse":
-        return cls(record.id, record.identity, record.model_name, record.workload, record.batch_size, record.seq_len, effective_status(record), record.host)
+        return cls(
+            record.id,
+            record.identity,
+            record.model_name,
+            record.workload,
+            record.batch_size,
+            record.seq_len,
+            effective_status(record),
+            record.host,
+            record.cache_root,
+        )
 
     @property
     def needed(self) -> bool:

@@ -240,7 +240,7 @@ def _install(
             if progress:
                 progress(done, total)
         added, replaced, present = _move_into_place(meta, staging, root)
-        rows = merge_rows(registry, meta.rows)
+        rows = merge_rows(registry, meta.rows, str(root))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         _remove_if_empty(created)

@@ -82,6 +82,9 @@ class CompiledShape(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     host: Mapped[str | None] = mapped_column(String(200))
+    #: The compile-cache folder the artifacts live in, as the compiling host saw it. A row
+    #: proves nothing about another folder: doctor forgets rows only for their own cache.
+    cache_root: Mapped[str | None] = mapped_column(Text)
     compile_seconds: Mapped[float | None] = mapped_column(Float)
     graphs_compiled: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)

@@ -52,6 +52,7 @@ class ShapeRecord:
     claimed_by: str | None
     lease_expires_at: dt.datetime | None
     host: str | None
+    cache_root: str | None
     compile_seconds: float | None
     graphs_compiled: int | None
     error: str | None
@@ -89,6 +90,7 @@ class ShapeRecord:
             claimed_by=row.claimed_by,
             lease_expires_at=row.lease_expires_at,
             host=row.host,
+            cache_root=row.cache_root,
             compile_seconds=row.compile_seconds,
             graphs_compiled=row.graphs_compiled,
             error=row.error,

@@ -206,6 +206,7 @@ class Registry:
         graphs_compiled: int,
         artifacts: Iterable[ArtifactRef] = (),
         host: str | None = None,
+        cache_root: str | None = None,
     ) -> bool:
         """Record a successful compile with its artifacts; ``False`` if the claim was lost."""
         now = utcnow()
@@ -218,6 +219,7 @@ class Registry:
                 compile_seconds=compile_seconds,
                 graphs_compiled=graphs_compiled,
                 host=host or socket.gethostname(),
+                cache_root=cache_root,
                 compiled_at=now,
                 verified_at=None,
             )

@@ -282,6 +282,7 @@ def claim_loop(
             continue
         if not any(r.status in ("pending", "compiling") for r in registry.rows(identities=identities)):
             return
+        ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
         time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
 
 
@@ -312,7 +313,14 @@ def run_claimed(
             return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
         assert run is not None  # no rank failed, so this one ran the spec
         artifacts = run.artifacts()
-        won = registry.mark_compiled(row_id, me, compile_seconds=run.seconds, graphs_compiled=run.graphs, artifacts=artifacts)
+        won = registry.mark_compiled(
+            row_id,
+            me,
+            compile_seconds=run.seconds,
+            graphs_compiled=run.graphs,
+            artifacts=artifacts,
+            cache_root=str(run.cache_root) if run.persistent_cache else None,
+        )
     except BaseException:
         registry.release(row_id, me)
         raise
