@@ -271,3 +271,82 @@ def test_a_refused_refresh_keeps_the_old_table_serving(compiled: str, write_mani
     with pytest.raises(UnseenShapeError):
         guard.decide(1, 100)
     assert guard.decide(1, 20).target == (1, 32)
+
+
+def _miss_counts(url: str) -> list[tuple[int, int, str, int]]:
+    """The registry's miss summary for model ``m``, read back through the ``misses`` command."""
+    summary = json.loads(CliRunner().invoke(main, ["misses", "--db", url, "--json", "--model", "m"]).output)
+    return [(s["batch_size"], s["seq_len"], s["decision"], s["count"]) for s in summary]
+
+
+def test_a_miss_recorded_while_the_flusher_writes_reaches_the_registry_on_close(compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from warmcache.registry import Registry
+
+    # Hold the flusher inside its first (real) write until close() has asked it to stop.
+    real_record_misses = Registry.record_misses
+    writing, release = threading.Event(), threading.Event()
+
+    def held_record_misses(self: Registry, events) -> None:  # type: ignore[no-untyped-def]
+        writing.set()
+        assert release.wait(10)
+        real_record_misses(self, events)
+
+    monkeypatch.setattr(Registry, "record_misses", held_record_misses)
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=0.01)
+    guard.decide(3, 20)
+    assert writing.wait(10)
+    with pytest.raises(UnseenShapeError):
+        guard.decide(8, 16)  # queued while the flusher is inside flush()
+    closer = threading.Thread(target=guard.close, args=(10.0,))
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not guard.telemetry._stopping and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert guard.telemetry.flushed == 2
+    assert _miss_counts(compiled) == [(3, 20, "pad", 1), (8, 16, "refuse", 1)]
+
+
+def test_a_miss_recorded_after_close_is_flushed_by_the_next_close(compiled: str) -> None:
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=60)
+    guard.decide(3, 20)
+    guard.close()
+    guard.decide(3, 20)  # the flusher has ended; only another close() (or the exit hook) can send it
+    guard.close()
+    assert guard.telemetry.flushed == 2
+    assert _miss_counts(compiled) == [(3, 20, "pad", 2)]
+
+
+def test_a_snapshot_that_is_not_utf8_is_a_usage_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "snap.json"
+    path.write_bytes(b'{"format": "\xff\xfe"}')
+    with pytest.raises(UsageError) as info:
+        ShapeGuard.from_snapshot(path, "m")
+    message = str(info.value)
+    assert str(path) in message and "not a JSON file" in message and "\n" not in message
+
+
+def test_export_leaves_no_temporary_file(compiled: str, tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "guard.json"
+    for _ in range(2):  # the second export replaces the first
+        result = CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled])
+        assert result.exit_code == 0, result.output
+    assert [p.name for p in folder.iterdir()] == ["guard.json"]
+    assert out.stat().st_mode & 0o044  # readable by a replica running as another user, as before
+
+
+def test_a_failed_export_leaves_no_temporary_file(tmp_path: Path) -> None:
+    from warmcache.runtime.snapshot import write_snapshot
+
+    folder = tmp_path / "out"
+    out = folder / "guard.json"
+    out.mkdir(parents=True)  # os.replace cannot put a file over a folder
+    with pytest.raises(UsageError, match="cannot write snapshot"):
+        write_snapshot(out, [], "test")
+    assert [p.name for p in folder.iterdir()] == ["guard.json"] and list(out.iterdir()) == []

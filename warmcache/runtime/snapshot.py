@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,12 +41,25 @@ def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> N
         "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
     }
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    text = json.dumps(document, indent=1, sort_keys=True)
+    # A unique temporary name in the target's folder (os.replace must not cross file
+    # systems): two concurrent exports must not write into one temporary file, and a
+    # failed export must not leave it behind.
+    tmp: str | None = None
     try:
-        tmp.write_text(json.dumps(document, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(path)
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        ) as handle:
+            tmp = handle.name
+            handle.write(text)
+        os.chmod(tmp, _new_file_mode())
+        os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
         raise UsageError(f"{path}: cannot write snapshot: {exc.strerror}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def read_snapshot(path: Path) -> list[ShapeRecord]:
@@ -54,7 +69,7 @@ def read_snapshot(path: Path) -> list[ShapeRecord]:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"{path}: cannot read snapshot: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for a file that is not UTF-8
         raise UsageError(f"{path}: not a JSON file: {exc}") from None
     if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
         raise UsageError(f"{path}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
@@ -64,6 +79,13 @@ def read_snapshot(path: Path) -> list[ShapeRecord]:
     if not isinstance(records, list):
         raise UsageError(f"{path}: key 'records' must be a list")
     return [_record(path, i, item) for i, item in enumerate(records)]
+
+
+def _new_file_mode() -> int:
+    """The mode ``open()`` would give a new file: mkstemp's 0600 would hide the snapshot from a replica running as another user."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _record(path: Path, index: int, item: Any) -> ShapeRecord:

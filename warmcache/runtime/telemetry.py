@@ -94,12 +94,24 @@ class MissTelemetry:
         return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the flusher after one last flush; waits at most ``timeout`` seconds (a hung database is abandoned)."""
+        """Stop the flusher after one last flush; waits at most ``timeout`` seconds (a hung database is abandoned).
+
+        Misses recorded after the flusher ended (``record()`` after an earlier
+        ``close()``) have nobody left to drain them, so when no flusher is alive
+        a one-shot one writes them: a thread, so that the same ``timeout`` bounds
+        a hung database here too.
+        """
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
+        with self._lock:
+            thread = self._thread
+            if (thread is None or not thread.is_alive()) and self.registry_url is not None and self._queue:
+                # _stopping is set, so _run skips its loop and only does the final flush.
+                thread = self._thread = threading.Thread(target=self._run, name="warmcache-miss-telemetry", daemon=True)
+                thread.start()
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
                 return  # the flusher is stuck in the database; it is a daemon and dies with the process
         self._drop_registry()
 
@@ -132,6 +144,9 @@ class MissTelemetry:
             self._wake.wait(self.interval)
             self._wake.clear()
             self.flush()
+        # close() may have set _stopping while the flush above was writing: misses queued
+        # meanwhile would otherwise never reach the registry.
+        self.flush()
 
     def _event(self, key: _MissKey, count: int) -> MissEvent:
         batch, seq, decision, padded_batch, padded_seq = key
