@@ -95,3 +95,62 @@ def test_ranks_share_rank0_claims_and_fail_together(tmp_path: Path) -> None:
         assert r["one_failed"] == "rank 1: RuntimeError: shard too small"
         assert r["done"] is None
     assert [r["writer"] for r in results] == [True, False]
+
+
+_WAIT_PROBE = """
+import datetime as dt, json, sys, time
+from types import SimpleNamespace
+from warmcache.warmup import distributed, runner
+
+# Collectives time out after 4 s here, yet rank 0 waits about 8 s for a spec "another host" holds.
+distributed.COLLECTIVE_TIMEOUT = dt.timedelta(seconds=4)
+distributed.init_process_group("cpu")
+me = distributed.rank()
+
+
+class Elsewhere:
+    # Nothing to claim; the one spec is compiling on another host for 16 polls, then compiled.
+    polls = 0
+
+    def claim(self, identities, worker, lease_seconds):
+        return None
+
+    def rows(self, identities):
+        self.polls += 1
+        return [SimpleNamespace(status="compiling" if self.polls <= 16 else "compiled")]
+
+
+class NoWork:
+    ran = []
+
+    def run(self, planned):
+        self.ran.append(planned.identity)
+
+
+start = time.monotonic()
+if distributed.is_registry_writer():
+    runner.claim_loop(Elsewhere(), None, [SimpleNamespace(identity="held-elsewhere")], 1.5, print, distributed.coordination())
+    distributed.broadcast_from_writer(None)
+else:
+    distributed.follow_writer(NoWork(), [])
+with open(f"{sys.argv[1]}/rank-{me}.json", "w") as out:
+    json.dump({"rank": me, "seconds": time.monotonic() - start, "ran": NoWork.ran}, out)
+distributed.shutdown()
+"""
+
+
+def test_followers_outlast_the_collective_timeout_while_rank0_waits_for_other_hosts(tmp_path: Path) -> None:
+    """Rank 0 waiting for specs held elsewhere broadcasts each poll, so no collective outlasts one poll.
+
+    Before, the followers sat in one broadcast for the whole wait (an hour-long
+    Neuron compile on another host): it timed out and torchrun failed the group.
+    """
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(_WAIT_PROBE))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe), str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["seconds"] > 4 for r in results)  # the wait outlasted the probe's 4 s collective timeout
+    assert results[1]["ran"] == []

@@ -9,7 +9,9 @@ coordinate ranks itself; it runs under torchrun (re-executing itself with
 ``torch.distributed`` for the three things the ranks must agree on:
 
 * which spec to run next: rank 0 claims it in the registry and broadcasts its
-  identity (one claimant per group of ranks, so the fleet's leases stay per host);
+  identity (one claimant per group of ranks, so the fleet's leases stay per host),
+  or ``WAITING`` on each poll while other hosts hold the rest, so no collective
+  waits for another host's compile;
 * whether it worked: a failure on any rank fails the spec on all of them, since a
   graph compiled on rank 0 alone is useless to a sharded deployment;
 * who writes: only rank 0 records results, so a spec is never marked twice.
@@ -64,6 +66,9 @@ T = TypeVar("T")
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 #: A rank waits this long for the others; sharded loading and first compiles are slow.
 COLLECTIVE_TIMEOUT = dt.timedelta(hours=2)
+#: Rank 0 broadcasts this on each poll while it waits for specs other hosts hold, so
+#: the followers' collective never outlasts one poll (spec identities are hashes).
+WAITING = "warmcache:waiting"
 
 
 def in_torchrun() -> bool:
@@ -169,14 +174,23 @@ class Coordination:
     """Called with each claimed spec's identity before it runs."""
     agree: Callable[[str | None], str | None]
     """Called once per spec with this rank's error (or ``None``); returns the error of any rank."""
+    wait: Callable[[], object]
+    """Called on each poll while nothing is claimable but other hosts still hold specs.
+
+    Waiting for another host's hour-long compile (or its lease to expire) can
+    outlast ``COLLECTIVE_TIMEOUT``; a follower blocked in one broadcast all that
+    time would time out and torchrun would tear a healthy group down.
+    """
 
 
-ALONE = Coordination(announce=lambda identity: None, agree=lambda error: error)
+ALONE = Coordination(announce=lambda identity: None, agree=lambda error: error, wait=lambda: None)
 
 
 def coordination() -> Coordination:
     """How the claim loop of this process coordinates: alone, or as rank 0 of a torchrun."""
-    return Coordination(announce=broadcast_from_writer, agree=agree_on_failure) if in_torchrun() else ALONE
+    if not in_torchrun():
+        return ALONE
+    return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
 
 
 def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[], "WarmupSummary"]) -> "WarmupSummary":
@@ -215,12 +229,15 @@ def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
     """A non-zero rank: run each spec rank 0 announces, report success or error, until rank 0 says done.
 
     No registry access and no per-spec file lock: rank 0 holds the lock, and a
-    rank waiting on it would deadlock the group's collectives.
+    rank waiting on it would deadlock the group's collectives. ``WAITING`` means
+    rank 0 is still polling for specs other hosts hold: just listen again.
     """
     from warmcache.warmup.runner import error_line
 
     by_identity = {p.identity: p for p in planned}
     while (identity := broadcast_from_writer(None)) is not None:
+        if identity == WAITING:
+            continue
         error: str | None = None
         try:
             spec = by_identity.get(identity)
