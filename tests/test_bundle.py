@@ -242,3 +242,112 @@ def test_a_bundle_of_another_layout_is_refused_before_touching_the_cache(built: 
     result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(inductor_cache), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
     assert result.exit_code == 5 and "holds a cache of layout inductor; refused" in result.stderr
     assert files_under(inductor_cache) == before
+
+
+# ------------------------------------------------- malformed rows, atomic install
+
+
+def _edit_meta(members: list, edit: Callable[[dict], None]) -> None:
+    meta_info, blob = members[0]
+    meta = json.loads(blob)
+    edit(meta)
+    blob = json.dumps(meta).encode()
+    meta_info.size = len(blob)
+    members[0] = (meta_info, blob)
+
+
+def _set(field: str, value: object, artifact: bool = False) -> Callable[[dict], None]:
+    """Set ``field`` of the last row (or of its first artifact): rows are merged after the first entry moved."""
+
+    def edit(meta: dict) -> None:
+        (meta["rows"][-1]["artifacts"][0] if artifact else meta["rows"][-1])[field] = value
+
+    return edit
+
+
+MALFORMED_ROWS: dict[str, tuple[Callable[[dict], None], str]] = {
+    "artifact kind not a string": (_set("kind", 5, artifact=True), "rows[1].artifacts[0].kind is 5, not a string"),
+    "artifact path not a string": (_set("path", ["x"], artifact=True), "rows[1].artifacts[0].path is ['x'], not a string"),
+    "batch size a string": (_set("batch_size", "2"), "rows[1].batch_size is '2', not an integer"),
+    "attempts a boolean": (_set("attempts", True), "rows[1].attempts is True, not an integer"),
+    "toolchain not an object": (_set("toolchain", []), "rows[1].toolchain is [], not an object"),
+    "settings missing": (_set("settings", None), "rows[1].settings is None, not an object"),
+    "bad timestamp": (_set("compiled_at", "yesterday"), "rows[1].compiled_at 'yesterday' is not an ISO timestamp"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_ROWS))
+def test_malformed_rows_are_refused_before_any_entry_moves(built: Built, tmp_path: Path, case: str) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    edit, message = MALFORMED_ROWS[case]
+    bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _edit_meta(m, edit))
+    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
+    broken = target / built.entries[0]  # an original the unpack would replace
+    broken.mkdir(parents=True)
+    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(target), "--db", url)
+    assert result.exit_code == 5, result.output
+    assert result.stderr.startswith(f"warmcache: error: {bad}: warmcache-bundle.json: ") and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+    assert files_under(target) == {f"{built.entries[0]}/model.log": b"ERROR: compilation failed\n"}
+    assert [p.name for p in target.iterdir()] == [built.entries[0].split("/")[0]] and rows(url) == []
+
+
+def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = tmp_path / "warm.tar"
+    assert pack(built, bundle).exit_code == 0
+    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
+    broken = target / built.entries[0]
+    broken.mkdir(parents=True)
+    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    before = {p.relative_to(target) for p in target.rglob("*")}
+
+    def database_gone(*args: object, **kwargs: object) -> None:
+        from warmcache.errors import CacheError
+
+        raise CacheError("registry: the database went away")
+
+    monkeypatch.setattr("warmcache.cache.unbundle.merge_rows", database_gone)
+    result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
+    assert result.exit_code == 5 and "the database went away" in result.stderr
+    assert {p.relative_to(target) for p in target.rglob("*")} == before  # the added entry is gone, the original back, no work folder left
+    assert (broken / "model.log").read_text() == "ERROR: compilation failed\n"
+
+
+def _as_native(members: list, names: dict[str, str]) -> None:
+    """Turn a Neuron bundle into a neuron-native one whose entries are named ``names[old entry]``."""
+
+    def rename(path: str) -> str:
+        entry = "/".join(path.split("/")[:2])
+        return names[entry] + path[len(entry) :]
+
+    def edit(meta: dict) -> None:
+        meta["flavor"] = "neuron-native"
+        for f in meta["files"]:
+            f["path"] = rename(f["path"])
+        for row in meta["rows"]:
+            row["artifacts"] = [{**a, "kind": "neuron-neff", "path": rename(a["path"])} for a in row["artifacts"]]
+
+    _edit_meta(members, edit)
+    files = [(info, data) for info, data in members[1:] if info.isfile()]
+    for info, _ in files:
+        info.name = "cache/" + rename(info.name[len("cache/") :])
+    members[1:] = files
+
+
+def test_a_native_entry_named_like_a_work_folder_is_installed_as_is(built: Built, tmp_path: Path) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    native = rebuild(good, tmp_path / "native.tar", lambda t, m: _as_native(m, {built.entries[0]: ".replaced", built.entries[1]: "mod-b"}))
+    target = tmp_path / "native-cache"
+    for entry, data in ((".replaced", b"old neff"), ("keep", b"unrelated neff")):
+        (target / entry).mkdir(parents=True)
+        (target / entry / "model.neff").write_bytes(data)
+    result = cli("bundle", "unpack", str(native), "--cache-dir", str(target), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}", "--json")
+    assert result.exit_code == 0, result.output
+    assert (json.loads(result.stdout)["entries_added"], json.loads(result.stdout)["entries_replaced"]) == (1, 1)
+    source = files_under(built.root / built.entries[0])
+    assert files_under(target / ".replaced") == source  # the bundle's entry, not the original parked inside it
+    assert files_under(target / "keep") == {"model.neff": b"unrelated neff"}
+    assert sorted(p.name for p in target.iterdir()) == [".replaced", "keep", "mod-b"]

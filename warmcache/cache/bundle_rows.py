@@ -50,21 +50,53 @@ def row_to_json(record: ShapeRecord) -> dict[str, Any]:
     return out
 
 
+#: The JSON type(s) each bundled field must have, so that a malformed bundle is refused with
+#: a message naming the field before anything is written, never a traceback (or a database
+#: error) halfway through installing its entries. ``None`` marks a nullable field.
+_STR, _INT, _DICT = (str,), (int,), (dict,)
+_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    **{name: (_STR, False) for name in ("identity", "shape_hash", "model_name", "model_path", "config_hash", "toolchain_hash",
+                                        "workload", "dtype", "device", "backend", "mode", "status", "created_at", "updated_at")},
+    **{name: (_STR, True) for name in ("model_revision", "host", "compiled_at", "verified_at")},
+    **{name: (_INT, False) for name in ("batch_size", "seq_len", "tp_size", "fsdp_size", "attempts")},
+    **{name: (_INT, True) for name in ("max_cache_len", "graphs_compiled")},
+    "compile_seconds": ((int, float), True),
+    "toolchain": (_DICT, False),
+    "settings": (_DICT, False),
+}  # fmt: skip
+_ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {"kind": (_STR, False), "path": (_STR, False), "size_bytes": (_INT, True)}
+
+
 def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
-    """Validate bundled rows enough that a bad bundle fails before anything is written."""
+    """Validate bundled rows completely (types, timestamps) so a bad bundle fails before anything is written."""
     if not isinstance(rows, list):
         raise CacheError(f"{where}: 'rows' must be a list")
     for index, row in enumerate(rows):
+        at = f"{where}: rows[{index}]"
         if not isinstance(row, dict):
-            raise CacheError(f"{where}: rows[{index}] must be an object")
+            raise CacheError(f"{at} must be an object")
         missing = [name for name in (*_FIELDS, "artifacts") if name not in row]
         if missing:
-            raise CacheError(f"{where}: rows[{index}] lacks {', '.join(missing)}")
+            raise CacheError(f"{at} lacks {', '.join(missing)}")
+        _check_types(row, _TYPES, at)
         if row["status"] not in DONE_STATUSES:
-            raise CacheError(f"{where}: rows[{index}].status is {row['status']!r}; a bundle carries only compiled or verified rows")
+            raise CacheError(f"{at}.status is {row['status']!r}; a bundle carries only compiled or verified rows")
         if not isinstance(row["artifacts"], list) or not all(isinstance(a, dict) and {"kind", "path"} <= a.keys() for a in row["artifacts"]):
-            raise CacheError(f"{where}: rows[{index}].artifacts must be a list of {{kind, path, size_bytes}} objects")
+            raise CacheError(f"{at}.artifacts must be a list of {{kind, path, size_bytes}} objects")
+        for number, artifact in enumerate(row["artifacts"]):
+            _check_types(artifact, _ARTIFACT_TYPES, f"{at}.artifacts[{number}]")
+        _values(row, at)  # parses the timestamps
     return rows
+
+
+def _check_types(data: dict[str, Any], types: dict[str, tuple[tuple[type, ...], bool]], at: str) -> None:
+    for name, (allowed, nullable) in types.items():
+        value = data.get(name)
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, allowed):  # JSON true is not a count
+            wanted = " or ".join({str: "a string", int: "an integer", float: "a number", dict: "an object"}[t] for t in allowed)
+            raise CacheError(f"{at}.{name} is {value!r}, not {wanted}{' or null' if nullable else ''}; refused")
 
 
 def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: str | None = None) -> MergeResult:
@@ -114,14 +146,15 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
     return MergeResult(inserted, updated, unchanged, tuple(skipped))
 
 
-def _values(data: dict[str, Any]) -> dict[str, Any]:
+def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
+    """The row's column values, timestamps parsed (naive ones read as UTC)."""
     values = {name: data[name] for name in _FIELDS}
     for name in _TIMES:
         if values[name] is not None:
             try:
                 values[name] = dt.datetime.fromisoformat(values[name])
             except (TypeError, ValueError):
-                raise CacheError(f"bundle row {data['identity']}: {name} {values[name]!r} is not an ISO timestamp") from None
+                raise CacheError(f"{at or 'bundle row ' + str(data['identity'])}.{name} {values[name]!r} is not an ISO timestamp; refused") from None
             if values[name].tzinfo is None:
                 values[name] = values[name].replace(tzinfo=dt.timezone.utc)
     return values

@@ -7,7 +7,9 @@ toolchain that differs from this machine's (unless ``force``). Then files are
 extracted into a staging folder *inside* the target cache root (so the final
 moves are same-filesystem renames), each file's sha256 and size are checked, and
 only then is each entry moved into place with one rename and the rows merged
-(idempotently, by identity). A bad bundle leaves the target as it was.
+(idempotently, by identity). A bad bundle leaves the target as it was: rows are
+validated completely before the first write, and if a move or the row merge still
+fails, the moves are undone (originals put back, new entries removed).
 """
 
 from __future__ import annotations
@@ -229,8 +231,14 @@ def _install(
     root = location.root
     created = [p for p in (root, *root.parents) if not p.exists()]
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    token = uuid.uuid4().hex[:12]
+    staging = root / f"{STAGING_PREFIX}{token}"
+    # Replaced originals wait in a sibling of the staging folder, never inside it: a
+    # neuron-native entry may be named anything, ".replaced" included. The name keeps the
+    # work-folder prefix, so scans skip it and doctor removes it if a crash leaves it.
+    parked = root / f"{STAGING_PREFIX}{token}-replaced"
     staging.mkdir()
+    journal: list[_Move] = []
     try:
         total = sum(f.size for f in meta.files.values())
         done = 0
@@ -239,13 +247,17 @@ def _install(
             done += meta.files[path].size
             if progress:
                 progress(done, total)
-        added, replaced, present = _move_into_place(meta, staging, root)
+        added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
         rows = merge_rows(registry, meta.rows, str(root))
     except BaseException:
+        _undo(journal)
         shutil.rmtree(staging, ignore_errors=True)
+        if not any(move.original is not None and os.path.lexists(move.original) for move in journal):
+            shutil.rmtree(parked, ignore_errors=True)  # else keep what could not be put back
         _remove_if_empty(created)
         raise
     shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(parked, ignore_errors=True)
     return UnpackResult(root, added, replaced, present, len(members), total, rows)
 
 
@@ -273,34 +285,86 @@ def _blocks(handle: IO[bytes]) -> Iterable[bytes]:
     return iter(lambda: handle.read(1 << 20), b"")
 
 
-def _move_into_place(meta: BundleMeta, staging: Path, root: Path) -> tuple[int, int, int]:
-    """Move each staged entry to its place with one rename; an identical entry already there is kept."""
+@dataclass(slots=True)
+class _Move:
+    """One step of installing an entry, recorded so that a failure later can be undone.
+
+    ``original`` is where the entry that was at ``dest`` now waits (``None``: there was
+    none); ``installed`` says whether the bundle's entry was renamed to ``dest``;
+    ``new_dirs`` are the parent folders created for it.
+    """
+
+    dest: Path
+    original: Path | None = None
+    installed: bool = False
+    new_dirs: tuple[Path, ...] = ()
+
+
+def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, journal: list[_Move]) -> tuple[int, int, int]:
+    """Move each staged entry to its place with one rename; an identical entry already there is kept.
+
+    Every rename is appended to ``journal`` as it happens, so that :func:`_undo` can
+    restore the cache if a later entry or the row merge fails.
+    """
     by_entry: dict[str, list[BundleFile]] = {}
     for path, file in meta.files.items():
         found = entry_of(meta.flavor, path)
         assert found is not None  # checked in _check_files
         by_entry.setdefault(found[1], []).append(file)
     added = replaced = present = 0
-    old = staging / ".replaced"
     for index, (entry, files) in enumerate(sorted(by_entry.items())):
         dest = root / entry
+        move = _Move(dest)
         if os.path.lexists(dest):
             if _holds(root, files):
                 present += 1
                 continue
-            old.mkdir(exist_ok=True)
-            os.rename(dest, old / str(index))
+            parked.mkdir(exist_ok=True)
+            os.rename(dest, parked / str(index))
+            move.original = parked / str(index)
+            journal.append(move)
             replaced += 1
         else:
+            move.new_dirs = tuple(p for p in dest.parents if p != root and root in p.parents and not p.exists())
             dest.parent.mkdir(parents=True, exist_ok=True)
+            journal.append(move)
             added += 1
         try:
             os.rename(staging / entry, dest)
         except OSError:
             if not _holds(root, files):
                 raise
-            added, present = added - 1, present + 1  # a concurrent unpack of the same entry won the race
+            # A concurrent unpack of the same entry won the race: it is present, not ours.
+            added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
+            continue
+        move.installed = True
     return added, replaced, present
+
+
+def _undo(journal: list[_Move]) -> None:
+    """Undo the moves of a failed unpack, newest first: remove what it installed, put originals back.
+
+    Best effort: a step that fails leaves its original in the parked folder (which the
+    caller then keeps) rather than hiding the error that triggered the undo.
+    """
+    for move in reversed(journal):
+        try:
+            if move.installed:
+                _remove(move.dest)
+            if move.original is not None and not os.path.lexists(move.dest):
+                os.rename(move.original, move.dest)
+            for folder in move.new_dirs:  # deepest first
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        except OSError:
+            continue
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _holds(root: Path, files: list[BundleFile]) -> bool:
