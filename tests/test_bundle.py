@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
+import warmcache.cache.bundle as bundle_module
 from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
 from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
@@ -351,3 +353,64 @@ def test_a_native_entry_named_like_a_work_folder_is_installed_as_is(built: Built
     assert files_under(target / ".replaced") == source  # the bundle's entry, not the original parked inside it
     assert files_under(target / "keep") == {"model.neff": b"unrelated neff"}
     assert sorted(p.name for p in target.iterdir()) == [".replaced", "keep", "mod-b"]
+
+
+# ------------------------------------------------------- file-system errors in pack
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
+    def full(self: tarfile.TarFile, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", full)
+
+
+def _vanishes(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
+    """A cache file deleted between listing and hashing (a concurrent prune)."""
+    original = bundle_module.sha256_of
+
+    def hash_after_delete(path: Path) -> str:
+        path.unlink()
+        return original(path)
+
+    monkeypatch.setattr(bundle_module, "sha256_of", hash_after_delete)
+
+
+def _shrinks(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
+    """A cache file truncated after it was hashed, before it is copied into the archive."""
+    original = bundle_module.open_quietly
+    opened: set[Path] = set()
+
+    def open_after_truncate(path: Path):  # type: ignore[no-untyped-def]
+        if path.name == "model.neff" and path in opened:  # opened once to hash, now to copy
+            path.write_bytes(b"")
+        opened.add(path)
+        return original(path)
+
+    monkeypatch.setattr(bundle_module, "open_quietly", open_after_truncate)
+
+
+PACK_FS_ERRORS: dict[str, tuple[Callable[[pytest.MonkeyPatch, Built], None], str]] = {
+    "disk full": (_disk_full, "warm.tar: No space left on device; bundle not written"),
+    "file vanishes": (_vanishes, "compile_flags.json: No such file or directory; bundle not written"),
+    "file shrinks": (_shrinks, "model.neff: changed while being packed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACK_FS_ERRORS))
+def test_file_system_errors_during_pack_are_one_line_errors(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    cause, message = PACK_FS_ERRORS[case]
+    cause(monkeypatch, built)
+    result = pack(built, tmp_path / "warm.tar")
+    assert result.exit_code == 5, result.output
+    *progress, error = result.stderr.strip().splitlines()  # progress lines, then one error line
+    assert error.startswith("warmcache: error: ") and message in error and all(line.startswith("packing: ") for line in progress)
+    assert not (tmp_path / "warm.tar").exists() and not list(tmp_path.glob(".warm.tar.partial*"))
+
+
+def test_pack_into_an_unwritable_place_names_it(built: Built, tmp_path: Path) -> None:
+    (tmp_path / "not-a-folder").write_text("")
+    result = pack(built, tmp_path / "not-a-folder" / "warm.tar")
+    assert result.exit_code == 5, result.output
+    assert result.stderr.startswith(f"warmcache: error: {tmp_path / 'not-a-folder'}: ") and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.strip().endswith("; bundle not written")

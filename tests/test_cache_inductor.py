@@ -71,3 +71,33 @@ def test_kernel_files_stay_while_any_compiled_graph_may_load_them(tmp_path: Path
     assert [f["shape"] for f in forced["forget"]] == ["m generate batch=2 seq=8 (compiled)"]  # it may have loaded that kernel
     with Registry.open(url) as registry:
         assert registry.rows() == []
+
+
+def test_inductor_temp_files_are_not_entries(tmp_path: Path) -> None:
+    """Inductor writes ``<xx>/.<pid>.<tid>.tmp`` then renames it: a write in progress, not a kernel."""
+    from warmcache.cache.layout import entry_of, list_entries
+
+    root = tmp_path / "inductor"
+    kernel = write(root, "xy/cxykernel.so")
+    write(root, "xy/.1234.5678.tmp")
+    write(root, "fxgraph/ab/.1234.5678.tmp")
+    graph = write(root, "fxgraph/ab/fabkey1/.1234.5678.tmp").rsplit("/", 1)[0]  # inside an entry: part of it
+    assert list_entries(root, "inductor") == {kernel: "inductor-code", graph: "inductor-fxgraph"}
+    assert entry_of("inductor", "xy/.1234.5678.tmp") is None
+    assert entry_of("neuron-native", ".hidden/model.neff") == ("neuron-neff", ".hidden")  # native entries may be named anything
+
+
+def test_last_used_skips_files_that_vanish_while_it_reads(tmp_path: Path, monkeypatch) -> None:
+    import warmcache.cache.inventory as inventory
+
+    root = tmp_path / "inductor"
+    write(root, "aotautograd/akey/entry", age=7200)
+    real_files = inventory._files
+
+    def with_a_vanished_temp(folder: Path):  # type: ignore[no-untyped-def]
+        yield folder / ".1234.5678.tmp"  # listed by os.walk, renamed away before lstat
+        yield from real_files(folder)
+
+    monkeypatch.setattr(inventory, "_files", with_a_vanished_temp)
+    assert abs(inventory.last_used(root / "aotautograd" / "akey") - (time.time() - 7200)) < 60
+    assert inventory.last_used(root / "gone") >= time.time() - 60  # an entry renamed away right now is not old

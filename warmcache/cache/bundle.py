@@ -138,9 +138,19 @@ def pack_bundle(
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
         raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
-    entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
-    files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
-    meta = {
+    try:
+        entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
+        files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
+        total = _write(output, mode, _meta(manifest, location, records, files), location.root, files, progress)
+    except OSError as exc:
+        # A read-only or full output folder, a cache file that vanished or shrank
+        # mid-pack: one line naming the path, not a traceback.
+        raise CacheError(f"{exc.filename or output}: {exc.strerror or exc}; bundle not written") from None
+    return PackResult(output, len(records), len(entries), len(files), total, not_compiled)
+
+
+def _meta(manifest: Manifest, location: CacheLocation, records: list[ShapeRecord], files: list[BundleFile]) -> dict[str, Any]:
+    return {
         "format": BUNDLE_FORMAT,
         "created_at": utcnow().isoformat(),
         "created_by": f"warmcache {package_version('warmcache') or 'unknown'} on {socket.gethostname()}",
@@ -150,6 +160,10 @@ def pack_bundle(
         "rows": [row_to_json(r) for r in records],
         "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in files],
     }
+
+
+def _write(output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, files: list[BundleFile], progress: Progress | None) -> int:
+    """Write the archive beside ``output`` and rename it into place; returns the bytes of cache files."""
     total = sum(f.size for f in files)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -160,18 +174,23 @@ def pack_bundle(
             tar.addfile(_tarinfo(META_NAME, len(blob), 0o644, now), io.BytesIO(blob))
             done = 0
             for f in files:
-                source = location.root / f.path
+                source = root / f.path
                 stat = source.stat()
                 info = _tarinfo(CACHE_PREFIX + f.path, f.size, 0o755 if stat.st_mode & 0o111 else 0o644, stat.st_mtime or now)
                 with open_quietly(source) as handle:
-                    tar.addfile(info, handle)
+                    try:
+                        tar.addfile(info, handle)
+                    except OSError as exc:
+                        if exc.errno is None:  # tarfile's "unexpected end of data": the file shrank
+                            raise OSError(None, f"changed while being packed ({exc})", str(source)) from None
+                        raise
                 done += f.size
                 if progress:
                     progress(done, total)
         os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
-    return PackResult(output, len(records), len(entries), len(files), total, not_compiled)
+    return total
 
 
 def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[str]:

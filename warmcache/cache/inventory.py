@@ -249,9 +249,22 @@ def _facts(root: Path, path: str, kind: str, now: float, compiler_running: bool)
 
 
 def last_used(path: Path) -> float:
-    """Newest atime/mtime among ``path``'s files (``relatime`` keeps atime roughly current)."""
-    stats = [path.lstat()] if not path.is_dir() else [p.lstat() for p in _files(path)] or [path.lstat()]
-    return max(max(s.st_atime, s.st_mtime) for s in stats)
+    """Newest atime/mtime among ``path``'s files (``relatime`` keeps atime roughly current).
+
+    A file that vanishes while it is read (a compiler's temp file renamed into place,
+    another prune) is skipped; an entry with nothing left to read counts as used now,
+    since something is changing it this very moment and no age rule should pick it.
+    """
+    candidates = list(_files(path)) if path.is_dir() else []
+    stats = [s for s in map(_lstat_or_none, candidates) if s is not None] or [s for s in (_lstat_or_none(path),) if s is not None]
+    return max((max(s.st_atime, s.st_mtime) for s in stats), default=time.time())
+
+
+def _lstat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
 
 
 def _files(folder: Path) -> Iterable[Path]:

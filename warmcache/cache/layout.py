@@ -55,23 +55,33 @@ def entry_of(flavor: CacheFlavor, relpath: str) -> tuple[str, str] | None:
     """``(kind, entry path)`` of the entry that holds ``relpath`` (POSIX, relative), or ``None``."""
     parts = relpath.split("/")
     if flavor == "inductor":
-        head = parts[0]
-        if head == "fxgraph" and len(parts) >= 3:
-            return INDUCTOR_FXGRAPH, "/".join(parts[:3])
-        if head == "aotautograd" and len(parts) >= 2:
-            return INDUCTOR_AOTAUTOGRAD, "/".join(parts[:2])
-        if head == "triton" and len(parts) >= 3:
-            return INDUCTOR_TRITON, "/".join(parts[:3])
-        if head in ("locks", "fxgraph", "aotautograd", "triton"):
+        found = _inductor_entry(parts)
+        # Inductor writes ``<dir>/.<pid>.<tid>.tmp`` and renames it into place: such a
+        # name is a write in progress (or a crashed one's leftover), never an entry.
+        if found is None or any(name.startswith(".") for name in found[1].split("/")):
             return None
-        if len(parts) == 2:
-            return INDUCTOR_CODE, relpath
-        return None
+        return found
     if flavor == "neuron":
         if len(parts) >= 2 and parts[0].startswith("neuronxcc-") and parts[1].startswith("MODULE_"):
             return NEURON_MODULE, "/".join(parts[:2])
         return None
     return NEURON_NEFF, parts[0]
+
+
+def _inductor_entry(parts: list[str]) -> tuple[str, str] | None:
+    """The Inductor entry ``parts`` falls in, by the layout in the module docstring."""
+    head = parts[0]
+    if head == "fxgraph" and len(parts) >= 3:
+        return INDUCTOR_FXGRAPH, "/".join(parts[:3])
+    if head == "aotautograd" and len(parts) >= 2:
+        return INDUCTOR_AOTAUTOGRAD, "/".join(parts[:2])
+    if head == "triton" and len(parts) >= 3:
+        return INDUCTOR_TRITON, "/".join(parts[:3])
+    if head in ("locks", "fxgraph", "aotautograd", "triton"):
+        return None
+    if len(parts) == 2:
+        return INDUCTOR_CODE, "/".join(parts)
+    return None
 
 
 def list_entries(root: Path, flavor: CacheFlavor) -> dict[str, str]:
