@@ -11,14 +11,20 @@ compiled a new graph. Hence :func:`max_new_tokens_that_fit`.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
 
 
+@functools.cache
 def compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
-    """The ``CompileConfig`` generate() compiles its decode step with.
+    """The ``CompileConfig`` generate() compiles its decode step with: one object per target.
+
+    transformers re-wraps its forward in a new ``torch.compile`` whenever the config
+    differs from the last call's, which would retrace every shape; handing warmup and
+    the guard the same object per target rules that out.
 
     ``dynamic=False`` everywhere: a bucketed deployment wants one static graph per
     shape (and Neuron has no dynamic shapes). On CPU, ``_compile_all_devices`` is

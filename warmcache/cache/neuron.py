@@ -24,7 +24,6 @@ system. The native backend's NEFF cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) is
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal

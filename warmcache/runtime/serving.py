@@ -13,7 +13,6 @@ and only then arms the strict recompile sentinel around every call.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from warmcache.runtime.padding import fit_generate_inputs
 from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
-    from transformers import CompileConfig
-
     from warmcache.runtime.guard import ShapeGuard
 
 log = logging.getLogger("warmcache.runtime")
@@ -37,12 +34,6 @@ log = logging.getLogger("warmcache.runtime")
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 #: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
 _FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config")
-
-
-@functools.cache
-def _compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
-    # One object per target: transformers recompiles its forward when the config object compares unequal.
-    return compile_config(backend, mode, device)
 
 
 def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
@@ -57,7 +48,7 @@ def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
     batch, length = fitted.shape
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=_compile_config(backend, mode, device))
+    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device))
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):

@@ -27,7 +27,7 @@ from warmcache.warmup.distributed import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
 
 if TYPE_CHECKING:
-    from transformers import CompileConfig, PreTrainedModel
+    from transformers import PreTrainedModel
 
 #: Folder under a cache root that holds warmcache's per-spec file locks (a work folder, never an entry).
 LOCK_DIRNAME = f"{WORK_DIR_PREFIX}locks"
@@ -66,7 +66,6 @@ class Worker:
     cache_dir: str | Path | None = None
     _roots: dict[Target, Path] = field(default_factory=dict)
     _models: dict[tuple[Any, ...], "PreTrainedModel"] = field(default_factory=dict)
-    _compile_configs: dict[Target, "CompileConfig"] = field(default_factory=dict)
 
     def cache_root(self, target: Target) -> Path:
         """The target's cache root; the first call points the compiler at it (before any compile)."""
@@ -101,7 +100,7 @@ class Worker:
         # The Trainer prints its metrics to stdout; keep stdout for --json output.
         with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
             if spec.workload == "generate":
-                result = run_generate(model, spec, self._compile_config(target), target.input_device())
+                result = run_generate(model, spec, target.compile_config(), target.input_device())
             else:
                 result = run_train(model, spec, target.device, target.backend, target.mode)
         seconds = time.perf_counter() - start
@@ -119,14 +118,6 @@ class Worker:
             persistent_cache=flavor is not None,
             reused_entries=reused,
         )
-
-    def _compile_config(self, target: Target) -> "CompileConfig":
-        # One config object per target: generate() re-wraps torch.compile whenever the
-        # config differs from the last one, which would retrace every shape.
-        config = self._compile_configs.get(target)
-        if config is None:
-            config = self._compile_configs[target] = target.compile_config()
-        return config
 
     def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
         # Training mutates the model (train mode, weights, gradient checkpointing), so
