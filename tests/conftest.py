@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 POSTGRES_ENV = "WARMCACHE_TEST_POSTGRES_URL"
@@ -44,22 +44,8 @@ def postgres_base_url() -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
-    import sqlalchemy as sa
-
-    from warmcache.registry.engine import normalise_url
-
-    base = normalise_url(postgres_base_url())
-    schema = f"wc_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-        admin.dispose()
+    with temporary_schema(postgres_base_url()) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 
@@ -75,21 +75,8 @@ def fresh_registry(db: str | None, work: Path, name: str) -> Iterator[str]:
     if not db or db.startswith("sqlite"):
         yield f"sqlite:///{work / f'{name}.sqlite'}"
         return
-    import sqlalchemy as sa
-
-    from warmcache.registry.engine import normalise_url
-
-    base = normalise_url(db)
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-        admin.dispose()
+    with temporary_schema(db, prefix="bench") as url:
+        yield url
 
 
 def run_fleet(manifest: Path, url: str, cache: Path, workers: int, split_cores: bool) -> Run:
