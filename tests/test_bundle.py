@@ -56,6 +56,15 @@ def rows(url: str) -> list[tuple]:
         return [(r.identity, r.status, r.updated_at, tuple(sorted(a.path for a in r.artifacts))) for r in registry.rows(with_artifacts=True)]
 
 
+def production_with_a_failed_entry(built: Built, tmp_path: Path) -> tuple[Path, str]:
+    """A production cache holding a failed compile of the bundle's first entry (which an unpack replaces), and its registry URL."""
+    target = tmp_path / "prod"
+    broken = target / built.entries[0]
+    broken.mkdir(parents=True)
+    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    return target, f"sqlite:///{tmp_path / 'prod.sqlite'}"
+
+
 def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Built, tmp_path: Path, registry_url: str) -> None:
     bundle = tmp_path / "warm.tar.gz"
     packed = pack(built, bundle)
@@ -102,15 +111,13 @@ def test_pack_verified_only_ships_only_what_verify_proved(built: Built, tmp_path
 def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built: Built, tmp_path: Path) -> None:
     bundle = tmp_path / "warm.tar"
     assert pack(built, bundle).exit_code == 0
-    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    broken = target / built.entries[0]
-    broken.mkdir(parents=True)
-    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    target, url = production_with_a_failed_entry(built, tmp_path)
     with Registry.open(url) as registry:
         registry.ensure_pending([planned_by_batch(built.manifest)[1]])
     result = json.loads(cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url, "--json").stdout)
     assert (result["entries_added"], result["entries_replaced"]) == (1, 1)
     assert (result["rows"]["inserted"], result["rows"]["updated"]) == (1, 1)
+    broken = target / built.entries[0]
     assert not (broken / "model.log").exists() and (broken / "model.done").exists()
     assert {r[1] for r in rows(url)} == {"compiled"}
 
@@ -284,10 +291,7 @@ def test_malformed_rows_are_refused_before_any_entry_moves(built: Built, tmp_pat
     assert pack(built, good).exit_code == 0
     edit, message = MALFORMED_ROWS[case]
     bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _edit_meta(m, edit))
-    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    broken = target / built.entries[0]  # an original the unpack would replace
-    broken.mkdir(parents=True)
-    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    target, url = production_with_a_failed_entry(built, tmp_path)
     result = cli("bundle", "unpack", str(bad), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5, result.output
     assert result.stderr.startswith(f"warmcache: error: {bad}: warmcache-bundle.json: ") and len(result.stderr.strip().splitlines()) == 1
@@ -299,10 +303,7 @@ def test_malformed_rows_are_refused_before_any_entry_moves(built: Built, tmp_pat
 def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bundle = tmp_path / "warm.tar"
     assert pack(built, bundle).exit_code == 0
-    target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    broken = target / built.entries[0]
-    broken.mkdir(parents=True)
-    (broken / "model.log").write_text("ERROR: compilation failed\n")
+    target, url = production_with_a_failed_entry(built, tmp_path)
     before = {p.relative_to(target) for p in target.rglob("*")}
 
     def database_gone(*args: object, **kwargs: object) -> None:
@@ -314,7 +315,7 @@ def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path
     result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5 and "the database went away" in result.stderr
     assert {p.relative_to(target) for p in target.rglob("*")} == before  # the added entry is gone, the original back, no work folder left
-    assert (broken / "model.log").read_text() == "ERROR: compilation failed\n"
+    assert (target / built.entries[0] / "model.log").read_text() == "ERROR: compilation failed\n"
 
 
 def _as_native(members: list, names: dict[str, str]) -> None:
