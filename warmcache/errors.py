@@ -9,6 +9,18 @@ traceback for these.
 from __future__ import annotations
 
 
+def first_line(error: BaseException | str | None) -> str:
+    """The first non-empty line of an error (or its text): what a one-line report has room for.
+
+    An exception without text reads as its type name; empty text reads as ``""``.
+    """
+    text = error if isinstance(error, str) or error is None else str(error)
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return type(error).__name__ if isinstance(error, BaseException) else ""
+
+
 class WarmcacheError(Exception):
     """Base class: a clear, single-line, user-facing failure."""
 

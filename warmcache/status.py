@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from warmcache.errors import first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import PlanStatus, Registry
 from warmcache.registry.models import utcnow
@@ -185,7 +186,7 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
                 Claim(model, workload, spec.batch_size, spec.seq_len, record.claimed_by, record.updated_at, expires, expires is not None and expires < now)
             )
         elif s.status == "failed":
-            failures.append(Failure(model, workload, spec.batch_size, spec.seq_len, first_line(record.error), record.attempts, record.host))
+            failures.append(Failure(model, workload, spec.batch_size, spec.seq_len, _error_summary(record.error), record.attempts, record.host))
     # Stale rows count too: an older toolchain's compile time is still the best guess for this one.
     seconds = [s.record.compile_seconds for s in statuses if s.record is not None and s.record.compile_seconds is not None]
     return GroupStatus(
@@ -198,12 +199,9 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
     )
 
 
-def first_line(text: str | None) -> str:
-    """The first non-empty line of an error text: what a status table has room for."""
-    for line in (text or "").splitlines():
-        if line.strip():
-            return line.strip()
-    return "(no error text recorded)"
+def _error_summary(text: str | None) -> str:
+    """The first line of a recorded error: what a status table has room for."""
+    return first_line(text) or "(no error text recorded)"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.buckets.distribution import LengthDistribution
-from warmcache.errors import UsageError
+from warmcache.errors import UsageError, first_line
 
 #: Texts tokenised per call: big enough for the fast tokenizers' batching, small enough for steady progress.
 TOKENIZE_CHUNK = 512
@@ -126,8 +126,7 @@ def _load_tokenizer(tokenizer_path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{tokenizer_path}: cannot load a tokenizer: {first}") from None
+        raise UsageError(f"{tokenizer_path}: cannot load a tokenizer: {first_line(exc)}") from None
 
 
 def _open_text(file: Path) -> Iterator[str]:

@@ -19,7 +19,7 @@ from warmcache.cli.guard import guard_group, misses
 from warmcache.cli.query import check, plan, shapes
 from warmcache.cli.status import status
 from warmcache.cli.warmup import verify, warmup
-from warmcache.errors import RegistryError, WarmcacheError
+from warmcache.errors import RegistryError, WarmcacheError, first_line
 from warmcache.fingerprint import package_version
 
 
@@ -30,7 +30,7 @@ class _Group(click.Group):
         except WarmcacheError as exc:
             _fail(ctx, exc)
         except DBAPIError as exc:
-            _fail(ctx, RegistryError(f"registry: {str(exc.orig or exc).strip().splitlines()[0]}"))
+            _fail(ctx, RegistryError(f"registry: {first_line(exc.orig or exc)}"))
 
 
 def _fail(ctx: click.Context, exc: WarmcacheError) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from warmcache.errors import RegistryError
+from warmcache.errors import RegistryError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
@@ -77,7 +77,7 @@ class Registry:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
             engine.dispose()
-            raise RegistryError(f"registry {display_url(url)}: cannot open: {_first_line(exc.orig or exc)}") from None
+            raise RegistryError(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
         except BaseException:
             engine.dispose()
             raise
@@ -110,7 +110,7 @@ class Registry:
         except DBAPIError as exc:
             # Any driver error (connection lost, not a database, permission denied) is the
             # registry's, reported in one line; callers never see a driver traceback.
-            raise RegistryError(f"registry {self.display_url}: {_first_line(exc.orig or exc)}") from None
+            raise RegistryError(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
 
@@ -443,11 +443,6 @@ def _row_values(p: PlannedShape) -> dict[str, Any]:
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _first_line(exc: object) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["MissEvent", "PlanStatus", "Registry", "worker_id"]

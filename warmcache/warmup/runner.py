@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from warmcache.errors import UsageError, WarmcacheError
+from warmcache.errors import UsageError, WarmcacheError, first_line
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
@@ -346,8 +346,8 @@ def _run_locked(worker: Worker, planned: PlannedShape) -> tuple[SpecRun | None, 
 
 
 def error_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
+    """``Type: first line`` of a spec's error, as the registry stores it."""
+    first = first_line(str(exc))
     return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
 
 
