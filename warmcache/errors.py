@@ -81,3 +81,9 @@ class CacheError(WarmcacheError):
     """A compile-cache directory or bundle is unusable (bad hash, unsafe member)."""
 
     exit_code = 5
+
+
+class StoreError(WarmcacheError):
+    """The artifact store is unreachable, refuses us, or holds something unusable."""
+
+    exit_code = 6

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from warmcache.errors import ManifestError
+from warmcache.cache.units import parse_size
+from warmcache.errors import ManifestError, UsageError
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
 
 DEVICES = ("neuron", "cpu", "cuda")
@@ -25,9 +26,10 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-_TOP_KEYS = ("registry", "cache", "model")
+_TOP_KEYS = ("registry", "cache", "store", "model")
 _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
+_STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size")
 _MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "distributed", "generate", "train")
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
 _GENERATE_KEYS = (
@@ -135,6 +137,18 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """The ``[store]`` table: where compiled caches are published and fetched (see :mod:`warmcache.store`)."""
+
+    url: str | None = None
+    #: An S3-compatible server (MinIO, R2, ...); AWS itself needs none.
+    endpoint_url: str | None = None
+    #: ``warmcache warmup`` publishes each shape as soon as it is compiled.
+    push: bool = False
+    max_pull_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """A validated manifest file."""
 
@@ -143,6 +157,7 @@ class Manifest:
     registry_url: str | None = None
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     cache_dir: Path | None = None
+    store: StoreSettings = field(default_factory=lambda: StoreSettings())
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:
@@ -279,6 +294,8 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     check.unknown_keys(cache, _CACHE_KEYS, "cache")
     cache_dir = check.string(cache, "dir", "cache")
 
+    store = _parse_store(check, check.table(raw, "store", "store"), base)
+
     models: list[ModelSpec] = []
     seen: dict[str, int] = {}
     entries = check.tables(raw, "model", "model")
@@ -302,7 +319,26 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         registry_url=resolve_registry_url(url, base) if url else None,
         lease_seconds=lease or DEFAULT_LEASE_SECONDS,
         cache_dir=(base / Path(cache_dir).expanduser()).resolve() if cache_dir else None,
+        store=store,
     )
+
+
+def _parse_store(check: _Checker, table: dict[str, Any], base: Path) -> StoreSettings:
+    """``[store]``: a plain path is a ``file://`` store relative to the manifest's folder."""
+    check.unknown_keys(table, _STORE_KEYS, "store")
+    url = check.string(table, "url", "store")
+    if url is not None and "://" not in url:
+        url = (base / Path(url).expanduser()).resolve().as_uri()
+    elif url is not None and not url.startswith(("s3://", "file://")):
+        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path or a folder path)")
+    max_size = check.string(table, "max_pull_size", "store")
+    max_bytes = None
+    if max_size is not None:
+        try:
+            max_bytes = parse_size(max_size, option="store.max_pull_size")
+        except UsageError as exc:
+            check.problem("store.max_pull_size", str(exc).split(": ", 1)[-1])
+    return StoreSettings(url, check.string(table, "endpoint_url", "store"), check.boolean(table, "push", "store", False), max_bytes)
 
 
 def resolve_registry_url(url: str, base: Path) -> str:

@@ -11,6 +11,7 @@ refused with a clear error: it cannot be scanned or pruned from here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +92,17 @@ def _source(cache_dir: str | None, manifest: Manifest | None) -> str:
     if os.environ.get(CACHE_DIR_ENV):
         return f"${CACHE_DIR_ENV}"
     return f"{manifest.path if manifest else 'manifest'} [cache] dir"
+
+
+def single_location(manifest: Manifest, cache_dir: str | None, model_name: str | None = None) -> CacheLocation:
+    """The one cache folder of ``manifest``'s models (or of ``model_name``), for pack, push and pull.
+
+    A bundle or a push describes one folder in one layout; a manifest whose models
+    compile into several must be handled one model (or folder) at a time.
+    """
+    scope = dataclasses.replace(manifest, models=(manifest.model(model_name),)) if model_name else manifest
+    locations = locate_caches(cache_dir, scope)
+    if len(locations) != 1:
+        roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
+        raise UsageError(f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a time with --model or --cache-dir")
+    return locations[0]

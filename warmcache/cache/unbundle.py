@@ -23,7 +23,7 @@ import shutil
 import tarfile
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -94,7 +94,7 @@ def unpack_bundle(
                 _check_toolchain(meta, bundle)
             location = _target(cache_dir, meta.flavor)
             _check_layout_matches(location.root, meta.flavor, bundle)
-            return _install(tar, file_members, meta, location, registry, progress)
+            return install_staged(meta, location, registry, lambda staging: _extract_all(tar, file_members, meta, staging, progress))
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
     except OSError as exc:
@@ -118,7 +118,7 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
     flavor = raw.get("flavor")
     if flavor not in FLAVORS:
         raise CacheError(f"{where}: unknown cache layout {flavor!r}")
-    files = _check_files(raw.get("files"), flavor, where)
+    files = check_files(raw.get("files"), flavor, where)
     rows = check_rows(raw.get("rows"), where)
     for index, row in enumerate(rows):
         for artifact in row["artifacts"]:
@@ -130,7 +130,7 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
     return BundleMeta(flavor, rows, files)
 
 
-def _check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
+def check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
     if not isinstance(listed, list):
         raise CacheError(f"{where}: 'files' must be a list")
     files: dict[str, BundleFile] = {}
@@ -220,14 +220,26 @@ def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
     return locations[0]
 
 
-def _install(
-    tar: tarfile.TarFile,
-    members: dict[str, tarfile.TarInfo],
-    meta: BundleMeta,
-    location: CacheLocation,
-    registry: Registry,
-    progress: Progress | None,
-) -> UnpackResult:
+def _extract_all(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta, staging: Path, progress: Progress | None) -> None:
+    total = sum(f.size for f in meta.files.values())
+    done = 0
+    for path, member in sorted(members.items()):
+        source = tar.extractfile(member)
+        assert source is not None
+        write_checked(_blocks(source), meta.files[path], staging / path, where=f"{CACHE_PREFIX}{path}", executable=bool(member.mode & 0o111))
+        done += meta.files[path].size
+        if progress:
+            progress(done, total)
+
+
+def install_staged(meta: BundleMeta, location: CacheLocation, registry: Registry, stage: Callable[[Path], None]) -> UnpackResult:
+    """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
+
+    Shared by bundle unpack and store pull: the staging folder lies inside the cache
+    root (same file system), each entry moves into place with one rename, and the rows
+    are merged only after every entry is in place, so an interruption leaves no
+    partial entry and no row naming a missing file.
+    """
     root = location.root
     created = [p for p in (root, *root.parents) if not p.exists()]
     root.mkdir(parents=True, exist_ok=True)
@@ -240,13 +252,7 @@ def _install(
     staging.mkdir()
     journal: list[_Move] = []
     try:
-        total = sum(f.size for f in meta.files.values())
-        done = 0
-        for path, member in sorted(members.items()):
-            _extract_checked(tar, member, meta.files[path], staging / path)
-            done += meta.files[path].size
-            if progress:
-                progress(done, total)
+        stage(staging)
         added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
         rows = merge_rows(registry, meta.rows, str(root))
     except BaseException:
@@ -258,26 +264,30 @@ def _install(
         raise
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(parked, ignore_errors=True)
-    return UnpackResult(root, added, replaced, present, len(members), total, rows)
+    return UnpackResult(root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows)
 
 
-def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
-    """Stream one member to ``target`` (a new file, never through a link) and check its hash."""
-    source = tar.extractfile(member)
-    assert source is not None
+def write_checked(blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False) -> None:
+    """Stream ``blocks`` to ``target`` (a new file, never through a link) and check size and sha256.
+
+    The size is enforced while writing: a source longer than listed stops at the first
+    block past it, so it can never fill the disk.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if member.mode & 0o111 else 0o644)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if executable else 0o644)
     digest = hashlib.sha256()
     size = 0
     with os.fdopen(fd, "wb") as out:
-        for block in _blocks(source):
-            digest.update(block)
+        for block in blocks:
             size += len(block)
+            if size > expected.size:
+                break
+            digest.update(block)
             out.write(block)
     if size != expected.size or digest.hexdigest() != expected.sha256:
         raise CacheError(
-            f"{CACHE_PREFIX}{expected.path}: content does not match the bundle's file list "
-            f"(sha256 {digest.hexdigest()[:16]}…, {size} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+            f"{where}: content does not match the listed sha256 and size "
+            f"(sha256 {digest.hexdigest()[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
         )
 
 
@@ -316,7 +326,7 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
         dest = root / entry
         move = _Move(dest)
         if os.path.lexists(dest):
-            if _holds(root, files):
+            if holds_files(root, files):
                 present += 1
                 continue
             parked.mkdir(exist_ok=True)
@@ -332,7 +342,7 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
         try:
             os.rename(staging / entry, dest)
         except OSError:
-            if not _holds(root, files):
+            if not holds_files(root, files):
                 raise
             # A concurrent unpack of the same entry won the race: it is present, not ours.
             added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
@@ -367,7 +377,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _holds(root: Path, files: list[BundleFile]) -> bool:
+def holds_files(root: Path, files: list[BundleFile]) -> bool:
     """Whether the cache already has exactly these files (same bytes)."""
     for file in files:
         path = root / file.path

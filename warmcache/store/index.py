@@ -1,0 +1,105 @@
+"""The store's layout: content-addressed blobs and one index object per compiled shape.
+
+::
+
+    <prefix>/blobs/sha256/<first two hex>/<sha256>                  a cache file's bytes, stored once
+    <prefix>/indexes/<model>/<toolchain hash>/<identity>.json      one compiled shape
+
+An index is canonical JSON (sorted keys, no whitespace, UTF-8), produced by
+:func:`index_bytes` alone, so the same shape pushed twice gives the same bytes
+(a re-push writes nothing) and a detached signature can cover exactly those
+bytes. It carries the registry row (as a bundle does), the fingerprints and every
+file of the entries the shape needs with its sha256 and size. A reader finds a
+shape's index by the identity it computes itself (shape × model config ×
+toolchain), so a host only ever sees indexes its own toolchain can load.
+
+Every blob is written before the index that names it, and each object is written
+atomically, so a reader never meets a half-written index nor one naming a blob
+that is not there yet (``store gc`` leaves young unreferenced blobs alone for the
+same reason).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.cache.bundle import BundleFile, check_relpath
+from warmcache.cache.bundle_rows import check_rows, row_to_json
+from warmcache.cache.layout import CacheFlavor
+from warmcache.cache.locate import FLAVORS, flavor_of_kind
+from warmcache.cache.unbundle import check_files
+from warmcache.errors import CacheError
+from warmcache.registry import ShapeRecord
+
+INDEX_FORMAT = 1
+BLOB_PREFIX = "blobs/sha256/"
+INDEX_PREFIX = "indexes/"
+#: No real index comes near this; a larger object is refused before it is read.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
+def blob_key(sha256: str) -> str:
+    return f"{BLOB_PREFIX}{sha256[:2]}/{sha256}"
+
+
+def index_key(model: str, toolchain_hash: str, identity: str) -> str:
+    return f"{INDEX_PREFIX}{model}/{toolchain_hash}/{identity}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeIndex:
+    """A validated index: the shape's row, its cache layout and the files its entries hold."""
+
+    key: str
+    flavor: CacheFlavor
+    row: dict[str, Any]
+    files: dict[str, BundleFile]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+
+def build_index(record: ShapeRecord, flavor: CacheFlavor, files: list[BundleFile]) -> dict[str, Any]:
+    """The index of one compiled shape (deterministic: no push time, no pushing host)."""
+    return {
+        "format": INDEX_FORMAT,
+        "identity": record.identity,
+        "model": record.model_name,
+        "flavor": flavor,
+        "fingerprints": {"model_config": record.config_hash, "toolchain": record.toolchain_hash},
+        "row": row_to_json(record),
+        "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in sorted(files, key=lambda f: f.path)],
+    }
+
+
+def index_bytes(index: dict[str, Any]) -> bytes:
+    """The one serialisation of an index: what is stored, compared and (later) signed."""
+    return json.dumps(index, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_index(data: bytes, key: str, where: str) -> ShapeIndex:
+    """Validate an index completely, or raise :class:`CacheError` naming the key and the fault."""
+    at = f"{where}/{key}"
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise CacheError(f"{at}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
+        raise CacheError(f"{at}: unsupported index format {raw.get('format') if isinstance(raw, dict) else raw!r} (this warmcache reads {INDEX_FORMAT})")
+    flavor = raw.get("flavor")
+    if flavor not in FLAVORS:
+        raise CacheError(f"{at}: unknown cache layout {flavor!r}")
+    [row] = check_rows([raw.get("row")], at)
+    if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
+        raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
+    files = check_files(raw.get("files"), flavor, at)
+    for artifact in row["artifacts"]:
+        path = check_relpath(artifact["path"], f"{at}: artifact")
+        if flavor_of_kind(artifact["kind"]) != flavor:
+            raise CacheError(f"{at}: artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
+        if not any(name == path or name.startswith(path + "/") for name in files):
+            raise CacheError(f"{at}: artifact {path!r} has no files in the index")
+    return ShapeIndex(key, flavor, row, files)
