@@ -15,10 +15,11 @@ from pathlib import Path
 
 import boto3
 import pytest
-
-from test_bundle import Built, built, files_under, rows  # noqa: F401  (built is a fixture)
-from test_cache_neuron import cli, planned_by_batch
+import test_bundle
 from moto_server import free_port
+from test_bundle import Built, files_under, rows
+from test_cache_neuron import cli, planned_by_batch
+
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
@@ -28,6 +29,9 @@ from warmcache.store.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX
 from warmcache.store.pull import BLOB_FOLDER, pull_manifest
 from warmcache.store.push import push_manifest
+
+#: The build machine of the bundle tests: two compiled Neuron shapes, one declared but not compiled.
+built = test_bundle.built
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -103,7 +107,7 @@ def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
             with Registry.open(built.url) as registry:
                 barrier.wait()
                 push_manifest(manifest, registry, location, object_store(store), identities=identities)
-        except BaseException as exc:  # surfaced below
+        except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 
     threads = [threading.Thread(target=host, args=(s,)) for s in subsets]
@@ -116,13 +120,13 @@ def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
     assert len([o for o in target.list(INDEX_PREFIX)]) == 2
     blobs = [o.key for o in target.list(BLOB_PREFIX)]
     assert len(blobs) == 5 and all(".warmcache-tmp-" not in key for key in blobs)
-    code, pulled, err = run(*pull_args(built, store, tmp_path / "c", f"sqlite:///{tmp_path / 'c.sqlite'}"))
+    _, pulled, err = run(*pull_args(built, store, tmp_path / "c", f"sqlite:///{tmp_path / 'c.sqlite'}"))
     assert pulled is not None and pulled["shapes_pulled"] == 2, err
 
 
 def _corrupt_one_blob(store: list[str]) -> str:
     target = object_store(store)
-    key = sorted(o.key for o in target.list(BLOB_PREFIX))[0]
+    key = min(o.key for o in target.list(BLOB_PREFIX))
     target.write(key, b"not what the index says")
     return key
 
@@ -281,3 +285,25 @@ def test_s3_blobs_are_content_addressed_under_the_prefix(built: Built, s3_endpoi
     import hashlib
 
     assert hashlib.sha256(body).hexdigest() == blob.rsplit("/", 1)[1]
+
+
+def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    modules = {
+        "MODULE_done+f": ("model.hlo_module.pb", "model.neff", "model.done"),
+        "MODULE_failed+f": ("model.hlo_module.pb", "model.log"),
+        "MODULE_locked+f": ("model.hlo_module.pb", "model.hlo_module.pb.lock"),
+    }
+    for module, names in modules.items():
+        for name in names:
+            client.put_object(Bucket=s3_bucket, Key=f"neuron-cache/neuronxcc-2.15.1/{module}/{name}", Body=b"x" * 10)
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", f"s3://{s3_bucket}/neuron-cache")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)  # boto3's own setting for an S3-compatible server
+    result = cli("cache", "scan", "--json")
+    assert result.exit_code == 0, result.output
+    [remote] = [info for info in json.loads(result.stdout) if info.get("remote")]
+    assert remote["root"] == f"s3://{s3_bucket}/neuron-cache" and remote["states"] == {"done": 1, "failed": 1, "locked": 1}
+    assert {e["path"]: e["compiler_version"] for e in remote["entries"]}["neuronxcc-2.15.1/MODULE_done+f"] == "2.15.1"
+    doctor = cli("cache", "doctor")
+    assert doctor.exit_code == 0, doctor.output
+    assert "failed: neuronxcc-2.15.1/MODULE_failed+f" in doctor.stdout and "locked: neuronxcc-2.15.1/MODULE_locked+f (lock" in doctor.stdout

@@ -58,12 +58,11 @@ def moto_server() -> Iterator[str]:
 def create_bucket(endpoint: str, bucket: str) -> None:
     import boto3
 
-    boto3.client("s3", endpoint_url=endpoint, **_client_credentials()).create_bucket(Bucket=bucket)
-
-
-def _client_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "region_name": DUMMY_CREDENTIALS["AWS_DEFAULT_REGION"],
-    }
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=DUMMY_CREDENTIALS["AWS_DEFAULT_REGION"],
+    )
+    client.create_bucket(Bucket=bucket)

@@ -5,8 +5,9 @@ One precedence rule for the folder, shared with warmup (:func:`warmcache.targets
 then each compiler's own setting or default (Inductor: ``$TORCHINDUCTOR_CACHE_DIR``
 or ``/tmp/torchinductor_<user>``; Neuron: ``NEURON_CC_FLAGS --cache_dir``, then a
 local ``NEURON_COMPILE_CACHE_URL``, then ``/var/tmp/neuron-compile-cache``; the
-native backend's ``TORCH_NEURONX_NEFF_CACHE_DIR``). A remote (``s3://``) cache is
-refused with a clear error: it cannot be scanned or pruned from here.
+native backend's ``TORCH_NEURONX_NEFF_CACHE_DIR``). A remote (``s3://``) Neuron cache
+is listed by ``cache scan``/``doctor`` through :mod:`warmcache.store.neuron_remote`
+instead; it cannot be pruned from here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from warmcache.cache.layout import CacheFlavor
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.targets import CACHE_DIR_ENV, InductorTarget, NeuronTarget, Target, resolve_cache_dir, target_for
+from warmcache.targets.neuron import remote_cache_url
 
 FLAVORS: tuple[str, ...] = get_args(CacheFlavor)
 
@@ -74,7 +76,9 @@ def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavo
     if manifest is None and explicit:
         root = Path(explicit).expanduser().resolve()
         return [CacheLocation(root, flavor or detect_flavor(root), _source(cache_dir, manifest))]  # type: ignore[arg-type]
-    targets: list[Target] = [target_for(m) for m in manifest.models] if manifest else [InductorTarget("cpu", "inductor"), NeuronTarget("neuron", "neuron")]
+    # Without a manifest the defaults are looked at; an s3:// Neuron cache is listed through the store instead.
+    defaults: list[Target] = [InductorTarget("cpu", "inductor")] + ([] if remote_cache_url() else [NeuronTarget("neuron", "neuron")])
+    targets: list[Target] = [target_for(m) for m in manifest.models] if manifest else defaults
     out: dict[Path, CacheLocation] = {}
     for target in targets:
         if target.cache_flavor is None or (manifest is None and flavor is not None and target.cache_flavor != flavor):

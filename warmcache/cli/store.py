@@ -10,10 +10,22 @@ import click
 
 from warmcache.cache.locate import single_location
 from warmcache.cache.units import format_size, parse_age, parse_size
-from warmcache.cli._common import byte_progress, db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import (
+    byte_progress,
+    db_option,
+    format_table,
+    json_option,
+    open_registry,
+    print_json,
+)
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.store import resolve_store
-from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, execute_gc, list_store, plan_gc
+from warmcache.store.maintenance import (
+    DEFAULT_GC_GRACE_SECONDS,
+    execute_gc,
+    list_store,
+    plan_gc,
+)
 from warmcache.store.pull import DEFAULT_MAX_PULL_BYTES, pull_manifest
 from warmcache.store.push import push_manifest
 
@@ -113,7 +125,7 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
     if as_json:
         print_json(listing.as_json())
         return
-    rows = [(g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")) for g in listing.groups]
+    rows = [(g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M")) for g in listing.groups]
     click.echo(format_table(("model", "toolchain", "shapes", "newest (UTC)"), rows) if rows else f"{listing.url}: no shapes")
     click.echo(f"{listing.url}: {listing.blobs} blobs, {format_size(listing.blob_bytes)}")
 

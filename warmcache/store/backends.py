@@ -184,6 +184,7 @@ class S3Store:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
 
         self.bucket = bucket
         self.prefix = f"{prefix}/" if prefix else ""
@@ -195,7 +196,7 @@ class S3Store:
         config = Config(retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32)  # type: ignore[arg-type]
         try:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-        except Exception as exc:  # botocore raises plain exceptions for bad settings (region, endpoint)
+        except (BotoCoreError, ValueError) as exc:  # a bad region or endpoint URL
             raise StoreError(f"{self.url}: cannot set up the S3 client ({first_line(exc)})") from None
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES // 4, max_concurrency=4)
 
@@ -243,7 +244,7 @@ class S3Store:
         with self._errors(key):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
-    def _errors(self, key: str, absent_ok: bool = False) -> "_S3Errors":
+    def _errors(self, key: str, absent_ok: bool = False) -> _S3Errors:
         return _S3Errors(self, key, absent_ok)
 
 
@@ -263,7 +264,12 @@ class _S3Errors:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if exc is None or isinstance(exc, StoreError):
             return False
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
 
         where = f"{self.store.url}/{self.key}".rstrip("/")
         if isinstance(exc, ClientError):

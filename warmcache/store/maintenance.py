@@ -14,9 +14,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.errors import StoreError
+from warmcache.errors import CacheError, StoreError
 from warmcache.store.backends import FILE_TEMP_PREFIX, ObjectStore, StoredObject
-from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key, parse_index
+from warmcache.store.index import (
+    BLOB_PREFIX,
+    INDEX_PREFIX,
+    MAX_INDEX_BYTES,
+    blob_key,
+    parse_index,
+)
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
 DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
@@ -100,7 +106,7 @@ def plan_gc(store: ObjectStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS,
             continue  # replaced or removed since the listing
         try:
             index = parse_index(data, item.key, store.url)
-        except Exception as exc:  # any unreadable index: its blobs are unknown, so nothing may go
+        except CacheError as exc:  # an unreadable index: its blobs are unknown, so nothing may go
             raise StoreError(f"{exc}; gc refused: fix or delete this index first") from None
         referenced.update(blob_key(f.sha256) for f in index.files.values())
         indexes += 1

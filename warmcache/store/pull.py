@@ -32,7 +32,12 @@ from warmcache.cache.bundle import BundleFile, Progress, sha256_of
 from warmcache.cache.bundle_rows import MergeResult
 from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
-from warmcache.cache.unbundle import BundleMeta, holds_files, install_staged, write_checked
+from warmcache.cache.unbundle import (
+    BundleMeta,
+    holds_files,
+    install_staged,
+    write_checked,
+)
 from warmcache.cache.units import format_size
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
@@ -41,7 +46,13 @@ from warmcache.registry import Registry
 from warmcache.registry.registry import PlanStatus
 from warmcache.statuses import DONE_STATUSES
 from warmcache.store.backends import ObjectStore
-from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, blob_key, index_key, parse_index
+from warmcache.store.index import (
+    MAX_INDEX_BYTES,
+    ShapeIndex,
+    blob_key,
+    index_key,
+    parse_index,
+)
 from warmcache.store.push import TRANSFER_THREADS
 
 #: Default ceiling on what one pull may write: far above a real model's cache, far below a full disk.
@@ -111,16 +122,16 @@ def pull_manifest(
             f"{store.url}: pulling {len(found)} shapes would write {format_size(needed)} into {location.root}, "
             f"more than the limit of {format_size(max_bytes)}; refused (raise it with --max-size or [store] max_pull_size)"
         )
-    common = dict(store=store.url, cache_dir=location.root, already_present=len(statuses) - len(wanted), pulled=len(found), missing=missing)
+    common: dict[str, Any] = {"store": store.url, "cache_dir": location.root, "already_present": len(statuses) - len(wanted), "pulled": len(found), "missing": missing}
     if not found:
-        return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)  # type: ignore[arg-type]
+        return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
     folder = location.root / BLOB_FOLDER
     downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
     result = install_staged(meta, location, registry, lambda staging: _link_files(files, folder, staging))
     shutil.rmtree(folder, ignore_errors=True)
     return PullResult(
-        **common,  # type: ignore[arg-type]
+        **common,
         entries_added=result.added + result.replaced,
         entries_present=held + result.already_present,
         files=len(files),

@@ -19,14 +19,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, Progress, compiled_records, entries_needed, entry_files, sha256_of, shared_kernels
+from warmcache.cache.bundle import (
+    BundleFile,
+    Progress,
+    compiled_records,
+    entries_needed,
+    entry_files,
+    sha256_of,
+    shared_kernels,
+)
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.store.backends import ObjectStore
-from warmcache.store.index import MAX_INDEX_BYTES, blob_key, build_index, index_bytes, index_key
+from warmcache.store.index import (
+    MAX_INDEX_BYTES,
+    blob_key,
+    build_index,
+    index_bytes,
+    index_key,
+)
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
 TRANSFER_THREADS = 8
