@@ -32,6 +32,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's registry or cache by accident."""
     monkeypatch.delenv("WARMCACHE_DB", raising=False)
     monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("WARMCACHE_STORE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 

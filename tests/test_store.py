@@ -9,6 +9,7 @@ unreachable endpoint, a missing bucket, no credentials.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,11 @@ def test_push_then_pull_installs_the_entries_and_rows_and_a_second_run_does_noth
     assert code == 1 and second is not None
     assert (second["shapes_already_present"], second["shapes_pulled"], second["bytes_downloaded"]) == (2, 0, 0)
     assert rows(db) == before and files_under(cache) == expected
+
+    shutil.rmtree(cache / built.entries[0])  # the row still says compiled, but its entry is gone
+    code, third, _ = run(*pull_args(built, store, cache, db))
+    assert third is not None and (third["shapes_already_present"], third["shapes_pulled"], third["entries_added"]) == (1, 1, 1)
+    assert files_under(cache) == expected
 
 
 def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(built: Built, store: list[str], tmp_path: Path) -> None:

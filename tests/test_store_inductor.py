@@ -8,38 +8,18 @@ CLI in a fresh process, as a deployment pipeline does.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_bundle_inductor
 from moto_server import DUMMY_CREDENTIALS, create_bucket
+from test_bundle_inductor import warmcache
 
-MANIFEST = """
-[cache]
-dir = "{cache}"
-
-[[model]]
-name = "tiny-qwen3"
-path = "{qwen3}"
-backend = "inductor"
-
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
-
-
-def warmcache(*args: str, ok_codes: tuple[int, ...] = (0,)) -> Any:
-    env = {k: v for k, v in os.environ.items() if k not in ("WARMCACHE_DB", "WARMCACHE_CACHE_DIR", "WARMCACHE_STORE")}
-    result = subprocess.run([sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600, check=False, env={**env, **DUMMY_CREDENTIALS})
-    assert result.returncode in ok_codes, f"warmcache {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr[-3000:]}"
-    return json.loads(result.stdout)
+#: The bundle round trip's manifest, cut to one shape.
+MANIFEST = test_bundle_inductor.MANIFEST.replace("batch_sizes = [1, 2]", "batch_sizes = [1]")
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +28,14 @@ def host_a(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path
     root = tmp_path_factory.mktemp("host-a")
     manifest = root / "manifest.toml"
     manifest.write_text(textwrap.dedent(MANIFEST).replace("{cache}", str(root / "cache")).replace("{qwen3}", str(tiny_models["qwen3"])))
-    os.environ.update(DUMMY_CREDENTIALS)  # for the in-process boto3 call below
+    os.environ.update(DUMMY_CREDENTIALS)  # for boto3 here and in the CLI processes (moto takes any key)
     create_bucket(s3_endpoint, "fleet-cache")
     store = ["--store", "s3://fleet-cache/prod", "--endpoint-url", s3_endpoint]
     db = f"sqlite:///{root / 'a.sqlite'}"
-    warmed = warmcache("warmup", str(manifest), "--db", db, "--push", *store)
+    # Flags, not the environment: a module fixture runs before the per-test isolation of WARMCACHE_*.
+    warmed = warmcache("warmup", str(manifest), "--db", db, "--cache-dir", str(root / "cache"), "--push", *store)
     assert warmed["compiled"] == 1 and warmed["ok"] and warmed["push"] == {**warmed["push"], "pushed": 1, "failures": []}, warmed
-    return {"manifest": manifest, "db": db, "s3": store}
+    return {"manifest": manifest, "db": db, "cache": str(root / "cache"), "s3": store}
 
 
 def pull_and_verify(host_a: dict[str, Any], store: list[str], host: Path) -> None:
@@ -76,6 +57,6 @@ def test_a_shape_warmed_and_pushed_on_one_host_verifies_after_a_pull_from_s3(hos
 @pytest.mark.slow
 def test_the_same_round_trip_through_a_file_store(host_a: dict[str, Any], tmp_path: Path) -> None:
     store = ["--store", (tmp_path / "nfs-store").as_uri()]
-    pushed = warmcache("push", str(host_a["manifest"]), "--db", host_a["db"], *store)
+    pushed = warmcache("push", str(host_a["manifest"]), "--db", host_a["db"], "--cache-dir", host_a["cache"], *store)
     assert pushed["shapes"] == 1 and pushed["blobs_uploaded"] > 0
     pull_and_verify(host_a, store, tmp_path / "host-c")

@@ -121,13 +121,18 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
     files = check_files(raw.get("files"), flavor, where)
     rows = check_rows(raw.get("rows"), where)
     for index, row in enumerate(rows):
-        for artifact in row["artifacts"]:
-            path = check_relpath(artifact["path"], f"{where}: rows[{index}] artifact")
-            if flavor_of_kind(artifact["kind"]) != flavor:
-                raise CacheError(f"{where}: rows[{index}] artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
-            if not any(name == path or name.startswith(path + "/") for name in files):
-                raise CacheError(f"{where}: rows[{index}] artifact {path!r} has no files in the bundle")
+        check_artifacts(row, files, flavor, f"{where}: rows[{index}]")
     return BundleMeta(flavor, rows, files)
+
+
+def check_artifacts(row: dict[str, Any], files: dict[str, BundleFile], flavor: CacheFlavor, where: str) -> None:
+    """Every artifact of a shipped row is a safe path, in this layout, with files shipped beside it."""
+    for artifact in row["artifacts"]:
+        path = check_relpath(artifact["path"], f"{where} artifact")
+        if flavor_of_kind(artifact["kind"]) != flavor:
+            raise CacheError(f"{where} artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
+        if not any(name == path or name.startswith(path + "/") for name in files):
+            raise CacheError(f"{where} artifact {path!r} has no files listed")
 
 
 def check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:

@@ -25,11 +25,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, check_relpath
+from warmcache.cache.bundle import BundleFile
 from warmcache.cache.bundle_rows import check_rows, row_to_json
 from warmcache.cache.layout import CacheFlavor
-from warmcache.cache.locate import FLAVORS, flavor_of_kind
-from warmcache.cache.unbundle import check_files
+from warmcache.cache.locate import FLAVORS
+from warmcache.cache.unbundle import check_artifacts, check_files
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
 
@@ -96,10 +96,5 @@ def parse_index(data: bytes, key: str, where: str) -> ShapeIndex:
     if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
         raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
     files = check_files(raw.get("files"), flavor, at)
-    for artifact in row["artifacts"]:
-        path = check_relpath(artifact["path"], f"{at}: artifact")
-        if flavor_of_kind(artifact["kind"]) != flavor:
-            raise CacheError(f"{at}: artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
-        if not any(name == path or name.startswith(path + "/") for name in files):
-            raise CacheError(f"{at}: artifact {path!r} has no files in the index")
+    check_artifacts(row, files, flavor, f"{at}: row")
     return ShapeIndex(key, flavor, row, files)

@@ -42,8 +42,7 @@ from warmcache.cache.units import format_size
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.registry import Registry
-from warmcache.registry.registry import PlanStatus
+from warmcache.registry import Registry, ShapeRecord
 from warmcache.statuses import DONE_STATUSES
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
@@ -111,7 +110,9 @@ def pull_manifest(
 ) -> PullResult:
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows."""
     statuses = registry.plan_status(plan_manifest(manifest, model_name))
-    wanted = [s.planned for s in statuses if not _present(s, location.root)]
+    done = [s.planned.identity for s in statuses if s.status in DONE_STATUSES]
+    present = {r.identity for r in registry.rows(identities=done, with_artifacts=True) if _entries_present(r, location.root)}
+    wanted = [s.planned for s in statuses if s.planned.identity not in present]
     found = _read_indexes(store, wanted, location)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
     files, held = _files_to_install(list(found.values()), location)
@@ -141,10 +142,9 @@ def pull_manifest(
     )
 
 
-def _present(status: PlanStatus, root: Path) -> bool:
-    """Compiled here and every entry its row names is in the cache: nothing to ask the store."""
-    record = status.record
-    return status.status in DONE_STATUSES and record is not None and all(os.path.lexists(root / a.path) for a in record.artifacts)
+def _entries_present(record: ShapeRecord, root: Path) -> bool:
+    """Every entry a compiled row here names is in the cache: nothing to ask the store for."""
+    return record.status in DONE_STATUSES and all(os.path.lexists(root / a.path) for a in record.artifacts)
 
 
 def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation) -> dict[str, ShapeIndex]:
