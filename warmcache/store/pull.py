@@ -1,8 +1,8 @@
 """``pull``: fetch exactly what a manifest's declared shapes need from a store into the cache.
 
 A shape whose row here is compiled/verified and whose entries are all in the cache
-is skipped without asking the store (an unchanged cache pulls in a registry query
-and a few ``lstat`` calls). For the rest, each shape's index is read (by the
+is skipped without asking the store (an unchanged cache pulls in one registry query
+and an ``lstat`` per entry). For the rest, each shape's index is read (by the
 identity this machine computes, so only indexes of its own toolchain are seen) and
 validated completely; the files of entries the cache does not already hold are
 counted against the size limit *before* anything is downloaded, then each blob is
@@ -42,8 +42,7 @@ from warmcache.cache.units import format_size
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.registry import Registry, ShapeRecord
-from warmcache.statuses import DONE_STATUSES
+from warmcache.registry import Registry
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
@@ -109,27 +108,30 @@ def pull_manifest(
     progress: Progress | None = None,
 ) -> PullResult:
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows."""
-    statuses = registry.plan_status(plan_manifest(manifest, model_name))
-    done = [s.planned.identity for s in statuses if s.status in DONE_STATUSES]
-    present = {r.identity for r in registry.rows(identities=done, with_artifacts=True) if _entries_present(r, location.root)}
-    wanted = [s.planned for s in statuses if s.planned.identity not in present]
+    planned = plan_manifest(manifest, model_name)
+    identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
+    present = {identity for identity, paths in registry.done_artifact_paths(identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
+    wanted = [p for p, identity in zip(planned, identities) if identity not in present]
     found = _read_indexes(store, wanted, location)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
     files, held = _files_to_install(list(found.values()), location)
     fetch = {f.sha256: f.size for f in files.values()}
-    needed = sum(fetch.values())
+    needed = sum(f.size for f in files.values())  # what lands in the cache (a blob at two paths counts twice)
     if needed > max_bytes:
         raise CacheError(
             f"{store.url}: pulling {len(found)} shapes would write {format_size(needed)} into {location.root}, "
             f"more than the limit of {format_size(max_bytes)}; refused (raise it with --max-size or [store] max_pull_size)"
         )
-    common: dict[str, Any] = {"store": store.url, "cache_dir": location.root, "already_present": len(statuses) - len(wanted), "pulled": len(found), "missing": missing}
+    common: dict[str, Any] = {"store": store.url, "cache_dir": location.root, "already_present": len(present), "pulled": len(found), "missing": missing}
     if not found:
         return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
     folder = location.root / BLOB_FOLDER
-    downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
-    result = install_staged(meta, location, registry, lambda staging: _link_files(files, folder, staging))
+    try:
+        downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
+        result = install_staged(meta, location, registry, lambda staging: _link_files(files, folder, staging))
+    except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
     shutil.rmtree(folder, ignore_errors=True)
     return PullResult(
         **common,
@@ -140,11 +142,6 @@ def pull_manifest(
         bytes_reused=reused,
         rows=result.rows,
     )
-
-
-def _entries_present(record: ShapeRecord, root: Path) -> bool:
-    """Every entry a compiled row here names is in the cache: nothing to ask the store for."""
-    return record.status in DONE_STATUSES and all(os.path.lexists(root / a.path) for a in record.artifacts)
 
 
 def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation) -> dict[str, ShapeIndex]:
