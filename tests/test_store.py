@@ -240,6 +240,8 @@ def test_an_unreachable_endpoint_is_one_line_after_retries(built: Built, s3_buck
 def test_a_missing_bucket_is_one_line_naming_it(built: Built, s3_endpoint: str, s3_bucket: str, tmp_path: Path) -> None:
     code, _, err = run(*pull_args(built, ["--store", "s3://no-such-bucket/p", "--endpoint-url", s3_endpoint], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
     assert code == 6 and len(error_lines(err)) == 1 and "bucket 'no-such-bucket' does not exist" in err
+    code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", "s3://no-such-bucket/p", "--endpoint-url", s3_endpoint)
+    assert code == 6 and len(error_lines(err)) == 1 and "bucket 'no-such-bucket' does not exist" in err
 
 
 def test_no_credentials_is_one_line(built: Built, s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -291,7 +291,9 @@ class _S3Errors:
             raise StoreError(f"{self.store.url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url', '')} after retries ({first_line(exc)})") from None
         if isinstance(exc, BotoCoreError):
             raise StoreError(f"{where}: {first_line(exc)} (after retries)") from None
-        if type(exc).__module__.startswith(("urllib3", "s3transfer")):
+        if type(exc).__module__.startswith(("urllib3", "s3transfer", "boto3")):  # e.g. S3UploadFailedError wrapping a ClientError
+            if "NoSuchBucket" in str(exc):
+                raise StoreError(f"{self.store.url}: bucket {self.store.bucket!r} does not exist{self._at()}") from None
             raise StoreError(f"{where}: {first_line(exc)}") from None
         return False
 
