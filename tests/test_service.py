@@ -21,6 +21,8 @@ from click.testing import CliRunner
 from test_cli_query import MANIFEST, _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.cli import main
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.service import ServiceConfig
@@ -51,20 +53,20 @@ def manifest(write_manifest) -> Path:
     return write_manifest(MANIFEST)
 
 
-@pytest.fixture
-def compiled(registry_url: str, manifest: Path) -> str:
+def seed_registry(url: str, manifest: Path) -> None:
     """Generate batch 1 and 2 compiled, batch 4 pending, train failed."""
-    _compile_all(registry_url, manifest, keep=lambda p: p.spec.workload == "generate" and p.spec.batch_size < 4)
-    from warmcache.manifest import load_manifest
-    from warmcache.plan import plan_manifest
-
+    _compile_all(url, manifest, keep=lambda p: p.spec.workload == "generate" and p.spec.batch_size < 4)
     planned = plan_manifest(load_manifest(manifest))
-    with Registry.open(registry_url) as registry:
+    with Registry.open(url) as registry:
         registry.ensure_pending(planned)
-        train = [p.identity for p in planned if p.spec.workload == "train"]
-        row = registry.claim(train, "host-a:1", 60)
+        row = registry.claim([p.identity for p in planned if p.spec.workload == "train"], "host-a:1", 60)
         assert row is not None
         registry.mark_failed(row.id, "host-a:1", "RuntimeError: out of memory\ntraceback...")
+
+
+@pytest.fixture
+def compiled(registry_url: str, manifest: Path) -> str:
+    seed_registry(registry_url, manifest)
     return registry_url
 
 
