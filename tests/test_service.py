@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from test_cli_query import MANIFEST, _compile_all  # the registry's real claim → mark_compiled path
+from test_guard import silent_postgres  # noqa: F401 - fixture: a PostgreSQL server that accepts and never answers
 
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -241,21 +241,8 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
     assert {"/v1/check", "/v1/guard/{model}", "/metrics", "/v1/misses", "/v1/plan"} <= set(openapi["paths"])
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A port that accepts TCP connections and never answers: a hung PostgreSQL server."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
-
-
-def test_a_registry_outage_is_a_503_never_a_hang(silent_server: int) -> None:
-    url = f"postgresql://postgres@127.0.0.1:{silent_server}/test"
-    with running_server(ServiceConfig(url, token=TOKEN, refresh_interval=0.5)) as base:
+def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None:  # noqa: F811 - the imported fixture
+    with running_server(ServiceConfig(silent_postgres, token=TOKEN, refresh_interval=0.5)) as base:
         assert call(f"{base}/healthz")[:2] == (200, {"ok": True})
         deadline = time.monotonic() + 15
         while "unavailable" not in str(call(f"{base}/readyz")[1]):
