@@ -216,15 +216,18 @@ def test_bodies_over_the_limit_are_refused(service: str) -> None:
     assert status == 400 and "model[0].name" in answer["error"]["message"], answer
 
 
-def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(service: str, compiled: str) -> None:
+def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(service: str, compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
     status, snapshot, headers = call(f"{service}/v1/guard/m?workload=generate")
     assert status == 200 and headers["etag"] and snapshot["format"] == "warmcache-guard-snapshot"
     assert sorted((r["batch_size"], r["seq_len"]) for r in snapshot["records"]) == [(1, 16), (1, 32), (2, 16), (2, 32)]
     assert call(f"{service}/v1/guard/m?workload=generate", headers={"If-None-Match": headers["etag"]})[0] == 304
+    monkeypatch.setenv("WARMCACHE_TOKEN", TOKEN)  # the guard posts its misses to the service with it
     remote = ShapeGuard.from_url(service, "m", policy="pad")
     local = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     for batch, seq in [(1, 16), (2, 10), (1, 31), (2, 32)]:
         assert remote.decide(batch, seq) == local.decide(batch, seq)
+    assert remote.telemetry.flush() and remote.telemetry.flushed == 2
+    assert sorted((m["batch_size"], m["seq_len"], m["count"]) for m in call(f"{service}/v1/misses")[1]) == [(1, 31, 1), (2, 10, 1)]
     assert remote.buckets == local.buckets == [(1, 16), (1, 32), (2, 16), (2, 32)]
     remote.refresh()
     source = remote._load.__self__  # type: ignore[attr-defined]
@@ -237,6 +240,7 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
     call(f"{service}/v1/refresh", "POST", b"", {"Authorization": f"Bearer {TOKEN}"})
     remote.refresh()
     assert source.downloads == 2 and remote.decide(3, 16).target == (4, 16)
+    remote.close()
     openapi = call(f"{service}/openapi.json")[1]
     assert {"/v1/check", "/v1/guard/{model}", "/metrics", "/v1/misses", "/v1/plan"} <= set(openapi["paths"])
 
