@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -25,7 +26,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -37,6 +40,7 @@ from warmcache.plan import plan_manifest  # noqa: E402
 from warmcache.registry import Registry  # noqa: E402
 from warmcache.runtime.guard import ShapeGuard  # noqa: E402
 
+T = TypeVar("T")
 TARGET_RPS = 5000
 TARGET_P99_MS = 10.0
 
@@ -135,10 +139,19 @@ async def drive(port: int, requests: list[bytes], total: int, seconds: float, co
     waits = []
     for _ in range(connections):
         done: asyncio.Future[None] = loop.create_future()
-        await loop.create_connection(lambda d=done: CheckClient(requests, shared, total, deadline, latencies, d), "127.0.0.1", port)
+        await loop.create_connection(functools.partial(CheckClient, requests, shared, total, deadline, latencies, done), "127.0.0.1", port)
         waits.append(done)
     await asyncio.wait_for(asyncio.gather(*waits), seconds + 10)  # a server that stops answering must not hang the run
     return latencies, shared["errors"], time.perf_counter() - started
+
+
+def event_loop_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
+    """uvloop's ``run`` when installed (the server uses it too), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -176,12 +189,7 @@ def main() -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/check?model=bench&batch=1&seq=1", timeout=5) as response:
                 sample = json.loads(response.read())
             assert sample["decision"] == "pad" and sample["target"] == {"batch_size": 1, "seq_len": 64}, sample
-            try:
-                import uvloop
-
-                runner = uvloop.run
-            except ImportError:
-                runner = asyncio.run
+            runner = event_loop_runner()
             runner(drive(port, requests[:50], 500, 5.0, args.connections))  # warm the server's memo and the client's code
             server_cpu = cpu_seconds(server.pid)
             client_cpu = time.process_time()
