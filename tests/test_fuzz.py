@@ -17,17 +17,19 @@ import json
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_bundle
 from click.testing import Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from test_bundle import Built, built, pack  # noqa: F401  (built is a fixture)
+from test_bundle import Built, pack
 from test_cache_neuron import cli
+
+built = test_bundle.built  # the build machine's cache and registry (a fixture)
 
 FUZZ = settings(
     derandomize=True,
@@ -40,33 +42,45 @@ REFUSED = {2, 3, 4, 5}
 DEEP = "\x00deep\x00"  # a placeholder string, replaced after serialising by brackets nested thousands deep
 
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
-_scalars = st.one_of(
-    st.booleans(),
-    st.integers(),
-    st.sampled_from([0, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 10**30, -(2**63) - 1]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    _text,
-    st.sampled_from(["", "a" * 300, "x/" + "y" * 256, "../../etc", "/abs/path", "~nobody/x", "sqlite:///" + "z" * 300, "not-a-url", "ed25519:AAAA", DEEP]),
-)
-_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=8)
+#: Values that broke a reader once (issue 15), drawn often so that 120 examples meet them in every key.
+_hostile = st.sampled_from(
+    [
+        -1, 0, 2**31, 2**63, 10**30, -(2**63) - 1, float("nan"), float("inf"), "", "a" * 300, "x/" + "y" * 256, "../../etc",
+        "/abs/path", "~nobody/x", "bad\x00byte", "sqlite:///" + "z" * 300, "not-a-url", "ed25519:AAAA", DEEP, [DEEP], {"": DEEP},
+    ]
+)  # fmt: skip
+_scalars = st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), _text)
+_values = st.one_of(_hostile, st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=8))
+
+
+def _places(tree: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in a JSON tree (the root, each container, each leaf), as a key path."""
+    yield at
+    children = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, child in children:
+        yield from _places(child, (*at, key))
 
 
 def _mutate(data: st.DataObject, tree: Any) -> Any:
-    """``tree`` with one place changed: a value replaced, a key added or removed."""
-    if isinstance(tree, dict) and tree and data.draw(st.booleans()):
-        key = data.draw(st.sampled_from(sorted(tree)))
-        action = data.draw(st.sampled_from(["descend", "replace", "delete", "add"]))
-        if action == "descend":
-            return {**tree, key: _mutate(data, tree[key])}
-        if action == "replace":
-            return {**tree, key: data.draw(_values)}
-        if action == "delete":
+    """``tree`` with one to three places changed (a value replaced, a key added or removed);
+    each place is drawn from all of them, so deep keys (a model's path) are hit as often as top ones."""
+    for _ in range(data.draw(st.integers(1, 3))):
+        place = data.draw(st.sampled_from(list(_places(tree))))
+        tree = _change(data, tree, place, data.draw(st.sampled_from(["replace", "replace", "delete", "add"])))
+    return tree
+
+
+def _change(data: st.DataObject, tree: Any, place: tuple[Any, ...], action: str) -> Any:
+    if not place:
+        return {**tree, data.draw(_text): data.draw(_values)} if action == "add" and isinstance(tree, dict) else data.draw(_values)
+    key, rest = place[0], place[1:]
+    if isinstance(tree, dict):
+        if not rest and action == "delete":
             return {k: v for k, v in tree.items() if k != key}
-        return {**tree, data.draw(_text): data.draw(_values)}
-    if isinstance(tree, list) and tree and data.draw(st.booleans()):
-        index = data.draw(st.integers(0, len(tree) - 1))
-        return [*tree[:index], _mutate(data, tree[index]), *tree[index + 1 :]]
-    return data.draw(_values)
+        return {**tree, key: _change(data, tree[key], rest, action)}
+    if not rest and action == "delete":
+        return tree[:key] + tree[key + 1 :]
+    return [*tree[:key], _change(data, tree[key], rest, action), *tree[key + 1 :]]
 
 
 def _deepen(text: str, depth: int) -> str:
@@ -139,7 +153,7 @@ def _good_manifest(model_path: Path) -> dict[str, Any]:
 
 
 @FUZZ
-@given(data=st.data(), depth=st.sampled_from([3, 70, 5000]), raw=st.booleans())
+@given(data=st.data(), depth=st.sampled_from([3, 70, 5000]), raw=st.sampled_from([False, False, False, True]))
 def test_fuzzed_manifests_end_in_an_exit_code_and_write_nothing(tiny_models: dict[str, Path], data: st.DataObject, depth: int, raw: bool) -> None:
     with tempfile.TemporaryDirectory() as folder:
         sandbox = Path(folder)
@@ -182,7 +196,7 @@ def _unpack_in_sandbox(bundle_bytes: Callable[[Path], None]) -> None:
 
 
 @FUZZ
-@given(data=st.data(), depth=st.sampled_from([3, 70, 200_000]))
+@given(data=st.data(), depth=st.sampled_from([3, 70, 5000]))
 def test_fuzzed_bundle_metadata_ends_in_an_exit_code_and_writes_nothing(good_bundle: Path, data: st.DataObject, depth: int) -> None:
     def edit(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
         info, blob = members[0]

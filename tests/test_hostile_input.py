@@ -3,19 +3,19 @@ non-zero exit code, and nothing written (no registry file, no cache folder, no s
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import sqlite3
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
+import test_bundle
 from click.testing import Result
-
-from test_bundle import Built, _edit_meta, _set, built, pack, rebuild  # noqa: F401  (built is a fixture)
+from test_bundle import Built, _edit_meta, _set, pack, rebuild
 from test_cache_neuron import cli
+
+built = test_bundle.built  # the build machine's cache and registry (a fixture)
 
 MANIFEST = """
 [[model]]

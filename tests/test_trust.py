@@ -10,12 +10,15 @@ import stat
 from pathlib import Path
 
 import pytest
+import test_bundle
 from click.testing import Result
-
-from test_bundle import Built, _edit_meta, built, files_under, rebuild  # noqa: F401  (built is a fixture)
+from test_bundle import Built, _edit_meta, files_under, rebuild
 from test_cache_neuron import cli
+
 from warmcache.errors import TrustError
 from warmcache.trust import SigningKey, TrustedKeys, generate_key, sign_document
+
+built = test_bundle.built  # the build machine's cache and registry (a fixture)
 
 
 @pytest.fixture
@@ -114,7 +117,7 @@ def test_unsigned_and_foreign_bundles_are_refused_by_every_trust_source(
     assert by_env.exit_code == 5 and f"signed by key {their_id}, which is not trusted ($WARMCACHE_TRUSTED_KEYS:" in by_env.stderr
     monkeypatch.delenv("WARMCACHE_TRUSTED_KEYS")
 
-    manifest = write_manifest(f'[trust]\nkeys = ["keys/ours.pub"]\n' + built.manifest.read_text(), name="trusting.toml")
+    manifest = write_manifest('[trust]\nkeys = ["keys/ours.pub"]\n' + built.manifest.read_text(), name="trusting.toml")
     by_manifest = unpack(theirs, tmp_path, "--manifest", str(manifest))
     assert by_manifest.exit_code == 5 and "trust.keys" in by_manifest.stderr and "which is not trusted" in by_manifest.stderr
     assert nothing_written(tmp_path)

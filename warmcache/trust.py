@@ -54,7 +54,7 @@ class PublicKey:
         return hashlib.sha256(self.raw).hexdigest()[:16]
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "PublicKey":
+    def parse(cls, text: str, where: str) -> PublicKey:
         """Parse ``ed25519:<base64>``; :class:`UsageError` naming ``where`` otherwise."""
         body = text.strip()
         if not body.startswith(KEY_PREFIX):
@@ -77,7 +77,7 @@ class SigningKey:
         self.public = PublicKey(private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
     @classmethod
-    def load(cls, path: str | Path) -> "SigningKey":
+    def load(cls, path: str | Path) -> SigningKey:
         file = Path(path)
         try:
             data = _read_small(file)
@@ -163,12 +163,12 @@ class TrustedKeys:
         return bool(self.keys)
 
     @classmethod
-    def load(cls, entries: Iterable[str], source: str, base: Path | None = None) -> "TrustedKeys":
+    def load(cls, entries: Iterable[str], source: str, base: Path | None = None) -> TrustedKeys:
         """Keys from ``entries``, each ``ed25519:...`` or a public key file (relative to ``base``)."""
         return cls(tuple(load_public_key(entry, source, base) for entry in entries), source)
 
     @classmethod
-    def resolve(cls, flag_values: Sequence[str], fallback: "TrustedKeys | None" = None) -> "TrustedKeys":
+    def resolve(cls, flag_values: Sequence[str], fallback: TrustedKeys | None = None) -> TrustedKeys:
         """``--trust`` values, else ``$WARMCACHE_TRUSTED_KEYS`` (comma-separated), else ``fallback``
         (a manifest's ``[trust] keys``).
 
@@ -192,8 +192,7 @@ class TrustedKeys:
         """
         signature = document.get(SIGNATURE_MEMBER)
         if not self.configured:
-            signer = _signer_id(signature)
-            return SignatureCheck(False, signer)
+            return SignatureCheck(False, _signer_id(signature))
         trusted = ", ".join(k.key_id for k in self.keys)
         if signature is None:
             raise TrustError(f"{what}: unsigned, but trusted keys are configured ({self.source}: {trusted}); refused")

@@ -27,7 +27,7 @@ import shutil
 import tarfile
 import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -60,7 +60,7 @@ class BundleMeta:
     flavor: CacheFlavor
     rows: list[dict[str, Any]]
     files: dict[str, BundleFile]
-    signature: SignatureCheck
+    signature: SignatureCheck = SignatureCheck(checked=False, key_id=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +116,7 @@ def unpack_bundle(
                 _check_toolchain(meta, bundle)
             location = _target(cache_dir, meta.flavor)
             _check_layout_matches(location.root, meta.flavor, bundle)
-            _check_room(meta, location.root, max_bytes, bundle)
+            check_room(meta.files.values(), location.root, max_bytes, str(bundle))
             _verify_contents(tar, file_members, meta)
             return _install(tar, file_members, meta, location, open_registry, progress)
     except _ARCHIVE_ERRORS as exc:
@@ -242,18 +242,19 @@ def _check_layout_matches(root: Path, flavor: CacheFlavor, bundle: Path) -> None
         raise CacheError(f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout {detect_flavor(root)}; refused (pass another --cache-dir)")
 
 
-def _check_room(meta: BundleMeta, root: Path, max_bytes: int, bundle: Path) -> None:
-    """Refuse, before extracting, a file list larger than the limit or than the free space at ``root``."""
-    total = sum(f.size for f in meta.files.values())
+def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source: str) -> None:
+    """Refuse, before anything is fetched or extracted, a file list larger than the limit or
+    than the free space at ``root`` (bundle unpack, and store pull for what it would fetch)."""
+    total = sum(f.size for f in files)
     if total > max_bytes:
         raise CacheError(
-            f"{bundle}: lists {len(meta.files)} files of {format_size(total)} ({total} bytes), more than the unpack limit "
+            f"{source}: lists {len(files)} files of {format_size(total)} ({total} bytes), more than the unpack limit "
             f"of {format_size(max_bytes)}; refused (raise it with --max-size or $WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
         )
     existing = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if total > free:
-        raise CacheError(f"{bundle}: needs {format_size(total)} but {existing} has {format_size(free)} free; refused")
+        raise CacheError(f"{source}: needs {format_size(total)} but {existing} has {format_size(free)} free; refused")
 
 
 def _verify_contents(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta) -> None:
