@@ -14,6 +14,7 @@ import test_bundle
 from click.testing import Result
 from test_bundle import Built, _edit_meta, files_under, rebuild
 from test_cache_neuron import cli
+from test_hostile_input import nothing_written, unpack
 
 from warmcache.errors import TrustError
 from warmcache.trust import SigningKey, TrustedKeys, generate_key, sign_document
@@ -36,14 +37,6 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 def pack_signed(built: Built, output: Path, key: Path | None) -> Result:
     args = ("bundle", "pack", str(built.manifest), "-o", str(output), "--cache-dir", str(built.root), "--db", built.url)
     return cli(*args, *(("--sign", str(key)) if key else ()))
-
-
-def unpack(bundle: Path, tmp_path: Path, *args: str) -> Result:
-    return cli("bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}", *args)
-
-
-def nothing_written(tmp_path: Path) -> bool:
-    return not (tmp_path / "prod").exists() and not (tmp_path / "prod.sqlite").exists()
 
 
 def test_keys_generate_writes_a_private_key_only_its_owner_reads(tmp_path: Path) -> None:
