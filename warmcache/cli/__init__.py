@@ -16,6 +16,7 @@ from warmcache.cli.bundle import bundle_group
 from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
+from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, plan, shapes
 from warmcache.cli.serve import serve
 from warmcache.cli.status import status
@@ -47,5 +48,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, serve, push, pull, store_group):
+for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, keys_group, serve, push, pull, store_group):
     main.add_command(_command)

@@ -24,6 +24,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ def pull_manifest(
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
     try:
         downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
-        result = install_staged(meta, location, registry, lambda staging: _link_files(files, folder, staging))
+        result = install_staged(meta, location, lambda: nullcontext(registry), lambda staging: _link_files(files, folder, staging))
     except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
     shutil.rmtree(folder, ignore_errors=True)
