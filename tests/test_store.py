@@ -2,12 +2,14 @@
 
 Round trip and idempotence, concurrent pushes of overlapping shapes, a corrupted
 blob (refused, and fetched again when the corruption was in transit), an
-interrupted pull resumed, the size limit, gc, and the one-line failures: an
-unreachable endpoint, a missing bucket, no credentials.
+interrupted pull resumed, the size limit, gc, signed indexes checked against
+trusted keys, and the one-line failures: an unreachable endpoint, a missing
+bucket, no credentials.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -27,9 +29,10 @@ from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.store import open_store
 from warmcache.store.backends import FileStore
-from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX
+from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
 from warmcache.store.pull import BLOB_FOLDER, pull_manifest
 from warmcache.store.push import push_manifest
+from warmcache.trust import generate_key
 
 #: The build machine of the bundle tests: two compiled Neuron shapes, one declared but not compiled.
 built = test_bundle.built
@@ -203,11 +206,14 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
     assert not (cache / BLOB_FOLDER).exists() and len(rows(db)) == 2
 
 
-def test_pull_refuses_more_than_the_size_limit_before_downloading(built: Built, store: list[str], tmp_path: Path) -> None:
+def test_pull_refuses_more_than_the_size_limit_before_downloading(built: Built, store: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     push(built, store)
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     code, _, err = run(*pull_args(built, store, cache, db), "--max-size", "4K")
-    assert code == 5 and "more than the limit of 4.0 KiB" in err and "--max-size" in err
+    assert code == 5 and "more than the unpack limit of 4.0 KiB" in err and "--max-size" in err
+    monkeypatch.setenv("WARMCACHE_MAX_UNPACK_SIZE", "5K")  # bundle unpack's variable bounds a pull too
+    code, _, err = run(*pull_args(built, store, cache, db))
+    assert code == 5 and "more than the unpack limit of 5.0 KiB" in err
     assert not cache.exists() or not any(cache.iterdir())
     assert rows(db) == []
 
@@ -315,3 +321,84 @@ def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(s3_endpoint: str, s
     doctor = cli("cache", "doctor")
     assert doctor.exit_code == 0, doctor.output
     assert "failed: neuronxcc-2.15.1/MODULE_failed+f" in doctor.stdout and "locked: neuronxcc-2.15.1/MODULE_locked+f (lock" in doctor.stdout
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> tuple[Path, str]:
+    """A private key file and its public key text (what --trust takes)."""
+    key = tmp_path / "keys" / "build"
+    key.parent.mkdir()
+    return key, generate_key(key).text
+
+
+def nothing_pulled(cache: Path, db: str) -> bool:
+    """No cache file, no staged blob, no row: a refused pull wrote nothing."""
+    return rows(db) == [] and (not cache.exists() or not any(cache.rglob("*")))
+
+
+def test_a_signed_push_pulls_cleanly_under_trust(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]) -> None:
+    key, public = signer
+    push(built, store, "--sign", str(key))
+    assert push(built, store, "--sign", str(key))["indexes_written"] == 0  # Ed25519 is deterministic: a re-push writes nothing
+    cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    code, pulled, err = run(*pull_args(built, store, cache, db), "--trust", public)
+    assert code == 1 and pulled is not None, err  # exit 1: the declared-but-not-compiled shape
+    assert pulled["shapes_pulled"] == 2 and pulled["signatures_checked"] is True and len(rows(db)) == 2
+    assert files_under(cache) == {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
+
+
+def _tamper_rehashed(store: list[str]) -> str:
+    """Replace one blob's bytes and rewrite its sha256 in the index, keeping the old signature."""
+    target = object_store(store)
+    key = min(o.key for o in target.list(INDEX_PREFIX))
+    index = json.loads(target.read(key, 1 << 20) or b"")
+    evil = b"compiled by someone else"
+    index["files"][0].update(sha256=hashlib.sha256(evil).hexdigest(), size=len(evil))
+    target.write(blob_key(index["files"][0]["sha256"]), evil)
+    target.write(key, index_bytes(index))
+    return key
+
+
+def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_written(
+    built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]
+) -> None:
+    key, public = signer
+    push(built, store, "--sign", str(key))
+    tampered = _tamper_rehashed(store)
+    cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    code, _, err = run(*pull_args(built, store, cache, db), "--trust", public)
+    assert code == 5 and tampered in err and "does not match the content" in err and len(error_lines(err)) == 1, err
+    assert nothing_pulled(cache, db)
+    # Without trust the hashes alone cannot tell: the same pull installs the replaced file and says so.
+    code, pulled, err = run(*pull_args(built, store, cache, db))
+    assert pulled is not None and pulled["signatures_checked"] is False and pulled["shapes_pulled"] == 2, err
+
+
+def test_an_unsigned_index_is_refused_under_trust(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    push(built, store)
+    cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    monkeypatch.setenv("WARMCACHE_TRUSTED_KEYS", signer[1])
+    code, _, err = run(*pull_args(built, store, cache, db))
+    assert code == 5 and "unsigned, but trusted keys are configured ($WARMCACHE_TRUSTED_KEYS" in err and len(error_lines(err)) == 1, err
+    assert nothing_pulled(cache, db)
+
+
+def test_pull_says_when_it_did_not_check_signatures(built: Built, tmp_path: Path) -> None:
+    store = ["--store", (tmp_path / "store").as_uri()]
+    push(built, store)
+    result = cli(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    assert "index signatures not checked: no trusted keys configured" in result.stdout, result.output
+
+
+def test_the_manifest_names_the_signing_key_and_the_trusted_keys(built: Built, tmp_path: Path, signer: tuple[Path, str]) -> None:
+    key, _ = signer
+    store = ["--store", (tmp_path / "store").as_uri()]
+    text = built.manifest.read_text()
+    built.manifest.write_text(f'[store]\nsign_key = "{key}"\n[trust]\nkeys = ["{key}.pub"]\n' + text)
+    push(built, store)  # signed by [store] sign_key, no --sign
+    cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    code, pulled, err = run(*pull_args(built, store, cache, db))
+    assert pulled is not None and pulled["signatures_checked"] is True and pulled["shapes_pulled"] == 2, err
+    _tamper_rehashed(store)
+    code, _, err = run(*pull_args(built, store, tmp_path / "c", f"sqlite:///{tmp_path / 'c.sqlite'}"))
+    assert code == 5 and "does not match the content" in err, err

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from warmcache.cache.locate import single_location
+from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cache.units import format_size, parse_age, parse_size
 from warmcache.cli._common import (
     byte_progress,
@@ -26,14 +27,29 @@ from warmcache.store.maintenance import (
     list_store,
     plan_gc,
 )
-from warmcache.store.pull import DEFAULT_MAX_PULL_BYTES, pull_manifest
+from warmcache.store.pull import pull_manifest
 from warmcache.store.push import push_manifest
+from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 STORE_HELP = "Store URL: s3://bucket/prefix or file:///path (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
+NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
 CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+
+
+def sign_option(func: F) -> F:
+    """Which key signs pushed indexes: shared by push and warmup --push."""
+    return click.option(
+        "--sign", "sign_key", metavar="KEY", default=None, help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key)."
+    )(func)
+
+
+def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
+    """``--sign``, else the manifest's ``[store] sign_key``, else no signing."""
+    path = flag or manifest.store.sign_key
+    return SigningKey.load(path) if path else None
 
 
 def store_options(func: F) -> F:
@@ -47,18 +63,28 @@ def store_options(func: F) -> F:
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
 @click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@sign_option
 @store_options
 @db_option
 @json_option
 def push(
-    manifest: str, model_name: str | None, verified_only: bool, cache_dir: str | None, store_url: str | None, endpoint_url: str | None, db_url: str | None, as_json: bool
+    manifest: str,
+    model_name: str | None,
+    verified_only: bool,
+    cache_dir: str | None,
+    sign_key: str | None,
+    store_url: str | None,
+    endpoint_url: str | None,
+    db_url: str | None,
+    as_json: bool,
 ) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
     parsed = load_manifest(manifest)
+    key = signing_key(sign_key, parsed)
     location = single_location(parsed, cache_dir, model_name)
     store = resolve_store(store_url, endpoint_url, parsed)
     with open_registry(db_url, parsed) as registry, byte_progress("pushing") as progress:
-        result = push_manifest(parsed, registry, location, store, model_name=model_name, verified_only=verified_only, progress=progress)
+        result = push_manifest(parsed, registry, location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -73,20 +99,33 @@ def push(
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
-@click.option("--max-size", metavar="SIZE", default=None, help=f"Refuse a pull that would write more (default: the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_PULL_BYTES)}).")
+@click.option(
+    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
+    help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
+)  # fmt: skip
+@click.option("--trust", "trust", metavar="KEY", multiple=True, help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.")
 @store_options
 @db_option
 @json_option
 def pull(
-    manifest: str, model_name: str | None, cache_dir: str | None, max_size: str | None, store_url: str | None, endpoint_url: str | None, db_url: str | None, as_json: bool
+    manifest: str,
+    model_name: str | None,
+    cache_dir: str | None,
+    max_size: str | None,
+    trust: tuple[str, ...],
+    store_url: str | None,
+    endpoint_url: str | None,
+    db_url: str | None,
+    as_json: bool,
 ) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
     parsed = load_manifest(manifest)
+    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys)
     location = single_location(parsed, cache_dir, model_name)
     store = resolve_store(store_url, endpoint_url, parsed)
-    max_bytes = parse_size(max_size, option="--max-size") if max_size else parsed.store.max_pull_bytes or DEFAULT_MAX_PULL_BYTES
+    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
     with open_registry(db_url, parsed) as registry, byte_progress("pulling") as progress:
-        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, progress=progress)
+        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:
@@ -97,6 +136,7 @@ def pull(
             f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} reused from an interrupted pull"
             + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
         )
+        click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
         for line in result.missing:
             click.echo(f"  not in the store: {line}")
     raise SystemExit(result.exit_code)

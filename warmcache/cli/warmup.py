@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import click
 
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
-from warmcache.cli.store import store_options
+from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
 from warmcache.store import resolve_store
 from warmcache.store.publish import ShapePublisher
@@ -44,6 +44,7 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
 @click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
 @click.option("--push/--no-push", "push", default=None, help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).")
+@sign_option
 @store_options
 @db_option
 @json_option
@@ -56,6 +57,7 @@ def warmup(
     cache_dir: str | None,
     lease_seconds: float | None,
     push: bool | None,
+    sign_key: str | None,
     store_url: str | None,
     endpoint_url: str | None,
     db_url: str | None,
@@ -77,7 +79,10 @@ def warmup(
         dry_run=dry_run,
     )
     publish = parsed.store.push if push is None else push
-    publisher = ShapePublisher(parsed, options.registry_url, resolve_store(store_url, endpoint_url, parsed), cache_dir) if publish and not dry_run else None
+    publisher = None
+    if publish and not dry_run:
+        store = resolve_store(store_url, endpoint_url, parsed)
+        publisher = ShapePublisher(parsed, options.registry_url, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
     summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal), publisher)
     if not is_registry_writer():

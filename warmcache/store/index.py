@@ -7,8 +7,9 @@
 
 An index is canonical JSON (sorted keys, no whitespace, UTF-8), produced by
 :func:`index_bytes` alone, so the same shape pushed twice gives the same bytes
-(a re-push writes nothing) and a detached signature can cover exactly those
-bytes. It carries the registry row (as a bundle does), the fingerprints and every
+(a re-push writes nothing). ``push --sign`` adds a ``signature`` member over the
+canonical bytes of the rest (:func:`warmcache.trust.sign_document`); ``pull``
+checks it against trusted keys before believing the file list. It carries the registry row (as a bundle does), the fingerprints and every
 file of the entries the shape needs with its sha256 and size. A reader finds a
 shape's index by the identity it computes itself (shape × model config ×
 toolchain), so a host only ever sees indexes its own toolchain can load.
@@ -21,17 +22,16 @@ same reason).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from warmcache.cache.bundle import BundleFile
 from warmcache.cache.bundle_rows import check_rows, row_to_json
 from warmcache.cache.layout import CacheFlavor
-from warmcache.cache.locate import FLAVORS
-from warmcache.cache.unbundle import check_artifacts, check_files
+from warmcache.cache.unbundle import check_artifacts, check_files, read_signed_document
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
+from warmcache.trust import SignatureCheck, TrustedKeys, canonical_bytes
 
 INDEX_FORMAT = 1
 BLOB_PREFIX = "blobs/sha256/"
@@ -56,6 +56,7 @@ class ShapeIndex:
     flavor: CacheFlavor
     row: dict[str, Any]
     files: dict[str, BundleFile]
+    signature: SignatureCheck = SignatureCheck(checked=False, key_id=None)
 
     @property
     def size(self) -> int:
@@ -76,25 +77,22 @@ def build_index(record: ShapeRecord, flavor: CacheFlavor, files: list[BundleFile
 
 
 def index_bytes(index: dict[str, Any]) -> bytes:
-    """The one serialisation of an index: what is stored, compared and (later) signed."""
-    return json.dumps(index, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The one serialisation of an index: what is stored and compared (the signature covers the same canonical form)."""
+    return canonical_bytes(index)
 
 
-def parse_index(data: bytes, key: str, where: str) -> ShapeIndex:
-    """Validate an index completely, or raise :class:`CacheError` naming the key and the fault."""
+def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = TrustedKeys()) -> ShapeIndex:
+    """Validate an index completely, or raise :class:`CacheError` naming the key and the fault.
+
+    With ``trusted`` keys configured the signature is checked before anything the index
+    says is believed (:class:`~warmcache.errors.TrustError` if it is missing, by another
+    key or does not match); a ``signature`` member is accepted either way.
+    """
     at = f"{where}/{key}"
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise CacheError(f"{at}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT:
-        raise CacheError(f"{at}: unsupported index format {raw.get('format') if isinstance(raw, dict) else raw!r} (this warmcache reads {INDEX_FORMAT})")
-    flavor = raw.get("flavor")
-    if flavor not in FLAVORS:
-        raise CacheError(f"{at}: unknown cache layout {flavor!r}")
+    raw, signature, flavor = read_signed_document(data, at, "index", INDEX_FORMAT, trusted)
     [row] = check_rows([raw.get("row")], at)
     if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
         raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
     files = check_files(raw.get("files"), flavor, at)
     check_artifacts(row, files, flavor, f"{at}: row")
-    return ShapeIndex(key, flavor, row, files)
+    return ShapeIndex(key, flavor, row, files, signature)

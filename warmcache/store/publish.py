@@ -18,6 +18,7 @@ from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.store.backends import ObjectStore
 from warmcache.store.push import push_manifest
+from warmcache.trust import SigningKey
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ShapePublisher:
     registry_url: str
     store: ObjectStore
     cache_dir: str | None = None
+    signing_key: SigningKey | None = None
     pushed: int = 0
     bytes_uploaded: int = 0
     failures: list[str] = field(default_factory=list)
@@ -37,7 +39,7 @@ class ShapePublisher:
             with Registry.open(self.registry_url) as registry:
                 [record] = registry.rows(identities=[identity])
                 location = single_location(self.manifest, self.cache_dir, record.model_name)
-                result = push_manifest(self.manifest, registry, location, self.store, model_name=record.model_name, identities=[identity])
+                result = push_manifest(self.manifest, registry, location, self.store, model_name=record.model_name, identities=[identity], signing_key=self.signing_key)
         except WarmcacheError as exc:
             self.failures.append(f"{identity[:16]}: {exc}")
             return

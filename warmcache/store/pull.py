@@ -4,8 +4,10 @@ A shape whose row here is compiled/verified and whose entries are all in the cac
 is skipped without asking the store (an unchanged cache pulls in one registry query
 and an ``lstat`` per entry). For the rest, each shape's index is read (by the
 identity this machine computes, so only indexes of its own toolchain are seen) and
-validated completely; the files of entries the cache does not already hold are
-counted against the size limit *before* anything is downloaded, then each blob is
+validated completely (its signature first, when trusted keys are configured);
+the files of entries the cache does not already hold are counted against the
+size limit and the free space (:func:`~warmcache.cache.unbundle.check_room`, as
+``bundle unpack`` does) *before* anything is downloaded, then each blob is
 streamed to disk with its size enforced while writing and its sha256 checked. A
 blob that does not match is discarded and fetched again, then refused.
 
@@ -34,12 +36,13 @@ from warmcache.cache.bundle_rows import MergeResult
 from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.unbundle import (
+    DEFAULT_MAX_UNPACK_BYTES,
     BundleMeta,
+    check_room,
     holds_files,
     install_staged,
     write_checked,
 )
-from warmcache.cache.units import format_size
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
@@ -53,9 +56,8 @@ from warmcache.store.index import (
     parse_index,
 )
 from warmcache.store.push import TRANSFER_THREADS
+from warmcache.trust import TrustedKeys
 
-#: Default ceiling on what one pull may write: far above a real model's cache, far below a full disk.
-DEFAULT_MAX_PULL_BYTES = 64 * 1024**3
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
 #: A blob that does not match its hash is fetched this many times in all before the pull is refused.
@@ -75,6 +77,8 @@ class PullResult:
     bytes_downloaded: int
     bytes_reused: int
     rows: MergeResult | None
+    #: Whether every index read was checked against trusted keys (none are configured otherwise).
+    signatures_checked: bool
 
     @property
     def exit_code(self) -> int:
@@ -94,6 +98,7 @@ class PullResult:
             "bytes_downloaded": self.bytes_downloaded,
             "bytes_reused": self.bytes_reused,
             "rows": self.rows.as_json() if self.rows else None,
+            "signatures_checked": self.signatures_checked,
             "ok": self.exit_code == 0,
         }
 
@@ -105,25 +110,32 @@ def pull_manifest(
     store: ObjectStore,
     *,
     model_name: str | None = None,
-    max_bytes: int = DEFAULT_MAX_PULL_BYTES,
+    max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
+    trusted: TrustedKeys = TrustedKeys(),
     progress: Progress | None = None,
 ) -> PullResult:
-    """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows."""
+    """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
+
+    Every index is validated (and, with ``trusted`` keys, its signature verified)
+    before the first byte is downloaded or written.
+    """
     planned = plan_manifest(manifest, model_name)
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in registry.done_artifact_paths(identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
-    found = _read_indexes(store, wanted, location)
+    found = _read_indexes(store, wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
     files, held = _files_to_install(list(found.values()), location)
     fetch = {f.sha256: f.size for f in files.values()}
-    needed = sum(f.size for f in files.values())  # what lands in the cache (a blob at two paths counts twice)
-    if needed > max_bytes:
-        raise CacheError(
-            f"{store.url}: pulling {len(found)} shapes would write {format_size(needed)} into {location.root}, "
-            f"more than the limit of {format_size(max_bytes)}; refused (raise it with --max-size or [store] max_pull_size)"
-        )
-    common: dict[str, Any] = {"store": store.url, "cache_dir": location.root, "already_present": len(present), "pulled": len(found), "missing": missing}
+    check_room(files.values(), location.root, max_bytes, store.url)  # what lands in the cache: a blob at two paths counts twice
+    common: dict[str, Any] = {
+        "store": store.url,
+        "cache_dir": location.root,
+        "already_present": len(present),
+        "pulled": len(found),
+        "missing": missing,
+        "signatures_checked": trusted.configured,
+    }
     if not found:
         return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
     folder = location.root / BLOB_FOLDER
@@ -145,15 +157,15 @@ def pull_manifest(
     )
 
 
-def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation) -> dict[str, ShapeIndex]:
-    """The validated index of each wanted shape the store holds, by identity."""
+def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by identity."""
 
     def read(planned: PlannedShape) -> ShapeIndex | None:
         key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
         data = store.read(key, MAX_INDEX_BYTES)
         if data is None:
             return None
-        index = parse_index(data, key, store.url)
+        index = parse_index(data, key, store.url, trusted)
         if index.flavor != location.flavor:
             raise CacheError(f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a {location.flavor} cache; refused")
         return index

@@ -41,6 +41,7 @@ from warmcache.store.index import (
     index_bytes,
     index_key,
 )
+from warmcache.trust import SigningKey, sign_document
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
 TRANSFER_THREADS = 8
@@ -79,9 +80,15 @@ def push_manifest(
     model_name: str | None = None,
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
+    signing_key: SigningKey | None = None,
     progress: Progress | None = None,
 ) -> PushResult:
-    """Upload what the store lacks of ``manifest``'s compiled shapes (only ``identities`` if given)."""
+    """Upload what the store lacks of ``manifest``'s compiled shapes (only ``identities`` if given).
+
+    With ``signing_key`` each index is signed as a whole (its file list with every
+    sha256 included), so a puller that trusts the key can tell a tampered index.
+    Ed25519 signatures are deterministic: a signed re-push still writes nothing.
+    """
     statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
     records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
     if identities is not None:
@@ -99,6 +106,8 @@ def push_manifest(
     written = 0
     for record in records:
         index = build_index(record, location.flavor, shapes[record.identity])
+        if signing_key:
+            index = sign_document(index, signing_key)
         key, data = index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)
         if store.read(key, MAX_INDEX_BYTES) != data:
             store.write(key, data)
