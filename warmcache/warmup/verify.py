@@ -178,7 +178,7 @@ def replay(request_path: Path, result_path: Path) -> None:
     manifest = load_manifest(request["manifest"])
     wanted = request["identities"]
     by_identity = {p.identity: p for p in plan_manifest(manifest)}
-    worker = Worker(manifest, request["cache_dir"])
+    worker = Worker(manifest, request["cache_dir"], precompile=False)
     ranks = distributed.in_torchrun()
     if ranks:
         distributed.init_process_group(by_identity[wanted[0]].model.device)
