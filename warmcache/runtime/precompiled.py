@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import read_checked
 from warmcache.errors import CacheError
+from warmcache.targets.inductor import CACHE_ENV
 
 if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord
@@ -83,6 +85,10 @@ def precompiled_entries(record: "ShapeRecord") -> list[str]:
 def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signature, Callable[..., Any]]:
     """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
     header, payload = read_checked(root, entry, expected_fingerprint(record))
+    # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
+    # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Point an
+    # unset TORCHINDUCTOR_CACHE_DIR at it, as warmup did; an explicit setting is kept.
+    os.environ.setdefault(CACHE_ENV, str(root))
     try:
         f_globals = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
         from torch._dynamo.aot_compile import AOTCompiledFunction
