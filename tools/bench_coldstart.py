@@ -111,8 +111,9 @@ def precompiled_child(args: argparse.Namespace) -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     guard = ShapeGuard.from_registry(args.registry, "bench", telemetry=False)
     loaded = time.perf_counter()
-    import torch._dynamo.aot_compile  # noqa: F401  (what deserialising an artifact needs first; timed on its own)
-    import torch._inductor.compile_fx  # noqa: F401
+    # What deserialising an artifact needs first, timed on its own.
+    import torch._dynamo.aot_compile
+    import torch._inductor.compile_fx
 
     dynamo_imported = time.perf_counter()
     report = guard.prime(model)
@@ -214,12 +215,13 @@ def main() -> None:
             args.model = build_tiny_model("qwen3", work / "tiny-qwen3", layers=args.layers)
         registry = f"sqlite:///{work / 'registry.sqlite'}"
         colds = {}
-        for args.batch in args.batches:
-            colds[args.batch] = measure(args, work / f"cold-cache-{args.batch}")
+        for batch in args.batches:
+            args.batch = batch
+            colds[batch] = measure(args, work / f"cold-cache-{batch}")
         warm_with_warmcache(args, work, work / "warm-cache")
         print(f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU ({os.cpu_count()} cores)")
-        for args.batch in args.batches:
-            cold = colds[args.batch]
+        for batch in args.batches:
+            args.batch, cold = batch, colds[batch]
             warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
             pre = measure(args, work / "warm-cache", "--precompiled", "--registry", registry)
             print(f"batch {args.batch}:")

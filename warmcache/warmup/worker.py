@@ -154,6 +154,11 @@ class Worker:
         entry = self._precompiled[key] = save_precompiled(root, compiled, decode_kwargs, fields)
         return entry
 
+    def model_for(self, planned: PlannedShape) -> tuple["PreTrainedModel", Target]:
+        """The loaded model a spec runs on, and its target (verify proves artifacts on the replay's model)."""
+        target = target_for(planned.model)
+        return self._model(planned.model, target, planned.spec.workload, planned.spec.family.settings_dict()), target
+
     def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
