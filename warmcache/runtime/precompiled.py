@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import read_checked
-from warmcache.errors import CacheError
+from warmcache.errors import CacheError, first_line
 from warmcache.targets.inductor import CACHE_ENV
 
 if TYPE_CHECKING:
@@ -95,8 +95,7 @@ def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signatur
 
         compiled = AOTCompiledFunction.deserialize(payload, f_globals)
     except Exception as exc:  # a foreign torch, a missing module: one line, never a half-loaded function
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CacheError(f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first})") from None
+        raise CacheError(f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first_line(exc)})") from None
     # The guards were dropped at compile time; dispatch on the signature is the check.
     compiled.disable_guard_check()
     return header.fingerprint.signature, compiled

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.compile_counter import CompileCounter
+from warmcache.errors import first_line
 from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.precompiled import install, precompiled_entries
 from warmcache.warmup.workloads import DECODE_TOKENS, pad_token_id, token_ids
@@ -46,7 +47,7 @@ def prove_artifacts(model: "PreTrainedModel", record: "ShapeRecord", spec: "Shap
         with CompileCounter() as counter:
             served = generate()
     except Exception as exc:
-        return f"precompiled artifact: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return f"precompiled artifact: {type(exc).__name__}: {first_line(exc)}"
     finally:
         model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
     if counter.graphs or not decoder.calls:
