@@ -225,3 +225,25 @@ def test_bundle_carries_the_artifacts(warmed: Path, tmp_path: Path) -> None:
     scan = CliRunner().invoke(main, ["cache", "scan", "--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"])
     assert scan.exit_code == 0, scan.output
     assert INDUCTOR_PRECOMPILED in scan.output
+
+
+@pytest.mark.slow
+def test_verify_fails_a_spec_whose_artifact_was_tampered(warmed: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from warmcache.cli import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(warmed, copy, ignore=shutil.ignore_patterns("*.py"))
+    (copy / "manifest.toml").write_text((warmed / "manifest.toml").read_text().replace(str(warmed), str(copy)))
+    artifacts = _artifacts(copy)
+    path = copy / "cache" / artifacts[2]
+    path.write_bytes(path.read_bytes()[:-1] + b"!")
+    result = CliRunner().invoke(main, ["verify", str(copy / "manifest.toml"), "--json"])
+    report = json.loads(result.output[result.output.index("{") :])
+    verdicts = {spec["spec"]: spec for spec in report["specs"]}
+    failed = [v for v in verdicts.values() if v["verdict"] == "replay-failed"]
+    assert result.exit_code == 1 and len(failed) == 1 and "batch=2" in failed[0]["spec"]
+    assert "sha256" in failed[0]["reason"] and "\n" not in failed[0]["reason"]
+    # The untouched batch-1 artifact was loaded, run and matched the traced path's tokens.
+    assert [v["verdict"] for v in verdicts.values() if "batch=1" in v["spec"]] == ["replay-only"]
