@@ -214,6 +214,8 @@ def replay(request_path: Path, result_path: Path) -> None:
                 continue  # rank 0 reports for the group
         outcome = results[identity]
         status = outcome.get("error") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        if outcome.get("precompiled_error"):
+            status += f"; {outcome['precompiled_error']}"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)
         # Written after every spec, so a crash still leaves the verdicts so far.
         result_path.write_text(json.dumps(results))
