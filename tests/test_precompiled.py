@@ -178,7 +178,7 @@ def test_decoder_never_runs_an_artifact_on_another_signature(warmed: Path, tiny_
     del model.get_compiled_call
     one, two = captured[0], captured[-1]
     ran: list[str] = []
-    decoder = PrecompiledDecoder(model, fallback=lambda *a, **k: ran.append("fallback"))
+    decoder = PrecompiledDecoder(model, fallback=lambda: lambda *a, **k: ran.append("fallback"))
     decoder.by_signature[decode_signature(one)] = lambda m, **k: ran.append("artifact")
     decoder(**two)  # batch 2 never meets the batch-1 artifact
     decoder(**one)

@@ -103,17 +103,22 @@ def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signatur
 
 @dataclass
 class PrecompiledDecoder:
-    """The model's compiled call: an artifact for each known signature, the torch.compile path for the rest."""
+    """The model's compiled call: an artifact for each known signature, the torch.compile path for the rest.
+
+    ``fallback`` makes the ``torch.compile`` call only when first needed: creating it
+    imports Inductor's compiler (measured: most of a loaded machine's 45 s start-up),
+    which a process served wholly by artifacts never needs.
+    """
 
     model: Any
-    fallback: Callable[..., Any]
+    fallback: Callable[[], Callable[..., Any]]
     by_signature: dict[Signature, Callable[..., Any]] = field(default_factory=dict)
     calls: int = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         function = self.by_signature.get(decode_signature(kwargs)) if not args else None
         if function is None:
-            return self.fallback(*args, **kwargs)
+            return self.fallback()(*args, **kwargs)
         self.calls += 1
         return function(self.model, **kwargs)
 
@@ -133,7 +138,7 @@ def install(model: Any, compile_config: Any, records: Iterable["ShapeRecord"], *
     otherwise it is logged (one line) and its bucket keeps the ``torch.compile`` path.
     """
     original = type(model).get_compiled_call.__get__(model)
-    decoder = PrecompiledDecoder(model, fallback=original(compile_config))
+    decoder = PrecompiledDecoder(model, fallback=lambda: original(compile_config))
     report = LoadReport()
     for record in records:
         root = root_override or (Path(record.cache_root) if record.cache_root else None)
