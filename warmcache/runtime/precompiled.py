@@ -86,9 +86,10 @@ def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signatur
     """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
     header, payload = read_checked(root, entry, expected_fingerprint(record))
     # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
-    # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Point an
-    # unset TORCHINDUCTOR_CACHE_DIR at it, as warmup did; an explicit setting is kept.
-    os.environ.setdefault(CACHE_ENV, str(root))
+    # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Inductor
+    # writes its default into the environment on first use, so "unset" cannot be told
+    # from "chosen": the artifact's folder wins, as in the warmup that wrote it.
+    os.environ[CACHE_ENV] = str(root)
     try:
         f_globals = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
         from torch._dynamo.aot_compile import AOTCompiledFunction
