@@ -247,3 +247,25 @@ def test_verify_fails_a_spec_whose_artifact_was_tampered(warmed: Path, tmp_path:
     assert "sha256" in failed[0]["reason"] and "\n" not in failed[0]["reason"]
     # The untouched batch-1 artifact was loaded, run and matched the traced path's tokens.
     assert [v["verdict"] for v in verdicts.values() if "batch=1" in v["spec"]] == ["replay-only"]
+
+
+@pytest.mark.parametrize("target", ['device = "neuron"', 'backend = "eager"', 'mode = "max-autotune"'])
+def test_manifest_refuses_precompile_where_it_cannot_be_saved(target: str, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    from warmcache.errors import ManifestError
+    from warmcache.manifest import load_manifest
+
+    path = write_manifest(
+        f"""
+        [[model]]
+        name = "m"
+        path = "{{qwen3}}"
+        {target}
+        precompile = true
+        [[model.generate]]
+        batch_sizes = [1]
+        prompt_lengths = [8]
+        max_cache_len = 32
+        """
+    )
+    with pytest.raises(ManifestError, match=r"model\[0\]\.precompile"):
+        load_manifest(path)
