@@ -91,7 +91,7 @@ def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signatur
     # from "chosen": the artifact's folder wins, as in the warmup that wrote it.
     os.environ[CACHE_ENV] = str(root)
     try:
-        f_globals = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
+        f_globals: dict[str, object] = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         compiled = AOTCompiledFunction.deserialize(payload, f_globals)

@@ -62,7 +62,7 @@ def precompile_decode(model: "PreTrainedModel", decode_kwargs: dict[str, Any], b
 
     if backend not in PRECOMPILE_BACKENDS:
         raise UsageError(f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use one of {', '.join(PRECOMPILE_BACKENDS)})")
-    compiled = torch.compile(
+    compiled: Any = torch.compile(
         type(model).__call__, fullgraph=True, dynamic=False, backend=backend, options={"guard_filter_fn": _drop_every_guard}
     )
     # The captured cache holds inference tensors (warmup generates under inference_mode);
