@@ -150,7 +150,7 @@ def test_tampered_artifact_is_refused_before_unpickling(warmed: Path, tiny_model
     assert warned["same_as_eager"] == [True] * 4 and warned["frames"] > 0
 
 
-def test_decoder_never_runs_an_artifact_on_another_signature(warmed: Path, tiny_models: dict[str, Path]) -> None:
+def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[str, Path]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
