@@ -53,12 +53,12 @@ def build_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def build_config(arch: str):  # type: ignore[no-untyped-def]
+def build_config(arch: str, layers: int = 2):  # type: ignore[no-untyped-def]
     common = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -81,7 +81,7 @@ def build_config(arch: str):  # type: ignore[no-untyped-def]
     raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
 
 
-def build_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_model(arch: str, out_dir: Path, seed: int = 0, layers: int = 2) -> Path:
     """Write ``config.json``, weights and tokenizer of a tiny ``arch`` model into ``out_dir``.
 
     Idempotent: an existing complete folder is left as it is.
@@ -95,11 +95,11 @@ def build_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(build_config(arch))
+    model = AutoModelForCausalLM.from_config(build_config(arch, layers))
     model.generation_config.pad_token_id = 0
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir)
-    marker.write_text(json.dumps({"arch": arch, "seed": seed}))
+    marker.write_text(json.dumps({"arch": arch, "seed": seed, "layers": layers}))
     return out_dir
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.compile_counter import CompileCounter
@@ -108,10 +109,20 @@ class PrimeReport:
     cache_hits: int = 0
     cache_misses: int = 0
     seconds: float = 0.0
+    #: Precompiled artifacts loaded (buckets whose decode step runs without Dynamo) and the seconds that took.
+    artifacts_loaded: int = 0
+    artifact_load_seconds: float = 0.0
+    #: One line per artifact that was refused or failed to load (policy ``warn``: its bucket was traced instead).
+    artifact_errors: list[str] = field(default_factory=list)
 
 
-def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> PrimeReport:
+def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
+
+    With ``precompiled`` (default), buckets whose rows recorded a precompiled
+    artifact load it instead of tracing (:mod:`warmcache.runtime.precompiled`;
+    ``cache_dir`` overrides the rows' cache folder). A refused or broken artifact
+    fails start-up under ``pad``/``refuse`` and is traced from the cache under ``warn``.
 
     Dynamo's recompile limit is raised to cover the buckets first (see
     :mod:`warmcache.runtime.budget`), and priming runs with
@@ -131,6 +142,8 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> Prim
     max_cache_len = guard.family.max_cache_len or 0
     report = PrimeReport(buckets)
     start = time.perf_counter()
+    if precompiled:
+        _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None)
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
@@ -150,3 +163,16 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> Prim
     report.seconds = time.perf_counter() - start
     guard.primed = True
     return report
+
+
+def _install_precompiled(guard: "ShapeGuard", model: Any, report: PrimeReport, cache_dir: Path | None) -> None:
+    from warmcache.runtime.precompiled import install, precompiled_entries
+
+    if not any(precompiled_entries(r) for r in guard.records):
+        return
+    device, backend, mode = guard.target
+    start = time.perf_counter()
+    _, loaded = install(model, compile_config(backend, mode, device), guard.records, root_override=cache_dir, strict=guard.policy != "warn")
+    report.artifact_load_seconds = time.perf_counter() - start
+    report.artifacts_loaded = len(loaded.loaded)
+    report.artifact_errors = loaded.errors
