@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.errors import WarmcacheError
+from warmcache.errors import DecodeRecompileError, WarmcacheError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
@@ -141,6 +141,9 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
         return SpecVerdict(identity, description, REPLAY_FAILED, reason="the replay process stopped before this spec")
     if result.get("error"):
         return SpecVerdict(identity, description, REPLAY_FAILED, reason=result["error"])
+    if result.get("recompiled"):
+        # The decode compiled again at a later position: no cache can make that shape warm.
+        return SpecVerdict(identity, description, RECOMPILED, reason=result["recompiled"])
     counts = {k: int(result[k]) for k in ("graphs", "cache_hits", "cache_misses")}
     new_entries = tuple(result["new_entries"])
     if not result["persistent_cache"]:
@@ -187,6 +190,8 @@ def replay(request_path: Path, result_path: Path) -> None:
         planned = by_identity[identity]
         try:
             run = worker.run(planned)
+        except DecodeRecompileError as exc:
+            results[identity] = {"recompiled": exc.message}
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
             results[identity] = {"error": error_line(exc)}
         else:
@@ -202,7 +207,7 @@ def replay(request_path: Path, result_path: Path) -> None:
             if not distributed.is_registry_writer():
                 continue  # rank 0 reports for the group
         outcome = results[identity]
-        status = outcome.get("error") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        status = outcome.get("error") or outcome.get("recompiled") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)
         # Written after every spec, so a crash still leaves the verdicts so far.
         result_path.write_text(json.dumps(results))
@@ -212,9 +217,10 @@ def replay(request_path: Path, result_path: Path) -> None:
 
 def merge_ranks(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     """One sharded spec's replay over all its ranks: any rank's error, and every rank's compiles."""
-    for index, outcome in enumerate(outcomes):
-        if outcome.get("error"):
-            return {"error": f"rank {index}: {outcome['error']}"}
+    for key in ("error", "recompiled"):
+        for index, outcome in enumerate(outcomes):
+            if outcome.get(key):
+                return {key: f"rank {index}: {outcome[key]}"}
     return {
         "graphs": max(o["graphs"] for o in outcomes),
         "cache_hits": sum(o["cache_hits"] for o in outcomes),
