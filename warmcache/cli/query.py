@@ -9,6 +9,7 @@ import click
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
+from warmcache.support import check_supported
 from warmcache.query import check_request, effective_status
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 
@@ -23,6 +24,7 @@ PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "fai
 def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
+    check_supported(parsed)
     planned = plan_manifest(parsed, model_name)
     with open_registry(db_url, parsed) as registry:
         statuses = registry.plan_status(planned)
