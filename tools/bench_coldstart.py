@@ -55,7 +55,7 @@ def child(args: argparse.Namespace) -> None:
 
     def generate() -> float:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config("inductor", "default", "cpu"), model_config=model.config)
+        kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
         begin = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)
@@ -92,7 +92,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    command = [sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), *extra]
+    command = [sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -101,7 +101,7 @@ def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path) -
     manifest = work / "bench.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "inductor"\n'
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{args.backend}"\n'
         f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--max-cache-len", type=int, default=32)
+    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager", "eager"), help="Compile backend (default: inductor).")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--save-mega", help=argparse.SUPPRESS)
     parser.add_argument("--load-mega", help=argparse.SUPPRESS)
