@@ -9,9 +9,9 @@ import click
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
-from warmcache.support import check_supported
 from warmcache.query import check_request, effective_status
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
+from warmcache.support import check_supported
 
 PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "failed", "stale")
 
