@@ -45,8 +45,10 @@ def model_problems(model: ModelSpec) -> list[str]:
                 f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache "
                 "does not hold (supported: full and sliding-window attention)"
             )
-        elif not (model_class := MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])._supports_default_dynamic_cache():
-            problems.append(f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache")
+        else:
+            model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+            if not model_class._supports_default_dynamic_cache():
+                problems.append(f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache")
     return problems
 
 

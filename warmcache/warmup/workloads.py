@@ -118,12 +118,14 @@ def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConf
         forms.append((padded_ids, padded_mask))
     if full_length > DECODE_TOKENS:
         for form, (form_ids, form_mask) in zip(("unpadded", "left-padded"), forms):
-            with fail_on_recompile(
-                lambda reason, form=form: DecodeRecompileError(
+
+            def recompiled(reason: str, form: str = form) -> DecodeRecompileError:
+                return DecodeRecompileError(
                     f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding {full_length} tokens "
                     f"to max_cache_len={max_cache_len}); production would recompile at every position: {reason}"
                 )
-            ):
+
+            with fail_on_recompile(recompiled):
                 generate(form_ids, form_mask, full_length)
     return WorkloadResult(padded_graphs=padded_graphs)
 
