@@ -1,6 +1,6 @@
 """warmcache on a decoder of real proportions: compile time, cache size, memory, guard overhead, cold vs warm.
 
-    python tools/bench_realistic.py                  # 16 layers, hidden 1024, 32k vocab (~0.3B params), Inductor
+    python tools/bench_realistic.py                  # 16 layers, hidden 1024, 32k vocab (~0.25B params), Inductor
     python tools/bench_realistic.py --layers 24 --hidden 2048
     python tools/bench_realistic.py --quick          # tiny sizes, aot_eager: checks the script works (CI)
 
