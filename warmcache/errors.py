@@ -8,6 +8,11 @@ traceback for these.
 
 from __future__ import annotations
 
+import reprlib
+
+#: How much of a value an error line echoes; a hostile input can be megabytes long.
+MAX_SHOWN_CHARS = 200
+
 
 def first_line(error: BaseException | str | None) -> str:
     """The first non-empty line of an error (or its text): what a one-line report has room for.
@@ -19,6 +24,28 @@ def first_line(error: BaseException | str | None) -> str:
         if line.strip():
             return line.strip()
     return type(error).__name__ if isinstance(error, BaseException) else ""
+
+
+def _bounded_repr() -> reprlib.Repr:
+    bounded = reprlib.Repr()
+    bounded.maxlevel, bounded.maxstring, bounded.maxother = 3, MAX_SHOWN_CHARS, MAX_SHOWN_CHARS
+    bounded.maxlist = bounded.maxtuple = bounded.maxdict = bounded.maxset = 8
+    return bounded
+
+
+_REPR = _bounded_repr()
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` fit for a one-line error: cut to about 200 characters, saying how long it was.
+
+    Echoing a 50 MB value makes a 50 MB "one line"; repr of a structure nested
+    thousands deep never returns. reprlib bounds both (depth, items, characters).
+    """
+    text = _REPR.repr(value)
+    if isinstance(value, (str, bytes)) and len(value) > MAX_SHOWN_CHARS:
+        return f"{text} ({len(value)} characters)"
+    return text
 
 
 class WarmcacheError(Exception):
@@ -90,3 +117,7 @@ class CacheError(WarmcacheError):
     """A compile-cache directory or bundle is unusable (bad hash, unsafe member)."""
 
     exit_code = 5
+
+
+class TrustError(CacheError):
+    """A signature is missing, malformed, by a key not trusted, or does not match what it signs."""

@@ -9,14 +9,18 @@ anywhere until a manifest validates.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from warmcache.errors import ManifestError
+from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
+from warmcache.dburl import normalise_url
+from warmcache.errors import MAX_SHOWN_CHARS, ManifestError, UsageError, shown
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
+from warmcache.trust import TrustedKeys
 
 DEVICES = ("neuron", "cpu", "cuda")
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
@@ -25,9 +29,10 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-_TOP_KEYS = ("registry", "cache", "model")
+_TOP_KEYS = ("registry", "cache", "trust", "model")
 _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
+_TRUST_KEYS = ("keys",)
 _MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "distributed", "generate", "train")
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
 _GENERATE_KEYS = (
@@ -43,6 +48,8 @@ _GENERATE_KEYS = (
 _TRAIN_KEYS = ("batch_sizes", "seq_lengths", "bf16", "gradient_checkpointing")
 
 DEFAULT_LEASE_SECONDS = 600
+#: A manifest with a thousand models is a few hundred KB; tomllib is slow on much larger input.
+MAX_MANIFEST_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +150,13 @@ class Manifest:
     registry_url: str | None = None
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     cache_dir: Path | None = None
+    trusted_keys: TrustedKeys = TrustedKeys()
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:
             if model.name == name:
                 return model
-        raise ManifestError(f"{self.path}: no model named {name!r} (known: {', '.join(m.name for m in self.models)})")
+        raise ManifestError(f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})")
 
     def specs(self) -> list[ShapeSpec]:
         return [spec for model in self.models for spec in model.specs()]
@@ -167,9 +175,9 @@ class _Checker:
     def unknown_keys(self, table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
         for key in table:
             if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(allowed)})"
-                self.problem(f"{where}{'.' if where else ''}{key}", f"unknown key{hint}")
+                close = _close_match(key, allowed)
+                hint = f" (did you mean {close!r}?)" if close else f" (allowed: {', '.join(allowed)})"
+                self.problem(f"{where}{'.' if where else ''}{_key_shown(key)}", f"unknown key{hint}")
 
     def table(self, parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
         value = parent.get(key, {})
@@ -201,10 +209,19 @@ class _Checker:
     def choice(self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None) -> str | None:
         value = self.string(table, key, where, default=default)
         if value is not None and value not in choices:
-            close = difflib.get_close_matches(value, choices, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            self.problem(f"{where}.{key}", f"unknown value {value!r} (allowed: {', '.join(choices)}){hint}")
+            close = _close_match(value, choices)
+            hint = f"; did you mean {close!r}?" if close else ""
+            self.problem(f"{where}.{key}", f"unknown value {shown(value)} (allowed: {', '.join(choices)}){hint}")
             return default
+        return value
+
+    def file_path(self, table: dict[str, Any], key: str, where: str, *, required: bool = False) -> str | None:
+        """A string the file system can take as a path (checked now: later it would be an OSError)."""
+        value = self.string(table, key, where, required=required)
+        problem = path_problem(value) if value is not None else None
+        if problem:
+            self.problem(f"{where}.{key}", f"{shown(value)} {problem}")
+            return None
         return value
 
     def boolean(self, table: dict[str, Any], key: str, where: str, default: bool) -> bool:
@@ -226,7 +243,10 @@ class _Checker:
             self.problem(key, f"must be an integer, got {_show(value)}")
             return default
         if value <= 0:
-            self.problem(key, f"must be > 0, got {value}")
+            self.problem(key, f"must be > 0, got {shown(value)}")
+            return default
+        if value > MAX_COUNT:
+            self.problem(key, f"{shown(value)} is larger than the registry can hold ({MAX_COUNT})")
             return default
         return value
 
@@ -245,21 +265,44 @@ class _Checker:
 
 
 def _show(value: Any) -> str:
-    kind = type(value).__name__
-    text = repr(value)
-    return f"{text[:60]}{'…' if len(text) > 60 else ''} ({kind})"
+    return f"{shown(value)} ({type(value).__name__})"
+
+
+def _key_shown(key: str) -> str:
+    return key if len(key) <= MAX_SHOWN_CHARS and key.isprintable() else shown(key)
+
+
+def _close_match(value: str, choices: tuple[str, ...]) -> str | None:
+    """A did-you-mean; a value far longer than any choice is no typo (and difflib is slow on it)."""
+    if len(value) > MAX_SHOWN_CHARS:
+        return None
+    close = difflib.get_close_matches(value, choices, n=1)
+    return close[0] if close else None
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest; raise :class:`ManifestError` listing every problem."""
+    """Read and validate a manifest; raise :class:`ManifestError` listing every problem.
+
+    Size and nesting are bounded before tomllib sees the text: it recurses once per
+    nesting level and is slow on megabytes, so a hostile manifest would otherwise
+    end in a ``RecursionError`` or take minutes.
+    """
     file = Path(path)
     try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        with open(file, "rb") as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
+        text = data.decode("utf-8")
+        depth = toml_nesting(text)
+        if depth > MAX_NESTING:
+            raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
+        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ManifestError(f"{file}: manifest not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: an integer of thousands of digits
         raise ManifestError(f"{file}: invalid TOML: {exc}") from None
     return parse_manifest(raw, file)
 
@@ -273,11 +316,19 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     registry = check.table(raw, "registry", "registry")
     check.unknown_keys(registry, _REGISTRY_KEYS, "registry")
     url = check.string(registry, "url", "registry")
+    if url is not None:
+        try:
+            normalise_url(url, "")
+        except UsageError as exc:
+            check.problem("registry.url", str(exc).lstrip())
+            url = None
     lease = check.positive_int(registry, "lease_seconds", "registry", default=DEFAULT_LEASE_SECONDS)
 
     cache = check.table(raw, "cache", "cache")
     check.unknown_keys(cache, _CACHE_KEYS, "cache")
-    cache_dir = check.string(cache, "dir", "cache")
+    cache_dir = check.file_path(cache, "dir", "cache")
+
+    trusted = _parse_trust(check, check.table(raw, "trust", "trust"), base)
 
     models: list[ModelSpec] = []
     seen: dict[str, int] = {}
@@ -289,7 +340,7 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         if model is None:
             continue
         if model.name in seen:
-            check.problem(f"model[{index}].name", f"duplicate model name {model.name!r} (first used by model[{seen[model.name]}])")
+            check.problem(f"model[{index}].name", f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])")
             continue
         seen[model.name] = index
         models.append(model)
@@ -301,14 +352,29 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         models=tuple(models),
         registry_url=resolve_registry_url(url, base) if url else None,
         lease_seconds=lease or DEFAULT_LEASE_SECONDS,
-        cache_dir=(base / Path(cache_dir).expanduser()).resolve() if cache_dir else None,
+        cache_dir=(base / os.path.expanduser(cache_dir)).resolve() if cache_dir else None,
+        trusted_keys=trusted,
     )
+
+
+def _parse_trust(check: _Checker, trust: dict[str, Any], base: Path) -> TrustedKeys:
+    """``[trust] keys``: public keys (``ed25519:...``) or ``.pub`` files relative to the manifest."""
+    check.unknown_keys(trust, _TRUST_KEYS, "trust")
+    entries = trust.get("keys", [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        check.problem("trust.keys", f"must be a list of public keys or key files, got {_show(entries)}")
+        return TrustedKeys()
+    try:
+        return TrustedKeys.load(entries, f"{check.file}: trust.keys", base)
+    except UsageError as exc:
+        check.problems.append(str(exc))
+        return TrustedKeys()
 
 
 def resolve_registry_url(url: str, base: Path) -> str:
     """Anchor a relative SQLite path (or plain file path) at ``base``; other URLs pass through unchanged."""
     if "://" not in url:
-        return f"sqlite:///{(base / Path(url).expanduser()).resolve()}"
+        return f"sqlite:///{(base / os.path.expanduser(url)).resolve()}"
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         return prefix + str((base / url[len(prefix):]).resolve())
@@ -317,9 +383,9 @@ def resolve_registry_url(url: str, base: Path) -> str:
 
 def _resolve_model_path(path: str, base: Path) -> str:
     """Local folders resolve against the manifest's folder; anything else is a hub id."""
-    expanded = Path(path).expanduser()
+    expanded = Path(os.path.expanduser(path))
     candidate = base / expanded
-    if expanded.is_absolute() or path.startswith((".", "~")) or candidate.exists():
+    if expanded.is_absolute() or path.startswith((".", "~")) or os.path.exists(candidate):
         return str(candidate.resolve())
     return path
 
@@ -329,14 +395,14 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     check.unknown_keys(entry, _MODEL_KEYS, where)
     name = check.string(entry, "name", where, required=True)
     if name is not None and not _NAME_RE.match(name):
-        check.problem(f"{where}.name", f"{name!r} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
-    path = check.string(entry, "path", where, required=True)
+        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+    path = check.file_path(entry, "path", where, required=True)
     revision = check.string(entry, "revision", where)
 
     dtype_raw = check.string(entry, "dtype", where, default="float32")
     dtype = DTYPE_ALIASES.get(dtype_raw or "")
     if dtype is None:
-        check.problem(f"{where}.dtype", f"unknown dtype {dtype_raw!r} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
+        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
 
     if entry.get("device") == "auto":
         check.problem(
@@ -359,7 +425,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
     if not generate and not train and len(check.problems) == before:
-        check.problem(where, f"model {name!r} declares no workload: add [[model.generate]] or [[model.train]]")
+        check.problem(where, f"model {shown(name)} declares no workload: add [[model.generate]] or [[model.train]]")
 
     if len(check.problems) != before:
         return None

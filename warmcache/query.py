@@ -14,7 +14,7 @@ from typing import Any
 
 from warmcache.errors import UsageError
 from warmcache.fingerprint import current_toolchain
-from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry import PlanStatus, Registry, ShapeRecord
 from warmcache.registry.models import DONE_STATUSES
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
 
@@ -92,6 +92,51 @@ class CheckResult:
         }
 
 
+class RequestChecker:
+    """The decision of :func:`check_request` over rows already loaded (one model and workload).
+
+    The usable rows' bucket tables are built once, so a long-lived caller (``warmcache
+    serve``) answers each request with a few bisects and no database access.
+    """
+
+    def __init__(self, records: Sequence[ShapeRecord], *, model: str, workload: str) -> None:
+        self.model = model
+        self.workload = workload
+        self.records = list(records)
+        self._tables = bucket_tables(usable_records(self.records))
+
+    def check(
+        self, batch_size: int, seq_len: int, *, exact: bool = False, dtype: str | None = None, max_cache_len: int | None = None
+    ) -> CheckResult:
+        """Decide a request against every usable compiled family of the model; the least padding wins."""
+        tables = {
+            family: table
+            for family, table in self._tables.items()
+            if (dtype is None or family.dtype == dtype) and (max_cache_len is None or family.max_cache_len == max_cache_len)
+        }
+        best: CheckResult | None = None
+        nearest: list[tuple[int, int]] = []
+        for family, table in tables.items():
+            decision = table.decide(batch_size, seq_len)
+            if decision.kind == "pad" and exact:
+                decision = Decision("refuse", batch_size, seq_len, nearest=table.nearest(batch_size, seq_len))
+            if decision.runnable:
+                cost = _padded_tokens(decision)
+                if best is None or cost < _padded_tokens(best.decision):
+                    best = CheckResult(decision, family)
+            else:
+                nearest.extend(decision.nearest)
+        if best is not None:
+            return best
+        if not tables:
+            counts = Counter(effective_status(r) for r in self.records)
+            found = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+            reason = f"no usable compiled {self.workload} shape on this machine (registry rows: {found})"
+            return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
+        ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len)
+        return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
+
+
 def check_request(
     registry: Registry,
     *,
@@ -103,35 +148,39 @@ def check_request(
     dtype: str | None = None,
     max_cache_len: int | None = None,
 ) -> CheckResult:
-    """Decide a request against every usable compiled family of the model; the least padding wins."""
+    """Decide a request against the registry's rows of ``model`` (see :class:`RequestChecker`)."""
     records = registry.rows(model=model, workload=workload)
     if not records:
         raise UsageError(f"model {model!r} has no {workload} shapes in registry {registry.display_url}")
-    usable = [
-        r
-        for r in usable_records(records)
-        if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len)
-    ]
-    best: CheckResult | None = None
-    nearest: list[tuple[int, int]] = []
-    for family, table in bucket_tables(usable).items():
-        decision = table.decide(batch_size, seq_len)
-        if decision.kind == "pad" and exact:
-            decision = Decision("refuse", batch_size, seq_len, nearest=table.nearest(batch_size, seq_len))
-        if decision.runnable:
-            cost = _padded_tokens(decision)
-            if best is None or cost < _padded_tokens(best.decision):
-                best = CheckResult(decision, family)
-        else:
-            nearest.extend(decision.nearest)
-    if best is not None:
-        return best
-    if not usable:
-        counts = Counter(effective_status(r) for r in records)
-        found = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=f"no usable compiled {workload} shape on this machine (registry rows: {found})")
-    ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len)
-    return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
+    checker = RequestChecker(records, model=model, workload=workload)
+    return checker.check(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+
+
+def shape_json(record: ShapeRecord) -> dict[str, Any]:
+    """A row as ``warmcache shapes --json`` (and ``GET /v1/shapes``) show it: its effective and stored status."""
+    return {**record.as_json(), "status": effective_status(record), "stored_status": record.status}
+
+
+def plan_json(status: PlanStatus) -> dict[str, Any]:
+    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it."""
+    planned, family = status.planned, status.planned.spec.family
+    record = status.record
+    return {
+        "model": planned.model.name,
+        "workload": planned.spec.workload,
+        "batch_size": planned.spec.batch_size,
+        "seq_len": planned.spec.seq_len,
+        "max_cache_len": family.max_cache_len,
+        "dtype": family.dtype,
+        "tp_size": family.tp_size,
+        "fsdp_size": family.fsdp_size,
+        "settings": family.settings_dict(),
+        "device": planned.model.device,
+        "backend": planned.model.backend,
+        "status": status.status,
+        "identity": planned.identity,
+        "compile_seconds": record.compile_seconds if record and status.status != "stale" else None,
+    }
 
 
 def _padded_tokens(decision: Decision) -> int:

@@ -28,16 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from warmcache.bounds import path_problem
 from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
-from warmcache.errors import CacheError, UsageError
+from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import package_version
 from warmcache.manifest import Manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import DONE_STATUSES, utcnow
+from warmcache.trust import SigningKey, sign_document
 
 BUNDLE_FORMAT = 1
 META_NAME = "warmcache-bundle.json"
@@ -66,10 +68,12 @@ class PackResult:
     files: int
     bytes: int
     not_compiled: int
+    signed_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "output": str(self.output),
+            "signed_by": self.signed_by,
             "rows": self.rows,
             "entries": self.entries,
             "files": self.files,
@@ -80,17 +84,20 @@ class PackResult:
 
 def check_relpath(path: Any, where: str) -> str:
     """A safe, normalised POSIX path relative to a root, or :class:`CacheError` naming what is wrong."""
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise CacheError(f"{where}: {path!r} is not a file name")
+    if not isinstance(path, str) or not path:
+        raise CacheError(f"{where}: {shown(path)} is not a file name")
+    problem = path_problem(path)
+    if problem:
+        raise CacheError(f"{where}: {shown(path)} {problem}; refused")
     if path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":") or "\\" in path:
-        raise CacheError(f"{where}: {path!r} is an absolute path; refused")
+        raise CacheError(f"{where}: {shown(path)} is an absolute path; refused")
     parts = [p for p in PurePosixPath(path).parts if p != "."]
     if ".." in parts:
-        raise CacheError(f"{where}: {path!r} climbs out of the cache with '..'; refused")
+        raise CacheError(f"{where}: {shown(path)} climbs out of the cache with '..'; refused")
     if not parts:
-        raise CacheError(f"{where}: {path!r} names no file")
+        raise CacheError(f"{where}: {shown(path)} names no file")
     if parts[0].startswith(WORK_DIR_PREFIX):
-        raise CacheError(f"{where}: {path!r} is a warmcache work folder, not a cache entry; refused")
+        raise CacheError(f"{where}: {shown(path)} is a warmcache work folder, not a cache entry; refused")
     return "/".join(parts)
 
 
@@ -125,12 +132,16 @@ def pack_bundle(
     *,
     model_name: str | None = None,
     verified_only: bool = False,
+    signing_key: SigningKey | None = None,
     progress: Progress | None = None,
 ) -> PackResult:
     """Write the bundle of ``manifest``'s compiled shapes to ``output`` (atomically: all or nothing).
 
     ``verified_only`` ships only shapes a fresh process replayed without compiling
     (``warmcache verify``), for pipelines that promote nothing unproven.
+    ``signing_key`` signs the whole metadata (file list with hashes, rows,
+    toolchain fingerprints), so that a host trusting the key can tell the bundle
+    was not altered since.
     """
     mode = write_mode(output)
     statuses = ("verified",) if verified_only else DONE_STATUSES
@@ -141,12 +152,13 @@ def pack_bundle(
     try:
         entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
         files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
-        total = _write(output, mode, _meta(manifest, location, records, files), location.root, files, progress)
+        meta = _meta(manifest, location, records, files)
+        total = _write(output, mode, sign_document(meta, signing_key) if signing_key else meta, location.root, files, progress)
     except OSError as exc:
         # A read-only or full output folder, a cache file that vanished or shrank
         # mid-pack: one line naming the path, not a traceback.
         raise CacheError(f"{exc.filename or output}: {exc.strerror or exc}; bundle not written") from None
-    return PackResult(output, len(records), len(entries), len(files), total, not_compiled)
+    return PackResult(output, len(records), len(entries), len(files), total, not_compiled, signing_key.public.key_id if signing_key else None)
 
 
 def _meta(manifest: Manifest, location: CacheLocation, records: list[ShapeRecord], files: list[BundleFile]) -> dict[str, Any]:
@@ -201,7 +213,7 @@ def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list
             flavor = flavor_of_kind(artifact.kind)
             if flavor != location.flavor:
                 raise UsageError(
-                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind {artifact.kind!r} is not "
+                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind {shown(artifact.kind)} is not "
                     f"in the {location.flavor} cache {location.root}; pack each model's cache separately with --model"
                 )
             path = check_relpath(artifact.path, f"registry artifact of {record.model_name} batch={record.batch_size} seq={record.seq_len}")

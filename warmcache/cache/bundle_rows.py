@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from warmcache.errors import CacheError
+from warmcache.bounds import MAX_BYTES, MAX_COUNT
+from warmcache.errors import CacheError, shown
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, utcnow
 
@@ -65,6 +66,9 @@ _TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "settings": (_DICT, False),
 }  # fmt: skip
 _ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {"kind": (_STR, False), "path": (_STR, False), "size_bytes": (_INT, True)}
+#: What each integer column holds (``Integer`` is 32-bit on PostgreSQL): checked before the
+#: first write, or the driver's OverflowError would surface halfway through an install.
+_INT_LIMITS = {"size_bytes": MAX_BYTES}
 
 
 def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
@@ -80,7 +84,7 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
             raise CacheError(f"{at} lacks {', '.join(missing)}")
         _check_types(row, _TYPES, at)
         if row["status"] not in DONE_STATUSES:
-            raise CacheError(f"{at}.status is {row['status']!r}; a bundle carries only compiled or verified rows")
+            raise CacheError(f"{at}.status is {shown(row['status'])}; a bundle carries only compiled or verified rows")
         if not isinstance(row["artifacts"], list) or not all(isinstance(a, dict) and {"kind", "path"} <= a.keys() for a in row["artifacts"]):
             raise CacheError(f"{at}.artifacts must be a list of {{kind, path, size_bytes}} objects")
         for number, artifact in enumerate(row["artifacts"]):
@@ -96,7 +100,9 @@ def _check_types(data: dict[str, Any], types: dict[str, tuple[tuple[type, ...], 
             continue
         if isinstance(value, bool) or not isinstance(value, allowed):  # JSON true is not a count
             wanted = " or ".join({str: "a string", int: "an integer", float: "a number", dict: "an object"}[t] for t in allowed)
-            raise CacheError(f"{at}.{name} is {value!r}, not {wanted}{' or null' if nullable else ''}; refused")
+            raise CacheError(f"{at}.{name} is {shown(value)}, not {wanted}{' or null' if nullable else ''}; refused")
+        if isinstance(value, int) and not 0 <= value <= _INT_LIMITS.get(name, MAX_COUNT):
+            raise CacheError(f"{at}.{name} is {shown(value)}, outside what the registry holds (0 to {_INT_LIMITS.get(name, MAX_COUNT)}); refused")
 
 
 def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: str | None = None) -> MergeResult:
@@ -154,7 +160,7 @@ def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
             try:
                 values[name] = dt.datetime.fromisoformat(values[name])
             except (TypeError, ValueError):
-                raise CacheError(f"{at or 'bundle row ' + str(data['identity'])}.{name} {values[name]!r} is not an ISO timestamp; refused") from None
+                raise CacheError(f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an ISO timestamp; refused") from None
             if values[name].tzinfo is None:
                 values[name] = values[name].replace(tzinfo=dt.timezone.utc)
     return values

@@ -1,9 +1,13 @@
 """Unpacking a bundle: trust nothing in it until every check has passed.
 
-Refused, before anything is written: a member with an absolute path or ``..``,
-a link, a device or any other special file, a file missing from the file list
-(or listed but absent), rows or artifacts that name unsafe paths, and a
-toolchain that differs from this machine's (unless ``force``). Then files are
+Refused, before anything is written: metadata nested deeper than any real one, a
+missing or bad signature when trusted keys are configured, a member with an
+absolute path or ``..``, a link, a device or any other special file, a file
+missing from the file list (or listed but absent), rows or artifacts that name
+unsafe paths or values the registry cannot hold, a toolchain that differs from
+this machine's (unless ``force``), a file list larger than the unpack limit or
+the free space, and any member whose content does not match its listed hash
+(every member is hashed once before the first write). Then files are
 extracted into a staging folder *inside* the target cache root (so the final
 moves are same-filesystem renames), each file's sha256 and size are checked, and
 only then is each entry moved into place with one rename and the rows merged
@@ -23,22 +27,28 @@ import shutil
 import tarfile
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from warmcache.bounds import MAX_BYTES, MAX_NESTING, json_nesting
 from warmcache.cache.bundle import BUNDLE_FORMAT, CACHE_PREFIX, META_NAME, BundleFile, Progress, check_relpath, sha256_of
 from warmcache.cache.bundle_rows import MergeResult, check_rows, merge_rows
 from warmcache.cache.layout import STAGING_PREFIX, WORK_DIR_PREFIX, CacheFlavor, entry_of
 from warmcache.cache.locate import FLAVORS, CacheLocation, detect_flavor, flavor_of_kind, locate_caches
-from warmcache.errors import CacheError, UsageError
+from warmcache.cache.units import format_size
+from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
+from warmcache.trust import SignatureCheck, TrustedKeys
 
 _HEX = frozenset("0123456789abcdef")
 #: The metadata is read into memory: a bundle of a million files needs a few hundred MB at most.
 MAX_META_BYTES = 512 * 1024 * 1024
+#: What one unpack may write unless told otherwise (``--max-size``, ``$WARMCACHE_MAX_UNPACK_SIZE``):
+#: room for the Neuron cache of a large model, not for a disk-filling bundle.
+DEFAULT_MAX_UNPACK_BYTES = 64 * 1024**3
 #: What a truncated, corrupt or non-tar file raises while it is read.
 _ARCHIVE_ERRORS = (tarfile.TarError, zlib.error, lzma.LZMAError, EOFError, gzip.BadGzipFile)
 
@@ -50,6 +60,7 @@ class BundleMeta:
     flavor: CacheFlavor
     rows: list[dict[str, Any]]
     files: dict[str, BundleFile]
+    signature: SignatureCheck = SignatureCheck(checked=False, key_id=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,7 @@ class UnpackResult:
     files: int
     bytes: int
     rows: MergeResult
+    signature: SignatureCheck
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -71,63 +83,80 @@ class UnpackResult:
             "files": self.files,
             "bytes": self.bytes,
             "rows": self.rows.as_json(),
+            "signature": self.signature.as_json(),
         }
 
 
 def unpack_bundle(
     bundle: Path,
-    registry: Registry,
+    open_registry: Callable[[], Registry],
     *,
     cache_dir: str | None = None,
     force: bool = False,
+    trusted: TrustedKeys = TrustedKeys(),
+    max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     progress: Progress | None = None,
 ) -> UnpackResult:
-    """Check ``bundle`` completely, then install its entries and merge its rows."""
+    """Check ``bundle`` completely, then install its entries and merge its rows.
+
+    The registry is opened (``open_registry``) only once every file has been
+    checked in staging: a refused bundle must not leave a new, empty registry file
+    behind. With ``trusted`` keys configured the metadata's signature is verified
+    before anything else is believed; ``max_bytes`` bounds what the file list may
+    ask to write, checked before extraction and again while writing.
+    """
     if not bundle.is_file():
         raise UsageError(f"{bundle}: bundle not found")
     try:
         with tarfile.open(bundle, "r:*") as tar:
             members = tar.getmembers()
-            meta = _read_meta(tar, members, bundle)
+            meta = _read_meta(tar, members, bundle, trusted)
             file_members = _check_members(members, meta, bundle)
             if not force:
                 _check_toolchain(meta, bundle)
             location = _target(cache_dir, meta.flavor)
             _check_layout_matches(location.root, meta.flavor, bundle)
-            return _install(tar, file_members, meta, location, registry, progress)
+            check_room(meta.files.values(), location.root, max_bytes, str(bundle))
+            _verify_contents(tar, file_members, meta)
+            return _install(tar, file_members, meta, location, open_registry, progress)
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
     except OSError as exc:
         raise CacheError(f"{exc.filename or bundle}: {exc.strerror or exc}") from None
 
 
-def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Path) -> BundleMeta:
+def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Path, trusted: TrustedKeys) -> BundleMeta:
     if not members or members[0].name != META_NAME or not members[0].isfile():
         raise CacheError(f"{bundle}: not a warmcache bundle: its first member must be {META_NAME}")
     if members[0].size > MAX_META_BYTES:
         raise CacheError(f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs ({MAX_META_BYTES}); refused")
     handle = tar.extractfile(members[0])
     assert handle is not None
-    try:
-        raw = json.loads(handle.read())
-    except ValueError as exc:
-        raise CacheError(f"{bundle}: {META_NAME} is not valid JSON ({exc})") from None
     where = f"{bundle}: {META_NAME}"
+    data = handle.read()
+    depth = json_nesting(data)
+    if depth > MAX_NESTING:
+        raise CacheError(f"{where}: nests {depth} levels deep; bundle metadata needs at most {MAX_NESTING}; refused")
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise CacheError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != BUNDLE_FORMAT:
-        raise CacheError(f"{where}: unsupported bundle format {raw.get('format') if isinstance(raw, dict) else raw!r} (this warmcache reads format {BUNDLE_FORMAT})")
+        raise CacheError(f"{where}: unsupported bundle format {shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads format {BUNDLE_FORMAT})")
+    signature = trusted.check_document(raw, where)
     flavor = raw.get("flavor")
     if flavor not in FLAVORS:
-        raise CacheError(f"{where}: unknown cache layout {flavor!r}")
+        raise CacheError(f"{where}: unknown cache layout {shown(flavor)}")
     files = _check_files(raw.get("files"), flavor, where)
     rows = check_rows(raw.get("rows"), where)
     for index, row in enumerate(rows):
         for artifact in row["artifacts"]:
             path = check_relpath(artifact["path"], f"{where}: rows[{index}] artifact")
             if flavor_of_kind(artifact["kind"]) != flavor:
-                raise CacheError(f"{where}: rows[{index}] artifact {path!r} of kind {artifact['kind']!r} is not in a {flavor} cache")
+                raise CacheError(f"{where}: rows[{index}] artifact {shown(path)} of kind {shown(artifact['kind'])} is not in a {flavor} cache")
             if not any(name == path or name.startswith(path + "/") for name in files):
-                raise CacheError(f"{where}: rows[{index}] artifact {path!r} has no files in the bundle")
-    return BundleMeta(flavor, rows, files)
+                raise CacheError(f"{where}: rows[{index}] artifact {shown(path)} has no files in the bundle")
+    return BundleMeta(flavor, rows, files, signature)
 
 
 def _check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
@@ -140,13 +169,13 @@ def _check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, Bund
         path = check_relpath(item.get("path"), f"{where}: files[{index}]")
         digest, size = item.get("sha256"), item.get("size")
         if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
-            raise CacheError(f"{where}: files[{index}] ({path}): sha256 {digest!r} is not a hex sha256")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise CacheError(f"{where}: files[{index}] ({path}): size {size!r} is not a byte count")
+            raise CacheError(f"{where}: files[{index}] ({path}): sha256 {shown(digest)} is not a hex sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BYTES:
+            raise CacheError(f"{where}: files[{index}] ({path}): size {shown(size)} is not a byte count")
         if entry_of(flavor, path) is None:
-            raise CacheError(f"{where}: files[{index}] {path!r} is not part of any {flavor} cache entry")
+            raise CacheError(f"{where}: files[{index}] {shown(path)} is not part of any {flavor} cache entry")
         if path in files:
-            raise CacheError(f"{where}: files[{index}] {path!r} is listed twice")
+            raise CacheError(f"{where}: files[{index}] {shown(path)} is listed twice")
         files[path] = BundleFile(path, digest, size)
     return files
 
@@ -155,13 +184,13 @@ def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Pat
     """Every member is the metadata, a folder, or a listed regular file; every listed file is there."""
     found: dict[str, tarfile.TarInfo] = {}
     for member in members[1:]:
-        where = f"{bundle}: member {member.name!r}"
+        where = f"{bundle}: member {shown(member.name)}"
         if member.issym() or member.islnk():
-            raise CacheError(f"{where} is a link (to {member.linkname!r}); bundles carry regular files only; refused")
+            raise CacheError(f"{where} is a link (to {shown(member.linkname)}); bundles carry regular files only; refused")
         if member.ischr() or member.isblk() or member.isfifo():
             raise CacheError(f"{where} is a device or FIFO; bundles carry regular files only; refused")
         if not (member.isfile() or member.isdir()):
-            raise CacheError(f"{where} is not a regular file or folder (tar type {member.type!r}); refused")
+            raise CacheError(f"{where} is not a regular file or folder (tar type {shown(member.type)}); refused")
         name = check_relpath(member.name, where)
         if not name.startswith(CACHE_PREFIX) and not (member.isdir() and name + "/" == CACHE_PREFIX):
             raise CacheError(f"{where} lies outside {CACHE_PREFIX}; refused")
@@ -213,6 +242,35 @@ def _check_layout_matches(root: Path, flavor: CacheFlavor, bundle: Path) -> None
         raise CacheError(f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout {detect_flavor(root)}; refused (pass another --cache-dir)")
 
 
+def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source: str) -> None:
+    """Refuse, before anything is fetched or extracted, a file list larger than the limit or
+    than the free space at ``root`` (bundle unpack, and store pull for what it would fetch)."""
+    total = sum(f.size for f in files)
+    if total > max_bytes:
+        raise CacheError(
+            f"{source}: lists {len(files)} files of {format_size(total)} ({total} bytes), more than the unpack limit "
+            f"of {format_size(max_bytes)}; refused (raise it with --max-size or $WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
+        )
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if total > free:
+        raise CacheError(f"{source}: needs {format_size(total)} but {existing} has {format_size(free)} free; refused")
+
+
+def _verify_contents(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta) -> None:
+    """Hash every member without writing it: a file that does not match its listed hash is refused
+    before a byte of it reaches the disk (extraction then checks the hashes again as it writes)."""
+    for path, member in _in_archive_order(members):
+        source = tar.extractfile(member)
+        assert source is not None
+        _check_digest(_hash_blocks(_blocks(source, meta.files[path].size), None), meta.files[path])
+
+
+def _in_archive_order(members: dict[str, tarfile.TarInfo]) -> list[tuple[str, tarfile.TarInfo]]:
+    """Members as they lie in the archive: a compressed stream is read once, never rewound."""
+    return sorted(members.items(), key=lambda item: item[1].offset_data)
+
+
 def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
     locations = locate_caches(cache_dir, None, flavor)
     if not locations:
@@ -225,7 +283,7 @@ def _install(
     members: dict[str, tarfile.TarInfo],
     meta: BundleMeta,
     location: CacheLocation,
-    registry: Registry,
+    open_registry: Callable[[], Registry],
     progress: Progress | None,
 ) -> UnpackResult:
     root = location.root
@@ -242,13 +300,14 @@ def _install(
     try:
         total = sum(f.size for f in meta.files.values())
         done = 0
-        for path, member in sorted(members.items()):
+        for path, member in _in_archive_order(members):
             _extract_checked(tar, member, meta.files[path], staging / path)
             done += meta.files[path].size
             if progress:
                 progress(done, total)
-        added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
-        rows = merge_rows(registry, meta.rows, str(root))
+        with open_registry() as registry:
+            added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
+            rows = merge_rows(registry, meta.rows, str(root))
     except BaseException:
         _undo(journal)
         shutil.rmtree(staging, ignore_errors=True)
@@ -258,7 +317,7 @@ def _install(
         raise
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(parked, ignore_errors=True)
-    return UnpackResult(root, added, replaced, present, len(members), total, rows)
+    return UnpackResult(root, added, replaced, present, len(members), total, rows, meta.signature)
 
 
 def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
@@ -267,22 +326,40 @@ def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: Bu
     assert source is not None
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if member.mode & 0o111 else 0o644)
+    with os.fdopen(fd, "wb") as out:
+        _check_digest(_hash_blocks(_blocks(source, expected.size), out), expected)
+
+
+def _hash_blocks(blocks: Iterable[bytes], out: IO[bytes] | None) -> tuple[str, int]:
+    """sha256 and length of ``blocks``, written to ``out`` as they pass (when given)."""
     digest = hashlib.sha256()
     size = 0
-    with os.fdopen(fd, "wb") as out:
-        for block in _blocks(source):
-            digest.update(block)
-            size += len(block)
+    for block in blocks:
+        digest.update(block)
+        size += len(block)
+        if out is not None:
             out.write(block)
-    if size != expected.size or digest.hexdigest() != expected.sha256:
+    return digest.hexdigest(), size
+
+
+def _check_digest(found: tuple[str, int], expected: BundleFile) -> None:
+    digest, size = found
+    if size != expected.size or digest != expected.sha256:
         raise CacheError(
             f"{CACHE_PREFIX}{expected.path}: content does not match the bundle's file list "
-            f"(sha256 {digest.hexdigest()[:16]}…, {size} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+            f"(sha256 {digest[:16]}…, {size} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
         )
 
 
-def _blocks(handle: IO[bytes]) -> Iterable[bytes]:
-    return iter(lambda: handle.read(1 << 20), b"")
+def _blocks(handle: IO[bytes], limit: int) -> Iterable[bytes]:
+    """The member's blocks, never more than one byte past ``limit``: enough to tell it is too long."""
+    remaining = limit + 1
+    while remaining > 0:
+        block = handle.read(min(1 << 20, remaining))
+        if not block:
+            return
+        remaining -= len(block)
+        yield block
 
 
 @dataclass(slots=True)

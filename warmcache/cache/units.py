@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from warmcache.errors import UsageError
+from warmcache.bounds import MAX_BYTES
+from warmcache.errors import UsageError, shown
 
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -20,15 +21,18 @@ def parse_size(text: str, *, option: str = "size") -> int:
     """``"20G"`` → bytes; a bad value names the option and the value."""
     match = _SIZE_RE.match(text)
     if not match:
-        raise UsageError(f"{option}: {text!r} is not a size (examples: 500M, 20G, 1.5TiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+        raise UsageError(f"{option}: {shown(text)} is not a size (examples: 500M, 20G, 1.5TiB)")
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if not size <= MAX_BYTES:  # also inf, from a number of hundreds of digits
+        raise UsageError(f"{option}: {shown(text)} is larger than any disk (at most {MAX_BYTES} bytes)")
+    return int(size)
 
 
 def parse_age(text: str, *, option: str = "age") -> float:
     """``"7d"`` → seconds (units s, m, h, d, w)."""
     match = _AGE_RE.match(text)
     if not match:
-        raise UsageError(f"{option}: {text!r} is not an age (examples: 90m, 12h, 7d, 2w)")
+        raise UsageError(f"{option}: {shown(text)} is not an age (examples: 90m, 12h, 7d, 2w)")
     return float(match.group(1)) * _AGE_UNITS[match.group(2).lower()]
 
 

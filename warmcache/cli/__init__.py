@@ -16,7 +16,9 @@ from warmcache.cli.bundle import bundle_group
 from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
+from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, plan, shapes
+from warmcache.cli.serve import serve
 from warmcache.cli.status import status
 from warmcache.cli.warmup import verify, warmup
 from warmcache.errors import RegistryError, WarmcacheError, first_line
@@ -45,5 +47,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group):
+for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, keys_group, serve):
     main.add_command(_command)

@@ -12,7 +12,7 @@ import click
 
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
-from warmcache.registry.engine import default_registry_url
+from warmcache.registry.engine import default_registry_url, normalise_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,8 +28,17 @@ def json_option(func: F) -> F:
 
 
 def registry_url(db_url: str | None, manifest: Manifest | None = None) -> str:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default."""
-    return db_url or os.environ.get("WARMCACHE_DB") or (manifest.registry_url if manifest else None) or default_registry_url()
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default.
+
+    A value that is given but empty is an error, not a reason to fall back: ``--db
+    "$UNSET_VARIABLE"`` must not quietly write to the default registry.
+    """
+    if db_url is not None:
+        return normalise_url(db_url, "--db")
+    from_env = os.environ.get("WARMCACHE_DB")
+    if from_env is not None:
+        return normalise_url(from_env, "$WARMCACHE_DB")
+    return (manifest.registry_url if manifest else None) or default_registry_url()
 
 
 def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Registry:

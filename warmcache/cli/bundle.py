@@ -11,11 +11,13 @@ import click
 
 from warmcache.cache.bundle import pack_bundle
 from warmcache.cache.locate import locate_caches
-from warmcache.cache.unbundle import unpack_bundle
-from warmcache.cache.units import format_size
-from warmcache.cli._common import db_option, is_terminal, json_option, open_registry, print_json
+from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
+from warmcache.cache.units import format_size, parse_size
+from warmcache.cli._common import db_option, is_terminal, json_option, open_registry, print_json, registry_url
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
+from warmcache.registry import Registry
+from warmcache.trust import SigningKey, TrustedKeys
 
 
 @click.group("bundle")
@@ -29,10 +31,14 @@ def bundle_group() -> None:
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
 @click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default).")
+@click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
 @db_option
 @json_option
-def pack(manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
+def pack(
+    manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, sign_key: str | None, db_url: str | None, as_json: bool
+) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
+    signing_key = SigningKey.load(sign_key) if sign_key else None
     parsed = load_manifest(manifest)
     scope = dataclasses.replace(parsed, models=(parsed.model(model_name),)) if model_name else parsed
     locations = locate_caches(cache_dir, scope)
@@ -40,12 +46,15 @@ def pack(manifest: str, output: Path, model_name: str | None, verified_only: boo
         roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
         raise UsageError(f"{manifest}: its models use {len(locations)} cache folders ({roots}); pack one at a time with --model or --cache-dir")
     with open_registry(db_url, parsed) as registry, _progress("packing") as progress:
-        result = pack_bundle(parsed, registry, locations[0], output, model_name=model_name, verified_only=verified_only, progress=progress)
+        result = pack_bundle(
+            parsed, registry, locations[0], output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
     click.echo(
         f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, {result.files} files ({format_size(result.bytes)})"
+        + (f", signed by key {result.signed_by}" if result.signed_by else ", unsigned")
         + (f"; {result.not_compiled} declared shapes are not in the bundle (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
     )
 
@@ -54,12 +63,24 @@ def pack(manifest: str, output: Path, model_name: str | None, verified_only: boo
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
+@click.option("--trust", "trust", metavar="KEY", multiple=True, help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.")
+@click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
+@click.option(
+    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
+    help=f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).",
+)  # fmt: skip
 @db_option
 @json_option
-def unpack(bundle: Path, cache_dir: str | None, force: bool, db_url: str | None, as_json: bool) -> None:
+def unpack(
+    bundle: Path, cache_dir: str | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool
+) -> None:
     """Check every file of BUNDLE, install its cache entries and merge its registry rows."""
-    with open_registry(db_url) as registry, _progress("unpacking") as progress:
-        result = unpack_bundle(bundle, registry, cache_dir=cache_dir, force=force, progress=progress)
+    parsed = load_manifest(manifest) if manifest else None
+    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else TrustedKeys())
+    url = registry_url(db_url, parsed)  # checked now; the database is opened only once the bundle passed
+    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else DEFAULT_MAX_UNPACK_BYTES
+    with _progress("unpacking") as progress:
+        result = unpack_bundle(bundle, lambda: Registry.open(url), cache_dir=cache_dir, force=force, trusted=trusted, max_bytes=max_bytes, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -68,6 +89,7 @@ def unpack(bundle: Path, cache_dir: str | None, force: bool, db_url: str | None,
         f"{result.root}: {result.added} entries added, {result.replaced} replaced, {result.already_present} already present "
         f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged"
     )
+    click.echo(result.signature.describe())
     for line in rows.skipped:
         click.echo(f"  skipped row {line}")
 

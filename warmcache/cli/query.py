@@ -9,7 +9,7 @@ import click
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
-from warmcache.query import check_request, effective_status
+from warmcache.query import check_request, effective_status, plan_json, shape_json
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 from warmcache.support import check_supported
 
@@ -29,27 +29,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     with open_registry(db_url, parsed) as registry:
         statuses = registry.plan_status(planned)
     if as_json:
-        print_json(
-            [
-                {
-                    "model": s.planned.model.name,
-                    "workload": s.planned.spec.workload,
-                    "batch_size": s.planned.spec.batch_size,
-                    "seq_len": s.planned.spec.seq_len,
-                    "max_cache_len": s.planned.spec.family.max_cache_len,
-                    "dtype": s.planned.spec.family.dtype,
-                    "tp_size": s.planned.spec.family.tp_size,
-                    "fsdp_size": s.planned.spec.family.fsdp_size,
-                    "settings": s.planned.spec.family.settings_dict(),
-                    "device": s.planned.model.device,
-                    "backend": s.planned.model.backend,
-                    "status": s.status,
-                    "identity": s.planned.identity,
-                    "compile_seconds": s.record.compile_seconds if s.record and s.status != "stale" else None,
-                }
-                for s in statuses
-            ]
-        )
+        print_json([plan_json(s) for s in statuses])
         return
     rows = [
         (
@@ -83,7 +63,7 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
     if status is not None:
         listed = [(r, s) for r, s in listed if s == status]
     if as_json:
-        print_json([{**r.as_json(), "status": s, "stored_status": r.status} for r, s in listed])
+        print_json([shape_json(r) for r, _ in listed])
         return
     rows = [
         (

@@ -16,24 +16,14 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from warmcache.errors import RegistryError, UsageError
+from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.errors import RegistryError, UsageError, shown
 
 BUSY_TIMEOUT_MS = 30_000
-
-
 def default_registry_url() -> str:
     """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}"
-
-
-def normalise_url(url: str) -> str:
-    """Accept ``postgresql://`` and plain SQLite file paths; pick the psycopg 3 driver."""
-    if "://" not in url:
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
 
 
 def display_url(url: str) -> str:
@@ -48,7 +38,7 @@ def create_registry_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise UsageError(f"registry URL {url!r} is not a database URL (e.g. sqlite:///path.db or postgresql://host/db)") from None
+        raise UsageError(f"registry URL {shown(display_url(url))} is not a database URL; give {ACCEPTED_FORMS}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url, parsed.database)

@@ -13,10 +13,11 @@ from pathlib import Path
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
 from alembic import command
-from warmcache.errors import SchemaOutOfDateError
+from warmcache.errors import SchemaOutOfDateError, UsageError, shown
 
 
 #: Serialises first-time initialisation of a PostgreSQL registry ("warm" in ASCII).
@@ -46,8 +47,21 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate to ``revision``; a database with tables but no warmcache revision is refused.
+
+    Such a database belongs to another application: adding warmcache's tables to it
+    would mix two schemas that every later command then refuses. There is no
+    override: a PostgreSQL database is shared through a schema of warmcache's own.
+    """
     with engine.begin() as conn:
-        _upgrade_on(conn, engine, revision)
+        if MigrationContext.configure(conn).get_current_revision() is None:
+            tables = inspect(conn).get_table_names()
+            if tables:
+                raise _foreign(engine.url.render_as_string(hide_password=True), tables)
+        try:
+            _upgrade_on(conn, engine, revision)
+        except CommandError as exc:
+            raise UsageError(f"--revision {shown(revision)}: {exc}") from None
 
 
 def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
@@ -58,6 +72,14 @@ def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
 
 def is_empty(engine: Engine) -> bool:
     return not inspect(engine).get_table_names()
+
+
+def _foreign(display_url: str, tables: list[str]) -> SchemaOutOfDateError:
+    names = ", ".join(sorted(tables)[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    return SchemaOutOfDateError(
+        f"registry {display_url} has tables but no warmcache schema revision ({shown(names)}): it belongs to another application; "
+        "refused: point --db at an empty or warmcache database (on PostgreSQL a schema of its own: ?options=-csearch_path=warmcache)"
+    )
 
 
 def ensure_current(engine: Engine, display_url: str) -> None:
@@ -82,9 +104,7 @@ def ensure_current(engine: Engine, display_url: str) -> None:
             return
     known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()}
     if current is None:
-        raise SchemaOutOfDateError(
-            f"registry {display_url} has tables but no warmcache schema revision; point --db at an empty or warmcache database"
-        )
+        raise _foreign(display_url, inspect(engine).get_table_names())
     if current not in known:
         raise SchemaOutOfDateError(
             f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache"

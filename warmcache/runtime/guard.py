@@ -126,6 +126,20 @@ class ShapeGuard:
 
         return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, **options)
 
+    @classmethod
+    def from_url(
+        cls, service_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, timeout: float = 5.0,
+        **options: Unpack[GuardOptions],
+    ) -> "ShapeGuard":
+        """A guard over ``warmcache serve``'s snapshot of the model (``GET /v1/guard/{model}``), for processes
+        without database access. :meth:`refresh` sends the last ETag, so an unchanged registry costs one
+        ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
+        ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false."""
+        from warmcache.runtime.remote import SnapshotSource
+
+        source = SnapshotSource(service_url, model, workload, timeout=timeout)
+        return cls(source.load, model=model, workload=workload, source=source.url, telemetry_url=service_url if telemetry else None, **options)
+
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
         self._reload(expect=self.family)

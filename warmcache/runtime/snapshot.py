@@ -31,17 +31,21 @@ _DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" i
 _REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING)
 
 
-def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> None:
-    """Write ``records`` to ``path`` atomically (a reader never sees half a file)."""
-    document = {
+def snapshot_document(records: Sequence[ShapeRecord], source: str) -> dict[str, Any]:
+    """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves."""
+    return {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "source": source,
         "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
     }
+
+
+def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> None:
+    """Write ``records`` to ``path`` atomically (a reader never sees half a file)."""
     path = Path(path)
-    text = json.dumps(document, indent=1, sort_keys=True)
+    text = json.dumps(snapshot_document(records, source), indent=1, sort_keys=True)
     # A unique temporary name in the target's folder (os.replace must not cross file
     # systems): two concurrent exports must not write into one temporary file, and a
     # failed export must not leave it behind.
@@ -71,14 +75,19 @@ def read_snapshot(path: Path) -> list[ShapeRecord]:
         raise UsageError(f"{path}: cannot read snapshot: {exc.strerror}") from None
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for a file that is not UTF-8
         raise UsageError(f"{path}: not a JSON file: {exc}") from None
+    return parse_snapshot(document, str(path))
+
+
+def parse_snapshot(document: Any, where: str) -> list[ShapeRecord]:
+    """The rows of a decoded snapshot document; ``where`` (a file or URL) starts every error message."""
     if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
-        raise UsageError(f"{path}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
+        raise UsageError(f"{where}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
     if document.get("version") != SNAPSHOT_VERSION:
-        raise UsageError(f"{path}: snapshot version {document.get('version')!r} is not supported (expected {SNAPSHOT_VERSION})")
+        raise UsageError(f"{where}: snapshot version {document.get('version')!r} is not supported (expected {SNAPSHOT_VERSION})")
     records = document.get("records")
     if not isinstance(records, list):
-        raise UsageError(f"{path}: key 'records' must be a list")
-    return [_record(path, i, item) for i, item in enumerate(records)]
+        raise UsageError(f"{where}: key 'records' must be a list")
+    return [_record(where, i, item) for i, item in enumerate(records)]
 
 
 def _new_file_mode() -> int:
@@ -88,8 +97,8 @@ def _new_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _record(path: Path, index: int, item: Any) -> ShapeRecord:
-    where = f"{path}: records[{index}]"
+def _record(source: str, index: int, item: Any) -> ShapeRecord:
+    where = f"{source}: records[{index}]"
     if not isinstance(item, dict):
         raise UsageError(f"{where} must be an object")
     missing = sorted(_REQUIRED - item.keys())

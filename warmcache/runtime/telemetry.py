@@ -19,6 +19,8 @@ import atexit
 import logging
 import threading
 from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
 from warmcache.registry import Registry
 from warmcache.registry.registry import MissEvent
@@ -55,7 +57,7 @@ class MissTelemetry:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._registry: Registry | None = None
+        self._registry: MissSink | None = None
 
     def record(self, decision: Decision, kind: str | None = None) -> None:
         """Note one non-exact decision; ``kind`` overrides ``decision.kind`` (``warn``, ``clip``, ``truncate``)."""
@@ -80,7 +82,7 @@ class MissTelemetry:
         events = [self._event(key, count) for key, count in pending.items()]
         try:
             if self._registry is None:
-                self._registry = Registry.open(with_connect_timeout(self.registry_url, CONNECT_TIMEOUT_S))
+                self._registry = open_sink(self.registry_url)
             self._registry.record_misses(events)
         except Exception as exc:  # noqa: BLE001 - telemetry must survive any database failure
             self.failed_flushes += 1
@@ -163,6 +165,23 @@ def _add(counts: dict[_MissKey, int], key: _MissKey, count: int) -> bool:
         return False
     counts[key] = counts.get(key, 0) + count
     return True
+
+
+class MissSink(Protocol):
+    """Where flushed misses go: a registry, or ``warmcache serve`` (:class:`~warmcache.runtime.remote.ServiceMisses`)."""
+
+    def record_misses(self, events: Sequence[MissEvent]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_sink(url: str) -> MissSink:
+    """The registry at ``url``, or the service when ``url`` is ``http(s)://`` (its ``POST /v1/misses``)."""
+    if url.startswith(("http://", "https://")):
+        from warmcache.runtime.remote import ServiceMisses
+
+        return ServiceMisses(url, timeout=CONNECT_TIMEOUT_S)
+    return Registry.open(with_connect_timeout(url, CONNECT_TIMEOUT_S))
 
 
 def with_connect_timeout(url: str, seconds: int) -> str:

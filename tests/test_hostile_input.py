@@ -1,0 +1,219 @@
+"""Issue 15's table of hostile inputs: each is one line naming the file, key and value, a
+non-zero exit code, and nothing written (no registry file, no cache folder, no staging)."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import test_bundle
+from click.testing import Result
+from test_bundle import Built, _edit_meta, _set, pack, rebuild
+from test_cache_neuron import cli
+
+built = test_bundle.built  # the build machine's cache and registry (a fixture)
+
+MANIFEST = """
+[[model]]
+name = "m"
+path = "{path}"
+dtype = "{dtype}"
+[[model.generate]]
+batch_sizes = [{batch}]
+prompt_lengths = [8]
+max_cache_len = 32
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(text)
+    return manifest
+
+
+def manifest_text(path: str = "some-org/some-model", dtype: str = "float32", batch: str = "1") -> str:
+    return MANIFEST.format(path=path, dtype=dtype, batch=batch)
+
+
+def one_line_error(result: Result, exit_code: int, *parts: str) -> str:
+    """The result failed with ``exit_code`` and one short ``warmcache: error:`` line holding every part."""
+    assert result.exit_code == exit_code, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warmcache: error: "), result.stderr[:2000]
+    assert len(lines[0]) < 1200, f"error line is {len(lines[0])} characters"
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+def plan(tmp_path: Path, manifest: Path) -> Result:
+    return cli("plan", str(manifest), "--db", f"sqlite:///{tmp_path / 'reg.sqlite'}")
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def test_a_path_component_over_255_bytes_is_a_manifest_error(tmp_path: Path) -> None:
+    manifest = write(tmp_path, manifest_text(path="./" + "a" * 300 + "/model"))
+    one_line_error(plan(tmp_path, manifest), 2, str(manifest), "model[0].path", "has a component of 300 bytes", "(308 characters)")
+    assert not (tmp_path / "reg.sqlite").exists()
+
+
+def test_deeply_nested_arrays_are_refused_before_parsing(tmp_path: Path) -> None:
+    manifest = write(tmp_path, manifest_text(batch="[" * 100_000 + "1" + "]" * 100_000))
+    one_line_error(plan(tmp_path, manifest), 2, str(manifest), "nests 100001 levels deep")
+    dotted = write(tmp_path, "a" + ".b" * 100_000 + " = 1\n" + manifest_text())
+    one_line_error(plan(tmp_path, dotted), 2, "nests 100001 levels deep")
+    assert not (tmp_path / "reg.sqlite").exists()
+
+
+@pytest.mark.parametrize("value", [2**63, 2**31, 10**30])
+def test_integers_the_registry_cannot_hold_fail_validation(tmp_path: Path, value: int) -> None:
+    manifest = write(tmp_path, manifest_text(batch=str(value)))
+    one_line_error(plan(tmp_path, manifest), 2, "model[0].generate[0].batch_sizes[0]", f"{value} is larger than the registry can hold (2147483647)")
+    assert not (tmp_path / "reg.sqlite").exists()
+
+
+def test_a_50_mb_value_is_refused_quickly_in_one_short_line(tmp_path: Path) -> None:
+    manifest = write(tmp_path, manifest_text(dtype="x" * 50_000_000))
+    started = time.perf_counter()
+    result = plan(tmp_path, manifest)
+    elapsed = time.perf_counter() - started
+    one_line_error(result, 2, str(manifest), "larger than 1048576 bytes")
+    assert elapsed < 10, f"{elapsed:.1f}s (it took 16.5 s when the value was parsed and echoed)"
+
+
+def test_a_long_invalid_value_is_echoed_cut_with_its_length(tmp_path: Path) -> None:
+    manifest = write(tmp_path, manifest_text(dtype="x" * 900_000))
+    line = one_line_error(plan(tmp_path, manifest), 2, "model[0].dtype: unknown dtype 'xxxx", "(900000 characters)")
+    assert line.count("x") < 300
+
+
+# ------------------------------------------------------------------ registry URLs
+
+
+def test_db_upgrade_refuses_another_applications_database(tmp_path: Path) -> None:
+    other = tmp_path / "other-app.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    one_line_error(cli("db", "upgrade", "--db", f"sqlite:///{other}"), 3, "other-app.db", "has tables but no warmcache schema revision ('customers')", "another application")
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["customers"]
+
+
+def test_a_bare_word_or_unknown_scheme_is_not_a_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_line_error(cli("shapes", "--db", "not-a-url"), 2, "--db 'not-a-url' is neither a database URL nor a file path", "sqlite:///PATH", "postgresql://")
+    one_line_error(cli("shapes", "--db", "mysql://db/x"), 2, "unknown scheme 'mysql'", "postgresql://")
+    assert list(tmp_path.iterdir()) == []
+    assert cli("shapes", "--db", "./reg.sqlite").exit_code == 0  # a path is still a path
+
+
+def test_an_empty_db_is_an_error_not_the_default_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one_line_error(cli("shapes", "--db", ""), 2, "--db is empty", "sqlite:///PATH")
+    monkeypatch.setenv("WARMCACHE_DB", "")
+    one_line_error(cli("shapes"), 2, "$WARMCACHE_DB is empty")
+    assert not (tmp_path / "xdg-cache").exists()  # the default registry was not created
+
+
+# ------------------------------------------------------------------ bundles
+
+
+def test_a_refused_unpack_leaves_no_registry_file(tmp_path: Path) -> None:
+    db, target = tmp_path / "prod.sqlite", tmp_path / "cache"
+    one_line_error(cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target), "--db", f"sqlite:///{db}"), 2, "bundle not found")
+    one_line_error(cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target)), 2, "bundle not found")
+    assert list(tmp_path.iterdir()) == []  # no registry (given or default), no cache folder
+
+
+def unpack(bundle: Path, tmp_path: Path, *args: str) -> Result:
+    return cli("bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}", *args)
+
+
+def nothing_written(tmp_path: Path) -> bool:
+    return not (tmp_path / "prod").exists() and not (tmp_path / "prod.sqlite").exists()
+
+
+def _replace_meta(members: list, blob: bytes) -> None:
+    info, _ = members[0]
+    info.size = len(blob)
+    members[0] = (info, blob)
+
+
+def test_metadata_nested_200000_deep_is_refused_before_parsing(built: Built, tmp_path: Path) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    deep = b'{"format": 1, "flavor": "neuron", "rows": ' + b"[" * 200_000 + b"]" * 200_000 + b', "files": []}'
+    bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _replace_meta(m, deep))
+    one_line_error(unpack(bad, tmp_path), 5, f"{bad}: warmcache-bundle.json: nests 200001 levels deep")
+    assert nothing_written(tmp_path)
+
+
+def test_a_row_value_the_registry_cannot_hold_is_refused_before_writing(built: Built, tmp_path: Path) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _edit_meta(m, _set("batch_size", 10**30)))
+    one_line_error(unpack(bad, tmp_path), 5, "rows[1].batch_size is 1000000000000000000000000000000, outside what the registry holds")
+    assert nothing_written(tmp_path)
+
+
+#: sha256 of 1 GiB of zero bytes: the huge member below is a hole in a sparse file, so it reads as zeros.
+GIB_OF_ZEROS_SHA256 = "49bc20df15e412a64472421e13fe86ff1c5165e18b2afccf160d4dc19fe68a14"
+
+
+def _with_huge_member(good: Path, out: Path, size: int) -> Path:
+    """A bundle that lists one more file of ``size`` zero bytes, stored as a hole (a sparse file costs no disk)."""
+    with tarfile.open(good) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
+    first_file = next(m.name for m, _ in members[1:] if m.isfile())
+    name = first_file.rsplit("/", 1)[0] + "/huge.bin"
+    _edit_meta(members, lambda meta: meta["files"].append({"path": name[len("cache/") :], "sha256": GIB_OF_ZEROS_SHA256, "size": size}))
+    with open(out, "wb") as raw:
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            for info, data in members:
+                tar.addfile(info, io.BytesIO(data) if data is not None else None)
+            end = tar.offset
+        raw.seek(end)  # over the end-of-archive blocks
+        raw.truncate()
+        huge = tarfile.TarInfo(name)
+        huge.size = size
+        raw.write(huge.tobuf())
+        raw.seek(raw.tell() + size)  # the data: a hole
+        raw.write(bytes(2 * tarfile.BLOCKSIZE))
+    return out
+
+
+def test_a_bundle_over_the_size_limit_is_refused_before_extraction(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+    gib = _with_huge_member(good, tmp_path / "gib.tar", 1024**3)
+    one_line_error(unpack(gib, tmp_path, "--max-size", "512M"), 5, "more than the unpack limit of 512.0 MiB", "--max-size")
+    monkeypatch.setenv("WARMCACHE_MAX_UNPACK_SIZE", "100M")
+    one_line_error(unpack(gib, tmp_path), 5, "more than the unpack limit of 100.0 MiB")
+    monkeypatch.delenv("WARMCACHE_MAX_UNPACK_SIZE")
+    huge = _with_huge_member(good, tmp_path / "huge.tar", 100 * 1024**3)
+    one_line_error(unpack(huge, tmp_path), 5, "more than the unpack limit of 64.0 GiB")  # the default
+    assert nothing_written(tmp_path)
+
+
+def test_a_wrong_hash_member_is_refused_before_any_file_is_written(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = tmp_path / "good.tar"
+    assert pack(built, good).exit_code == 0
+
+    def flip_last(t: tarfile.TarFile, members: list) -> None:
+        info, data = members[-1]
+        members[-1] = (info, bytes([data[0] ^ 1]) + data[1:])
+
+    bad = rebuild(good, tmp_path / "bad.tar", flip_last)
+    written: list[str] = []
+    import warmcache.cache.unbundle as unbundle
+
+    real = unbundle._extract_checked
+    monkeypatch.setattr(unbundle, "_extract_checked", lambda tar, member, expected, target: written.append(member.name) or real(tar, member, expected, target))
+    one_line_error(unpack(bad, tmp_path), 5, "content does not match the bundle's file list")
+    assert written == [] and nothing_written(tmp_path)

@@ -1,0 +1,65 @@
+"""The bounds every value from outside (a manifest, a bundle) must meet before it is used.
+
+Python's parsers and the layers behind them each have a limit that turns a
+hostile input into a traceback instead of a clear line: ``json`` and ``tomllib``
+recurse once per nesting level (``RecursionError``), ``tomllib`` is quadratic in
+the length of a dotted key, a registry ``Integer`` column holds 32 bits on
+PostgreSQL (64 on SQLite), the file system refuses a name over 255 bytes. So
+nesting is measured on the raw text before it is parsed, and integers and paths
+are range-checked when they are validated, never when they are finally used.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import accumulate
+
+#: No real manifest or bundle metadata nests deeper than a handful of levels.
+MAX_NESTING = 64
+#: Registry counts (batch size, lengths, attempts) are ``Integer`` columns: 32-bit on PostgreSQL.
+MAX_COUNT = 2**31 - 1
+#: Byte sizes are ``BigInteger`` columns and torch sizes: int64.
+MAX_BYTES = 2**63 - 1
+#: Linux ``NAME_MAX`` (bytes of one path component) and ``PATH_MAX`` (bytes of a path, NUL excluded).
+NAME_MAX = 255
+PATH_MAX = 4095
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+#: TOML strings (multi-line first) and comments: brackets and dots inside them do not nest.
+_TOML_STRING_OR_COMMENT = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*')
+#: A dot that joins key parts (``a.b``), not one inside a number (``1.5``, a time's fraction).
+_KEY_DOT = re.compile(r"(?<![0-9])\.|\.(?![0-9])")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def json_nesting(data: bytes) -> int:
+    """How deep the arrays and objects of a JSON document nest, measured without parsing it."""
+    return _bracket_depth(_JSON_STRING.sub(b'""', data).translate(None, _NOT_BRACKETS))
+
+
+def toml_nesting(text: str) -> int:
+    """How deep a TOML document nests: inline arrays and tables, or the parts of one dotted key."""
+    bare = _TOML_STRING_OR_COMMENT.sub('""', text)
+    brackets = _bracket_depth(bare.encode("utf-8", "replace").translate(None, _NOT_BRACKETS))
+    dotted = max((len(_KEY_DOT.findall(line)) + 1 for line in bare.splitlines()), default=0)
+    return max(brackets, dotted)
+
+
+def _bracket_depth(brackets: bytes) -> int:
+    return max(accumulate(1 if b in b"[{" else -1 for b in brackets), default=0)
+
+
+def path_problem(path: str) -> str | None:
+    """Why the file system would refuse ``path`` (a NUL byte, a component or the whole too long), or ``None``."""
+    if "\x00" in path:
+        return "contains a NUL character"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which no file name can hold"
+    if len(encoded) > PATH_MAX:
+        return f"is {len(encoded)} bytes long, more than a path may be ({PATH_MAX})"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return f"has a component of {len(longest)} bytes, more than a file name may be ({NAME_MAX})"
+    return None

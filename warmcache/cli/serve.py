@@ -1,0 +1,35 @@
+"""``warmcache serve``: the registry over HTTP (see :mod:`warmcache.service`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from warmcache.cli._common import db_option, registry_url
+from warmcache.errors import UsageError
+from warmcache.manifest import load_manifest
+
+
+@click.command("serve")
+@db_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback exposes the registry's reads.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8411, show_default=True)
+@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The manifest /v1/status reports on.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="File holding the bearer token for writes (default: $WARMCACHE_TOKEN; none: writes refused).")
+@click.option("--refresh", "refresh_interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds between reloads of the in-memory view.")
+def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token_file: Path | None, refresh_interval: float) -> None:
+    """Serve checks, shapes, status, misses and guard snapshots over HTTP, with /metrics and a dashboard at /."""
+    try:
+        import uvicorn
+
+        from warmcache.service import ServiceConfig, create_app
+        from warmcache.service.auth import load_token
+    except ImportError as exc:
+        raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
+    url = registry_url(db_url, load_manifest(manifest) if manifest else None)
+    token = load_token(token_file)
+    app = create_app(ServiceConfig(url, token=token, manifest=manifest, refresh_interval=refresh_interval))
+    click.echo(f"warmcache serve: dashboard http://{host}:{port}/ ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
+    # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False)

@@ -1,0 +1,53 @@
+"""Registry locations: what ``--db``, ``$WARMCACHE_DB`` and a manifest's ``[registry] url`` may be.
+
+Checked before any database is touched, so a typo is an error naming the accepted
+forms instead of a new SQLite file in the current folder. Kept apart from the
+engine so the manifest checker can use it without importing the registry.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from warmcache.bounds import path_problem
+from warmcache.errors import UsageError, shown
+
+#: What a registry location may be; every refused one is answered with this list.
+ACCEPTED_FORMS = (
+    "sqlite:///PATH, a file path (with a '/' or ending in .sqlite, .sqlite3 or .db) "
+    "or postgresql://[USER@]HOST[:PORT]/DATABASE"
+)
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+_SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+def normalise_url(url: str, source: str = "registry URL") -> str:
+    """Check a registry location and make it a SQLAlchemy URL (psycopg 3 for PostgreSQL).
+
+    ``source`` names where the value came from (``--db``, ``$WARMCACHE_DB``) in the
+    error. A bare word is refused rather than taken as a file name: ``--db
+    not-a-url`` would otherwise create a database named ``not-a-url`` in the
+    current folder, and an empty value would silently mean the default registry.
+    """
+    if not url.strip():
+        raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
+    if "://" not in url:
+        if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
+            raise UsageError(f"{source} {shown(url)} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
+        return f"sqlite:///{_checked_file(url, source)}"
+    scheme, rest = url.split("://", 1)
+    if scheme.split("+", 1)[0] not in _SCHEMES:
+        raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql+psycopg://" + rest
+    if scheme == "sqlite" and rest.startswith("/") and rest != "/:memory:":
+        _checked_file(rest[1:], source)
+    return url
+
+
+def _checked_file(path: str, source: str) -> Path:
+    problem = path_problem(path)
+    if problem:
+        raise UsageError(f"{source} {shown(path)} {problem}")
+    return Path(os.path.expanduser(path)).resolve()

@@ -1,0 +1,218 @@
+"""The ASGI application: routes over the registry view, reusing the library the CLI uses."""
+
+from __future__ import annotations
+
+import contextlib
+import tomllib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from warmcache.errors import UsageError
+from warmcache.fingerprint import package_version
+from warmcache.manifest import load_manifest, parse_manifest
+from warmcache.plan import plan_manifest
+from warmcache.query import effective_status, plan_json, shape_json
+from warmcache.registry import Registry
+from warmcache.service import dashboard
+from warmcache.service.auth import WriteAuthorisation
+from warmcache.service.check import CheckRoute
+from warmcache.service.http import ApiError, choice, dumps
+from warmcache.service.metrics import metrics_registry
+from warmcache.service.misses import parse_misses
+from warmcache.service.openapi import openapi_document
+from warmcache.service.view import RegistryView, guard_document
+from warmcache.shapes import WORKLOADS
+from warmcache.status import warmup_status
+from warmcache.statuses import PLAN_STATUSES
+
+T = TypeVar("T")
+
+#: Largest request body accepted (a manifest or a batch of misses).
+MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    db_url: str
+    token: str | None = None
+    """Bearer token for writes; ``None`` refuses every write."""
+    manifest: Path | None = None
+    """The manifest ``/v1/status`` reports on (none: ``/v1/status`` answers 404)."""
+    refresh_interval: float = 5.0
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def create_app(config: ServiceConfig) -> CheckRoute:
+    """The service as one ASGI callable: the raw ``/v1/check`` route in front of the Starlette routes."""
+    view = RegistryView(config.db_url, interval=config.refresh_interval)
+    auth = WriteAuthorisation(config.token)
+    metrics = metrics_registry(view)
+    openapi = dumps(openapi_document(package_version("warmcache") or "unknown"))
+
+    async def in_registry(work: Callable[[Registry], T]) -> T:
+        """Run one direct query off the event loop; a database failure is a 503."""
+
+        def run() -> T:
+            with view.query() as registry:
+                return work(registry)
+
+        return await run_in_threadpool(run)
+
+    async def write_body(request: Request) -> bytes:
+        auth.require(request.headers.get("authorization"))
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
+            raise ApiError(413, f"body of {declared} bytes exceeds the limit of {config.max_body_bytes}", "body")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > config.max_body_bytes:
+                raise ApiError(413, f"body exceeds the limit of {config.max_body_bytes} bytes", "body")
+        return bytes(body)
+
+    async def models(request: Request) -> Response:
+        state = view.current()
+        out: dict[str, dict[str, Any]] = {}
+        for r in state.records:
+            entry = out.setdefault(r.model_name, {"model": r.model_name, "workloads": set(), "counts": Counter()})
+            entry["workloads"].add(r.workload)
+            entry["counts"][effective_status(r)] += 1
+        return json_response(
+            [
+                {"model": e["model"], "workloads": sorted(e["workloads"]), "shapes": sum(e["counts"].values()),
+                 "counts": {str(s): e["counts"][s] for s in PLAN_STATUSES if e["counts"][s]}}
+                for e in (out[m] for m in sorted(out))
+            ]
+        )
+
+    async def shapes(request: Request) -> Response:
+        params = request.query_params
+        workload = choice(params, "workload", WORKLOADS)
+        status = choice(params, "status", [str(s) for s in PLAN_STATUSES[1:]])
+        model = params.get("model")
+        rows = [
+            shape_json(r)
+            for r in view.current().records
+            if (model is None or r.model_name == model) and (workload is None or r.workload == workload)
+        ]
+        return json_response([r for r in rows if status is None or r["status"] == status])
+
+    async def plan(request: Request) -> Response:
+        body = await write_body(request)
+        try:
+            raw = tomllib.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ApiError(400, f"body is not a TOML manifest: {exc}", "body") from None
+        try:
+            planned = plan_manifest(parse_manifest(raw, Path("request-body.toml")), request.query_params.get("model"))
+        except UsageError as exc:
+            raise ApiError(400, str(exc), "body") from None
+        statuses = await in_registry(lambda registry: registry.plan_status(planned))
+        return json_response([plan_json(s) for s in statuses])
+
+    async def status(request: Request) -> Response:
+        if config.manifest is None:
+            raise ApiError(404, "no manifest configured: start the server with --manifest PATH", "manifest")
+        try:
+            planned = plan_manifest(load_manifest(config.manifest), request.query_params.get("model"))
+        except UsageError as exc:
+            raise ApiError(400, str(exc), "model") from None
+        report = await in_registry(lambda registry: warmup_status(registry, planned))
+        return json_response(report.as_json())
+
+    async def misses(request: Request) -> Response:
+        if request.method == "GET":
+            model = request.query_params.get("model")
+            return json_response(await in_registry(lambda registry: registry.miss_summary(model)))
+        events = parse_misses(await write_body(request))
+        await in_registry(lambda registry: registry.record_misses(events))
+        return json_response({"recorded": len(events), "count": sum(e.count for e in events)})
+
+    async def refresh(request: Request) -> Response:
+        await write_body(request)
+        state = await run_in_threadpool(view.refresh)
+        return json_response({"loaded_at": state.loaded_at.isoformat(), "shapes": len(state.records)})
+
+    async def guard(request: Request) -> Response:
+        workload = choice(request.query_params, "workload", WORKLOADS)
+        etag, body = guard_document(view.current(), request.path_params["model"], workload, view.display_url)
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type="application/json", headers=headers)
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"ok": True})
+
+    async def readyz(request: Request) -> Response:
+        state = view.current()
+        return json_response({"ready": True, "loaded_at": state.loaded_at.isoformat(), "shapes": len(state.records)})
+
+    async def page(request: Request) -> Response:
+        try:
+            body = dashboard.render_panels(view.current())
+        except ApiError as exc:
+            body = dashboard.render_down(exc.message)
+        return HTMLResponse(dashboard.render_page(body))
+
+    async def panels(request: Request) -> Response:
+        try:
+            return HTMLResponse(dashboard.render_panels(view.current()))
+        except ApiError as exc:
+            return Response(exc.message, status_code=exc.status, media_type="text/plain")
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(openapi, media_type="application/json")
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return Response(exc.body(), status_code=exc.status, media_type="application/json")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return Response(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        view.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(view.stop)
+
+    routes = [
+        Route("/v1/models", models),
+        Route("/v1/shapes", shapes),
+        Route("/v1/plan", plan, methods=["POST"]),
+        Route("/v1/status", status),
+        Route("/v1/misses", misses, methods=["GET", "POST"]),
+        Route("/v1/refresh", refresh, methods=["POST"]),
+        Route("/v1/guard/{model}", guard),
+        Route("/metrics", metrics_text),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/", page),
+        Route("/dashboard/panels", panels),
+        Route("/openapi.json", openapi_json),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app.state.view = view
+    return CheckRoute(app, view)

@@ -1,0 +1,51 @@
+"""Who may write: a bearer token from ``$WARMCACHE_TOKEN`` or a file; without one, nobody.
+
+Reads are open (the service binds to 127.0.0.1 unless told otherwise); every ``POST``
+needs ``Authorization: Bearer <token>``. A server started without a token refuses
+writes instead of accepting anonymous ones.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+from warmcache.errors import UsageError
+from warmcache.service.http import ApiError
+
+TOKEN_ENV = "WARMCACHE_TOKEN"
+
+
+def load_token(token_file: Path | None = None) -> str | None:
+    """The token from ``token_file`` if given, else ``$WARMCACHE_TOKEN``; ``None`` when neither holds one."""
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{token_file}: cannot read token file: {exc.strerror}") from None
+        token = text.strip()
+        if not token:
+            raise UsageError(f"{token_file}: token file is empty")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+class WriteAuthorisation:
+    """Checks the ``Authorization`` header of a write against the configured token (in constant time)."""
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token.encode() if token else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._token is not None
+
+    def require(self, header: str | None) -> None:
+        if self._token is None:
+            raise ApiError(403, f"writes are disabled: start the server with ${TOKEN_ENV} or --token-file to allow them")
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise ApiError(401, "write needs an 'Authorization: Bearer <token>' header", "Authorization")
+        if not hmac.compare_digest(given.strip().encode(), self._token):
+            raise ApiError(401, "wrong bearer token", "Authorization")

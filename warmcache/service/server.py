@@ -1,0 +1,35 @@
+"""Run the service in a thread of the calling process (tests, embedding); ``warmcache serve`` runs it in the foreground."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from warmcache.service.app import ServiceConfig, create_app
+
+#: Seconds to wait for uvicorn to bind before giving up.
+START_TIMEOUT_S = 15.0
+
+
+@contextmanager
+def running_server(config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``config`` on ``host:port`` (``0``: an ephemeral port) until the block ends; yields the base URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, name="warmcache-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"warmcache serve did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()
+    try:
+        yield f"http://{host}:{bound[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(START_TIMEOUT_S)

@@ -1,0 +1,242 @@
+"""Signatures on what warmcache ships: Ed25519 over canonical JSON, checked against trusted keys.
+
+A compile cache from elsewhere is code production will run (compiled C++, pickled
+graphs). The sha256 list in a bundle or a store index catches corruption, not
+tampering: whoever can replace a ``.so`` can rewrite its listed hash. A signature
+by a key the operator trusts closes that gap, so anything that carries a file list
+(a bundle's metadata, an artifact store's index) is signed as a whole JSON
+document: :func:`sign_document` adds a ``signature`` member over the canonical
+bytes of everything else, :meth:`TrustedKeys.check_document` verifies it. Nothing
+here knows what the document describes.
+
+Keys are written as ``ed25519:<base64 of the 32-byte public key>``; a trust list
+entry is such a string or the path of a ``.pub`` file holding one. The private key
+is a PKCS#8 PEM file readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from warmcache.errors import TrustError, UsageError, shown
+
+KEY_PREFIX = "ed25519:"
+SIGNATURE_MEMBER = "signature"
+TRUSTED_KEYS_ENV = "WARMCACHE_TRUSTED_KEYS"
+#: A key file is one line; a larger file is not a key (and is not read whole).
+_MAX_KEY_FILE_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PublicKey:
+    """An Ed25519 public key; ``key_id`` (16 hex digits of its sha256) names it in messages."""
+
+    raw: bytes
+
+    @property
+    def text(self) -> str:
+        return KEY_PREFIX + base64.b64encode(self.raw).decode()
+
+    @property
+    def key_id(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()[:16]
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> PublicKey:
+        """Parse ``ed25519:<base64>``; :class:`UsageError` naming ``where`` otherwise."""
+        body = text.strip()
+        if not body.startswith(KEY_PREFIX):
+            raise UsageError(f"{where}: {shown(text)} is not a public key (expected {KEY_PREFIX}<base64>)")
+        try:
+            raw = base64.b64decode(body[len(KEY_PREFIX) :], validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise UsageError(f"{where}: {shown(text)} is not a 32-byte Ed25519 public key in base64")
+        return cls(raw)
+
+
+class SigningKey:
+    """A private Ed25519 key loaded from its file."""
+
+    def __init__(self, private: Ed25519PrivateKey, path: Path) -> None:
+        self._private = private
+        self.path = path
+        self.public = PublicKey(private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+
+    @classmethod
+    def load(cls, path: str | Path) -> SigningKey:
+        file = Path(path)
+        try:
+            data = _read_small(file)
+            private = serialization.load_pem_private_key(data, password=None)
+        except OSError as exc:
+            raise UsageError(f"{file}: cannot read signing key: {exc.strerror or exc}") from None
+        except (ValueError, TypeError):
+            raise UsageError(f"{file}: not an unencrypted PEM private key (make one with: warmcache keys generate)") from None
+        if not isinstance(private, Ed25519PrivateKey):
+            raise UsageError(f"{file}: a {type(private).__name__}, not an Ed25519 key; refused")
+        return cls(private, file)
+
+    def sign(self, payload: bytes) -> dict[str, str]:
+        """A detached signature of ``payload``: which key, and the signature in base64."""
+        return {"key": self.public.text, "ed25519": base64.b64encode(self._private.sign(payload)).decode()}
+
+
+def generate_key(path: str | Path) -> PublicKey:
+    """Write a new private key to ``path`` (mode 0600, never over an existing file) and its public key to ``path.pub``."""
+    file = Path(path)
+    public_file = file.with_name(file.name + ".pub")
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    public = SigningKey(private, file).public
+    for existing in (file, public_file):
+        if os.path.lexists(existing):
+            raise UsageError(f"{existing}: already exists; refusing to overwrite a key")
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(pem)
+        public_file.write_text(public.text + "\n")
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or file}: cannot write key: {exc.strerror or exc}") from None
+    return public
+
+
+def canonical_bytes(document: Any) -> bytes:
+    """The one byte form of a JSON value that is signed: sorted keys, no spaces, UTF-8.
+
+    Refuses what JSON cannot round-trip (NaN, non-string keys) rather than signing
+    bytes a reader would never reproduce.
+    """
+    try:
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise TrustError(f"cannot sign or check a document that is not plain JSON ({exc})") from None
+
+
+def sign_document(document: dict[str, Any], key: SigningKey) -> dict[str, Any]:
+    """``document`` with a ``signature`` member over the canonical bytes of all its other members."""
+    unsigned = {name: value for name, value in document.items() if name != SIGNATURE_MEMBER}
+    plain = json.loads(canonical_bytes(unsigned))  # what a reader will parse: tuples are lists, keys strings
+    return {**plain, SIGNATURE_MEMBER: key.sign(canonical_bytes(plain))}
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureCheck:
+    """What :meth:`TrustedKeys.check_document` found: verified by ``key_id``, or not checked."""
+
+    checked: bool
+    key_id: str | None
+
+    def describe(self) -> str:
+        if self.checked:
+            return f"signature verified (key {self.key_id})"
+        signed = f"signed by key {self.key_id}, " if self.key_id else "unsigned, "
+        return f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"checked": self.checked, "key": self.key_id}
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedKeys:
+    """The public keys whose signatures are accepted; empty means trust is not configured."""
+
+    keys: tuple[PublicKey, ...] = ()
+    source: str = ""
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.keys)
+
+    @classmethod
+    def load(cls, entries: Iterable[str], source: str, base: Path | None = None) -> TrustedKeys:
+        """Keys from ``entries``, each ``ed25519:...`` or a public key file (relative to ``base``)."""
+        return cls(tuple(load_public_key(entry, source, base) for entry in entries), source)
+
+    @classmethod
+    def resolve(cls, flag_values: Sequence[str], fallback: TrustedKeys | None = None) -> TrustedKeys:
+        """``--trust`` values, else ``$WARMCACHE_TRUSTED_KEYS`` (comma-separated), else ``fallback``
+        (a manifest's ``[trust] keys``).
+
+        A variable that is set but empty is an error: it would silently turn checking off.
+        """
+        if flag_values:
+            return cls.load(flag_values, "--trust")
+        from_env = os.environ.get(TRUSTED_KEYS_ENV)
+        if from_env is not None:
+            entries = [e for e in from_env.split(",") if e.strip()]
+            if not entries:
+                raise UsageError(f"${TRUSTED_KEYS_ENV} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub files, comma-separated)")
+            return cls.load(entries, f"${TRUSTED_KEYS_ENV}")
+        return fallback or cls()
+
+    def check_document(self, document: dict[str, Any], what: str) -> SignatureCheck:
+        """Verify ``document``'s signature when trust is configured; :class:`TrustError` if it fails.
+
+        With trust configured an unsigned document, a malformed signature, a key not
+        in the list and a signature that does not match the content are all refused.
+        """
+        signature = document.get(SIGNATURE_MEMBER)
+        if not self.configured:
+            return SignatureCheck(False, _signer_id(signature))
+        trusted = ", ".join(k.key_id for k in self.keys)
+        if signature is None:
+            raise TrustError(f"{what}: unsigned, but trusted keys are configured ({self.source}: {trusted}); refused")
+        if not isinstance(signature, dict) or not isinstance(signature.get("key"), str) or not isinstance(signature.get("ed25519"), str):
+            raise TrustError(f"{what}: malformed signature {shown(signature)}; refused")
+        try:
+            signer = PublicKey.parse(signature["key"], f"{what}: signature key")
+            raw_signature = base64.b64decode(signature["ed25519"], validate=True)
+        except (UsageError, binascii.Error, ValueError):
+            raise TrustError(f"{what}: malformed signature {shown(signature)}; refused") from None
+        if signer not in self.keys:
+            raise TrustError(f"{what}: signed by key {signer.key_id}, which is not trusted ({self.source}: {trusted}); refused")
+        payload = canonical_bytes({name: value for name, value in document.items() if name != SIGNATURE_MEMBER})
+        try:
+            Ed25519PublicKey.from_public_bytes(signer.raw).verify(raw_signature, payload)
+        except InvalidSignature:
+            raise TrustError(f"{what}: the signature of key {signer.key_id} does not match the content: altered after signing; refused") from None
+        return SignatureCheck(True, signer.key_id)
+
+
+def load_public_key(entry: str, source: str, base: Path | None = None) -> PublicKey:
+    """One trust list entry: an inline ``ed25519:...`` key or the path of a ``.pub`` file."""
+    if entry.strip().startswith(KEY_PREFIX):
+        return PublicKey.parse(entry, source)
+    file = Path(os.path.expanduser(entry.strip()))
+    file = base / file if base is not None and not file.is_absolute() else file
+    try:
+        text = _read_small(file).decode("utf-8")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{source}: cannot read public key file {shown(str(file))}: {getattr(exc, 'strerror', None) or exc}") from None
+    return PublicKey.parse(text, f"{source}: {file}")
+
+
+def _signer_id(signature: Any) -> str | None:
+    """The key id an unchecked signature claims, for the "not checked" message."""
+    try:
+        return PublicKey.parse(signature["key"], "signature").key_id
+    except (TypeError, KeyError, AttributeError, UsageError):
+        return None
+
+
+def _read_small(file: Path) -> bytes:
+    with open(file, "rb") as handle:
+        data = handle.read(_MAX_KEY_FILE_BYTES + 1)
+    if len(data) > _MAX_KEY_FILE_BYTES:
+        raise ValueError(f"larger than {_MAX_KEY_FILE_BYTES} bytes, not a key file")
+    return data
