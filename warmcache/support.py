@@ -17,6 +17,7 @@ The architectures checked end to end are in the README's support table
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from warmcache.errors import ManifestError
@@ -52,8 +53,8 @@ def model_problems(model: ModelSpec) -> list[str]:
     return problems
 
 
-def check_supported(manifest: Manifest) -> None:
-    """Raise :class:`ManifestError` naming every declared model that cannot be served, and why."""
-    problems = [f"{manifest.path}: {problem}" for model in manifest.models for problem in model_problems(model)]
+def check_supported(manifest: Manifest, models: Iterable[ModelSpec] | None = None) -> None:
+    """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served, and why."""
+    problems = [f"{manifest.path}: {problem}" for model in (manifest.models if models is None else models) for problem in model_problems(model)]
     if problems:
         raise ManifestError(problems)

@@ -8,7 +8,6 @@ import click
 
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
 from warmcache.manifest import load_manifest
-from warmcache.support import check_supported
 
 
 class _Summary(Protocol):
@@ -60,7 +59,6 @@ def warmup(
     from warmcache.warmup.runner import Shard, WarmupOptions, run_warmup
 
     parsed = load_manifest(manifest)
-    check_supported(parsed)  # before anything is claimed: an unservable model fails here, with the reason
     options = WarmupOptions(
         registry_url=registry_url(db_url, parsed),
         cache_dir=cache_dir,
