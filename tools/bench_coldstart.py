@@ -61,9 +61,10 @@ def child(args: argparse.Namespace) -> None:
         mega_s = time.perf_counter() - begin
     ids = token_ids(model, args.batch, args.prompt)
     new = min(DECODE_TOKENS, max_new_tokens_that_fit(args.prompt, args.max_cache_len))
-    kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"))
 
     def generate() -> float:
+        # Built per call: each generate() fills a fresh cache object.
+        kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
         begin = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)

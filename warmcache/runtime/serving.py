@@ -34,7 +34,9 @@ log = logging.getLogger("warmcache.runtime")
 #: generate() keyword arguments that are per-token tensors of the batch.
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 #: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
-_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config")
+_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config", "cache")
+#: Of those, the ones a caller may not even repeat: objects the guard builds itself.
+_SET_BY_GUARD = ("compile_config", "cache")
 
 
 def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
@@ -49,7 +51,7 @@ def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
     batch, length = fitted.shape
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device))
+    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
@@ -63,7 +65,7 @@ def _refuse_changed_settings(guard: "ShapeGuard", kwargs: dict[str, Any], max_ca
         if name not in kwargs:
             continue
         value = kwargs.pop(name)
-        if name == "compile_config" or value != expected.get(name):
+        if name in _SET_BY_GUARD or value != expected.get(name):
             raise UsageError(
                 f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
                 f"({name}={expected.get(name)!r}); the guard sets it"

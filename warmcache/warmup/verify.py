@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import WarmcacheError
+from warmcache.errors import DecodeRecompileError, WarmcacheError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
@@ -144,6 +144,9 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
         return SpecVerdict(identity, description, REPLAY_FAILED, reason="the replay process stopped before this spec")
     if result.get("error"):
         return SpecVerdict(identity, description, REPLAY_FAILED, reason=result["error"])
+    if result.get("recompiled"):
+        # The decode compiled again at a later position: no cache can make that shape warm.
+        return SpecVerdict(identity, description, RECOMPILED, reason=result["recompiled"])
     counts = {k: int(result[k]) for k in ("graphs", "cache_hits", "cache_misses")}
     if result.get("precompiled_error"):
         return SpecVerdict(identity, description, REPLAY_FAILED, **counts, reason=result["precompiled_error"])
@@ -197,6 +200,8 @@ def replay(request_path: Path, result_path: Path) -> None:
         try:
             run = worker.run(planned)
             proof = _prove_precompiled(worker, planned, request.get("registry_url"))
+        except DecodeRecompileError as exc:
+            results[identity] = {"recompiled": exc.message}
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
             results[identity] = {"error": error_line(exc)}
         else:
@@ -213,7 +218,7 @@ def replay(request_path: Path, result_path: Path) -> None:
             if not distributed.is_registry_writer():
                 continue  # rank 0 reports for the group
         outcome = results[identity]
-        status = outcome.get("error") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        status = outcome.get("error") or outcome.get("recompiled") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
         if outcome.get("precompiled_error"):
             status += f"; {outcome['precompiled_error']}"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)
@@ -237,9 +242,10 @@ def _prove_precompiled(worker: "Worker", planned: PlannedShape, registry_url: st
 
 def merge_ranks(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     """One sharded spec's replay over all its ranks: any rank's error, and every rank's compiles."""
-    for index, outcome in enumerate(outcomes):
-        if outcome.get("error"):
-            return {"error": f"rank {index}: {outcome['error']}"}
+    for key in ("error", "recompiled"):
+        for index, outcome in enumerate(outcomes):
+            if outcome.get(key):
+                return {key: f"rank {index}: {outcome[key]}"}
     return {
         "graphs": max(o["graphs"] for o in outcomes),
         "cache_hits": sum(o["cache_hits"] for o in outcomes),
