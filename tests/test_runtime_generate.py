@@ -71,7 +71,7 @@ def _prompts(rng: random.Random, count: int, min_words: int, max_words: int) -> 
 
 def _unguarded(model: Any, max_new_tokens: int, **inputs: Any) -> Any:
     """The call a user would make without the guard: the same compiled settings, the caller's own shapes."""
-    kwargs = generate_kwargs({}, max_cache_len=MAX_CACHE_LEN, max_new_tokens=max_new_tokens, config=compile_config("aot_eager", "default", "cpu"))
+    kwargs = generate_kwargs({}, max_cache_len=MAX_CACHE_LEN, max_new_tokens=max_new_tokens, config=compile_config("aot_eager", "default", "cpu"), model_config=model.config)
     return model.generate(**inputs, **kwargs)
 
 

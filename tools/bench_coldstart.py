@@ -1,6 +1,7 @@
 """First ``generate()`` latency in a fresh process: empty Inductor cache vs a cache warmed by warmcache.
 
-    python tools/bench_coldstart.py [--model DIR] [--batch 1] [--prompt 8] [--max-cache-len 32]
+    python tools/bench_coldstart.py [--model DIR] [--batches 1,4] [--layers 4] [--prompt 8] [--max-cache-len 32]
+    python tools/bench_coldstart.py --quick      # CI: aot_eager, batch 1, 2 layers; checks it runs, not its figures
 
 Each measurement is a fresh Python process (``--child``), so nothing of an earlier
 compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
@@ -9,6 +10,11 @@ compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
 * ``warm``: the folder ``warmcache warmup`` filled for this exact shape.
 * ``mega``: an empty folder plus ``torch.compiler.load_cache_artifacts()`` of the
   portable "mega-cache" saved by a warm process (what ships without the cache dir).
+* ``precompiled``: the warm folder, served through ``ShapeGuard.prime()``, which loads
+  each bucket's precompiled decode artifact (``precompile = true``) instead of tracing.
+  Its "first token" is prime (artifact load + the first decode call) plus the first
+  guarded request, broken down into importing Dynamo, the artifact load (with the
+  imports deserialising needs), and the first call.
 
 For each it prints the first ``generate()`` latency, the steady-state latency of
 the next call, and where the first call's time went according to Dynamo's
@@ -34,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(args: argparse.Namespace) -> None:
     """One fresh process: import, load, optionally load a mega-cache, generate twice, report."""
+    if args.precompiled:
+        precompiled_child(args)
+        return
     started = time.perf_counter()
     import torch
     from transformers import AutoModelForCausalLM
@@ -52,9 +61,10 @@ def child(args: argparse.Namespace) -> None:
         mega_s = time.perf_counter() - begin
     ids = token_ids(model, args.batch, args.prompt)
     new = min(DECODE_TOKENS, max_new_tokens_that_fit(args.prompt, args.max_cache_len))
-    kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config("inductor", "default", "cpu"))
 
     def generate() -> float:
+        # Built per call: each generate() fills a fresh cache object.
+        kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
         begin = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)
@@ -89,9 +99,61 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
+def precompiled_child(args: argparse.Namespace) -> None:
+    """One fresh production process: import, load, prime from precompiled artifacts, serve one request."""
+    started = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+
+    imported = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    guard = ShapeGuard.from_registry(args.registry, "bench", telemetry=False)
+    loaded = time.perf_counter()
+    # Dynamo's runtime (prime's sentinel and deserialising need it), timed on its own;
+    # Inductor's compiler is not imported by a process that artifacts serve wholly.
+    import torch._dynamo
+
+    dynamo_imported = time.perf_counter()
+    report = guard.prime(model)
+    primed = time.perf_counter()
+    ids = token_ids(model, args.batch, args.prompt)
+
+    def generate() -> float:
+        begin = time.perf_counter()
+        guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+        return time.perf_counter() - begin
+
+    first = generate()
+    second = generate()
+    from torch._dynamo.utils import counters
+
+    print(
+        json.dumps(
+            {
+                "import_s": imported - started,
+                "load_s": loaded - imported,
+                "dynamo_import_s": dynamo_imported - loaded,
+                "artifact_load_s": report.artifact_load_seconds,
+                "prime_call_s": report.seconds - report.artifact_load_seconds,
+                "artifacts": report.artifacts_loaded,
+                "first_generate_s": first,
+                "first_token_s": (dynamo_imported - loaded) + (primed - dynamo_imported) + first,
+                "second_generate_s": second,
+                "dynamo_frames": sum(counters["frames"].values()),
+            }
+        )
+    )
+
+
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    command = [sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), *extra]
+    command = [
+        sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt),
+        "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra,
+    ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -100,13 +162,21 @@ def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path) -
     manifest = work / "bench.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "inductor"\n'
-        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{args.backend}"\nprecompile = true\n'
+        f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
 
 
 def show(name: str, r: dict[str, Any]) -> None:
+    if "artifact_load_s" in r:
+        print(
+            f"{name:<5} first token {r['first_token_s']:6.2f}s  (import dynamo {r['dynamo_import_s']:5.2f}s, "
+            f"artifact load {r['artifact_load_s']:5.2f}s for {r['artifacts']}, prime call {r['prime_call_s']:5.2f}s, "
+            f"first request {r['first_generate_s']:5.3f}s; {r['dynamo_frames']} Dynamo frames)  next call {r['second_generate_s']:.3f}s  "
+            f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s]"
+        )
+        return
     print(
         f"{name:<5} first generate() {r['first_generate_s']:6.2f}s  (dynamo trace {r['dynamo_trace_s']:5.2f}s, "
         f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache misses, {r['cache_hits']} hits)  "
@@ -118,32 +188,56 @@ def show(name: str, r: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="A causal LM folder (default: build a tiny Qwen3).")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batches", default="1,4", help="Comma-separated batch sizes, each measured in its own processes.")
+    parser.add_argument("--layers", type=int, default=4, help="Layers of the tiny Qwen3 built when --model is not given.")
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--max-cache-len", type=int, default=32)
+    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
+    parser.add_argument("--quick", action="store_true", help="CI mode: aot_eager, batch 1, 2 layers, no mega-cache.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--precompiled", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--registry", help=argparse.SUPPRESS)
     parser.add_argument("--save-mega", help=argparse.SUPPRESS)
     parser.add_argument("--load-mega", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
+    if args.quick:
+        args.backend, args.batches, args.layers = "aot_eager", "1", 2
+    args.batches = [int(b) for b in str(args.batches).split(",")]
     with tempfile.TemporaryDirectory(prefix="warmcache-bench-") as tmp:
         work = Path(tmp)
         if args.model is None:
             sys.path.insert(0, str(ROOT / "tools"))
             from tiny_model import build_tiny_model
 
-            args.model = build_tiny_model("qwen3", work / "tiny-qwen3")
-        cold = measure(args, work / "cold-cache")
+            args.model = build_tiny_model("qwen3", work / "tiny-qwen3", layers=args.layers)
+        registry = f"sqlite:///{work / 'registry.sqlite'}"
+        colds = {}
+        for batch in args.batches:
+            args.batch = batch
+            colds[batch] = measure(args, work / f"cold-cache-{batch}")
         warm_with_warmcache(args, work, work / "warm-cache")
-        warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
-        mega = measure(args, work / "mega-cache", "--load-mega", str(work / "mega.bin"))
-        print(f"tiny model {args.model.name}, batch={args.batch} prompt={args.prompt} max_cache_len={args.max_cache_len}, Inductor on CPU ({os.cpu_count()} cores)")
-        show("cold", cold)
-        show("warm", warm)
-        show("mega", mega)
-        print(f"cold/warm first-call ratio: {cold['first_generate_s'] / warm['first_generate_s']:.1f}x; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x")
+        print(f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU ({os.cpu_count()} cores)")
+        for batch in args.batches:
+            args.batch, cold = batch, colds[batch]
+            warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
+            pre = measure(args, work / "warm-cache", "--precompiled", "--registry", registry)
+            print(f"batch {args.batch}:")
+            show("cold", cold)
+            show("warm", warm)
+            ratios = f"cold/warm first-call ratio: {cold['first_generate_s'] / warm['first_generate_s']:.1f}x"
+            if not args.quick and (work / "mega.bin").is_file():
+                mega = measure(args, work / f"mega-cache-{args.batch}", "--load-mega", str(work / "mega.bin"))
+                show("mega", mega)
+                ratios += f"; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x"
+            show("pre", pre)
+            ratios += f"; cold/precompiled (first token incl. artifact load): {cold['first_generate_s'] / pre['first_token_s']:.1f}x"
+            print(ratios)
+            if pre["dynamo_frames"]:
+                raise SystemExit(f"precompiled scenario compiled {pre['dynamo_frames']} Dynamo frames; expected none")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,13 @@ models here from a config (Qwen3, Llama, ...) and a BPE tokenizer trained on a
 small generated corpus, save them with ``save_pretrained`` and load them back
 through the real ``from_pretrained`` path.
 
-    python tools/tiny_model.py .warmcache/models            # every architecture
-    python tools/tiny_model.py .warmcache/models --arch qwen3
+    python tools/tiny_model.py .warmcache/models            # tiny-qwen3 and tiny-llama (the quickstart's)
+    python tools/tiny_model.py .warmcache/models --arch gemma2 --arch cohere2
+
+``ARCHITECTURES`` is the support matrix (``tests/test_architectures.py``,
+``tools/support_matrix.py``): one tiny config per popular decoder family, with a
+sliding window of :data:`SLIDING_WINDOW` tokens where the family has one, so a
+short decode already runs past the window.
 """
 
 from __future__ import annotations
@@ -15,7 +20,30 @@ import argparse
 import json
 from pathlib import Path
 
-ARCHITECTURES = ("qwen3", "llama")
+#: Where a family has sliding-window layers: small, so a short decode already runs past it.
+SLIDING_WINDOW = 8
+#: Per architecture: the transformers config class and what it needs beyond the common sizes.
+#: Hybrid families (Gemma-2/3, Cohere-2) get one sliding and one full layer.
+_HYBRID = {"sliding_window": SLIDING_WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+_CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "llama": ("LlamaConfig", {"head_dim": 16}),
+    "mistral": ("MistralConfig", {"head_dim": 16, "sliding_window": None}),
+    "mistral-sliding": ("MistralConfig", {"head_dim": 16, "sliding_window": SLIDING_WINDOW}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3-moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, **_HYBRID}),
+    "gemma3-text": ("Gemma3TextConfig", {"head_dim": 16, **_HYBRID}),
+    "phi3": ("Phi3Config", {}),
+    "gpt-neox": ("GPTNeoXConfig", {}),
+    "olmo2": ("Olmo2Config", {}),
+    "granite": ("GraniteConfig", {}),
+    "cohere2": ("Cohere2Config", {"head_dim": 16, **_HYBRID}),
+    "smollm3": ("SmolLM3Config", {}),
+}
+ARCHITECTURES = tuple(_CONFIGS)
+#: What ``python tools/tiny_model.py ROOT`` builds: the quickstart's models.
+DEFAULT_ARCHITECTURES = ("qwen3", "llama")
 VOCAB_SIZE = 384
 _WORDS = (
     "the a compile cache warm shape batch token neuron graph model train serve guard pad bucket "
@@ -53,12 +81,12 @@ def build_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def build_config(arch: str):  # type: ignore[no-untyped-def]
+def build_config(arch: str, layers: int = 2):  # type: ignore[no-untyped-def]
     common = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -70,18 +98,15 @@ def build_config(arch: str):  # type: ignore[no-untyped-def]
         # so "padded output == unpadded output" is a real check, not a constant.
         initializer_range=0.5,
     )
-    if arch == "qwen3":
-        from transformers import Qwen3Config
+    if arch not in _CONFIGS:
+        raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+    import transformers
 
-        return Qwen3Config(head_dim=16, **common)
-    if arch == "llama":
-        from transformers import LlamaConfig
-
-        return LlamaConfig(head_dim=16, **common)
-    raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+    class_name, extra = _CONFIGS[arch]
+    return getattr(transformers, class_name)(**common, **extra)
 
 
-def build_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_model(arch: str, out_dir: Path, seed: int = 0, layers: int = 2) -> Path:
     """Write ``config.json``, weights and tokenizer of a tiny ``arch`` model into ``out_dir``.
 
     Idempotent: an existing complete folder is left as it is.
@@ -95,20 +120,20 @@ def build_tiny_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(build_config(arch))
+    model = AutoModelForCausalLM.from_config(build_config(arch, layers))
     model.generation_config.pad_token_id = 0
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir)
-    marker.write_text(json.dumps({"arch": arch, "seed": seed}))
+    marker.write_text(json.dumps({"arch": arch, "seed": seed, "layers": layers}))
     return out_dir
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_root", type=Path, help="Folder that receives one sub-folder per model (tiny-<arch>).")
-    parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: all).")
+    parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: qwen3 and llama).")
     args = parser.parse_args()
-    for arch in args.arch or ARCHITECTURES:
+    for arch in args.arch or DEFAULT_ARCHITECTURES:
         path = build_tiny_model(arch, args.out_root / f"tiny-{arch}")
         print(f"tiny-{arch}: {path}")
 

@@ -104,6 +104,15 @@ class UnseenShapeError(WarmcacheError):
     exit_code = 1
 
 
+class DecodeRecompileError(WarmcacheError):
+    """A decode step after the first compiled a graph: production would compile at every position.
+
+    The message names the Dynamo guard that failed (what changed between steps).
+    """
+
+    exit_code = 1
+
+
 class CacheError(WarmcacheError):
     """A compile-cache directory or bundle is unusable (bad hash, unsafe member)."""
 

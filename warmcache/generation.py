@@ -7,6 +7,11 @@ Measured on CPU (tiny Qwen3, aot_eager, static cache pinned at 32): prompt
 lengths 8 and 16 and left-padded masks shared one decode graph per batch size;
 a prompt + max_new_tokens - 1 beyond the pinned length grew the cache and
 compiled a new graph. Hence :func:`max_new_tokens_that_fit`.
+
+The static cache is warmcache's :class:`warmcache.kv_cache.PositionTensorCache`,
+handed to generate() as a fresh ``cache=`` object per call (generate() also builds
+a fresh static cache per call): transformers' own keeps sliding-window positions
+in a Python int and recompiles the decode step at every position.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import CompileConfig
+    from transformers import CompileConfig, PretrainedConfig
 
 
 @functools.cache
@@ -53,17 +58,29 @@ def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
     return max_cache_len - prompt_len + 1
 
 
-def generate_kwargs(settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: "CompileConfig") -> dict[str, Any]:
-    """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs."""
+def generate_kwargs(
+    settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: "CompileConfig", model_config: "PretrainedConfig"
+) -> dict[str, Any]:
+    """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
+
+    Build them per call: a ``static`` family gets a fresh cache object, which one
+    generate() call fills.
+    """
     kwargs: dict[str, Any] = {
-        "cache_implementation": settings.get("cache_implementation", "static"),
-        "max_cache_len": max_cache_len,
         "max_new_tokens": max_new_tokens,
         "do_sample": bool(settings.get("do_sample", False)),
         "num_beams": int(settings.get("num_beams", 1)),
         "num_return_sequences": int(settings.get("num_return_sequences", 1)),
         "compile_config": config,
     }
+    # Every declared cache implementation ("static", and "hybrid", transformers' deprecated alias
+    # of it) is served by warmcache's position-tensor cache.
+    from warmcache.kv_cache import PositionTensorCache
+
+    kwargs["cache"] = PositionTensorCache(model_config, max_cache_len)
+    # A checkpoint's generation_config may name its own (e.g. Gemma's "hybrid"); generate()
+    # refuses a cache object next to one.
+    kwargs["cache_implementation"] = None
     if settings.get("prefill_chunk_size"):
         kwargs["prefill_chunk_size"] = int(settings["prefill_chunk_size"])
     return kwargs

@@ -35,7 +35,9 @@ _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
 _STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size", "sign_key")
 _TRUST_KEYS = ("keys",)
-_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "distributed", "generate", "train")
+_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "precompile", "distributed", "generate", "train")
+#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
+PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
 _GENERATE_KEYS = (
     "batch_sizes",
@@ -103,6 +105,8 @@ class ModelSpec:
     mode: str = "default"
     tp_size: int = 1
     fsdp_size: int = 1
+    #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
+    precompile: bool = False
     generate: tuple[GenerateWorkload, ...] = ()
     train: tuple[TrainWorkload, ...] = ()
 
@@ -461,6 +465,13 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
     mode = check.choice(entry, "mode", where, MODES, "default")
+    precompile = check.boolean(entry, "precompile", where, False)
+    if precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+        check.problem(
+            f"{where}.precompile",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda "
+            f"(got {device}/{backend}/{mode})",
+        )
 
     distributed = check.table(entry, "distributed", f"{where}.distributed")
     check.unknown_keys(distributed, _DISTRIBUTED_KEYS, f"{where}.distributed")
@@ -483,6 +494,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         device=device,
         backend=backend,
         mode=mode,
+        precompile=precompile,
         tp_size=tp,
         fsdp_size=fsdp,
         generate=tuple(generate),

@@ -9,6 +9,8 @@ Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
     aotautograd/<key>               AOTAutograd cache entry         kind inductor-aotautograd
     <xx>/<hash>.{py,cpp,so,...}     generated code / compiled C++   kind inductor-code
     triton/<device>/<hash>          Triton kernels (CUDA)           kind inductor-triton
+    precompiled/<sha256>            a bucket's precompiled decode   kind inductor-precompiled
+                                    graph (warmcache's own, see ``cache.precompiled``)
     locks/                          transient locks                 (not an entry)
 
 Neuron persistent cache (torch-xla era; ``--cache_dir``)::
@@ -28,12 +30,15 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from warmcache.cache.precompiled import PRECOMPILED_DIR
+
 CacheFlavor = Literal["inductor", "neuron", "neuron-native"]
 
 INDUCTOR_FXGRAPH = "inductor-fxgraph"
 INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"
 INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
+INDUCTOR_PRECOMPILED = "inductor-precompiled"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 
@@ -77,7 +82,9 @@ def _inductor_entry(parts: list[str]) -> tuple[str, str] | None:
         return INDUCTOR_AOTAUTOGRAD, "/".join(parts[:2])
     if head == "triton" and len(parts) >= 3:
         return INDUCTOR_TRITON, "/".join(parts[:3])
-    if head in ("locks", "fxgraph", "aotautograd", "triton"):
+    if head == PRECOMPILED_DIR and len(parts) == 2:
+        return INDUCTOR_PRECOMPILED, "/".join(parts)
+    if head in ("locks", "fxgraph", "aotautograd", "triton", PRECOMPILED_DIR):
         return None
     if len(parts) == 2:
         return INDUCTOR_CODE, "/".join(parts)

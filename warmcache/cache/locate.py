@@ -20,7 +20,7 @@ from typing import get_args
 
 from warmcache.cache.layout import CacheFlavor
 from warmcache.errors import UsageError
-from warmcache.manifest import Manifest
+from warmcache.manifest import Manifest, ModelSpec
 from warmcache.targets import CACHE_DIR_ENV, InductorTarget, NeuronTarget, Target, resolve_cache_dir, target_for
 from warmcache.targets.neuron import remote_cache_url
 
@@ -77,16 +77,24 @@ def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavo
         root = Path(explicit).expanduser().resolve()
         return [CacheLocation(root, flavor or detect_flavor(root), _source(cache_dir, manifest))]  # type: ignore[arg-type]
     # Without a manifest the defaults are looked at; an s3:// Neuron cache is listed through the store instead.
-    defaults: list[Target] = [InductorTarget("cpu", "inductor")] + ([] if remote_cache_url() else [NeuronTarget("neuron", "neuron")])
-    targets: list[Target] = [target_for(m) for m in manifest.models] if manifest else defaults
+    defaults: list[tuple[Target, CacheFlavor | None]] = [(InductorTarget("cpu", "inductor"), "inductor")]
+    if not remote_cache_url():
+        defaults.append((NeuronTarget("neuron", "neuron"), "neuron"))
+    targets: list[tuple[Target, CacheFlavor | None]] = [(target_for(m), _flavor_of_model(m)) for m in manifest.models] if manifest else defaults
     out: dict[Path, CacheLocation] = {}
-    for target in targets:
-        if target.cache_flavor is None or (manifest is None and flavor is not None and target.cache_flavor != flavor):
+    for target, layout in targets:
+        if layout is None or (manifest is None and flavor is not None and layout != flavor):
             continue  # eager/aot_eager keep no cache; without a manifest, --flavor picks the default to look at
         root, chosen = resolve_cache_dir(target, cache_dir, manifest)
         source = _source(cache_dir, manifest) if chosen else f"{target.describe()} default"
-        out.setdefault(root, CacheLocation(root, flavor or target.cache_flavor, source))  # type: ignore[arg-type]
+        out.setdefault(root, CacheLocation(root, flavor or layout, source))  # type: ignore[arg-type]
     return list(out.values())
+
+
+def _flavor_of_model(model: ModelSpec) -> CacheFlavor | None:
+    """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an Inductor-layout one."""
+    flavor = target_for(model).cache_flavor
+    return "inductor" if flavor is None and model.precompile else flavor
 
 
 def _source(cache_dir: str | None, manifest: Manifest | None) -> str:

@@ -60,7 +60,7 @@ def export(model_name: str, workload: str | None, out_path: Path, db_url: str | 
     decides which are stale for its own torch and compiler.
     """
     with open_registry(db_url) as registry:
-        records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES)
+        records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES, with_artifacts=True)
         source = registry.display_url
     if not records:
         raise UsageError(f"model {model_name!r} has no compiled shapes in registry {source}")

@@ -11,6 +11,7 @@ from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import check_request, effective_status, plan_json, shape_json
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
+from warmcache.support import check_supported
 
 PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "failed", "stale")
 
@@ -23,6 +24,7 @@ PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "fai
 def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
+    check_supported(parsed)
     planned = plan_manifest(parsed, model_name)
     with open_registry(db_url, parsed) as registry:
         statuses = registry.plan_status(planned)

@@ -109,7 +109,8 @@ class ShapeGuard:
 
         def load() -> list[ShapeRecord]:
             with Registry.open(registry_url) as registry:
-                return registry.rows(model=model, workload=workload)
+                # Artifacts too: the precompiled ones are what prime() loads.
+                return registry.rows(model=model, workload=workload, with_artifacts=True)
 
         source = display_url(normalise_url(registry_url))
         return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)

@@ -16,12 +16,12 @@ serve it. Enter a strict sentinel only after every bucket has been loaded once
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from warmcache.compile_counter import CompileCounter
-from warmcache.errors import UnseenShapeError
+from warmcache.errors import UnseenShapeError, WarmcacheError
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -39,26 +39,36 @@ class SentinelReport:
 
 
 @contextmanager
+def fail_on_recompile(error: Callable[[str], WarmcacheError]) -> Iterator[None]:
+    """Dynamo's ``fail_on_recompile`` stance; a compile raises ``error(guard failures)`` instead.
+
+    The guard failures are torch's own words for what changed (for example
+    ``cache.layers[0].cumulative_length_int == 32``), so the error names the guard.
+    """
+    import torch
+
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            yield
+    except RuntimeError as exc:
+        if not str(exc).startswith(_RECOMPILE_MESSAGE):
+            raise
+        raise error(str(exc).split("triggered by the following guard failure(s):", 1)[-1]) from None
+
+
+@contextmanager
 def recompile_sentinel(policy: str, label: str = "guarded region") -> Iterator[SentinelReport]:
     """Fail (policies ``pad``/``refuse``) or record (policy ``warn``) any compile inside the block.
 
     ``label`` names the region (a shape, a training step) in the error or the log line.
     """
-    import torch
-
     report = SentinelReport(label)
     with CompileCounter() as counter:
-        try:
-            if policy == "warn":
+        if policy == "warn":
+            yield report
+        else:
+            with fail_on_recompile(lambda reason: UnseenShapeError(f"{label}: torch.compile would recompile here (policy {policy}); {reason}")):
                 yield report
-            else:
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    yield report
-        except RuntimeError as exc:
-            if not str(exc).startswith(_RECOMPILE_MESSAGE):
-                raise
-            reason = str(exc).split("triggered by the following guard failure(s):", 1)[-1]
-            raise UnseenShapeError(f"{label}: torch.compile would recompile here (policy {policy}); {reason}") from None
     report.graphs, report.cache_misses = counter.graphs, counter.cache_misses
     if report.graphs or report.cache_misses:
         log.warning("%s compiled %d graph(s), %d Inductor cache miss(es)", label, report.graphs, report.cache_misses)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.compile_counter import CompileCounter
@@ -33,7 +34,9 @@ log = logging.getLogger("warmcache.runtime")
 #: generate() keyword arguments that are per-token tensors of the batch.
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 #: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
-_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config")
+_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config", "cache")
+#: Of those, the ones a caller may not even repeat: objects the guard builds itself.
+_SET_BY_GUARD = ("compile_config", "cache")
 
 
 def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
@@ -48,7 +51,7 @@ def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
     batch, length = fitted.shape
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device))
+    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
@@ -62,7 +65,7 @@ def _refuse_changed_settings(guard: "ShapeGuard", kwargs: dict[str, Any], max_ca
         if name not in kwargs:
             continue
         value = kwargs.pop(name)
-        if name == "compile_config" or value != expected.get(name):
+        if name in _SET_BY_GUARD or value != expected.get(name):
             raise UsageError(
                 f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
                 f"({name}={expected.get(name)!r}); the guard sets it"
@@ -108,10 +111,20 @@ class PrimeReport:
     cache_hits: int = 0
     cache_misses: int = 0
     seconds: float = 0.0
+    #: Precompiled artifacts loaded (buckets whose decode step runs without Dynamo) and the seconds that took.
+    artifacts_loaded: int = 0
+    artifact_load_seconds: float = 0.0
+    #: One line per artifact that was refused or failed to load (policy ``warn``: its bucket was traced instead).
+    artifact_errors: list[str] = field(default_factory=list)
 
 
-def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> PrimeReport:
+def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
+
+    With ``precompiled`` (default), buckets whose rows recorded a precompiled
+    artifact load it instead of tracing (:mod:`warmcache.runtime.precompiled`;
+    ``cache_dir`` overrides the rows' cache folder). A refused or broken artifact
+    fails start-up under ``pad``/``refuse`` and is traced from the cache under ``warn``.
 
     Dynamo's recompile limit is raised to cover the buckets first (see
     :mod:`warmcache.runtime.budget`), and priming runs with
@@ -131,6 +144,8 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> Prim
     max_cache_len = guard.family.max_cache_len or 0
     report = PrimeReport(buckets)
     start = time.perf_counter()
+    if precompiled:
+        _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None)
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
@@ -150,3 +165,16 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True) -> Prim
     report.seconds = time.perf_counter() - start
     guard.primed = True
     return report
+
+
+def _install_precompiled(guard: "ShapeGuard", model: Any, report: PrimeReport, cache_dir: Path | None) -> None:
+    from warmcache.runtime.precompiled import install, precompiled_entries
+
+    if not any(precompiled_entries(r) for r in guard.records):
+        return
+    device, backend, mode = guard.target
+    start = time.perf_counter()
+    _, loaded = install(model, compile_config(backend, mode, device), guard.records, root_override=cache_dir, strict=guard.policy != "warn")
+    report.artifact_load_seconds = time.perf_counter() - start
+    report.artifacts_loaded = len(loaded.loaded)
+    report.artifact_errors = loaded.errors

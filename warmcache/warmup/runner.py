@@ -38,6 +38,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.models import DONE_STATUSES
 from warmcache.registry.registry import PlanStatus, worker_id
+from warmcache.support import check_supported
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.progress import Progress, SpecOutcome
@@ -208,6 +209,9 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         if options.dry_run or not todo:
             summary.seconds = time.perf_counter() - start
             return summary
+        # Before anything is claimed: a model warmcache cannot serve fails here, with the reason.
+        # Only with work to do, so a re-run of a warm manifest still imports no torch.
+        check_supported(manifest, {p.model.name: p.model for p in todo}.values())
         worker = Worker(manifest, options.cache_dir)
         _prepare_targets(worker, {p.model.name: p.model for p in todo}.values())
         registry.ensure_pending(todo)

@@ -27,14 +27,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import WarmcacheError
+from warmcache.errors import DecodeRecompileError, WarmcacheError
 from warmcache.manifest import Manifest, load_manifest
-from warmcache.plan import plan_manifest
+from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.models import DONE_STATUSES
 from warmcache.warmup import distributed
+
+if TYPE_CHECKING:
+    from warmcache.warmup.worker import Worker
 
 VERIFIED = "verified"
 RECOMPILED = "recompiled"
@@ -123,7 +126,7 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
             results: dict[str, dict[str, Any]] = {}
             for nproc, group in sorted({1: single, **sharded}.items()):
                 if group:
-                    results.update(_replay_in_fresh_process(manifest, [p.identity for p in group], cache_dir, nproc))
+                    results.update(_replay_in_fresh_process(manifest, [p.identity for p in group], cache_dir, nproc, registry_url))
             summary.verdicts = [judge(p.identity, p.spec.describe(), results.get(p.identity)) for p in compiled]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == VERIFIED])
             # Only a replay that compiled proves the cache wrong. A replay that crashed or
@@ -141,7 +144,12 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
         return SpecVerdict(identity, description, REPLAY_FAILED, reason="the replay process stopped before this spec")
     if result.get("error"):
         return SpecVerdict(identity, description, REPLAY_FAILED, reason=result["error"])
+    if result.get("recompiled"):
+        # The decode compiled again at a later position: no cache can make that shape warm.
+        return SpecVerdict(identity, description, RECOMPILED, reason=result["recompiled"])
     counts = {k: int(result[k]) for k in ("graphs", "cache_hits", "cache_misses")}
+    if result.get("precompiled_error"):
+        return SpecVerdict(identity, description, REPLAY_FAILED, **counts, reason=result["precompiled_error"])
     new_entries = tuple(result["new_entries"])
     if not result["persistent_cache"]:
         return SpecVerdict(identity, description, REPLAY_ONLY, **counts, reason="backend keeps no persistent cache")
@@ -153,10 +161,14 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
     return SpecVerdict(identity, description, VERIFIED, **counts)
 
 
-def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1) -> dict[str, dict[str, Any]]:
+def _replay_in_fresh_process(
+    manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1, registry_url: str | None = None
+) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="warmcache-verify-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir}))
+        request.write_text(
+            json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir, "registry_url": registry_url})
+        )
         # The replay's progress (and anything libraries print) goes to our stderr file
         # descriptor, which works even where sys.stderr is not a real file.
         argv = [str(request), str(result)]
@@ -178,7 +190,7 @@ def replay(request_path: Path, result_path: Path) -> None:
     manifest = load_manifest(request["manifest"])
     wanted = request["identities"]
     by_identity = {p.identity: p for p in plan_manifest(manifest)}
-    worker = Worker(manifest, request["cache_dir"])
+    worker = Worker(manifest, request["cache_dir"], precompile=False)
     ranks = distributed.in_torchrun()
     if ranks:
         distributed.init_process_group(by_identity[wanted[0]].model.device)
@@ -187,6 +199,9 @@ def replay(request_path: Path, result_path: Path) -> None:
         planned = by_identity[identity]
         try:
             run = worker.run(planned)
+            proof = _prove_precompiled(worker, planned, request.get("registry_url"))
+        except DecodeRecompileError as exc:
+            results[identity] = {"recompiled": exc.message}
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
             results[identity] = {"error": error_line(exc)}
         else:
@@ -196,13 +211,16 @@ def replay(request_path: Path, result_path: Path) -> None:
                 "cache_misses": run.cache_misses,
                 "new_entries": sorted(run.new_entries),
                 "persistent_cache": run.persistent_cache,
+                "precompiled_error": proof,
             }
         if ranks:
             results[identity] = merge_ranks(distributed.gather_from_ranks(results[identity]))
             if not distributed.is_registry_writer():
                 continue  # rank 0 reports for the group
         outcome = results[identity]
-        status = outcome.get("error") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        status = outcome.get("error") or outcome.get("recompiled") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        if outcome.get("precompiled_error"):
+            status += f"; {outcome['precompiled_error']}"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)
         # Written after every spec, so a crash still leaves the verdicts so far.
         result_path.write_text(json.dumps(results))
@@ -210,11 +228,24 @@ def replay(request_path: Path, result_path: Path) -> None:
         distributed.shutdown()
 
 
+def _prove_precompiled(worker: "Worker", planned: PlannedShape, registry_url: str | None) -> str | None:
+    """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify_precompiled`)."""
+    if not (registry_url and planned.model.precompile and planned.spec.workload == "generate"):
+        return None
+    from warmcache.warmup.verify_precompiled import prove_artifacts
+
+    with Registry.open(registry_url) as registry:
+        (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
+    model, target = worker.model_for(planned)
+    return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
+
+
 def merge_ranks(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     """One sharded spec's replay over all its ranks: any rank's error, and every rank's compiles."""
-    for index, outcome in enumerate(outcomes):
-        if outcome.get("error"):
-            return {"error": f"rank {index}: {outcome['error']}"}
+    for key in ("error", "recompiled"):
+        for index, outcome in enumerate(outcomes):
+            if outcome.get(key):
+                return {key: f"rank {index}: {outcome[key]}"}
     return {
         "graphs": max(o["graphs"] for o in outcomes),
         "cache_hits": sum(o["cache_hits"] for o in outcomes),

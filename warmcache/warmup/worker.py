@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import WORK_DIR_PREFIX, entry_size, list_entries
+from warmcache.cache.layout import INDUCTOR_PRECOMPILED, WORK_DIR_PREFIX, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
+from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
 from warmcache.targets import Target, resolve_cache_dir, target_for
 from warmcache.warmup.distributed import sharded_load_kwargs
+from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_precompiled
 from warmcache.warmup.workloads import run_generate, run_train
 
 if TYPE_CHECKING:
@@ -64,7 +66,11 @@ class Worker:
 
     manifest: Manifest
     cache_dir: str | Path | None = None
+    #: Save precompiled artifacts for models that ask (warmup); verify replays without writing any.
+    precompile: bool = True
     _roots: dict[Target, Path] = field(default_factory=dict)
+    #: Precompiled artifact per decode graph already written by this process (rows of one batch share it).
+    _precompiled: dict[tuple[Any, ...], str] = field(default_factory=dict)
     _models: dict[tuple[Any, ...], "PreTrainedModel"] = field(default_factory=dict)
 
     def cache_root(self, target: Target) -> Path:
@@ -97,16 +103,22 @@ class Worker:
             torch._dynamo.reset()
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
+        precompile = self.precompile and model_spec.precompile and spec.workload == "generate"
         # The Trainer prints its metrics to stdout; keep stdout for --json output.
         with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
             if spec.workload == "generate":
-                result = run_generate(model, spec, target.compile_config(), target.input_device())
+                with capture_decode_call(model) if precompile else contextlib.nullcontext({}) as decode_kwargs:
+                    result = run_generate(model, spec, target.compile_config(), target.input_device())
             else:
                 result = run_train(model, spec, target.device, target.backend, target.mode)
+        if precompile:
+            entry = self._precompile(planned, model, root, decode_kwargs)
         seconds = time.perf_counter() - start
         after = list_entries(root, flavor) if flavor else {}
         new = {e: k for e, k in after.items() if e not in before}
         reused = {e: k for e, k in lookups.entries.items() if e in after and e not in new}
+        if precompile:
+            (new if entry not in before else reused)[entry] = INDUCTOR_PRECOMPILED
         return SpecRun(
             seconds=seconds,
             graphs=counter.graphs,
@@ -115,9 +127,37 @@ class Worker:
             cache_misses=counter.cache_misses,
             new_entries=new,
             cache_root=root,
-            persistent_cache=flavor is not None,
+            persistent_cache=flavor is not None or precompile,
             reused_entries=reused,
         )
+
+    def _precompile(self, planned: PlannedShape, model: "PreTrainedModel", root: Path, decode_kwargs: dict[str, Any]) -> str:
+        """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
+        spec, model_spec = planned.spec, planned.model
+        key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
+        entry = self._precompiled.get(key)
+        if entry is not None and (root / entry).is_file():
+            return entry
+        if not decode_kwargs:
+            raise UsageError(f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)")
+        assert spec.family.max_cache_len is not None
+        compiled = precompile_decode(model, decode_kwargs, model_spec.backend)
+        fields = {
+            "config_hash": planned.config_hash,
+            "toolchain_hash": planned.toolchain.hash,
+            "batch_size": spec.batch_size,
+            "max_cache_len": spec.family.max_cache_len,
+            "dtype": spec.family.dtype,
+            "backend": model_spec.backend,
+            "mode": model_spec.mode,
+        }
+        entry = self._precompiled[key] = save_precompiled(root, compiled, decode_kwargs, fields)
+        return entry
+
+    def model_for(self, planned: PlannedShape) -> tuple["PreTrainedModel", Target]:
+        """The loaded model a spec runs on, and its target (verify proves artifacts on the replay's model)."""
+        target = target_for(planned.model)
+        return self._model(planned.model, target, planned.spec.workload, planned.spec.family.settings_dict()), target
 
     def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
         # Training mutates the model (train mode, weights, gradient checkpointing), so

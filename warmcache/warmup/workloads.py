@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from warmcache.errors import DecodeRecompileError
 from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.shapes import ShapeSpec
 
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
     import torch
     from transformers import CompileConfig, PreTrainedModel
 
-#: At least two decode steps after the prefill: the first decode call may differ
-#: from steady state (cache initialisation), the second must be the steady graph.
+#: New tokens of the loading calls: the prefill's token and two decode steps. The first
+#: decode call may differ from steady state (cache initialisation), the second must be
+#: the steady graph. Every later step, up to a full cache, must compile nothing.
 DECODE_TOKENS = 3
 TRAIN_STEPS = 2
 #: Seed for the synthetic token ids: a replay feeds the same tokens as the warmup.
@@ -70,20 +72,28 @@ def pad_token_id(model: "PreTrainedModel") -> int:
 
 
 def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConfig", input_device: str) -> WorkloadResult:
-    """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``."""
+    """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
+
+    Both forms first run a few tokens (compiling or loading the decode graphs), then
+    decode until the cache is full under Dynamo's ``fail_on_recompile`` stance: a
+    decode step that compiles again at a later position (a cache keeping its
+    position in a Python int, a custom model) raises :class:`DecodeRecompileError`
+    naming the guard, here, instead of recompiling at every step in production.
+    """
     import torch
 
     from warmcache.compile_counter import CompileCounter
+    from warmcache.runtime.sentinel import fail_on_recompile
 
     max_cache_len = spec.family.max_cache_len
     assert max_cache_len is not None, f"generate spec without max_cache_len: {spec.describe()}"
-    new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(spec.seq_len, max_cache_len))
-    kwargs = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config)
+    full_length = max_new_tokens_that_fit(spec.seq_len, max_cache_len)
     pad_id = pad_token_id(model)
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
-    def generate(input_ids: "torch.Tensor", attention_mask: "torch.Tensor") -> None:
+    def generate(input_ids: "torch.Tensor", attention_mask: "torch.Tensor", new_tokens: int) -> None:
+        kwargs = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
                 input_ids=input_ids.to(input_device),
@@ -94,16 +104,30 @@ def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConf
                 **kwargs,
             )
 
-    generate(ids, mask)
-    if spec.seq_len < 2:
-        return WorkloadResult(padded_graphs=0)  # a one-token prompt has no room for padding
-    padded_ids, padded_mask = ids.clone(), mask.clone()
-    lead = spec.seq_len // 2
-    padded_ids[0, :lead] = pad_id
-    padded_mask[0, :lead] = 0
-    with CompileCounter() as padded:
-        generate(padded_ids, padded_mask)
-    return WorkloadResult(padded_graphs=padded.graphs)
+    forms = [(ids, mask)]
+    generate(ids, mask, min(DECODE_TOKENS, full_length))
+    padded_graphs = 0
+    if spec.seq_len >= 2:  # a one-token prompt has no room for padding
+        padded_ids, padded_mask = ids.clone(), mask.clone()
+        lead = spec.seq_len // 2
+        padded_ids[0, :lead] = pad_id
+        padded_mask[0, :lead] = 0
+        with CompileCounter() as padded:
+            generate(padded_ids, padded_mask, min(DECODE_TOKENS, full_length))
+        padded_graphs = padded.graphs
+        forms.append((padded_ids, padded_mask))
+    if full_length > DECODE_TOKENS:
+        for form, (form_ids, form_mask) in zip(("unpadded", "left-padded"), forms):
+
+            def recompiled(reason: str, form: str = form) -> DecodeRecompileError:
+                return DecodeRecompileError(
+                    f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding {full_length} tokens "
+                    f"to max_cache_len={max_cache_len}); production would recompile at every position: {reason}"
+                )
+
+            with fail_on_recompile(recompiled):
+                generate(form_ids, form_mask, full_length)
+    return WorkloadResult(padded_graphs=padded_graphs)
 
 
 class _Rows:

@@ -1,0 +1,80 @@
+"""The architecture matrix: popular decoder families through warmup, verify, the guard and training.
+
+Sliding-window (Mistral with a window) and hybrid (Gemma-2/3, Cohere-2) families
+included: with transformers' own static cache they compile a decode graph at
+every position; with warmcache's they must compile one per bucket, and decode
+past the window with the greedy tokens of transformers' eager ``generate()``.
+
+One module-scoped warmup and verify serve every case (``tools/support_matrix.py``
+runs the same functions to print the README's support table).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, SLIDING_WINDOW, Prepared, prepare, serve
+
+from warmcache.cli import main
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    return prepare(tmp_path_factory.mktemp("matrix"), ARCHITECTURES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_generate_warms_verifies_and_serves_past_the_window(prepared: Prepared, arch: str) -> None:
+    assert prepared.generate[arch] == []
+    assert prepared.verified[arch] == ["replay-only"] * len(PROMPT_LENGTHS)  # aot_eager: replayed, nothing on disk
+    served = serve(prepared, arch)
+    assert served.primed_graphs >= 1  # the guard really loaded a compiled decode step
+    assert served.graphs_after_priming == 0
+    assert served.mismatches == []
+    assert served.tokens_compared > 0 and MAX_CACHE_LEN - max(PROMPT_LENGTHS) > SLIDING_WINDOW  # decodes ran past the window
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_training_warms(prepared: Prepared, arch: str) -> None:
+    assert prepared.train[arch] == []
+
+
+def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Path) -> None:
+    from transformers import Qwen3NextConfig
+
+    # Only config.json is read at plan time: no weights needed.
+    Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "next"\npath = "{tmp_path / "next"}"\n'
+        "[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n"
+    )
+    for command in ("plan", "warmup"):
+        result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
+        assert result.exit_code == 2, result.output
+        assert "model 'next'" in result.output and "linear_attention" in result.output, result.output
+
+
+def test_plan_accepts_every_matrix_architecture(prepared_configs: Path) -> None:
+    result = CliRunner().invoke(main, ["plan", str(prepared_configs), "--db", f"sqlite:///{prepared_configs.parent / 'r.sqlite'}", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {item["model"] for item in json.loads(result.output)} == set(ARCHITECTURES)
+
+
+@pytest.fixture
+def prepared_configs(tmp_path: Path) -> Path:
+    """A manifest over every matrix architecture's config (no weights: plan reads configs only)."""
+    from tiny_model import build_config
+
+    tables = []
+    for arch in ARCHITECTURES:
+        build_config(arch).save_pretrained(tmp_path / arch)
+        tables.append(f'[[model]]\nname = "{arch}"\npath = "{tmp_path / arch}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n')
+    manifest = tmp_path / "m.toml"
+    manifest.write_text("\n".join(tables))
+    return manifest

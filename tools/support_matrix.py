@@ -1,0 +1,221 @@
+"""The architecture support matrix: every popular decoder family through warmup, verify and the guard.
+
+Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_eager on CPU):
+
+* **generate**: ``warmcache warmup`` (which decodes to a full cache and fails a
+  shape whose decode compiles again at a later position), ``warmcache verify``
+  (the same in a fresh process), then ``ShapeGuard.prime`` and ragged requests
+  decoding past the sliding window, which must compile 0 graphs and give the
+  greedy tokens of transformers' own eager ``generate()``;
+* **train**: the warmup's real ``Trainer`` steps (unpadded and padded batch).
+
+``tests/test_architectures.py`` asserts every cell; this script prints the
+README's support table from the same run:
+
+    python tools/support_matrix.py                 # markdown table on stdout (minutes)
+    python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model  # noqa: E402
+
+#: One compiled batch size (the guard pads 1 to 2) and two prompt buckets sharing its decode graph.
+BATCH_SIZES = (2,)
+PROMPT_LENGTHS = (4, 8)
+#: Room for 17 new tokens after an 8-token prompt: decodes run well past the window.
+MAX_CACHE_LEN = 24
+TRAIN_LENGTH = 8
+#: Ragged requests: prompt lengths per row (left-padded to the longest) and new tokens.
+REQUESTS: tuple[tuple[tuple[int, ...], int], ...] = (((3,), 20), ((5, 8), 17), ((2, 4), 20))
+
+
+def _manifest(models: dict[str, Path], workload: str) -> str:
+    tables = []
+    for arch, path in models.items():
+        head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "aot_eager"\n'
+        if workload == "generate":
+            body = f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = {list(PROMPT_LENGTHS)}\nmax_cache_len = {MAX_CACHE_LEN}\n"
+        else:
+            body = f"[[model.train]]\nbatch_sizes = {list(BATCH_SIZES)}\nseq_lengths = [{TRAIN_LENGTH}]\n"
+        tables.append(head + body)
+    return "\n".join(tables)
+
+
+@dataclass
+class Prepared:
+    """Models built, both manifests warmed and the generate one verified, in ``root``."""
+
+    root: Path
+    models: dict[str, Path]
+    registry_url: str
+    generate: dict[str, list[str]] = field(default_factory=dict)
+    """Per architecture: the warmup/verify failure lines of its generate shapes (empty: all passed)."""
+    train: dict[str, list[str]] = field(default_factory=dict)
+    """Per architecture: the warmup failure lines of its training shape (empty: passed)."""
+    verified: dict[str, list[str]] = field(default_factory=dict)
+    """Per architecture: verify's verdicts of its generate shapes."""
+
+
+def prepare(root: Path, archs: Sequence[str]) -> Prepared:
+    """Build the tiny models, warm generate and train, verify generate in a fresh process."""
+    from warmcache.manifest import load_manifest
+    from warmcache.warmup.progress import LineProgress
+    from warmcache.warmup.runner import WarmupOptions, run_warmup
+    from warmcache.warmup.verify import run_verify
+
+    models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs}
+    prepared = Prepared(root, models, f"sqlite:///{root / 'registry.sqlite'}")
+    options = WarmupOptions(registry_url=prepared.registry_url, cache_dir=str(root / "cache"))
+    for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
+        path = root / f"{workload}.toml"
+        path.write_text(_manifest(models, workload))
+        manifest = load_manifest(path)
+        summary = run_warmup(manifest, options, lambda total: LineProgress(total))
+        for arch in archs:
+            failures[arch] = [f"warmup: {o.error}" for o in summary.failed if o.description.startswith(f"{arch}/")]
+        if workload == "generate":
+            verdicts = run_verify(manifest, prepared.registry_url, options.cache_dir).verdicts
+            for arch in archs:
+                mine = [v for v in verdicts if v.description.startswith(f"{arch}/")]
+                prepared.verified[arch] = [v.verdict for v in mine]
+                failures[arch] += [f"verify: {v.reason}" for v in mine if v.reason and v.verdict not in ("verified", "replay-only")]
+    return prepared
+
+
+@dataclass
+class Served:
+    """What one architecture's guard did with the ragged requests."""
+
+    primed_graphs: int
+    graphs_after_priming: int
+    tokens_compared: int
+    mismatches: list[str]
+
+
+def _ragged(lengths: Iterable[int], seed: int) -> tuple[Any, Any]:
+    """Left-padded ``input_ids``/``attention_mask`` of rows with the given lengths (never a special token)."""
+    import torch
+
+    lengths = list(lengths)
+    width = max(lengths)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (len(lengths), width), generator=generator)
+    mask = torch.ones_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, : width - length] = 0
+        mask[row, : width - length] = 0
+    return ids, mask
+
+
+def serve(prepared: Prepared, arch: str) -> Served:
+    """Prime a guard on the warmed registry, replay :data:`REQUESTS`, compare with eager transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.compile_counter import CompileCounter
+    from warmcache.runtime.guard import ShapeGuard
+
+    torch._dynamo.reset()  # as a fresh serving process has it
+    model = AutoModelForCausalLM.from_pretrained(prepared.models[arch], dtype=torch.float32).eval()
+    guard = ShapeGuard.from_registry(prepared.registry_url, arch, telemetry=False)
+    try:
+        primed = guard.prime(model)
+        mismatches: list[str] = []
+        compared = 0
+        # No inference_mode here: prime() loads the buckets without it, and a different
+        # grad mode changes the parameters' dispatch keys, a guard failure (a recompile).
+        with CompileCounter() as after:
+            for seed, (lengths, new_tokens) in enumerate(REQUESTS):
+                ids, mask = _ragged(lengths, seed)
+                guarded = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens)
+                eager = model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=guarded.shape[1] - ids.shape[1], do_sample=False, pad_token_id=0, disable_compile=True
+                )
+                compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
+                if not torch.equal(guarded, eager):
+                    mismatches.append(f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager {eager[:, ids.shape[1] :].tolist()}")
+        return Served(primed.graphs, after.graphs, compared, mismatches)
+    finally:
+        guard.close()
+
+
+@dataclass
+class Row:
+    arch: str
+    layers: str
+    generate: str
+    train: str
+
+    @property
+    def ok(self) -> bool:
+        return self.generate.startswith("pass") and self.train.startswith("pass")
+
+
+def _layers(path: Path) -> str:
+    from transformers import AutoConfig
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = AutoConfig.from_pretrained(path)
+    kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    sliding = kinds.count("sliding_attention")
+    if not sliding:
+        return "full"
+    return f"sliding (window {SLIDING_WINDOW})" if sliding == len(kinds) else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
+
+
+def row(prepared: Prepared, arch: str) -> Row:
+    """One table row: the warmup/verify failures, else what the guard measured."""
+    if prepared.generate[arch]:
+        generate = "FAIL: " + prepared.generate[arch][0]
+    else:
+        served = serve(prepared, arch)
+        if served.graphs_after_priming or served.mismatches:
+            generate = f"FAIL: {served.graphs_after_priming} graphs after priming, {len(served.mismatches)} request(s) differ from eager"
+        else:
+            generate = f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager, past the window"
+    train = "FAIL: " + prepared.train[arch][0] if prepared.train[arch] else "pass"
+    return Row(arch, _layers(prepared.models[arch]), generate, train)
+
+
+def markdown(rows: Sequence[Row], seconds: float) -> str:
+    lines = [
+        "| architecture | attention layers | generate (warmup, verify, guard) | train |",
+        "| --- | --- | --- | --- |",
+        *(f"| {r.arch} | {r.layers} | {r.generate} | {r.train} |" for r in rows),
+        "",
+        f"Produced by `python tools/support_matrix.py` in {seconds:.0f} s (2 layers, hidden 64, aot_eager, CPU; "
+        f"batch {list(BATCH_SIZES)}, prompts {list(PROMPT_LENGTHS)}, max_cache_len {MAX_CACHE_LEN}).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
+    parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="warmcache-matrix-") as tmp:
+        prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)
+        rows = [row(prepared, arch) for arch in prepared.models]
+    table = markdown(rows, time.perf_counter() - start)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""What a precompiled decode artifact is on disk, and the checks before anything in it runs.
+
+A precompiled artifact is one decode graph of one bucket, compiled ahead of time
+with Dynamo's guards dropped (``torch.compile(...).aot_compile``) and saved with
+``save_compiled_function``. Its payload is a pickle that carries code, so it is
+never unpickled before two checks pass:
+
+* its sha256 equals the one in its name, ``precompiled/<sha256>``: the registry
+  row (and a bundle's row list) names the artifact by that path, so a file
+  swapped or altered after warmup recorded it is refused;
+* its header (plain JSON, read without unpickling) names the same model config,
+  toolchain, batch, cache length, dtype and input signature as the row it is
+  loaded for.
+
+File layout: ``MAGIC`` line, one JSON header line, then the payload bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from warmcache.errors import CacheError
+
+#: Folder under a cache root that holds precompiled artifacts (see ``layout``).
+PRECOMPILED_DIR = "precompiled"
+MAGIC = b"warmcache-precompiled-v1\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """Everything a precompiled decode graph is valid for; all must match the row it serves."""
+
+    config_hash: str
+    toolchain_hash: str
+    batch_size: int
+    max_cache_len: int
+    dtype: str
+    backend: str
+    mode: str
+    #: ``[[name, shape, dtype], ...]`` of every tensor the decode call receives (see runtime.precompiled).
+    signature: tuple[tuple[str, tuple[int, ...], str], ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Fingerprint":
+        fields = dict(data)
+        fields["signature"] = tuple((str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    fingerprint: Fingerprint
+    #: Dynamo names its module references ``___module_<name>_<id>_c<n>``; a fresh process binds them to these modules.
+    module_globals: dict[str, str]
+
+
+def artifact_path(sha256: str) -> str:
+    """The entry path (relative to the cache root) of the artifact with this content hash."""
+    return f"{PRECOMPILED_DIR}/{sha256}"
+
+
+def encode(header: Header, payload: bytes) -> bytes:
+    return MAGIC + json.dumps(asdict(header), sort_keys=True).encode() + b"\n" + payload
+
+
+def write_artifact(root: Path, header: Header, payload: bytes) -> str:
+    """Write atomically under ``root``; returns the entry path (content-addressed, so rewriting is harmless)."""
+    data = encode(header, payload)
+    path = artifact_path(hashlib.sha256(data).hexdigest())
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.parent / f".{target.name}.partial"
+    partial.write_bytes(data)
+    partial.replace(target)
+    return path
+
+
+def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Header, bytes]:
+    """Header and payload of ``entry``, after its sha256 and fingerprint were checked; nothing is unpickled.
+
+    ``expected`` holds the fingerprint fields the row fixes (all but ``signature``,
+    which the dispatcher checks on every call).
+
+    Raises :class:`CacheError` (one line naming the file) on a missing, altered or foreign artifact.
+    """
+    path = root / entry
+    name = Path(entry).name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CacheError(f"{path}: precompiled artifact unreadable ({exc.strerror or exc})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != name:
+        raise CacheError(f"{path}: precompiled artifact sha256 {digest[:16]}… differs from its registry record {name[:16]}…; refusing to load it")
+    if not data.startswith(MAGIC):
+        raise CacheError(f"{path}: not a warmcache precompiled artifact")
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        raw = json.loads(data[len(MAGIC) : end])
+        header = Header(Fingerprint.from_json(raw["fingerprint"]), {str(k): str(v) for k, v in raw["module_globals"].items()})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CacheError(f"{path}: precompiled artifact header unreadable ({exc})") from None
+    differing = {f: v for f, v in expected.items() if getattr(header.fingerprint, f) != v}
+    if differing:
+        shown = ", ".join(f"{f}={getattr(header.fingerprint, f)!r} (row: {v!r})" for f, v in differing.items())
+        raise CacheError(f"{path}: precompiled artifact was compiled for another {'/'.join(differing)}: {shown}; refusing to load it")
+    return header, data[end + 1 :]

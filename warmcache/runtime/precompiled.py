@@ -1,0 +1,166 @@
+"""Serve decode steps from precompiled artifacts: load them checked, dispatch each call to its own.
+
+The artifacts were compiled with Dynamo's guards dropped, so a loaded function
+would run on whatever it is handed. The registry is the guard instead: each
+artifact is loaded only for the rows that recorded it (after its sha256 and
+header fingerprint matched them, see :mod:`warmcache.cache.precompiled`), and
+:class:`PrecompiledDecoder` runs it only on a call whose exact input signature
+(every tensor's shape and dtype, every scalar's value) is the one it was
+compiled for. Any other call goes to the ``torch.compile`` path it replaced,
+where the guard's policy and recompile sentinel apply as before.
+
+Loading imports no Dynamo tracing machinery beyond what deserialising needs and
+compiles no frame: the loaded function is the bytecode Dynamo generated at
+warmup, calling the compiled graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.layout import INDUCTOR_PRECOMPILED
+from warmcache.cache.precompiled import read_checked
+from warmcache.errors import CacheError, first_line
+from warmcache.targets.inductor import CACHE_ENV
+
+if TYPE_CHECKING:
+    from warmcache.registry import ShapeRecord
+
+log = logging.getLogger("warmcache.runtime")
+
+Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+def decode_signature(kwargs: dict[str, Any]) -> Signature:
+    """What a compiled decode graph is specialised on: each tensor's shape and dtype, each scalar's value.
+
+    Covers the arguments generate() passes (``input_ids``, ``position_ids``, the
+    mask dict, the cache's per-layer key/value tensors, ``logits_to_keep``, ...),
+    so batch, cache length, dtype and number of layers all take part.
+    """
+    entries: list[tuple[str, tuple[int, ...], str]] = []
+
+    def add(name: str, value: Any) -> None:
+        shape = getattr(value, "shape", None)
+        if shape is not None and hasattr(value, "dtype"):
+            entries.append((name, tuple(int(d) for d in shape), str(value.dtype)))
+        elif isinstance(value, dict):
+            for key in sorted(value):
+                add(f"{name}.{key}", value[key])
+        elif hasattr(value, "layers"):
+            for i, layer in enumerate(value.layers):
+                add(f"{name}.layers[{i}].keys", getattr(layer, "keys", None))
+                add(f"{name}.layers[{i}].values", getattr(layer, "values", None))
+        else:
+            entries.append((name, (), f"{type(value).__name__}:{value!r}"))
+
+    for key in sorted(kwargs):
+        add(key, kwargs[key])
+    return tuple(entries)
+
+
+def expected_fingerprint(record: "ShapeRecord") -> dict[str, Any]:
+    """The fingerprint fields a row fixes, to compare with an artifact's header before loading it."""
+    return {
+        "config_hash": record.config_hash,
+        "toolchain_hash": record.toolchain_hash,
+        "batch_size": record.batch_size,
+        "max_cache_len": record.max_cache_len,
+        "dtype": record.dtype,
+        "backend": record.backend,
+        "mode": record.mode,
+    }
+
+
+def precompiled_entries(record: "ShapeRecord") -> list[str]:
+    return [a.path for a in record.artifacts if a.kind == INDUCTOR_PRECOMPILED]
+
+
+def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signature, Callable[..., Any]]:
+    """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
+    header, payload = read_checked(root, entry, expected_fingerprint(record))
+    # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
+    # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Inductor
+    # writes its default into the environment on first use, so "unset" cannot be told
+    # from "chosen": the artifact's folder wins, as in the warmup that wrote it.
+    os.environ[CACHE_ENV] = str(root)
+    try:
+        f_globals: dict[str, object] = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+
+        compiled = AOTCompiledFunction.deserialize(payload, f_globals)
+    except Exception as exc:  # a foreign torch, a missing module: one line, never a half-loaded function
+        raise CacheError(f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first_line(exc)})") from None
+    # The guards were dropped at compile time; dispatch on the signature is the check.
+    compiled.disable_guard_check()
+    return header.fingerprint.signature, compiled
+
+
+@dataclass
+class PrecompiledDecoder:
+    """The model's compiled call: an artifact for each known signature, the torch.compile path for the rest.
+
+    ``fallback`` makes the ``torch.compile`` call only when first needed: creating it
+    imports Inductor's compiler (measured: most of a loaded machine's 45 s start-up),
+    which a process served wholly by artifacts never needs.
+    """
+
+    model: Any
+    fallback: Callable[[], Callable[..., Any]]
+    by_signature: dict[Signature, Callable[..., Any]] = field(default_factory=dict)
+    calls: int = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        function = self.by_signature.get(decode_signature(kwargs)) if not args else None
+        if function is None:
+            return self.fallback()(*args, **kwargs)
+        self.calls += 1
+        return function(self.model, **kwargs)
+
+
+@dataclass
+class LoadReport:
+    """Which buckets got an artifact, and the one-line errors of those that did not (policy ``warn``)."""
+
+    loaded: dict[str, Signature] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def install(model: Any, compile_config: Any, records: Iterable["ShapeRecord"], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
+    """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
+
+    ``strict``: a missing, altered or foreign artifact raises :class:`CacheError`;
+    otherwise it is logged (one line) and its bucket keeps the ``torch.compile`` path.
+    """
+    original = type(model).get_compiled_call.__get__(model)
+    decoder = PrecompiledDecoder(model, fallback=lambda: original(compile_config))
+    report = LoadReport()
+    for record in records:
+        root = root_override or (Path(record.cache_root) if record.cache_root else None)
+        for entry in precompiled_entries(record):
+            if entry in report.loaded:
+                continue
+            try:
+                if root is None:
+                    raise CacheError(f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir=")
+                signature, function = load_decode(root, entry, record)
+            except CacheError as exc:
+                if strict:
+                    raise
+                log.warning("%s (serving batch=%d from the compile cache instead)", exc, record.batch_size)
+                report.errors.append(str(exc))
+                continue
+            decoder.by_signature[signature] = function
+            report.loaded[entry] = signature
+
+    def get_compiled_call(config: Any) -> Any:
+        return decoder if config is compile_config else original(config)
+
+    model.get_compiled_call = get_compiled_call
+    return decoder, report

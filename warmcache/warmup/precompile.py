@@ -1,0 +1,85 @@
+"""Compile a bucket's decode step ahead of time and save it as one artifact production loads.
+
+``generate()`` gets its decode callable from ``model.get_compiled_call(config)``
+and calls it with exactly ``input_ids``, ``cache`` (the ``StaticCache``),
+``position_ids``, ``attention_mask`` (a dict of prebuilt masks),
+``logits_to_keep``, ``use_cache`` and ``return_dict``. Warmup captures those
+arguments during its real ``generate()`` (:func:`capture_decode_call`) and
+compiles the same call with ``aot_compile``. Dynamo's guards are dropped: an
+``ID_MATCH`` guard cannot be serialised (measured, torch 2.13), and the guard
+is warmcache's job anyway. The registry row says which bucket the artifact is
+for, its header says the exact input signature, and the runtime dispatcher
+(:mod:`warmcache.runtime.precompiled`) never runs it on anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.precompiled import Fingerprint, Header, write_artifact
+from warmcache.errors import UsageError
+from warmcache.manifest import PRECOMPILE_BACKENDS
+from warmcache.runtime.precompiled import decode_signature
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+def _drop_every_guard(guards: Any) -> list[bool]:
+    return [False] * len(guards)
+
+
+@contextlib.contextmanager
+def capture_decode_call(model: "PreTrainedModel") -> Iterator[dict[str, Any]]:
+    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward."""
+    captured: dict[str, Any] = {}
+    original = model.get_compiled_call
+
+    def spying_get_compiled_call(compile_config: Any) -> Any:
+        compiled = original(compile_config)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            ids = kwargs.get("input_ids")
+            if not captured and ids is not None and ids.shape[-1] == 1:
+                captured.update(kwargs)
+            return compiled(*args, **kwargs)
+
+        return call
+
+    model.get_compiled_call = spying_get_compiled_call  # type: ignore[method-assign]
+    try:
+        yield captured
+    finally:
+        del model.get_compiled_call  # the instance attribute; the class method shows through again
+
+
+def precompile_decode(model: "PreTrainedModel", decode_kwargs: dict[str, Any], backend: str) -> Any:
+    """``aot_compile`` the decode step for exactly these arguments, guards dropped; returns the compiled function."""
+    import torch
+
+    if backend not in PRECOMPILE_BACKENDS:
+        raise UsageError(f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use one of {', '.join(PRECOMPILE_BACKENDS)})")
+    compiled: Any = torch.compile(
+        type(model).__call__, fullgraph=True, dynamic=False, backend=backend, options={"guard_filter_fn": _drop_every_guard}
+    )
+    # The captured cache holds inference tensors (warmup generates under inference_mode);
+    # the graph is inference-only either way and runs under generate()'s no_grad too.
+    with torch.inference_mode():
+        return compiled.aot_compile(((model,), decode_kwargs))
+
+
+def save_precompiled(root: Path, compiled: Any, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]) -> str:
+    """Write the compiled function under ``root``; returns its entry path ``precompiled/<sha256>``."""
+    runtime_env = compiled._artifacts.runtime_env
+    globals_ = compiled.fn.__globals__
+    modules = {
+        name: globals_[name].__name__
+        for name in sorted(runtime_env.external_refs)
+        if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
+    }
+    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
+    payload = type(compiled).serialize(compiled).serialized_data
+    return write_artifact(root, Header(fingerprint, modules), payload)
