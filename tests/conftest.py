@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
@@ -31,6 +32,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's registry or cache by accident."""
     monkeypatch.delenv("WARMCACHE_DB", raising=False)
     monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("WARMCACHE_STORE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
@@ -67,3 +69,20 @@ def write_manifest(tmp_path: Path, tiny_models: dict[str, Path]) -> Callable[...
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's standalone S3 server on a free 127.0.0.1 port, for the whole session."""
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket on the test server, with the dummy credentials in the environment; returns its name."""
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"t{abs(hash(request.node.nodeid)) % 10**12}-{os.getpid()}"
+    create_bucket(s3_endpoint, bucket)
+    return bucket

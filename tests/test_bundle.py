@@ -209,7 +209,7 @@ HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile, list], None], str]] = {
     "hard link": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.LNKTYPE, None, "/etc/passwd"), "is a link"),
     "device file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/null", tarfile.CHRTYPE, None), "is a device or FIFO"),
     "unlisted file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff"), "is not in the bundle's file list"),
-    "flipped byte": (lambda t, m: _flip_first_file_byte(m), "content does not match the bundle's file list"),
+    "flipped byte": (lambda t, m: _flip_first_file_byte(m), "content does not match the listed sha256 and size"),
     "listed file missing": (lambda t, m: m.pop(), "but the bundle lacks it"),
     "member larger than listed": (lambda t, m: _grow_first_file(m), "but the file list says"),
 }

@@ -215,5 +215,5 @@ def test_a_wrong_hash_member_is_refused_before_any_file_is_written(built: Built,
 
     real = unbundle._extract_checked
     monkeypatch.setattr(unbundle, "_extract_checked", lambda tar, member, expected, target: written.append(member.name) or real(tar, member, expected, target))
-    one_line_error(unpack(bad, tmp_path), 5, "content does not match the bundle's file list")
+    one_line_error(unpack(bad, tmp_path), 5, "content does not match the listed sha256 and size")
     assert written == [] and nothing_written(tmp_path)

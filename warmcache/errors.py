@@ -121,3 +121,9 @@ class CacheError(WarmcacheError):
 
 class TrustError(CacheError):
     """A signature is missing, malformed, by a key not trusted, or does not match what it signs."""
+
+
+class StoreError(WarmcacheError):
+    """The artifact store is unreachable, refuses us, or holds something unusable."""
+
+    exit_code = 6

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
+from warmcache.cache.units import parse_size
 from warmcache.dburl import normalise_url
 from warmcache.errors import MAX_SHOWN_CHARS, ManifestError, UsageError, shown
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
@@ -29,9 +30,10 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-_TOP_KEYS = ("registry", "cache", "trust", "model")
+_TOP_KEYS = ("registry", "cache", "store", "trust", "model")
 _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
+_STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size", "sign_key")
 _TRUST_KEYS = ("keys",)
 _MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "precompile", "distributed", "generate", "train")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
@@ -146,6 +148,20 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """The ``[store]`` table: where compiled caches are published and fetched (see :mod:`warmcache.store`)."""
+
+    url: str | None = None
+    #: An S3-compatible server (MinIO, R2, ...); AWS itself needs none.
+    endpoint_url: str | None = None
+    #: ``warmcache warmup`` publishes each shape as soon as it is compiled.
+    push: bool = False
+    max_pull_bytes: int | None = None
+    #: The private key that signs every index this host pushes (``warmcache keys generate``).
+    sign_key: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """A validated manifest file."""
 
@@ -154,6 +170,7 @@ class Manifest:
     registry_url: str | None = None
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     cache_dir: Path | None = None
+    store: StoreSettings = field(default_factory=lambda: StoreSettings())
     trusted_keys: TrustedKeys = TrustedKeys()
 
     def model(self, name: str) -> ModelSpec:
@@ -334,6 +351,8 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
 
     trusted = _parse_trust(check, check.table(raw, "trust", "trust"), base)
 
+    store = _parse_store(check, check.table(raw, "store", "store"), base)
+
     models: list[ModelSpec] = []
     seen: dict[str, int] = {}
     entries = check.tables(raw, "model", "model")
@@ -357,7 +376,33 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         registry_url=resolve_registry_url(url, base) if url else None,
         lease_seconds=lease or DEFAULT_LEASE_SECONDS,
         cache_dir=(base / os.path.expanduser(cache_dir)).resolve() if cache_dir else None,
+        store=store,
         trusted_keys=trusted,
+    )
+
+
+def _parse_store(check: _Checker, table: dict[str, Any], base: Path) -> StoreSettings:
+    """``[store]``: a plain path is a ``file://`` store relative to the manifest's folder."""
+    check.unknown_keys(table, _STORE_KEYS, "store")
+    url = check.string(table, "url", "store")
+    if url is not None and "://" not in url:
+        url = (base / Path(url).expanduser()).resolve().as_uri()
+    elif url is not None and not url.startswith(("s3://", "file://")):
+        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path or a folder path)")
+    max_size = check.string(table, "max_pull_size", "store")
+    max_bytes = None
+    if max_size is not None:
+        try:
+            max_bytes = parse_size(max_size, option="store.max_pull_size")
+        except UsageError as exc:
+            check.problem("store.max_pull_size", str(exc).split(": ", 1)[-1])
+    sign_key = check.file_path(table, "sign_key", "store")
+    return StoreSettings(
+        url,
+        check.string(table, "endpoint_url", "store"),
+        check.boolean(table, "push", "store", False),
+        max_bytes,
+        (base / os.path.expanduser(sign_key)).resolve() if sign_key else None,
     )
 
 

@@ -150,8 +150,8 @@ def pack_bundle(
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
         raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
     try:
-        entries = sorted(set(_entries_needed(records, location)) | _shared_kernels(location))
-        files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in _entry_files(location.root, entries)]
+        entries = sorted(set(entries_needed(records, location)) | shared_kernels(location))
+        files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in entry_files(location.root, entries)]
         meta = _meta(manifest, location, records, files)
         total = _write(output, mode, sign_document(meta, signing_key) if signing_key else meta, location.root, files, progress)
     except OSError as exc:
@@ -205,7 +205,7 @@ def _write(output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, file
     return total
 
 
-def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[str]:
+def entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[str]:
     """Every entry the rows reference, checked to exist under the cache root."""
     entries: set[str] = set()
     for record in records:
@@ -226,11 +226,11 @@ def _entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list
     return sorted(entries)
 
 
-def _shared_kernels(location: CacheLocation) -> set[str]:
+def shared_kernels(location: CacheLocation) -> set[str]:
     return {entry for entry, kind in list_entries(location.root, location.flavor).items() if kind in SHARED_KINDS}
 
 
-def _entry_files(root: Path, entries: list[str]) -> Iterator[str]:
+def entry_files(root: Path, entries: list[str]) -> Iterator[str]:
     """The regular files of each entry; a link or special file inside one is refused."""
     for entry in entries:
         path = root / entry

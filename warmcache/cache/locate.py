@@ -5,12 +5,14 @@ One precedence rule for the folder, shared with warmup (:func:`warmcache.targets
 then each compiler's own setting or default (Inductor: ``$TORCHINDUCTOR_CACHE_DIR``
 or ``/tmp/torchinductor_<user>``; Neuron: ``NEURON_CC_FLAGS --cache_dir``, then a
 local ``NEURON_COMPILE_CACHE_URL``, then ``/var/tmp/neuron-compile-cache``; the
-native backend's ``TORCH_NEURONX_NEFF_CACHE_DIR``). A remote (``s3://``) cache is
-refused with a clear error: it cannot be scanned or pruned from here.
+native backend's ``TORCH_NEURONX_NEFF_CACHE_DIR``). A remote (``s3://``) Neuron cache
+is listed by ``cache scan``/``doctor`` through :mod:`warmcache.store.neuron_remote`
+instead; it cannot be pruned from here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from warmcache.cache.layout import CacheFlavor
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.targets import CACHE_DIR_ENV, InductorTarget, NeuronTarget, Target, resolve_cache_dir, target_for
+from warmcache.targets.neuron import remote_cache_url
 
 FLAVORS: tuple[str, ...] = get_args(CacheFlavor)
 
@@ -73,11 +76,11 @@ def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavo
     if manifest is None and explicit:
         root = Path(explicit).expanduser().resolve()
         return [CacheLocation(root, flavor or detect_flavor(root), _source(cache_dir, manifest))]  # type: ignore[arg-type]
-    targets: list[tuple[Target, CacheFlavor | None]] = (
-        [(target_for(m), _flavor_of_model(m)) for m in manifest.models]
-        if manifest
-        else [(InductorTarget("cpu", "inductor"), "inductor"), (NeuronTarget("neuron", "neuron"), "neuron")]
-    )
+    # Without a manifest the defaults are looked at; an s3:// Neuron cache is listed through the store instead.
+    defaults: list[tuple[Target, CacheFlavor | None]] = [(InductorTarget("cpu", "inductor"), "inductor")]
+    if not remote_cache_url():
+        defaults.append((NeuronTarget("neuron", "neuron"), "neuron"))
+    targets: list[tuple[Target, CacheFlavor | None]] = [(target_for(m), _flavor_of_model(m)) for m in manifest.models] if manifest else defaults
     out: dict[Path, CacheLocation] = {}
     for target, layout in targets:
         if layout is None or (manifest is None and flavor is not None and layout != flavor):
@@ -101,3 +104,17 @@ def _source(cache_dir: str | None, manifest: Manifest | None) -> str:
     if os.environ.get(CACHE_DIR_ENV):
         return f"${CACHE_DIR_ENV}"
     return f"{manifest.path if manifest else 'manifest'} [cache] dir"
+
+
+def single_location(manifest: Manifest, cache_dir: str | None, model_name: str | None = None) -> CacheLocation:
+    """The one cache folder of ``manifest``'s models (or of ``model_name``), for pack, push and pull.
+
+    A bundle or a push describes one folder in one layout; a manifest whose models
+    compile into several must be handled one model (or folder) at a time.
+    """
+    scope = dataclasses.replace(manifest, models=(manifest.model(model_name),)) if model_name else manifest
+    locations = locate_caches(cache_dir, scope)
+    if len(locations) != 1:
+        roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
+        raise UsageError(f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a time with --model or --cache-dir")
+    return locations[0]

@@ -24,6 +24,7 @@ system. The native backend's NEFF cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) is
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -94,14 +95,17 @@ def inspect_module(root: Path, entry: str, now: float, compiler_running: bool) -
     folder = root / entry
     version_dir = entry.split("/", 1)[0]
     version = version_dir[len("neuronxcc-") :] if version_dir.startswith("neuronxcc-") else None
-    has_neff = (folder / "model.neff").is_file()
-    if has_neff and (folder / "model.done").is_file():
-        state: Literal["done", "failed", "incomplete"] = "done"
-    elif (folder / "model.log").is_file() and not has_neff:
-        state = "failed"
-    else:
-        state = "incomplete"
-    return NeuronEntryFacts(state, version, _read_flags(folder / "compile_flags.json"), find_locks(root, entry, now, compiler_running))
+    names = {name for name in ("model.neff", "model.done", "model.log") if (folder / name).is_file()}
+    return NeuronEntryFacts(module_state(names), version, _read_flags(folder / "compile_flags.json"), find_locks(root, entry, now, compiler_running))
+
+
+def module_state(names: Collection[str]) -> Literal["done", "failed", "incomplete"]:
+    """A module folder's state from the names of the files directly in it (local or in S3)."""
+    if "model.neff" in names and "model.done" in names:
+        return "done"
+    if "model.log" in names and "model.neff" not in names:
+        return "failed"
+    return "incomplete"
 
 
 def inspect_native(root: Path, entry: str, now: float, compiler_running: bool) -> NeuronEntryFacts:

@@ -28,15 +28,35 @@ import tarfile
 import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from warmcache.bounds import MAX_BYTES, MAX_NESTING, json_nesting
-from warmcache.cache.bundle import BUNDLE_FORMAT, CACHE_PREFIX, META_NAME, BundleFile, Progress, check_relpath, sha256_of
+from warmcache.cache.bundle import (
+    BUNDLE_FORMAT,
+    CACHE_PREFIX,
+    META_NAME,
+    BundleFile,
+    Progress,
+    check_relpath,
+    sha256_of,
+)
 from warmcache.cache.bundle_rows import MergeResult, check_rows, merge_rows
-from warmcache.cache.layout import STAGING_PREFIX, WORK_DIR_PREFIX, CacheFlavor, entry_of
-from warmcache.cache.locate import FLAVORS, CacheLocation, detect_flavor, flavor_of_kind, locate_caches
+from warmcache.cache.layout import (
+    STAGING_PREFIX,
+    WORK_DIR_PREFIX,
+    CacheFlavor,
+    entry_of,
+)
+from warmcache.cache.locate import (
+    FLAVORS,
+    CacheLocation,
+    detect_flavor,
+    flavor_of_kind,
+    locate_caches,
+)
 from warmcache.cache.units import format_size
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
@@ -118,7 +138,7 @@ def unpack_bundle(
             _check_layout_matches(location.root, meta.flavor, bundle)
             check_room(meta.files.values(), location.root, max_bytes, str(bundle))
             _verify_contents(tar, file_members, meta)
-            return _install(tar, file_members, meta, location, open_registry, progress)
+            return install_staged(meta, location, open_registry, lambda staging: _extract_all(tar, file_members, meta, staging, progress))
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
     except OSError as exc:
@@ -133,33 +153,48 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
     handle = tar.extractfile(members[0])
     assert handle is not None
     where = f"{bundle}: {META_NAME}"
-    data = handle.read()
+    raw, signature, flavor = read_signed_document(handle.read(), where, "bundle", BUNDLE_FORMAT, trusted)
+    files = check_files(raw.get("files"), flavor, where)
+    rows = check_rows(raw.get("rows"), where)
+    for index, row in enumerate(rows):
+        check_artifacts(row, files, flavor, f"{where}: rows[{index}]")
+    return BundleMeta(flavor, rows, files, signature)
+
+
+def read_signed_document(data: bytes, where: str, what: str, expected_format: int, trusted: TrustedKeys) -> tuple[dict[str, Any], SignatureCheck, CacheFlavor]:
+    """Parse a shipped file list (bundle metadata, store index): bounded nesting, its format, its
+    signature when trusted keys are configured, then its cache layout.
+
+    The signature is checked before any field is interpreted, so with trust configured
+    nothing an attacker wrote is believed.
+    """
     depth = json_nesting(data)
     if depth > MAX_NESTING:
-        raise CacheError(f"{where}: nests {depth} levels deep; bundle metadata needs at most {MAX_NESTING}; refused")
+        raise CacheError(f"{where}: nests {depth} levels deep; {what} metadata needs at most {MAX_NESTING}; refused")
     try:
         raw = json.loads(data)
     except ValueError as exc:
         raise CacheError(f"{where} is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != BUNDLE_FORMAT:
-        raise CacheError(f"{where}: unsupported bundle format {shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads format {BUNDLE_FORMAT})")
+    if not isinstance(raw, dict) or raw.get("format") != expected_format:
+        raise CacheError(f"{where}: unsupported {what} format {shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads format {expected_format})")
     signature = trusted.check_document(raw, where)
     flavor = raw.get("flavor")
     if flavor not in FLAVORS:
         raise CacheError(f"{where}: unknown cache layout {shown(flavor)}")
-    files = _check_files(raw.get("files"), flavor, where)
-    rows = check_rows(raw.get("rows"), where)
-    for index, row in enumerate(rows):
-        for artifact in row["artifacts"]:
-            path = check_relpath(artifact["path"], f"{where}: rows[{index}] artifact")
-            if flavor_of_kind(artifact["kind"]) != flavor:
-                raise CacheError(f"{where}: rows[{index}] artifact {shown(path)} of kind {shown(artifact['kind'])} is not in a {flavor} cache")
-            if not any(name == path or name.startswith(path + "/") for name in files):
-                raise CacheError(f"{where}: rows[{index}] artifact {shown(path)} has no files in the bundle")
-    return BundleMeta(flavor, rows, files, signature)
+    return raw, signature, flavor
 
 
-def _check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
+def check_artifacts(row: dict[str, Any], files: dict[str, BundleFile], flavor: CacheFlavor, where: str) -> None:
+    """Every artifact of a shipped row (bundle or store index) is a safe path, in this layout, with files listed beside it."""
+    for artifact in row["artifacts"]:
+        path = check_relpath(artifact["path"], f"{where} artifact")
+        if flavor_of_kind(artifact["kind"]) != flavor:
+            raise CacheError(f"{where} artifact {shown(path)} of kind {shown(artifact['kind'])} is not in a {flavor} cache")
+        if not any(name == path or name.startswith(path + "/") for name in files):
+            raise CacheError(f"{where} artifact {shown(path)} has no files listed")
+
+
+def check_files(listed: Any, flavor: CacheFlavor, where: str) -> dict[str, BundleFile]:
     if not isinstance(listed, list):
         raise CacheError(f"{where}: 'files' must be a list")
     files: dict[str, BundleFile] = {}
@@ -263,7 +298,8 @@ def _verify_contents(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], 
     for path, member in _in_archive_order(members):
         source = tar.extractfile(member)
         assert source is not None
-        _check_digest(_hash_blocks(_blocks(source, meta.files[path].size), None), meta.files[path])
+        expected = meta.files[path]
+        _check_digest(_hash_blocks(_blocks(source), expected.size, None), expected, f"{CACHE_PREFIX}{path}")
 
 
 def _in_archive_order(members: dict[str, tarfile.TarInfo]) -> list[tuple[str, tarfile.TarInfo]]:
@@ -278,14 +314,34 @@ def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
     return locations[0]
 
 
-def _install(
-    tar: tarfile.TarFile,
-    members: dict[str, tarfile.TarInfo],
-    meta: BundleMeta,
-    location: CacheLocation,
-    open_registry: Callable[[], Registry],
-    progress: Progress | None,
+def _extract_all(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta, staging: Path, progress: Progress | None) -> None:
+    total = sum(f.size for f in meta.files.values())
+    done = 0
+    for path, member in _in_archive_order(members):
+        _extract_checked(tar, member, meta.files[path], staging / path)
+        done += meta.files[path].size
+        if progress:
+            progress(done, total)
+
+
+def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
+    source = tar.extractfile(member)
+    assert source is not None
+    write_checked(_blocks(source), expected, target, where=f"{CACHE_PREFIX}{expected.path}", executable=bool(member.mode & 0o111))
+
+
+def install_staged(
+    meta: BundleMeta, location: CacheLocation, open_registry: Callable[[], AbstractContextManager[Registry]], stage: Callable[[Path], None]
 ) -> UnpackResult:
+    """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
+
+    Shared by bundle unpack and store pull: the staging folder lies inside the cache
+    root (same file system), each entry moves into place with one rename, and the rows
+    are merged only after every entry is in place, so an interruption leaves no
+    partial entry and no row naming a missing file. The registry is opened
+    (``open_registry``) only once everything is staged and checked: a refused
+    unpack or pull leaves no new, empty registry file behind.
+    """
     root = location.root
     created = [p for p in (root, *root.parents) if not p.exists()]
     root.mkdir(parents=True, exist_ok=True)
@@ -298,13 +354,7 @@ def _install(
     staging.mkdir()
     journal: list[_Move] = []
     try:
-        total = sum(f.size for f in meta.files.values())
-        done = 0
-        for path, member in _in_archive_order(members):
-            _extract_checked(tar, member, meta.files[path], staging / path)
-            done += meta.files[path].size
-            if progress:
-                progress(done, total)
+        stage(staging)
         with open_registry() as registry:
             added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
             rows = merge_rows(registry, meta.rows, str(root))
@@ -317,49 +367,50 @@ def _install(
         raise
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(parked, ignore_errors=True)
-    return UnpackResult(root, added, replaced, present, len(members), total, rows, meta.signature)
+    return UnpackResult(root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows, meta.signature)
 
 
-def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
-    """Stream one member to ``target`` (a new file, never through a link) and check its hash."""
-    source = tar.extractfile(member)
-    assert source is not None
+def write_checked(blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False) -> None:
+    """Stream ``blocks`` to ``target`` (a new file, never through a link) and check size and sha256.
+
+    The size is enforced while writing (bundle members and store blobs alike): a
+    source longer than listed stops at the first block past it, so it can never fill the disk.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if member.mode & 0o111 else 0o644)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if executable else 0o644)
     with os.fdopen(fd, "wb") as out:
-        _check_digest(_hash_blocks(_blocks(source, expected.size), out), expected)
+        _check_digest(_hash_blocks(blocks, expected.size, out), expected, where)
 
 
-def _hash_blocks(blocks: Iterable[bytes], out: IO[bytes] | None) -> tuple[str, int]:
-    """sha256 and length of ``blocks``, written to ``out`` as they pass (when given)."""
+def _hash_blocks(blocks: Iterable[bytes], limit: int, out: IO[bytes] | None) -> tuple[str, int]:
+    """sha256 and length of ``blocks``, written to ``out`` as they pass (when given).
+
+    Stops at the first block that goes past ``limit``: enough to tell the source is
+    too long, without reading (or writing) the rest of it.
+    """
     digest = hashlib.sha256()
     size = 0
     for block in blocks:
-        digest.update(block)
         size += len(block)
+        if size > limit:
+            break
+        digest.update(block)
         if out is not None:
             out.write(block)
     return digest.hexdigest(), size
 
 
-def _check_digest(found: tuple[str, int], expected: BundleFile) -> None:
+def _check_digest(found: tuple[str, int], expected: BundleFile, where: str) -> None:
     digest, size = found
     if size != expected.size or digest != expected.sha256:
         raise CacheError(
-            f"{CACHE_PREFIX}{expected.path}: content does not match the bundle's file list "
-            f"(sha256 {digest[:16]}…, {size} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+            f"{where}: content does not match the listed sha256 and size "
+            f"(sha256 {digest[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
         )
 
 
-def _blocks(handle: IO[bytes], limit: int) -> Iterable[bytes]:
-    """The member's blocks, never more than one byte past ``limit``: enough to tell it is too long."""
-    remaining = limit + 1
-    while remaining > 0:
-        block = handle.read(min(1 << 20, remaining))
-        if not block:
-            return
-        remaining -= len(block)
-        yield block
+def _blocks(handle: IO[bytes]) -> Iterable[bytes]:
+    return iter(lambda: handle.read(1 << 20), b"")
 
 
 @dataclass(slots=True)
@@ -386,14 +437,14 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
     by_entry: dict[str, list[BundleFile]] = {}
     for path, file in meta.files.items():
         found = entry_of(meta.flavor, path)
-        assert found is not None  # checked in _check_files
+        assert found is not None  # checked in check_files
         by_entry.setdefault(found[1], []).append(file)
     added = replaced = present = 0
     for index, (entry, files) in enumerate(sorted(by_entry.items())):
         dest = root / entry
         move = _Move(dest)
         if os.path.lexists(dest):
-            if _holds(root, files):
+            if holds_files(root, files):
                 present += 1
                 continue
             parked.mkdir(exist_ok=True)
@@ -409,7 +460,7 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
         try:
             os.rename(staging / entry, dest)
         except OSError:
-            if not _holds(root, files):
+            if not holds_files(root, files):
                 raise
             # A concurrent unpack of the same entry won the race: it is present, not ours.
             added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
@@ -444,7 +495,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _holds(root: Path, files: list[BundleFile]) -> bool:
+def holds_files(root: Path, files: list[BundleFile]) -> bool:
     """Whether the cache already has exactly these files (same bytes)."""
     for file in files:
         path = root / file.path

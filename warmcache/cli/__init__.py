@@ -20,6 +20,7 @@ from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, plan, shapes
 from warmcache.cli.serve import serve
 from warmcache.cli.status import status
+from warmcache.cli.store import pull, push, store_group
 from warmcache.cli.warmup import verify, warmup
 from warmcache.errors import RegistryError, WarmcacheError, first_line
 from warmcache.fingerprint import package_version
@@ -47,5 +48,5 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, keys_group, serve):
+for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, keys_group, serve, push, pull, store_group):
     main.add_command(_command)

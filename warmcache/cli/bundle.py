@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from warmcache.cache.bundle import pack_bundle
-from warmcache.cache.locate import locate_caches
+from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
 from warmcache.cache.units import format_size, parse_size
-from warmcache.cli._common import db_option, is_terminal, json_option, open_registry, print_json, registry_url
-from warmcache.errors import UsageError
+from warmcache.cli._common import (
+    byte_progress,
+    db_option,
+    json_option,
+    open_registry,
+    print_json,
+    registry_url,
+)
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.trust import SigningKey, TrustedKeys
@@ -40,14 +43,10 @@ def pack(
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     signing_key = SigningKey.load(sign_key) if sign_key else None
     parsed = load_manifest(manifest)
-    scope = dataclasses.replace(parsed, models=(parsed.model(model_name),)) if model_name else parsed
-    locations = locate_caches(cache_dir, scope)
-    if len(locations) != 1:
-        roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
-        raise UsageError(f"{manifest}: its models use {len(locations)} cache folders ({roots}); pack one at a time with --model or --cache-dir")
-    with open_registry(db_url, parsed) as registry, _progress("packing") as progress:
+    location = single_location(parsed, cache_dir, model_name)
+    with open_registry(db_url, parsed) as registry, byte_progress("packing") as progress:
         result = pack_bundle(
-            parsed, registry, locations[0], output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
+            parsed, registry, location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
         )
     if as_json:
         print_json(result.as_json())
@@ -79,7 +78,7 @@ def unpack(
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else TrustedKeys())
     url = registry_url(db_url, parsed)  # checked now; the database is opened only once the bundle passed
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else DEFAULT_MAX_UNPACK_BYTES
-    with _progress("unpacking") as progress:
+    with byte_progress("unpacking") as progress:
         result = unpack_bundle(bundle, lambda: Registry.open(url), cache_dir=cache_dir, force=force, trusted=trusted, max_bytes=max_bytes, progress=progress)
     if as_json:
         print_json(result.as_json())
@@ -92,25 +91,3 @@ def unpack(
     click.echo(result.signature.describe())
     for line in rows.skipped:
         click.echo(f"  skipped row {line}")
-
-
-@contextmanager
-def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A byte progress bar on a terminal; on CI a plain line at every quarter."""
-    if is_terminal():
-        with click.progressbar(length=1, label=label, file=click.get_text_stream("stderr")) as bar:
-            def update(done: int, total: int) -> None:
-                bar.length = max(total, 1)
-                bar.update(done - bar.pos)
-
-            yield update
-        return
-    reported = [-1]
-
-    def line(done: int, total: int) -> None:
-        quarter = 4 * done // max(total, 1)
-        if quarter > reported[0]:
-            reported[0] = quarter
-            click.echo(f"{label}: {format_size(done)} of {format_size(total)}", err=True)
-
-    yield line

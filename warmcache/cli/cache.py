@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,6 +19,10 @@ from warmcache.cache.units import format_age, format_size, parse_age, parse_size
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
+from warmcache.store import open_store
+from warmcache.store.neuron_remote import RemoteCacheInfo, scan_remote_neuron
+from warmcache.targets import CACHE_DIR_ENV
+from warmcache.targets.neuron import CACHE_URL_ENV, remote_cache_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,6 +54,26 @@ def _scan_all(registry: Registry, cache_dir: str | None, flavor: str | None, man
     return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
 
 
+def _remote_neuron(cache_dir: str | None, manifest: Manifest | None) -> RemoteCacheInfo | None:
+    """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
+    url = remote_cache_url()
+    if url is None or cache_dir or manifest is not None or os.environ.get(CACHE_DIR_ENV):
+        return None
+    return scan_remote_neuron(open_store(url))
+
+
+def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
+    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, {format_size(sum(e.size_bytes for e in info.entries))}; "
+             + (", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty")]  # fmt: skip
+    for entry in info.entries:
+        if entry.state in ("failed", "locked") or (doctor and entry.state == "incomplete"):
+            lock = f" (lock {format_age(max(age for _, age in entry.locks))} old)" if entry.locks else ""
+            lines.append(f"  {entry.state}: {entry.path}{lock}")
+    if doctor and any(e.state != "done" for e in info.entries):
+        lines.append("  note: doctor does not change a remote cache; remove these prefixes with your S3 tooling once no compiler uses them")
+    return "\n".join(lines)
+
+
 def _manifest(path: str | None) -> Manifest | None:
     return load_manifest(path) if path else None
 
@@ -64,11 +89,14 @@ def cache_group() -> None:
 def scan(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, show_entries: bool) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
+    remote = _remote_neuron(cache_dir, manifest)
     with open_registry(db_url, manifest) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
     if as_json:
-        print_json([info.as_json() for info in infos])
+        print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
+    if remote:
+        click.echo(_describe_remote(remote, doctor=False))
     for info in infos:
         click.echo(_describe(info))
         if show_entries and info.entries:
@@ -114,9 +142,13 @@ def doctor(
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
     manifest = _manifest(manifest_path)
+    remote = _remote_neuron(cache_dir, manifest)
+    if remote and not as_json:
+        click.echo(_describe_remote(remote, doctor=True))
     with open_registry(db_url, manifest) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
-        _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix")
+        _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix",
+                extra=[{**remote.as_json(), "applied": False}] if remote else [])  # fmt: skip
 
 
 @cache_group.command("prune")
@@ -158,11 +190,11 @@ def prune(
         _report([plan_prune(info, rules) for info in infos], registry, apply=not dry_run, as_json=as_json, how_to_apply="without --dry-run")
 
 
-def _report(plans: list[CleanupPlan], registry: Registry, *, apply: bool, as_json: bool, how_to_apply: str) -> None:
-    """Print each plan, and execute it when asked (rows forgotten before files are deleted)."""
+def _report(plans: list[CleanupPlan], registry: Registry, *, apply: bool, as_json: bool, how_to_apply: str, extra: list[dict[str, Any]] | None = None) -> None:
+    """Print each plan, and execute it when asked (rows forgotten before files are deleted); ``extra`` joins the JSON list."""
     results = [plan.execute(registry) if apply else None for plan in plans]
     if as_json:
-        print_json([{**plan.as_json(), "applied": apply, "result": r.as_json() if r else None} for plan, r in zip(plans, results)])
+        print_json([{**plan.as_json(), "applied": apply, "result": r.as_json() if r else None} for plan, r in zip(plans, results)] + (extra or []))
         return
     for plan, result in zip(plans, results):
         click.echo(f"{plan.root} ({plan.flavor}):")

@@ -7,7 +7,10 @@ from typing import Any, Protocol
 import click
 
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
+from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
+from warmcache.store import resolve_store
+from warmcache.store.publish import ShapePublisher
 
 
 class _Summary(Protocol):
@@ -19,14 +22,14 @@ class _Summary(Protocol):
     def lines(self) -> list[str]: ...
 
 
-def _finish(summary: _Summary, as_json: bool) -> None:
-    """Print a run's summary (text or JSON) and exit with its code."""
+def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None = None) -> None:
+    """Print a run's summary (text or JSON), and what it pushed, and exit with its code."""
     if as_json:
-        print_json(summary.as_json())
+        print_json({**summary.as_json(), **({"push": publisher.as_json()} if publisher else {})})
     else:
-        for line in summary.lines():
+        for line in summary.lines() + (publisher.lines() if publisher else []):
             click.echo(line)
-    raise SystemExit(summary.exit_code)
+    raise SystemExit(summary.exit_code or (publisher.exit_code if publisher else 0))
 
 
 CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
@@ -40,6 +43,9 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @click.option("--dry-run", is_flag=True, help="Print what would be compiled and skipped; compile nothing.")
 @click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
 @click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
+@click.option("--push/--no-push", "push", default=None, help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).")
+@sign_option
+@store_options
 @db_option
 @json_option
 def warmup(
@@ -50,6 +56,10 @@ def warmup(
     dry_run: bool,
     cache_dir: str | None,
     lease_seconds: float | None,
+    push: bool | None,
+    sign_key: str | None,
+    store_url: str | None,
+    endpoint_url: str | None,
     db_url: str | None,
     as_json: bool,
 ) -> None:
@@ -68,11 +78,16 @@ def warmup(
         retry_failed=retry_failed,
         dry_run=dry_run,
     )
+    publish = parsed.store.push if push is None else push
+    publisher = None
+    if publish and not dry_run:
+        store = resolve_store(store_url, endpoint_url, parsed)
+        publisher = ShapePublisher(parsed, options.registry_url, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal))
+    summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
-    _finish(summary, as_json)
+    _finish(summary, as_json, publisher)
 
 
 @click.command("verify")

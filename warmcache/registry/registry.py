@@ -325,6 +325,26 @@ class Registry:
                     out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
             return out
 
+    def done_artifact_paths(self, identities: Sequence[str]) -> dict[str, list[str]]:
+        """``{identity: artifact paths}`` of the compiled/verified rows among ``identities``.
+
+        Plain column reads, no ORM objects: ``pull`` asks this for thousands of shapes to
+        decide, from the cache alone, which it can skip.
+        """
+        out: dict[str, list[str]] = {}
+        query = (
+            select(CompiledShape.identity, Artifact.path)
+            .outerjoin(Artifact, Artifact.shape_id == CompiledShape.id)
+            .where(CompiledShape.status.in_(list(DONE_STATUSES)))
+        )
+        with self.session() as session:
+            for chunk in _chunks(list(identities), 2000):
+                for identity, path in session.execute(query.where(CompiledShape.identity.in_(chunk))):
+                    paths = out.setdefault(identity, [])
+                    if path is not None:
+                        paths.append(path)
+        return out
+
     def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
         """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
         by_shape: dict[str, list[ShapeRecord]] = {}

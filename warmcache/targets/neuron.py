@@ -54,6 +54,17 @@ def _with_cache_dir(flags: str, root: Path) -> str:
     return shlex.join([*kept, f"--cache_dir={root}"])
 
 
+def configured_cache_location() -> str | None:
+    """The persistent cache the environment names: ``--cache_dir`` in ``NEURON_CC_FLAGS``, then ``NEURON_COMPILE_CACHE_URL``."""
+    return _flag_cache_dir(os.environ.get(FLAGS_ENV, "")) or os.environ.get(CACHE_URL_ENV)
+
+
+def remote_cache_url() -> str | None:
+    """The ``s3://`` cache the environment names for the Neuron compiler, if it names one."""
+    location = configured_cache_location()
+    return location if location and location.startswith("s3://") and not os.environ.get(NEFF_CACHE_ENV) else None
+
+
 @dataclass(frozen=True, slots=True)
 class NeuronTarget(Target):
     """``device="neuron"``; backend ``neuron`` (or eager/aot_eager, which still run on the chip)."""
@@ -65,7 +76,7 @@ class NeuronTarget(Target):
     def default_cache_dir(self) -> Path:
         if os.environ.get(NEFF_CACHE_ENV):
             return Path(os.environ[NEFF_CACHE_ENV])
-        location = _flag_cache_dir(os.environ.get(FLAGS_ENV, "")) or os.environ.get(CACHE_URL_ENV)
+        location = configured_cache_location()
         if location and "://" in location:
             raise UsageError(
                 f"{FLAGS_ENV}/{CACHE_URL_ENV} points at the remote cache {location!r}: warmcache records artifacts "

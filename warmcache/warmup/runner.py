@@ -182,8 +182,13 @@ def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None =
     return WarmupPlan(registry.plan_status(distributed.for_this_launch(planned)), retry_failed)
 
 
-def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
+def run_warmup(
+    manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None = None
+) -> WarmupSummary:
     """Warm every spec the manifest declares that is not yet compiled for this toolchain.
+
+    ``on_compiled(identity)`` runs in this process as soon as each spec is recorded
+    compiled (``warmup --push`` publishes it to the store there and then).
 
     Under torchrun every rank calls this: rank 0 runs the warmup and the other
     ranks run each spec it claims (:mod:`warmcache.warmup.distributed`); their
@@ -191,11 +196,11 @@ def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[i
     need several ranks are warmed by a torchrun this launches.
     """
     if distributed.in_torchrun():
-        return distributed.run_as_rank(manifest, options, lambda: _warm(manifest, options, progress))
-    return _warm(manifest, options, progress)
+        return distributed.run_as_rank(manifest, options, lambda: _warm(manifest, options, progress, on_compiled))
+    return _warm(manifest, options, progress, on_compiled)
 
 
-def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress]) -> WarmupSummary:
+def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
     start = time.perf_counter()
     with Registry.open(options.registry_url) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
@@ -215,7 +220,7 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         lease = options.lease_seconds or manifest.lease_seconds
         todo, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
-        report = _collecting(summary.outcomes, bar.advance)
+        report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
             with _interrupt_on_sigterm():
                 if todo and options.jobs > 1:
@@ -225,7 +230,8 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         finally:
             bar.close()
         for nproc in sorted(sharded):
-            summary.outcomes.extend(distributed.warm_under_torchrun(options, manifest, nproc))
+            for outcome in distributed.warm_under_torchrun(options, manifest, nproc):
+                _collecting(summary.outcomes, lambda _: None, on_compiled)(outcome)
         summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -355,10 +361,12 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
 
 
-def _collecting(into: list[SpecOutcome], then: Report) -> Report:
+def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[str], None] | None = None) -> Report:
     def report(outcome: SpecOutcome) -> None:
         into.append(outcome)
         then(outcome)
+        if on_compiled is not None and outcome.status == "compiled":
+            on_compiled(outcome.identity)
 
     return report
 

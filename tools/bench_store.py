@@ -1,0 +1,150 @@
+"""Store throughput: warmcache push/pull of a 256 MiB cache vs a plain boto3 loop, and a no-op pull.
+
+Builds a Neuron-layout cache (64 module folders, each a random 4 MiB NEFF plus its
+small files) with one compiled registry row per module, starts moto's standalone
+S3 server on 127.0.0.1 (real HTTP, as to AWS), and times, in one run, side by side:
+
+- ``warmcache push`` (hash, skip what the store has, parallel uploads) against a
+  plain ``boto3`` loop uploading the same files one after another;
+- ``warmcache pull`` into an empty cache and registry (hash-checked, staged,
+  renamed into place, rows merged) against a plain ``boto3`` loop downloading the
+  same objects one after another;
+- a no-op pull: a manifest of 2,000 shapes whose entries are all in the cache.
+
+moto is a Python server on the same cores, so absolute MiB/s are this machine's,
+not S3's; the ratios compare the two clients against the same server.
+
+    python tools/bench_store.py            # 256 MiB, 2,000-entry no-op pull
+    python tools/bench_store.py --quick    # 8 MiB, 50 entries: checks the benchmark runs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server
+
+VERSION = "2.15.128.0+bench"
+MIB = 1024 * 1024
+
+
+def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path, str]:
+    """A manifest of ``entries`` Neuron shapes, their cache entries, and a registry recording them compiled."""
+    from warmcache.manifest import load_manifest
+    from warmcache.plan import plan_manifest
+    from warmcache.registry import Registry
+    from warmcache.registry.records import ArtifactRef
+
+    model = folder / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}))
+    manifest = folder / "manifest.toml"
+    batches = ", ".join(str(b) for b in range(1, entries + 1))
+    manifest.write_text(
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = "neuron"\n'
+        f"[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = [16]\nmax_cache_len = 64\n"
+    )
+    cache, url = folder / "cache", f"sqlite:///{folder / 'registry.sqlite'}"
+    planned = plan_manifest(load_manifest(manifest))
+    with Registry.open(url) as registry:
+        registry.ensure_pending(planned)
+        for number, shape in enumerate(planned):
+            entry = f"neuronxcc-{VERSION}/MODULE_{number:05d}+bench"
+            (cache / entry).mkdir(parents=True)
+            (cache / entry / "model.neff").write_bytes(os.urandom(neff_bytes))
+            (cache / entry / "model.hlo_module.pb").write_bytes(os.urandom(1024))
+            (cache / entry / "compile_flags.json").write_text('["-O1"]')
+            (cache / entry / "model.done").write_bytes(b"")
+            row = registry.claim([shape.identity], "bench", 600)
+            assert row is not None
+            registry.mark_compiled(row.id, "bench", compile_seconds=1.0, graphs_compiled=1, artifacts=[ArtifactRef("neuron-module", entry, None)])
+    return manifest, cache, url
+
+
+def timed(label: str, action):  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    result = action()
+    seconds = time.perf_counter() - start
+    print(f"  {label:<44} {seconds:8.2f} s", flush=True)
+    return seconds, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8 MiB and 50 no-op entries: only checks that the benchmark runs")
+    args = parser.parse_args()
+    entries, neff, noop_entries = (8, MIB, 50) if args.quick else (64, 4 * MIB, 2000)
+    os.environ.update(DUMMY_CREDENTIALS)
+
+    import boto3
+
+    from warmcache.cache.locate import CacheLocation
+    from warmcache.manifest import load_manifest
+    from warmcache.registry import Registry
+    from warmcache.store import open_store
+    from warmcache.store.pull import pull_manifest
+    from warmcache.store.push import push_manifest
+
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, moto_server() as endpoint:
+        work = Path(tmp)
+        manifest_path, cache, url = build_host(work / "a", entries, neff)
+        manifest = load_manifest(manifest_path)
+        files = sorted(p for p in cache.rglob("*") if p.is_file())
+        total = sum(p.stat().st_size for p in files)
+        print(f"cache: {entries} entries, {len(files)} files, {total / MIB:.0f} MiB; moto S3 server at {endpoint}")
+        for bucket in ("warmcache", "plain"):
+            create_bucket(endpoint, bucket)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        store = open_store("s3://warmcache/bench", endpoint)
+
+        def push() -> object:
+            with Registry.open(url) as registry:
+                return push_manifest(manifest, registry, CacheLocation(cache, "neuron", "bench"), store)
+
+        def plain_upload() -> None:
+            for path in files:
+                client.upload_file(str(path), "plain", path.relative_to(cache).as_posix())
+
+        def pull(into: Path):  # type: ignore[no-untyped-def]
+            with Registry.open(f"sqlite:///{into}.sqlite") as registry:
+                return pull_manifest(manifest, registry, CacheLocation(into, "neuron", "bench"), store)
+
+        def plain_download(into: Path) -> None:
+            for path in files:
+                key = path.relative_to(cache).as_posix()
+                (into / key).parent.mkdir(parents=True, exist_ok=True)
+                client.download_file("plain", key, str(into / key))
+
+        print("push (upload everything):")
+        push_s, _ = timed("warmcache push", push)
+        plain_up_s, _ = timed("plain boto3 upload_file loop", plain_upload)
+        print("pull (empty cache and registry):")
+        pull_s, pulled = timed("warmcache pull (sha256-checked, rows merged)", lambda: pull(work / "b"))
+        plain_down_s, _ = timed("plain boto3 download_file loop", lambda: plain_download(work / "plain"))
+        assert pulled.pulled == entries and not pulled.missing
+        print(f"push: {total / MIB / push_s:7.1f} MiB/s vs plain {total / MIB / plain_up_s:7.1f} MiB/s  -> {plain_up_s / push_s:.2f}x")
+        print(f"pull: {total / MIB / pull_s:7.1f} MiB/s vs plain {total / MIB / plain_down_s:7.1f} MiB/s  -> {plain_down_s / pull_s:.2f}x")
+
+        print(f"no-op pull of {noop_entries} entries already in the cache:")
+        noop_manifest, noop_cache, noop_url = build_host(work / "noop", noop_entries, 16)
+        with Registry.open(noop_url) as registry:
+            noop_seconds, noop = timed(
+                "warmcache pull (nothing to fetch)",
+                lambda: pull_manifest(load_manifest(noop_manifest), registry, CacheLocation(noop_cache, "neuron", "bench"), store),
+            )
+        assert noop.already_present == noop_entries and noop.pulled == 0
+        print(f"no-op pull: {noop_entries} entries in {noop_seconds:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

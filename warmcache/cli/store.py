@@ -1,0 +1,192 @@
+"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from warmcache.cache.locate import single_location
+from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
+from warmcache.cache.units import format_size, parse_age, parse_size
+from warmcache.cli._common import (
+    byte_progress,
+    db_option,
+    format_table,
+    json_option,
+    open_registry,
+    print_json,
+)
+from warmcache.manifest import Manifest, load_manifest
+from warmcache.store import resolve_store
+from warmcache.store.maintenance import (
+    DEFAULT_GC_GRACE_SECONDS,
+    execute_gc,
+    list_store,
+    plan_gc,
+)
+from warmcache.store.pull import pull_manifest
+from warmcache.store.push import push_manifest
+from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STORE_HELP = "Store URL: s3://bucket/prefix or file:///path (default: $WARMCACHE_STORE, then the manifest's [store] url)."
+ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
+NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+
+
+def sign_option(func: F) -> F:
+    """Which key signs pushed indexes: shared by push and warmup --push."""
+    return click.option(
+        "--sign", "sign_key", metavar="KEY", default=None, help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key)."
+    )(func)
+
+
+def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
+    """``--sign``, else the manifest's ``[store] sign_key``, else no signing."""
+    path = flag or manifest.store.sign_key
+    return SigningKey.load(path) if path else None
+
+
+def store_options(func: F) -> F:
+    """Which store: shared by push, pull, store ls|gc and warmup --push."""
+    func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
+    return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
+
+
+@click.command("push")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--model", "model_name", default=None, help="Only this model's shapes.")
+@click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
+@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@sign_option
+@store_options
+@db_option
+@json_option
+def push(
+    manifest: str,
+    model_name: str | None,
+    verified_only: bool,
+    cache_dir: str | None,
+    sign_key: str | None,
+    store_url: str | None,
+    endpoint_url: str | None,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
+    parsed = load_manifest(manifest)
+    key = signing_key(sign_key, parsed)
+    location = single_location(parsed, cache_dir, model_name)
+    store = resolve_store(store_url, endpoint_url, parsed)
+    with open_registry(db_url, parsed) as registry, byte_progress("pushing") as progress:
+        result = push_manifest(parsed, registry, location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
+    if as_json:
+        print_json(result.as_json())
+        return
+    click.echo(
+        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, {result.indexes_unchanged} unchanged); "
+        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), {result.blobs_present} already there"
+        + (f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
+    )
+
+
+@click.command("pull")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--model", "model_name", default=None, help="Only this model's shapes.")
+@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@click.option(
+    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
+    help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
+)  # fmt: skip
+@click.option("--trust", "trust", metavar="KEY", multiple=True, help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.")
+@store_options
+@db_option
+@json_option
+def pull(
+    manifest: str,
+    model_name: str | None,
+    cache_dir: str | None,
+    max_size: str | None,
+    trust: tuple[str, ...],
+    store_url: str | None,
+    endpoint_url: str | None,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
+    parsed = load_manifest(manifest)
+    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys)
+    location = single_location(parsed, cache_dir, model_name)
+    store = resolve_store(store_url, endpoint_url, parsed)
+    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
+    with open_registry(db_url, parsed) as registry, byte_progress("pulling") as progress:
+        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+    if as_json:
+        print_json(result.as_json())
+    else:
+        rows = result.rows
+        click.echo(
+            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, {result.already_present} already present; "
+            f"{result.entries_added} entries installed, {result.entries_present} already there; "
+            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} reused from an interrupted pull"
+            + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
+        )
+        click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
+        for line in result.missing:
+            click.echo(f"  not in the store: {line}")
+    raise SystemExit(result.exit_code)
+
+
+@click.group("store")
+def store_group() -> None:
+    """What an artifact store holds; remove blobs no index references."""
+
+
+def _manifest_option(func: F) -> F:
+    return click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the store from this manifest's [store] table.")(func)
+
+
+def _manifest(path: str | None) -> Manifest | None:
+    return load_manifest(path) if path else None
+
+
+@store_group.command("ls")
+@store_options
+@_manifest_option
+@json_option
+def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, as_json: bool) -> None:
+    """Compiled shapes per model and toolchain, and the blobs' count and size."""
+    listing = list_store(resolve_store(store_url, endpoint_url, _manifest(manifest_path)))
+    if as_json:
+        print_json(listing.as_json())
+        return
+    rows = [(g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M")) for g in listing.groups]
+    click.echo(format_table(("model", "toolchain", "shapes", "newest (UTC)"), rows) if rows else f"{listing.url}: no shapes")
+    click.echo(f"{listing.url}: {listing.blobs} blobs, {format_size(listing.blob_bytes)}")
+
+
+@store_group.command("gc")
+@store_options
+@_manifest_option
+@click.option("--grace", metavar="AGE", default=f"{int(DEFAULT_GC_GRACE_SECONDS // 3600)}h", show_default=True, help="Unreferenced blobs younger than this are kept (a push may still be writing its indexes).")
+@click.option("--apply", is_flag=True, help="Delete (default: only say what would be deleted).")
+@json_option
+def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:
+    """Delete blobs no index references; a dry run unless --apply."""
+    store = resolve_store(store_url, endpoint_url, _manifest(manifest_path))
+    plan = plan_gc(store, parse_age(grace, option="--grace"))
+    deleted = execute_gc(store, plan) if apply else None
+    if as_json:
+        print_json({**plan.as_json(), "applied": apply, "deleted": deleted})
+        return
+    for item in plan.removals:
+        click.echo(f"  {'deleted' if apply else 'would delete'} {item.key} ({format_size(item.size)})")
+    summary = f"{plan.url}: {plan.indexes} indexes reference {plan.referenced} blobs; {len(plan.removals)} unreferenced ({format_size(plan.freed_bytes)})"
+    if plan.kept_young:
+        summary += f", {plan.kept_young} younger than {grace} kept"
+    click.echo(summary + ("" if apply or not plan.removals else "; run again with --apply to delete"))

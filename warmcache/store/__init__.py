@@ -1,0 +1,33 @@
+"""The artifact store: compile once anywhere, start warm everywhere.
+
+A store (``s3://bucket/prefix`` or ``file:///path``) holds compiled cache files as
+content-addressed blobs and one index per compiled shape (:mod:`.index`);
+:mod:`.push` publishes a manifest's compiled shapes, :mod:`.pull` installs exactly
+what a manifest needs, :mod:`.maintenance` lists and garbage-collects.
+"""
+
+from __future__ import annotations
+
+import os
+
+from warmcache.errors import UsageError
+from warmcache.manifest import Manifest
+from warmcache.store.backends import ObjectStore, open_store
+
+STORE_ENV = "WARMCACHE_STORE"
+
+
+def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
+    """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
+    url = cli_url or os.environ.get(STORE_ENV) or (manifest.store.url if manifest else None)
+    if not url:
+        raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path), set ${STORE_ENV}, or add [store] url to the manifest")
+    return url
+
+
+def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> ObjectStore:
+    """The store to use; the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own settings."""
+    return open_store(store_url(cli_url, manifest), endpoint_url or (manifest.store.endpoint_url if manifest else None))
+
+
+__all__ = ["STORE_ENV", "ObjectStore", "open_store", "resolve_store", "store_url"]

@@ -1,0 +1,98 @@
+"""The store's layout: content-addressed blobs and one index object per compiled shape.
+
+::
+
+    <prefix>/blobs/sha256/<first two hex>/<sha256>                  a cache file's bytes, stored once
+    <prefix>/indexes/<model>/<toolchain hash>/<identity>.json      one compiled shape
+
+An index is canonical JSON (sorted keys, no whitespace, UTF-8), produced by
+:func:`index_bytes` alone, so the same shape pushed twice gives the same bytes
+(a re-push writes nothing). ``push --sign`` adds a ``signature`` member over the
+canonical bytes of the rest (:func:`warmcache.trust.sign_document`); ``pull``
+checks it against trusted keys before believing the file list. It carries the registry row (as a bundle does), the fingerprints and every
+file of the entries the shape needs with its sha256 and size. A reader finds a
+shape's index by the identity it computes itself (shape × model config ×
+toolchain), so a host only ever sees indexes its own toolchain can load.
+
+Every blob is written before the index that names it, and each object is written
+atomically, so a reader never meets a half-written index nor one naming a blob
+that is not there yet (``store gc`` leaves young unreferenced blobs alone for the
+same reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.cache.bundle import BundleFile
+from warmcache.cache.bundle_rows import check_rows, row_to_json
+from warmcache.cache.layout import CacheFlavor
+from warmcache.cache.unbundle import check_artifacts, check_files, read_signed_document
+from warmcache.errors import CacheError
+from warmcache.registry import ShapeRecord
+from warmcache.trust import SignatureCheck, TrustedKeys, canonical_bytes
+
+INDEX_FORMAT = 1
+BLOB_PREFIX = "blobs/sha256/"
+INDEX_PREFIX = "indexes/"
+#: No real index comes near this; a larger object is refused before it is read.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
+def blob_key(sha256: str) -> str:
+    return f"{BLOB_PREFIX}{sha256[:2]}/{sha256}"
+
+
+def index_key(model: str, toolchain_hash: str, identity: str) -> str:
+    return f"{INDEX_PREFIX}{model}/{toolchain_hash}/{identity}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeIndex:
+    """A validated index: the shape's row, its cache layout and the files its entries hold."""
+
+    key: str
+    flavor: CacheFlavor
+    row: dict[str, Any]
+    files: dict[str, BundleFile]
+    signature: SignatureCheck = SignatureCheck(checked=False, key_id=None)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+
+def build_index(record: ShapeRecord, flavor: CacheFlavor, files: list[BundleFile]) -> dict[str, Any]:
+    """The index of one compiled shape (deterministic: no push time, no pushing host)."""
+    return {
+        "format": INDEX_FORMAT,
+        "identity": record.identity,
+        "model": record.model_name,
+        "flavor": flavor,
+        "fingerprints": {"model_config": record.config_hash, "toolchain": record.toolchain_hash},
+        "row": row_to_json(record),
+        "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in sorted(files, key=lambda f: f.path)],
+    }
+
+
+def index_bytes(index: dict[str, Any]) -> bytes:
+    """The one serialisation of an index: what is stored and compared (the signature covers the same canonical form)."""
+    return canonical_bytes(index)
+
+
+def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = TrustedKeys()) -> ShapeIndex:
+    """Validate an index completely, or raise :class:`CacheError` naming the key and the fault.
+
+    With ``trusted`` keys configured the signature is checked before anything the index
+    says is believed (:class:`~warmcache.errors.TrustError` if it is missing, by another
+    key or does not match); a ``signature`` member is accepted either way.
+    """
+    at = f"{where}/{key}"
+    raw, signature, flavor = read_signed_document(data, at, "index", INDEX_FORMAT, trusted)
+    [row] = check_rows([raw.get("row")], at)
+    if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
+        raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
+    files = check_files(raw.get("files"), flavor, at)
+    check_artifacts(row, files, flavor, f"{at}: row")
+    return ShapeIndex(key, flavor, row, files, signature)

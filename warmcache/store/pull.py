@@ -1,0 +1,252 @@
+"""``pull``: fetch exactly what a manifest's declared shapes need from a store into the cache.
+
+A shape whose row here is compiled/verified and whose entries are all in the cache
+is skipped without asking the store (an unchanged cache pulls in one registry query
+and an ``lstat`` per entry). For the rest, each shape's index is read (by the
+identity this machine computes, so only indexes of its own toolchain are seen) and
+validated completely (its signature first, when trusted keys are configured);
+the files of entries the cache does not already hold are counted against the
+size limit and the free space (:func:`~warmcache.cache.unbundle.check_room`, as
+``bundle unpack`` does) *before* anything is downloaded, then each blob is
+streamed to disk with its size enforced while writing and its sha256 checked. A
+blob that does not match is discarded and fetched again, then refused.
+
+Blobs wait in ``.warmcache-unpack-pull/`` (named by sha256, renamed there only once
+checked), so an interrupted pull resumes without fetching them again; they are
+placed exactly as a bundle's files are (:func:`~warmcache.cache.unbundle.install_staged`:
+a staging folder, one rename per entry, rows merged last). So an interrupted pull
+leaves no partial entry and no row naming a missing file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmcache.cache.bundle import BundleFile, Progress, sha256_of
+from warmcache.cache.bundle_rows import MergeResult
+from warmcache.cache.layout import STAGING_PREFIX, entry_of
+from warmcache.cache.locate import CacheLocation
+from warmcache.cache.unbundle import (
+    DEFAULT_MAX_UNPACK_BYTES,
+    BundleMeta,
+    check_room,
+    holds_files,
+    install_staged,
+    write_checked,
+)
+from warmcache.errors import CacheError
+from warmcache.manifest import Manifest
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.registry import Registry
+from warmcache.store.backends import ObjectStore
+from warmcache.store.index import (
+    MAX_INDEX_BYTES,
+    ShapeIndex,
+    blob_key,
+    index_key,
+    parse_index,
+)
+from warmcache.store.push import TRANSFER_THREADS
+from warmcache.trust import TrustedKeys
+
+#: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
+BLOB_FOLDER = f"{STAGING_PREFIX}pull"
+#: A blob that does not match its hash is fetched this many times in all before the pull is refused.
+FETCH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    store: str
+    cache_dir: Path
+    already_present: int
+    pulled: int
+    missing: tuple[str, ...]
+    entries_added: int
+    entries_present: int
+    files: int
+    bytes_downloaded: int
+    bytes_reused: int
+    rows: MergeResult | None
+    #: Whether every index read was checked against trusted keys (none are configured otherwise).
+    signatures_checked: bool
+
+    @property
+    def exit_code(self) -> int:
+        """1 while any declared shape is in neither the cache nor the store."""
+        return 1 if self.missing else 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "cache_dir": str(self.cache_dir),
+            "shapes_already_present": self.already_present,
+            "shapes_pulled": self.pulled,
+            "missing_in_store": list(self.missing),
+            "entries_added": self.entries_added,
+            "entries_already_present": self.entries_present,
+            "files": self.files,
+            "bytes_downloaded": self.bytes_downloaded,
+            "bytes_reused": self.bytes_reused,
+            "rows": self.rows.as_json() if self.rows else None,
+            "signatures_checked": self.signatures_checked,
+            "ok": self.exit_code == 0,
+        }
+
+
+def pull_manifest(
+    manifest: Manifest,
+    registry: Registry,
+    location: CacheLocation,
+    store: ObjectStore,
+    *,
+    model_name: str | None = None,
+    max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
+    trusted: TrustedKeys = TrustedKeys(),
+    progress: Progress | None = None,
+) -> PullResult:
+    """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
+
+    Every index is validated (and, with ``trusted`` keys, its signature verified)
+    before the first byte is downloaded or written.
+    """
+    planned = plan_manifest(manifest, model_name)
+    identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
+    present = {identity for identity, paths in registry.done_artifact_paths(identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
+    wanted = [p for p, identity in zip(planned, identities) if identity not in present]
+    found = _read_indexes(store, wanted, location, trusted)
+    missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
+    files, held = _files_to_install(list(found.values()), location)
+    fetch = {f.sha256: f.size for f in files.values()}
+    check_room(files.values(), location.root, max_bytes, store.url)  # what lands in the cache: a blob at two paths counts twice
+    common: dict[str, Any] = {
+        "store": store.url,
+        "cache_dir": location.root,
+        "already_present": len(present),
+        "pulled": len(found),
+        "missing": missing,
+        "signatures_checked": trusted.configured,
+    }
+    if not found:
+        return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
+    folder = location.root / BLOB_FOLDER
+    meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
+    try:
+        downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
+        result = install_staged(meta, location, lambda: nullcontext(registry), lambda staging: _link_files(files, folder, staging))
+    except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
+    shutil.rmtree(folder, ignore_errors=True)
+    return PullResult(
+        **common,
+        entries_added=result.added + result.replaced,
+        entries_present=held + result.already_present,
+        files=len(files),
+        bytes_downloaded=downloaded,
+        bytes_reused=reused,
+        rows=result.rows,
+    )
+
+
+def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by identity."""
+
+    def read(planned: PlannedShape) -> ShapeIndex | None:
+        key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
+        data = store.read(key, MAX_INDEX_BYTES)
+        if data is None:
+            return None
+        index = parse_index(data, key, store.url, trusted)
+        if index.flavor != location.flavor:
+            raise CacheError(f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a {location.flavor} cache; refused")
+        return index
+
+    with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+        indexes = list(pool.map(read, wanted))
+    return {planned.identity: index for planned, index in zip(wanted, indexes) if index is not None}
+
+
+def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tuple[dict[str, BundleFile], int]:
+    """The files of every entry the indexes name that the cache does not already hold exactly, and how many it holds."""
+    files: dict[str, BundleFile] = {}
+    for index in indexes:
+        for path, file in index.files.items():
+            known = files.setdefault(path, file)
+            if known != file:
+                raise CacheError(f"{index.key}: lists {path} with sha256 {file.sha256[:16]}…, another index with {known.sha256[:16]}…; refused")
+    by_entry: dict[str, list[BundleFile]] = {}
+    for path, file in files.items():
+        found = entry_of(location.flavor, path)
+        assert found is not None  # checked by parse_index
+        by_entry.setdefault(found[1], []).append(file)
+    missing = [entry_files for entry_files in by_entry.values() if not holds_files(location.root, entry_files)]
+    return {f.path: f for entry_files in missing for f in entry_files}, len(by_entry) - len(missing)
+
+
+def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+    """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)`` bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    total = sum(sizes.values())
+    lock = threading.Lock()
+    counts = {"done": 0, "downloaded": 0, "reused": 0}
+
+    def advance(nbytes: int, kind: str | None = None) -> None:
+        with lock:
+            counts["done"] += nbytes
+            if kind:
+                counts[kind] += nbytes
+            if progress:
+                progress(counts["done"], total)
+
+    def one(sha256: str) -> None:
+        target, size = folder / sha256, sizes[sha256]
+        if target.is_file() and target.stat().st_size == size and sha256_of(target) == sha256:
+            advance(size, "reused")
+            return
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            partial = folder / f"{sha256}.part-{uuid.uuid4().hex[:8]}"
+            try:
+                write_checked(_counted(store.blocks(blob_key(sha256)), advance), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}")
+            except CacheError as exc:
+                partial.unlink(missing_ok=True)
+                if attempt == FETCH_ATTEMPTS:
+                    raise CacheError(f"{exc} (fetched {FETCH_ATTEMPTS} times)") from None
+                continue
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+            os.replace(partial, target)
+            with lock:
+                counts["downloaded"] += size
+            return
+
+    with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+        for future in [pool.submit(one, sha256) for sha256 in sorted(sizes)]:
+            future.result()
+    return counts["downloaded"], counts["reused"]
+
+
+def _counted(blocks: Iterator[bytes], advance: Any) -> Iterator[bytes]:
+    for block in blocks:
+        advance(len(block))
+        yield block
+
+
+def _link_files(files: dict[str, BundleFile], folder: Path, staging: Path) -> None:
+    """Put each file in the staging folder as a hard link to its checked blob (a copy where links fail)."""
+    for path, file in files.items():
+        target = staging / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(folder / file.sha256, target)
+        except OSError:
+            shutil.copyfile(folder / file.sha256, target)

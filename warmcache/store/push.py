@@ -1,0 +1,160 @@
+"""``push``: publish a manifest's compiled shapes to a store (what a bundle ships, object by object).
+
+The shapes and their files are chosen exactly as :func:`~warmcache.cache.bundle.pack_bundle`
+chooses them (the entries each row names, plus every Inductor kernel file of the
+cache, since kernels are shared between graphs and rows record only those they
+wrote). Each file is one content-addressed blob, uploaded only if the store lacks
+it, several at once (boto3 splits large ones into parallel parts). Then each
+shape's index is written, after all of its blobs, and only when its bytes differ
+from what the store holds: pushing twice, or from two hosts at once, is safe and
+the second push writes nothing. An interrupted push resumes where it stopped:
+blobs already there are skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.cache.bundle import (
+    BundleFile,
+    Progress,
+    compiled_records,
+    entries_needed,
+    entry_files,
+    sha256_of,
+    shared_kernels,
+)
+from warmcache.cache.locate import CacheLocation
+from warmcache.errors import CacheError
+from warmcache.manifest import Manifest
+from warmcache.registry import Registry, ShapeRecord
+from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.store.backends import ObjectStore
+from warmcache.store.index import (
+    MAX_INDEX_BYTES,
+    blob_key,
+    build_index,
+    index_bytes,
+    index_key,
+)
+from warmcache.trust import SigningKey, sign_document
+
+#: Blobs in flight at once (each large one also splits into parallel parts).
+TRANSFER_THREADS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    store: str
+    shapes: int
+    indexes_written: int
+    indexes_unchanged: int
+    blobs_uploaded: int
+    blobs_present: int
+    bytes_uploaded: int
+    not_compiled: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "shapes": self.shapes,
+            "indexes_written": self.indexes_written,
+            "indexes_unchanged": self.indexes_unchanged,
+            "blobs_uploaded": self.blobs_uploaded,
+            "blobs_present": self.blobs_present,
+            "bytes_uploaded": self.bytes_uploaded,
+            "declared_but_not_compiled": self.not_compiled,
+        }
+
+
+def push_manifest(
+    manifest: Manifest,
+    registry: Registry,
+    location: CacheLocation,
+    store: ObjectStore,
+    *,
+    model_name: str | None = None,
+    verified_only: bool = False,
+    identities: Iterable[str] | None = None,
+    signing_key: SigningKey | None = None,
+    progress: Progress | None = None,
+) -> PushResult:
+    """Upload what the store lacks of ``manifest``'s compiled shapes (only ``identities`` if given).
+
+    With ``signing_key`` each index is signed as a whole (its file list with every
+    sha256 included), so a puller that trusts the key can tell a tampered index.
+    Ed25519 signatures are deterministic: a signed re-push still writes nothing.
+    """
+    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
+    records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
+    if identities is not None:
+        wanted = set(identities)
+        records = [r for r in records if r.identity in wanted]
+    if not records:
+        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
+        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+    try:
+        shapes = _files_per_shape(records, location)
+    except OSError as exc:
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+    blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
+    uploaded, present, sent = _upload_missing(store, blobs, progress)
+    written = 0
+    for record in records:
+        index = build_index(record, location.flavor, shapes[record.identity])
+        if signing_key:
+            index = sign_document(index, signing_key)
+        key, data = index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)
+        if store.read(key, MAX_INDEX_BYTES) != data:
+            store.write(key, data)
+            written += 1
+    return PushResult(store.url, len(records), written, len(records) - written, uploaded, present, sent, not_compiled)
+
+
+def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
+    """Each shape's files (its entries plus the cache's kernel files), each file hashed once."""
+    kernels = shared_kernels(location)
+    hashed: dict[str, BundleFile] = {}
+
+    def file(path: str) -> BundleFile:
+        if path not in hashed:
+            hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
+        return hashed[path]
+
+    return {
+        record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))]
+        for record in records
+    }
+
+
+def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Any, int]], progress: Progress | None) -> tuple[int, int, int]:
+    """Upload each blob the store lacks, in parallel; ``(uploaded, already present, bytes sent)``."""
+    total = sum(size for _, size in blobs.values())
+    lock = threading.Lock()
+    state = {"done": 0, "uploaded": 0, "present": 0, "sent": 0}
+
+    def advance(nbytes: int, **counts: int) -> None:
+        with lock:
+            state["done"] += nbytes
+            for name, value in counts.items():
+                state[name] += value
+            if progress:
+                progress(state["done"], total)
+
+    def one(sha256: str) -> None:
+        path, size = blobs[sha256]
+        key = blob_key(sha256)
+        if store.size_of(key) == size:
+            advance(size, present=1)
+            return
+        store.upload(path, key, lambda nbytes: advance(nbytes))
+        advance(0, uploaded=1, sent=size)
+
+    with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+        for future in [pool.submit(one, sha256) for sha256 in sorted(blobs)]:
+            future.result()
+    return state["uploaded"], state["present"], state["sent"]
