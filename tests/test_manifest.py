@@ -138,3 +138,25 @@ def test_example_manifest_validates() -> None:
     root = Path(__file__).resolve().parents[1]
     manifest = load_manifest(root / "examples" / "tiny-cpu.toml")
     assert {m.name for m in manifest.models} == {"tiny-qwen3", "tiny-llama"}
+
+
+@pytest.mark.parametrize(
+    ("path_value", "expected"),
+    [
+        ("./not-downloaded", "is not a folder"),
+        ("/no/such/model/folder", "is not a folder"),
+        ("org/name/extra", "is neither a folder nor a valid hub id"),
+        ("not-in-the-hf-cache", "not a local folder and its config.json is not in the Hugging Face cache"),
+    ],
+)
+def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_value: str, expected: str, tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(GOOD.replace('path = "{qwen3}"', f'path = "{path_value}"'))
+    db = tmp_path / "reg.sqlite"
+    result = CliRunner().invoke(main, ["plan", str(manifest), "--db", f"sqlite:///{db}"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"warmcache: error: {manifest}: model[0].path: ")
+    assert path_value.lstrip("./") in lines[0] and expected in lines[0]
+    assert "Traceback" not in result.output
