@@ -96,7 +96,10 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
     assert runner.invoke(main, ["check", "--model", "m", "--batch", "0", "--seq", "16", "--db", url]).exit_code == 2
     assert runner.invoke(main, ["check", "--model", "m", "--seq", "16", "--db", url]).exit_code == 2
     unknown = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url])
-    assert unknown.exit_code == 2 and "model 'nope' has no generate shapes" in unknown.stderr
+    assert unknown.exit_code == 1, unknown.output
+    assert "not compiled: batch=1 seq=16: model 'nope' has no generate shapes" in unknown.stdout
+    unknown_json = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url, "--json"])
+    assert unknown_json.exit_code == 1 and json.loads(unknown_json.stdout)["reason"].startswith("model 'nope' has no generate shapes")
 
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.errors import UsageError
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import DONE_STATUSES
@@ -106,7 +105,9 @@ def check_request(
     """Decide a request against every usable compiled family of the model; the least padding wins."""
     records = registry.rows(model=model, workload=workload)
     if not records:
-        raise UsageError(f"model {model!r} has no {workload} shapes in registry {registry.display_url}")
+        # A deployment gate asks "can this run without compiling?": with no rows the answer is no.
+        reason = f"model {model!r} has no {workload} shapes in registry {registry.display_url}"
+        return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
     usable = [
         r
         for r in usable_records(records)
