@@ -1,6 +1,7 @@
 """First ``generate()`` latency in a fresh process: empty Inductor cache vs a cache warmed by warmcache.
 
     python tools/bench_coldstart.py [--model DIR] [--batch 1] [--prompt 8] [--max-cache-len 32]
+    python tools/bench_coldstart.py --quick   # CI smoke run with the eager backend: checks it works, not its figures
 
 Each measurement is a fresh Python process (``--child``), so nothing of an earlier
 compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
@@ -52,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
         mega_s = time.perf_counter() - begin
     ids = token_ids(model, args.batch, args.prompt)
     new = min(DECODE_TOKENS, max_new_tokens_that_fit(args.prompt, args.max_cache_len))
-    kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config("inductor", "default", "cpu"))
+    kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"))
 
     def generate() -> float:
         begin = time.perf_counter()
@@ -91,7 +92,10 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    command = [sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), *extra]
+    command = [
+        sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt),
+        "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra,
+    ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -100,7 +104,7 @@ def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path) -
     manifest = work / "bench.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "inductor"\n'
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{args.backend}"\n'
         f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
@@ -121,10 +125,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--max-cache-len", type=int, default=32)
+    parser.add_argument("--backend", default="inductor", choices=("eager", "aot_eager", "inductor"), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="A smoke run (CI): the eager backend, so no scenario compiles; figures meaningless.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--save-mega", help=argparse.SUPPRESS)
     parser.add_argument("--load-mega", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.backend = "eager"
     if args.child:
         child(args)
         return
@@ -138,10 +146,14 @@ def main() -> None:
         cold = measure(args, work / "cold-cache")
         warm_with_warmcache(args, work, work / "warm-cache")
         warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
-        mega = measure(args, work / "mega-cache", "--load-mega", str(work / "mega.bin"))
-        print(f"tiny model {args.model.name}, batch={args.batch} prompt={args.prompt} max_cache_len={args.max_cache_len}, Inductor on CPU ({os.cpu_count()} cores)")
+        # A backend without a persistent cache (eager, aot_eager) saves no mega-cache.
+        mega = measure(args, work / "mega-cache", "--load-mega", str(work / "mega.bin")) if (work / "mega.bin").exists() else None
+        print(f"tiny model {args.model.name}, batch={args.batch} prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU ({os.cpu_count()} cores)")
         show("cold", cold)
         show("warm", warm)
+        if mega is None:
+            print(f"cold/warm first-call ratio: {cold['first_generate_s'] / warm['first_generate_s']:.1f}x; no mega-cache with backend {args.backend}")
+            return
         show("mega", mega)
         print(f"cold/warm first-call ratio: {cold['first_generate_s'] / warm['first_generate_s']:.1f}x; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x")
 

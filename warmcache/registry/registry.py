@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -68,7 +68,7 @@ class Registry:
         self.url = url
 
     @classmethod
-    def open(cls, url: str, *, check_schema: bool = True) -> "Registry":
+    def open(cls, url: str, *, check_schema: bool = True) -> Registry:
         """Open a registry; an empty database is initialised, an out-of-date one refused."""
         url = normalise_url(url)
         engine = create_registry_engine(url)
@@ -94,7 +94,7 @@ class Registry:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -120,7 +120,7 @@ class Registry:
         """Insert a ``pending`` row for each planned shape that has none; return how many were new."""
         if not planned:
             return 0
-        values = [_row_values(p) for p in planned]
+        values = [pending_row_values(p) for p in planned]
         insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
         inserted = 0
         with self.session() as session:
@@ -162,7 +162,8 @@ class Registry:
                     candidate = session.scalar(query)
                     if candidate is None:
                         break
-                    won = session.execute(
+                    won = _rows_changed(
+                        session,
                         update(CompiledShape)
                         .where(CompiledShape.id == candidate, claimable)
                         .values(
@@ -173,8 +174,8 @@ class Registry:
                             error=None,
                             updated_at=now,
                         )
-                        .execution_options(synchronize_session=False)
-                    ).rowcount
+                        .execution_options(synchronize_session=False),
+                    )
                     if won:
                         row = session.get(CompiledShape, candidate, populate_existing=True)
                         assert row is not None
@@ -186,11 +187,12 @@ class Registry:
         now = utcnow()
         with self.session() as session:
             return bool(
-                session.execute(
+                _rows_changed(
+                    session,
                     update(CompiledShape)
                     .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
-                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
-                ).rowcount
+                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now),
+                )
             )
 
     def release(self, row_id: int, worker: str) -> None:
@@ -263,7 +265,7 @@ class Registry:
             return 0
         query = update(CompiledShape).where(CompiledShape.identity.in_(ids), condition)
         with self.session() as session:
-            return session.execute(query.values(**values)).rowcount
+            return _rows_changed(session, query.values(**values))
 
     def forget(self, row_ids: Iterable[int]) -> int:
         """Delete rows (and their artifacts): those shapes read as ``missing`` again."""
@@ -272,7 +274,7 @@ class Registry:
             return 0
         with self.session() as session:
             session.execute(delete(Artifact).where(Artifact.shape_id.in_(ids)))
-            return session.execute(delete(CompiledShape).where(CompiledShape.id.in_(ids))).rowcount
+            return _rows_changed(session, delete(CompiledShape).where(CompiledShape.id.in_(ids)))
 
     def _finish(self, row_id: int, worker: str, **values: Any) -> bool:
         with self.session() as session:
@@ -281,11 +283,12 @@ class Registry:
     @staticmethod
     def _finish_in(session: Session, row_id: int, worker: str, **values: Any) -> bool:
         return bool(
-            session.execute(
+            _rows_changed(
+                session,
                 update(CompiledShape)
                 .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
-                .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values)
-            ).rowcount
+                .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
+            )
         )
 
     # ---------------------------------------------------------------- reads
@@ -377,7 +380,7 @@ class Registry:
             ShapeMiss.padded_batch,
             ShapeMiss.padded_seq,
         )
-        total = func.sum(ShapeMiss.count).label("count")
+        total = func.sum(ShapeMiss.count).label("requests")  # not "count": a Row is a tuple, and tuple.count is a method
         query = select(*columns, total, func.max(ShapeMiss.recorded_at).label("last_seen")).group_by(*columns)
         if model is not None:
             query = query.where(ShapeMiss.model_name == model)
@@ -393,11 +396,18 @@ class Registry:
                 "decision": r.decision,
                 "padded_batch": r.padded_batch,
                 "padded_seq": r.padded_seq,
-                "count": int(r.count),
-                "last_seen": (r.last_seen.replace(tzinfo=dt.timezone.utc) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
+                "count": int(r.requests),
+                "last_seen": (r.last_seen.replace(tzinfo=dt.UTC) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
             }
             for r in result
         ]
+
+
+def _rows_changed(session: Session, statement: Executable) -> int:
+    """The rows an UPDATE or DELETE matched (``Session.execute`` is typed as returning a plain ``Result``)."""
+    result = session.execute(statement)
+    assert isinstance(result, CursorResult)
+    return result.rowcount
 
 
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
@@ -410,7 +420,8 @@ def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
     return or_(*options)
 
 
-def _row_values(p: PlannedShape) -> dict[str, Any]:
+def pending_row_values(p: PlannedShape) -> dict[str, Any]:
+    """The column values of a new ``pending`` row for ``p``: what ``ensure_pending`` inserts."""
     spec, model, family = p.spec, p.model, p.spec.family
     now = utcnow()
     return {
