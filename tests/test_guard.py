@@ -221,7 +221,7 @@ def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: st
 
     monkeypatch.setattr(telemetry, "MAX_KEYS", 50)
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
-    unique = [(b, l) for l in range(1, 33) for b in range(1, 5) if (b, l) not in guard.buckets]
+    unique = [(b, n) for n in range(1, 33) for b in range(1, 5) if (b, n) not in guard.buckets]
     for batch, length in unique:
         guard.decide(batch, length)
     assert len(guard.misses()) == 50

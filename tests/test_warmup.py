@@ -112,10 +112,9 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
         path = "{qwen3}"
         [[model.generate]]
         batch_sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-        prompt_lengths = [%s]
+        prompt_lengths = PROMPT_LENGTHS
         max_cache_len = 512
-        """
-        % ", ".join(str(n) for n in range(8, 408, 4))
+        """.replace("PROMPT_LENGTHS", str(list(range(8, 408, 4))))
     )
     planned = plan_manifest(load_manifest(path))
     assert len(planned) == 1000

@@ -48,7 +48,7 @@ class ManifestError(UsageError):
     manifest in one pass instead of one error per run.
     """
 
-    def __init__(self, problems: "list[str] | str") -> None:
+    def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         Exception.__init__(self, "\n".join(" ".join(p.split()) for p in self.problems))
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from warmcache.errors import ManifestError
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec

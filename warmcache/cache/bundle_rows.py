@@ -156,5 +156,5 @@ def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
             except (TypeError, ValueError):
                 raise CacheError(f"{at or 'bundle row ' + str(data['identity'])}.{name} {values[name]!r} is not an ISO timestamp; refused") from None
             if values[name].tzinfo is None:
-                values[name] = values[name].replace(tzinfo=dt.timezone.utc)
+                values[name] = values[name].replace(tzinfo=dt.UTC)
     return values

@@ -46,7 +46,7 @@ class EntryUse:
     cache_root: str | None = None
 
     @classmethod
-    def of(cls, record: ShapeRecord) -> "EntryUse":
+    def of(cls, record: ShapeRecord) -> EntryUse:
         return cls(
             record.id,
             record.identity,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
 import click
 
+from warmcache.buckets import render
 from warmcache.buckets.baselines import DEFAULT_POW2_FLOOR
 from warmcache.buckets.inputs import (
     LengthLimit,
@@ -16,7 +18,6 @@ from warmcache.buckets.inputs import (
     read_dataset_lengths,
     read_lengths_file,
 )
-from warmcache.buckets import render
 from warmcache.buckets.suggest import Suggestion, suggest_buckets
 from warmcache.buckets.traffic import Traffic
 from warmcache.cli._common import db_option, format_table, is_terminal, json_option, open_registry, print_json
@@ -190,7 +191,7 @@ def _progress(label: str) -> Callable[[int, int], None]:
         nonlocal bar, reported
         if is_terminal():
             if bar is None:
-                bar = click.progressbar(length=total, label=label, file=click.get_text_stream("stderr"))
+                bar = click.progressbar(length=total, label=label, file=sys.stderr)
             bar.update(done - reported)
             if done >= total:
                 bar.render_finish()

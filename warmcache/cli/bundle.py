@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,7 +77,7 @@ def unpack(bundle: Path, cache_dir: str | None, force: bool, db_url: str | None,
 def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
     """A byte progress bar on a terminal; on CI a plain line at every quarter."""
     if is_terminal():
-        with click.progressbar(length=1, label=label, file=click.get_text_stream("stderr")) as bar:
+        with click.progressbar(length=1, label=label, file=sys.stderr) as bar:
             def update(done: int, total: int) -> None:
                 bar.length = max(total, 1)
                 bar.update(done - bar.pos)

@@ -27,7 +27,7 @@ DONE_STATUSES = ("compiled", "verified")
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -39,11 +39,11 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("naive datetime given to the registry; use UTC-aware datetimes")
-        return value.astimezone(dt.timezone.utc) if value is not None else None
+        return value.astimezone(dt.UTC) if value is not None else None
 
     def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
         return value
 
 
@@ -93,7 +93,7 @@ class CompiledShape(Base):
     compiled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
-    artifacts: Mapped[list["Artifact"]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
+    artifacts: Mapped[list[Artifact]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
 
 
 class Artifact(Base):

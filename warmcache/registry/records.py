@@ -19,7 +19,7 @@ class ArtifactRef:
     size_bytes: int | None = None
 
     @classmethod
-    def from_row(cls, row: Artifact) -> "ArtifactRef":
+    def from_row(cls, row: Artifact) -> ArtifactRef:
         return cls(kind=row.kind, path=row.path, size_bytes=row.size_bytes)
 
 
@@ -63,7 +63,7 @@ class ShapeRecord:
     artifacts: tuple[ArtifactRef, ...] = ()
 
     @classmethod
-    def from_row(cls, row: CompiledShape, with_artifacts: bool = False) -> "ShapeRecord":
+    def from_row(cls, row: CompiledShape, with_artifacts: bool = False) -> ShapeRecord:
         return cls(
             id=row.id,
             identity=row.identity,

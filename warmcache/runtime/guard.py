@@ -104,7 +104,7 @@ class ShapeGuard:
     @classmethod
     def from_registry(
         cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]
-    ) -> "ShapeGuard":
+    ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
         def load() -> list[ShapeRecord]:
@@ -117,7 +117,7 @@ class ShapeGuard:
     @classmethod
     def from_snapshot(
         cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]
-    ) -> "ShapeGuard":
+    ) -> ShapeGuard:
         """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
         snapshot = Path(path)
 
@@ -255,7 +255,7 @@ class ShapeGuard:
         """Flush telemetry (bounded by ``timeout``; a database outage is abandoned, not waited for)."""
         self.telemetry.close(timeout)
 
-    def __enter__(self) -> "ShapeGuard":
+    def __enter__(self) -> ShapeGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -263,7 +263,7 @@ class ShapeGuard:
 
     # ------------------------------------------------------------ torch-facing helpers (lazy imports)
 
-    def fit(self, inputs: Any, pad_token_id: int | None = None) -> "FittedBatch":
+    def fit(self, inputs: Any, pad_token_id: int | None = None) -> FittedBatch:
         """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""
         from warmcache.runtime.padding import fit_generate_inputs
 
@@ -275,25 +275,25 @@ class ShapeGuard:
 
         return guarded_generate(self, model, **kwargs)
 
-    def prime(self, model: Any, **kwargs: Any) -> "PrimeReport":
+    def prime(self, model: Any, **kwargs: Any) -> PrimeReport:
         """Load every compiled bucket once, then run generate() under the strict sentinel; see :mod:`warmcache.runtime.serving`."""
         from warmcache.runtime.serving import prime
 
         return prime(self, model, **kwargs)
 
-    def collator(self, tokenizer: Any, **kwargs: Any) -> "BucketCollator":
+    def collator(self, tokenizer: Any, **kwargs: Any) -> BucketCollator:
         """A training data collator that keeps every batch on a compiled bucket."""
         from warmcache.runtime.training import BucketCollator
 
         return BucketCollator(self, tokenizer, **kwargs)
 
-    def callback(self) -> "GuardCallback":
+    def callback(self) -> GuardCallback:
         """A Trainer callback that checks every batch's shape before its step and counts compiles per step."""
         from warmcache.runtime.training import GuardCallback
 
         return GuardCallback(self)
 
-    def sentinel(self, label: str = "guarded region") -> "AbstractContextManager[SentinelReport]":
+    def sentinel(self, label: str = "guarded region") -> AbstractContextManager[SentinelReport]:
         """Fail (``pad``/``refuse``) or record (``warn``) any compile inside the block."""
         from warmcache.runtime.sentinel import recompile_sentinel
 

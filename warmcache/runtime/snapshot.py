@@ -36,7 +36,7 @@ def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> N
     document = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
-        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "exported_at": dt.datetime.now(dt.UTC).isoformat(),
         "source": source,
         "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
     }

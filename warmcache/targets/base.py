@@ -68,7 +68,7 @@ class Target(ABC):
         """Where generate() inputs are built; ``generate()`` moves what ``forward`` needs."""
         return "cpu"
 
-    def compile_config(self) -> "CompileConfig":
+    def compile_config(self) -> CompileConfig:
         from warmcache.generation import compile_config
 
         return compile_config(self.backend, self.mode, self.device)

@@ -129,7 +129,7 @@ def split_by_world_size(todo: Sequence[PlannedShape]) -> tuple[list[PlannedShape
     return mine, others
 
 
-def warm_under_torchrun(options: "WarmupOptions", manifest: Manifest, nproc: int) -> list[SpecOutcome]:
+def warm_under_torchrun(options: WarmupOptions, manifest: Manifest, nproc: int) -> list[SpecOutcome]:
     """Warm the manifest's ``nproc``-rank models in a torchrun child; return what its rank 0 compiled.
 
     The registry URL and cache folder travel in the environment, not on the
@@ -193,7 +193,7 @@ def coordination() -> Coordination:
     return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
 
 
-def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[], "WarmupSummary"]) -> "WarmupSummary":
+def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], WarmupSummary]) -> WarmupSummary:
     """One rank of a torchrun warmup: rank 0 runs ``warm`` (the normal runner), the others follow it.
 
     Rank 0's summary is the group's; the other ranks return an empty one and
@@ -225,7 +225,7 @@ def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[],
         shutdown()
 
 
-def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
+def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
     """A non-zero rank: run each spec rank 0 announces, report success or error, until rank 0 says done.
 
     No registry access and no per-spec file lock: rank 0 holds the lock, and a
@@ -249,7 +249,7 @@ def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
         agree_on_failure(error)
 
 
-def distributed_config(model: ModelSpec) -> "DistributedConfig | None":
+def distributed_config(model: ModelSpec) -> DistributedConfig | None:
     """The ``DistributedConfig`` production loads ``model`` with, or ``None`` for a single process."""
     if model.world_size == 1:
         return None
@@ -291,7 +291,7 @@ def init_process_group(device: str) -> None:
 
 
 @functools.cache
-def _control_group() -> "torch_dist.ProcessGroup | None":
+def _control_group() -> torch_dist.ProcessGroup | None:
     """A gloo group for coordination objects (``None``: the default group already is gloo)."""
     import torch.distributed as dist
 

@@ -5,6 +5,7 @@ Both go to stderr, so ``--json`` output on stdout stays machine-readable.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,7 +75,7 @@ class BarProgress:
 
     def __init__(self, total: int) -> None:
         self._last = ""
-        self._bar = click.progressbar(length=total, label="warmup", file=click.get_text_stream("stderr"), item_show_func=lambda _: self._last)
+        self._bar: click._termui_impl.ProgressBar[int] = click.progressbar(length=total, label="warmup", file=sys.stderr, item_show_func=lambda _: self._last)
         self._bar.__enter__()
 
     def advance(self, outcome: SpecOutcome) -> None:

@@ -57,7 +57,7 @@ class Shard:
     count: int
 
     @classmethod
-    def parse(cls, text: str) -> "Shard":
+    def parse(cls, text: str) -> Shard:
         try:
             index, count = (int(part) for part in text.split("/"))
         except ValueError:
@@ -376,7 +376,7 @@ class _Heartbeat:
             except WarmcacheError:
                 continue  # a transient registry error (RegistryError): the lease still has two thirds left
 
-    def __enter__(self) -> "_Heartbeat":
+    def __enter__(self) -> _Heartbeat:
         self._thread.start()
         return self
 

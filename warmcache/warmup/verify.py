@@ -20,6 +20,7 @@ in-memory caches, loaded kernels) can make a spec look warm.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -141,16 +142,17 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
         return SpecVerdict(identity, description, REPLAY_FAILED, reason="the replay process stopped before this spec")
     if result.get("error"):
         return SpecVerdict(identity, description, REPLAY_FAILED, reason=result["error"])
-    counts = {k: int(result[k]) for k in ("graphs", "cache_hits", "cache_misses")}
+    graphs, hits, misses = (int(result[k]) for k in ("graphs", "cache_hits", "cache_misses"))
+    measured = functools.partial(SpecVerdict, identity, description, graphs=graphs, cache_hits=hits, cache_misses=misses)
     new_entries = tuple(result["new_entries"])
     if not result["persistent_cache"]:
-        return SpecVerdict(identity, description, REPLAY_ONLY, **counts, reason="backend keeps no persistent cache")
-    if counts["cache_misses"] or new_entries:
-        reason = f"{counts['cache_misses']} cache miss(es), {len(new_entries)} new cache entr(ies)"
+        return measured(REPLAY_ONLY, reason="backend keeps no persistent cache")
+    if misses or new_entries:
+        reason = f"{misses} cache miss(es), {len(new_entries)} new cache entr(ies)"
         if new_entries:
             reason += f" (first: {new_entries[0]})"
-        return SpecVerdict(identity, description, RECOMPILED, **counts, new_entries=new_entries, reason=reason)
-    return SpecVerdict(identity, description, VERIFIED, **counts)
+        return measured(RECOMPILED, new_entries=new_entries, reason=reason)
+    return measured(VERIFIED)
 
 
 def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1) -> dict[str, dict[str, Any]]:

@@ -65,7 +65,7 @@ class Worker:
     manifest: Manifest
     cache_dir: str | Path | None = None
     _roots: dict[Target, Path] = field(default_factory=dict)
-    _models: dict[tuple[Any, ...], "PreTrainedModel"] = field(default_factory=dict)
+    _models: dict[tuple[Any, ...], PreTrainedModel] = field(default_factory=dict)
 
     def cache_root(self, target: Target) -> Path:
         """The target's cache root; the first call points the compiler at it (before any compile)."""
@@ -119,7 +119,7 @@ class Worker:
             reused_entries=reused,
         )
 
-    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
+    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
         key: tuple[Any, ...] = (model_spec.name, workload) + ((settings.get("gradient_checkpointing"),) if workload == "train" else ())
@@ -129,7 +129,7 @@ class Worker:
         return model
 
 
-def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> "PreTrainedModel":
+def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrainedModel:
     """``from_pretrained`` onto the target's device in the manifest's dtype."""
     import torch
     from transformers import AutoModelForCausalLM
