@@ -17,6 +17,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import ArtifactRef, MissEvent, Registry
 from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
+from warmcache.statuses import Status
 
 MANIFEST = """
 [[model]]
@@ -42,6 +43,8 @@ def test_migrations_build_an_empty_database_to_the_model_schema(registry_url: st
         for table in Base.metadata.sorted_tables:
             migrated = {c["name"] for c in inspector.get_columns(table.name)}
             assert migrated == set(table.columns.keys()), f"migration and model disagree on {table.name}"
+            checks = {c["name"] for c in inspector.get_check_constraints(table.name)}
+            assert checks == {c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)}, f"check constraints differ on {table.name}"
 
 
 def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> None:
@@ -72,16 +75,30 @@ def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_ur
     engine.dispose()
     with Registry.open(registry_url, check_schema=False) as old:
         assert old.ensure_pending(planned) == 4
-    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0002; run: warmcache db upgrade --db"):
+    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0003; run: warmcache db upgrade --db"):
         Registry.open(registry_url)
     shapes = CliRunner().invoke(main, ["shapes", "--db", registry_url])
     assert shapes.exit_code == 3 and "warmcache db upgrade" in shapes.stderr
 
     upgraded = CliRunner().invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert upgraded.exit_code == 0 and "0001 -> 0002" in upgraded.output
+    assert upgraded.exit_code == 0 and "0001 -> 0003" in upgraded.output
     with Registry.open(registry_url) as registry:
         rows = registry.rows()
-    assert len(rows) == 4 and all(r.cache_root is None and r.status == "pending" for r in rows)
+        _assert_status_is_checked(registry)
+    assert len(rows) == 4 and all(r.cache_root is None and r.status == Status.PENDING for r in rows)
+
+
+def _assert_status_is_checked(registry: Registry) -> None:
+    with pytest.raises(sa.exc.IntegrityError, match="ck_compiled_shapes_status"):
+        with registry.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE compiled_shapes SET status = 'done'"))
+
+
+def test_the_database_refuses_an_unknown_status(registry_url: str, planned: list[PlannedShape]) -> None:
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        _assert_status_is_checked(registry)
+        assert {r.status for r in registry.rows()} == {Status.PENDING}
 
 
 def test_db_upgrade_and_current(registry_url: str) -> None:
@@ -89,9 +106,9 @@ def test_db_upgrade_and_current(registry_url: str) -> None:
     result = runner.invoke(main, ["db", "current", "--db", registry_url, "--json"])
     assert result.exit_code == 0 and '"revision": null' in result.output
     result = runner.invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert result.exit_code == 0 and "empty -> 0002" in result.output
+    assert result.exit_code == 0 and "empty -> 0003" in result.output
     result = runner.invoke(main, ["db", "current", "--db", registry_url])
-    assert "schema 0002 (up to date)" in result.output
+    assert "schema 0003 (up to date)" in result.output
 
 
 def test_ensure_pending_is_idempotent(registry_url: str, planned: list[PlannedShape]) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
+from warmcache.statuses import DONE_STATUSES, Status
 
 
 @functools.cache
@@ -26,13 +26,13 @@ def local_toolchain_hash(device: str, backend: str, mode: str) -> str:
 def effective_status(record: ShapeRecord) -> str:
     """The row's status, or ``stale`` when this machine's toolchain differs from the row's."""
     if record.toolchain_hash != local_toolchain_hash(record.device, record.backend, record.mode):
-        return "stale"
+        return Status.STALE
     return record.status
 
 
 def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
     """Rows compiled (or verified) for this machine's toolchain."""
-    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != "stale"]
+    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != Status.STALE]
 
 
 def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTable]:

@@ -37,7 +37,8 @@ from warmcache.fingerprint import package_version
 from warmcache.manifest import Manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES, utcnow
+from warmcache.registry.models import utcnow
+from warmcache.statuses import DONE_STATUSES, Status
 
 BUNDLE_FORMAT = 1
 META_NAME = "warmcache-bundle.json"
@@ -133,7 +134,7 @@ def pack_bundle(
     (``warmcache verify``), for pipelines that promote nothing unproven.
     """
     mode = write_mode(output)
-    statuses = ("verified",) if verified_only else DONE_STATUSES
+    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
     records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")

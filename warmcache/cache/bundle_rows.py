@@ -19,7 +19,8 @@ from sqlalchemy.orm import selectinload
 
 from warmcache.errors import CacheError
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, utcnow
+from warmcache.registry.models import Artifact, CompiledShape, utcnow
+from warmcache.statuses import DONE_STATUSES, Status
 
 #: Row fields a bundle carries; who claimed it and lease times belong to the build machine only.
 _FIELDS = (
@@ -132,7 +133,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
                 extra = [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items()) if (k, p) not in have]
                 row.artifacts.extend(extra)
                 updated, unchanged = (updated + 1, unchanged) if extra else (updated, unchanged + 1)
-            elif row.status == "compiling" and row.lease_expires_at is not None and row.lease_expires_at > now:
+            elif row.status == Status.COMPILING and row.lease_expires_at is not None and row.lease_expires_at > now:
                 skipped.append(f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now")
             else:
                 for name in (*_RESULT_FIELDS, "cache_root"):

@@ -11,8 +11,7 @@ from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import check_request, effective_status
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
-
-PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "failed", "stale")
+from warmcache.statuses import PLAN_STATUSES, Status
 
 
 @click.command("plan")
@@ -43,7 +42,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
                     "backend": s.planned.model.backend,
                     "status": s.status,
                     "identity": s.planned.identity,
-                    "compile_seconds": s.record.compile_seconds if s.record and s.status != "stale" else None,
+                    "compile_seconds": s.record.compile_seconds if s.record and s.status != Status.STALE else None,
                 }
                 for s in statuses
             ]
@@ -70,7 +69,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 @click.command("shapes")
 @click.option("--model", "model_name", default=None, help="Only this model.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None)
-@click.option("--status", "status", type=click.Choice(PLAN_STATUSES[1:]), default=None, help="Only rows with this (effective) status.")
+@click.option("--status", "status", type=click.Choice([str(s) for s in PLAN_STATUSES if s != Status.MISSING]), default=None, help="Only rows with this (effective) status.")
 @db_option
 @json_option
 def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:

@@ -25,8 +25,9 @@ from warmcache.errors import RegistryError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
-from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, ShapeMiss, utcnow
+from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
 from warmcache.registry.records import ArtifactRef, ShapeRecord
+from warmcache.statuses import DONE_STATUSES, Status
 
 
 def worker_id() -> str:
@@ -167,7 +168,7 @@ class Registry:
                         update(CompiledShape)
                         .where(CompiledShape.id == candidate, claimable)
                         .values(
-                            status="compiling",
+                            status=Status.COMPILING,
                             claimed_by=worker,
                             lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
                             attempts=CompiledShape.attempts + 1,
@@ -190,14 +191,14 @@ class Registry:
                 _rows_changed(
                     session,
                     update(CompiledShape)
-                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
+                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
                     .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now),
                 )
             )
 
     def release(self, row_id: int, worker: str) -> None:
         """Give a claim back untouched (the worker is stopping, not failing)."""
-        self._finish(row_id, worker, status="pending")
+        self._finish(row_id, worker, status=Status.PENDING)
 
     def mark_compiled(
         self,
@@ -217,7 +218,7 @@ class Registry:
                 session,
                 row_id,
                 worker,
-                status="compiled",
+                status=Status.COMPILED,
                 compile_seconds=compile_seconds,
                 graphs_compiled=graphs_compiled,
                 host=host or socket.gethostname(),
@@ -231,15 +232,15 @@ class Registry:
             return won
 
     def mark_failed(self, row_id: int, worker: str, error: str, host: str | None = None) -> bool:
-        return self._finish(row_id, worker, status="failed", error=error, host=host or socket.gethostname())
+        return self._finish(row_id, worker, status=Status.FAILED, error=error, host=host or socket.gethostname())
 
     def mark_verified(self, identities: Iterable[str]) -> int:
         """Promote ``compiled`` rows that a fresh process replayed without compiling."""
         now = utcnow()
         return self._update_identities(
             identities,
-            CompiledShape.status.in_(("compiled", "verified")),
-            status="verified",
+            CompiledShape.status.in_(DONE_STATUSES),
+            status=Status.VERIFIED,
             verified_at=now,
             updated_at=now,
         )
@@ -249,7 +250,7 @@ class Registry:
         return self._update_identities(
             identities,
             CompiledShape.status.in_(DONE_STATUSES),
-            status="failed",
+            status=Status.FAILED,
             error=reason,
             verified_at=None,
             updated_at=utcnow(),
@@ -257,7 +258,7 @@ class Registry:
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
-        return self._update_identities(identities, CompiledShape.status == "failed", status="pending", updated_at=utcnow())
+        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=utcnow())
 
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
@@ -286,7 +287,7 @@ class Registry:
             _rows_changed(
                 session,
                 update(CompiledShape)
-                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
+                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
                 .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
             )
         )
@@ -340,9 +341,9 @@ class Registry:
             if own is not None:
                 out.append(PlanStatus(p, own.status, own))
             elif records:
-                out.append(PlanStatus(p, "stale", max(records, key=lambda r: r.updated_at)))
+                out.append(PlanStatus(p, Status.STALE, max(records, key=lambda r: r.updated_at)))
             else:
-                out.append(PlanStatus(p, "missing", None))
+                out.append(PlanStatus(p, Status.MISSING, None))
         return out
 
     def record_misses(self, events: Sequence[MissEvent]) -> None:
@@ -412,11 +413,11 @@ def _rows_changed(session: Session, statement: Executable) -> int:
 
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
     options = [
-        CompiledShape.status == "pending",
-        and_(CompiledShape.status == "compiling", CompiledShape.lease_expires_at < now),
+        CompiledShape.status == Status.PENDING,
+        and_(CompiledShape.status == Status.COMPILING, CompiledShape.lease_expires_at < now),
     ]
     if retry_failed:
-        options.append(CompiledShape.status == "failed")
+        options.append(CompiledShape.status == Status.FAILED)
     return or_(*options)
 
 
@@ -444,7 +445,7 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "mode": model.mode,
         "tp_size": family.tp_size,
         "fsdp_size": family.fsdp_size,
-        "status": "pending",
+        "status": Status.PENDING,
         "attempts": 0,
         "created_at": now,
         "updated_at": now,

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import click
 
+from warmcache.statuses import Status
+
 
 @dataclass(frozen=True, slots=True)
 class SpecOutcome:
@@ -26,7 +28,7 @@ class SpecOutcome:
     error: str | None = None
 
     def message(self) -> str:
-        if self.status == "failed":
+        if self.status == Status.FAILED:
             return f"FAILED after {self.seconds:.1f}s: {self.error}"
         graphs = f"{self.graphs} graph{'s' if self.graphs != 1 else ''}"
         if self.padded_graphs:
@@ -79,7 +81,7 @@ class BarProgress:
         self._bar.__enter__()
 
     def advance(self, outcome: SpecOutcome) -> None:
-        if outcome.status == "failed":
+        if outcome.status == Status.FAILED:
             click.echo(f"\n{outcome.description}: {outcome.message()}", err=True)
         self._last = f"{outcome.description}: {outcome.status} {outcome.seconds:.1f}s"
         self._bar.update(1)

@@ -36,8 +36,8 @@ from warmcache.errors import UsageError, WarmcacheError, first_line
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.registry.models import DONE_STATUSES
 from warmcache.registry.registry import PlanStatus, worker_id
+from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.progress import Progress, SpecOutcome
@@ -97,17 +97,17 @@ class WarmupPlan:
     @property
     def failed_kept(self) -> list[PlanStatus]:
         """Failed earlier and not retried this run."""
-        return [] if self.retry_failed else [s for s in self.statuses if s.status == "failed"]
+        return [] if self.retry_failed else [s for s in self.statuses if s.status == Status.FAILED]
 
     @property
     def todo(self) -> list[PlannedShape]:
-        skip = set(DONE_STATUSES) | (set() if self.retry_failed else {"failed"})
+        skip = set(DONE_STATUSES) | (set() if self.retry_failed else {Status.FAILED})
         return [s.planned for s in self.statuses if s.status not in skip]
 
     def action(self, status: PlanStatus) -> str:
         if status.status in DONE_STATUSES:
             return f"skip ({status.status})"
-        if status.status == "failed" and not self.retry_failed:
+        if status.status == Status.FAILED and not self.retry_failed:
             return "skip (failed; --retry-failed to retry)"
         return "compile"
 
@@ -123,7 +123,7 @@ class WarmupSummary:
 
     @property
     def failed(self) -> list[SpecOutcome]:
-        return [o for o in self.outcomes if o.status == "failed"]
+        return [o for o in self.outcomes if o.status == Status.FAILED]
 
     @property
     def exit_code(self) -> int:
@@ -140,8 +140,8 @@ class WarmupSummary:
             "already_compiled": len(self.plan.done),
             "failed_before": len(self.plan.failed_kept),
             "to_compile": len(self.plan.todo),
-            "compiled": count("compiled"),
-            "failed": count("failed"),
+            "compiled": count(Status.COMPILED),
+            "failed": count(Status.FAILED),
             "lost": count("lost"),
             "unfinished_elsewhere": self.unfinished,
             "seconds": round(self.seconds, 3),
@@ -207,7 +207,7 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         _prepare_targets(worker, {p.model.name: p.model for p in todo}.values())
         registry.ensure_pending(todo)
         if options.retry_failed:
-            registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == "failed"])
+            registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
         lease = options.lease_seconds or manifest.lease_seconds
         todo, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
@@ -248,7 +248,7 @@ def _unfinished_elsewhere(registry: Registry, todo: Sequence[PlannedShape], outc
     A run waits for specs other workers hold; if one of them failed it there, this
     run must not exit 0 claiming the manifest is warm.
     """
-    reported = {o.identity for o in outcomes if o.status == "failed"}
+    reported = {o.identity for o in outcomes if o.status == Status.FAILED}
     described = {p.identity: p.spec.describe() for p in todo}
     return [
         f"{described[r.identity]}: {r.status}" + (f" ({r.error})" if r.error else "")
@@ -280,7 +280,7 @@ def claim_loop(
             ranks.announce(record.identity)
             report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds, ranks.agree))
             continue
-        if not any(r.status in ("pending", "compiling") for r in registry.rows(identities=identities)):
+        if not any(r.status in (Status.PENDING, Status.COMPILING) for r in registry.rows(identities=identities)):
             return
         ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
         time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
@@ -310,7 +310,7 @@ def run_claimed(
             error = agree(error)
         if error is not None:
             registry.mark_failed(row_id, me, error)
-            return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+            return SpecOutcome(planned.identity, description, Status.FAILED, time.perf_counter() - start, error=error)
         assert run is not None  # no rank failed, so this one ran the spec
         artifacts = run.artifacts()
         won = registry.mark_compiled(
@@ -327,7 +327,7 @@ def run_claimed(
     return SpecOutcome(
         planned.identity,
         description,
-        "compiled" if won else "lost",
+        Status.COMPILED if won else "lost",
         run.seconds,
         graphs=run.graphs,
         padded_graphs=run.padded_graphs,

@@ -34,7 +34,7 @@ from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
-from warmcache.registry.models import DONE_STATUSES
+from warmcache.statuses import DONE_STATUSES
 from warmcache.warmup import distributed
 
 VERIFIED = "verified"
