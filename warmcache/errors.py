@@ -21,6 +21,12 @@ def first_line(error: BaseException | str | None) -> str:
     return type(error).__name__ if isinstance(error, BaseException) else ""
 
 
+def error_line(exc: BaseException) -> str:
+    """``Type: first line`` of a spec's error, as the registry stores it."""
+    first = first_line(str(exc))
+    return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
+
+
 class WarmcacheError(Exception):
     """Base class: a clear, single-line, user-facing failure."""
 

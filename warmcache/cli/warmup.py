@@ -56,7 +56,8 @@ def warmup(
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
     from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.progress import progress_for
-    from warmcache.warmup.runner import Shard, WarmupOptions, run_warmup
+    from warmcache.warmup.runner import run_warmup
+    from warmcache.warmup.summary import Shard, WarmupOptions
 
     parsed = load_manifest(manifest)
     options = WarmupOptions(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.errors import WarmcacheError
+from warmcache.errors import WarmcacheError, error_line
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
@@ -173,7 +173,6 @@ def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_di
 
 def replay(request_path: Path, result_path: Path) -> None:
     """The fresh process: run each spec once through the same Worker warmup used, and measure."""
-    from warmcache.warmup.runner import error_line
     from warmcache.warmup.worker import Worker
 
     request = json.loads(request_path.read_text())

@@ -17,21 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import WORK_DIR_PREFIX, entry_size, list_entries
+from warmcache.cache.layout import LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
 from warmcache.targets import Target, resolve_cache_dir, target_for
-from warmcache.warmup.distributed import sharded_load_kwargs
+from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-#: Folder under a cache root that holds warmcache's per-spec file locks (a work folder, never an entry).
-LOCK_DIRNAME = f"{WORK_DIR_PREFIX}locks"
-
 
 def lock_path(cache_root: Path, identity: str) -> Path:
     return cache_root / LOCK_DIRNAME / f"{identity}.lock"
