@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.fingerprint import config_hash
@@ -38,6 +38,7 @@ from warmcache.query import bucket_tables, usable_records
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.engine import display_url, normalise_url
 from warmcache.registry.registry import MissEvent
+from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
     from warmcache.runtime.sentinel import SentinelReport
     from warmcache.runtime.serving import PrimeReport
     from warmcache.runtime.training import BucketCollator, GuardCallback
-
-Policy = Literal["pad", "refuse", "warn"]
-POLICIES: tuple[Policy, ...] = ("pad", "refuse", "warn")
 
 
 class GuardOptions(TypedDict, total=False):

@@ -25,7 +25,7 @@ from warmcache.shapes import Decision
 if TYPE_CHECKING:
     import torch
 
-    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.runtime.guarded import Guard
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class FittedBatch:
         return output[:rows, self.added_columns :]
 
 
-def fit_generate_inputs(guard: ShapeGuard, inputs: Mapping[str, Any], pad_token_id: int | None = None) -> FittedBatch:
+def fit_generate_inputs(guard: Guard, inputs: Mapping[str, Any], pad_token_id: int | None = None) -> FittedBatch:
     """Left-pad every ``(batch, length)`` tensor in ``inputs`` to the guard's bucket and add dummy rows.
 
     ``input_ids`` are padded with ``pad_token_id`` (default 0; the value is masked
