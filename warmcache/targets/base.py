@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import CacheFlavor
+from warmcache.flavors import CacheFlavor
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
