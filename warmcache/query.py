@@ -10,12 +10,15 @@ import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmcache.fingerprint import current_toolchain
-from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
 from warmcache.statuses import DONE_STATUSES, Status
+
+if TYPE_CHECKING:
+    from warmcache.registry.registry import Registry
 
 
 @functools.cache

@@ -1,13 +1,36 @@
-"""Plain, frozen views of registry rows, safe to pass around after the session closes."""
+"""Plain, frozen views of registry rows, safe to pass around after the session closes.
+
+This module imports no SQLAlchemy (the ORM only for type checking): a guard built
+from a snapshot file uses these records without loading the database layer.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from warmcache.registry.models import Artifact, CompiledShape
 from warmcache.shapes import ShapeFamily, ShapeSpec
+
+if TYPE_CHECKING:
+    from warmcache.registry.models import Artifact, CompiledShape
+
+
+@dataclass(frozen=True, slots=True)
+class MissEvent:
+    """One aggregated guard decision that was not an exact hit."""
+
+    model_name: str
+    workload: str
+    dtype: str
+    batch_size: int
+    seq_len: int
+    decision: str
+    padded_batch: int | None = None
+    padded_seq: int | None = None
+    count: int = 1
+    tp_size: int = 1
+    fsdp_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, delete, func, or_, select, update
@@ -26,7 +27,7 @@ from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
 from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
-from warmcache.registry.records import ArtifactRef, ShapeRecord
+from warmcache.registry.records import ArtifactRef, MissEvent, ShapeRecord
 from warmcache.statuses import DONE_STATUSES, Status
 
 
@@ -44,36 +45,29 @@ class PlanStatus:
     record: ShapeRecord | None
 
 
-@dataclass(frozen=True, slots=True)
-class MissEvent:
-    """One aggregated guard decision that was not an exact hit."""
-
-    model_name: str
-    workload: str
-    dtype: str
-    batch_size: int
-    seq_len: int
-    decision: str
-    padded_batch: int | None = None
-    padded_seq: int | None = None
-    count: int = 1
-    tp_size: int = 1
-    fsdp_size: int = 1
-
-
 class Registry:
     """A connection to one registry database."""
 
     def __init__(self, engine: Engine, url: str) -> None:
         self.engine = engine
         self.url = url
+        #: What "now" is for leases and timestamps; tests move it instead of sleeping.
+        self.clock: Callable[[], dt.datetime] = utcnow
 
     @classmethod
-    def open(cls, url: str, *, check_schema: bool = True) -> Registry:
-        """Open a registry; an empty database is initialised, an out-of-date one refused."""
+    def open(cls, url: str, *, check_schema: bool = True, create: bool = True) -> Registry:
+        """Open a registry; an empty database is initialised, an out-of-date one refused.
+
+        ``create=False`` is for read paths (a guard, its telemetry): a missing or
+        empty database is refused instead of created, and no schema is ever migrated.
+        """
         url = normalise_url(url)
+        if not create:
+            _refuse_missing_sqlite_file(url)
         engine = create_registry_engine(url)
         try:
+            if check_schema and not create and schema.is_empty(engine):
+                raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
             if check_schema:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
@@ -149,7 +143,7 @@ class Registry:
             return None
         for chunk in _chunks(list(identities), 2000):
             while True:
-                now = utcnow()
+                now = self.clock()
                 claimable = _claimable(now, retry_failed)
                 with self.session() as session:
                     query = (
@@ -185,7 +179,7 @@ class Registry:
 
     def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
         """Extend a claim; ``False`` means the claim was lost (expired and taken over)."""
-        now = utcnow()
+        now = self.clock()
         with self.session() as session:
             return bool(
                 _rows_changed(
@@ -212,7 +206,7 @@ class Registry:
         cache_root: str | None = None,
     ) -> bool:
         """Record a successful compile with its artifacts; ``False`` if the claim was lost."""
-        now = utcnow()
+        now = self.clock()
         with self.session() as session:
             won = self._finish_in(
                 session,
@@ -236,7 +230,7 @@ class Registry:
 
     def mark_verified(self, identities: Iterable[str]) -> int:
         """Promote ``compiled`` rows that a fresh process replayed without compiling."""
-        now = utcnow()
+        now = self.clock()
         return self._update_identities(
             identities,
             CompiledShape.status.in_(DONE_STATUSES),
@@ -253,12 +247,12 @@ class Registry:
             status=Status.FAILED,
             error=reason,
             verified_at=None,
-            updated_at=utcnow(),
+            updated_at=self.clock(),
         )
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
-        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=utcnow())
+        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock())
 
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
@@ -402,6 +396,13 @@ class Registry:
             }
             for r in result
         ]
+
+
+def _refuse_missing_sqlite_file(url: str) -> None:
+    """A read path must not create a SQLite file (connecting would)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url != prefix + ":memory:" and not Path(url[len(prefix) :]).is_file():
+        raise RegistryError(f"registry {display_url(url)} does not exist; check the URL (a read never creates a registry)")
 
 
 def _rows_changed(session: Session, statement: Executable) -> int:

@@ -35,9 +35,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.fingerprint import config_hash
 from warmcache.query import bucket_tables, usable_records
-from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.engine import display_url, normalise_url
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent, ShapeRecord
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot
 from warmcache.runtime.telemetry import MissTelemetry
@@ -105,8 +103,12 @@ class ShapeGuard:
     ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
+        from warmcache.registry.engine import display_url, normalise_url
+        from warmcache.registry.registry import Registry
+
         def load() -> list[ShapeRecord]:
-            with Registry.open(registry_url) as registry:
+            # A read path: never creates or migrates a schema (a typo in the URL is an error, not a new registry).
+            with Registry.open(registry_url, create=False) as registry:
                 return registry.rows(model=model, workload=workload)
 
         source = display_url(normalise_url(registry_url))

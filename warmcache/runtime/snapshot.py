@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import UsageError
-from warmcache.registry import ShapeRecord
-from warmcache.registry.records import ArtifactRef
+from warmcache.registry.records import ArtifactRef, ShapeRecord
 
 SNAPSHOT_FORMAT = "warmcache-guard-snapshot"
 SNAPSHOT_VERSION = 1

@@ -19,10 +19,13 @@ import atexit
 import logging
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
 
-from warmcache.registry import Registry
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent
 from warmcache.shapes import Decision, ShapeFamily
+
+if TYPE_CHECKING:
+    from warmcache.registry.registry import Registry
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -80,7 +83,10 @@ class MissTelemetry:
         events = [self._event(key, count) for key, count in pending.items()]
         try:
             if self._registry is None:
-                self._registry = Registry.open(with_connect_timeout(self.registry_url, CONNECT_TIMEOUT_S))
+                from warmcache.registry.registry import Registry  # the database layer loads on the first flush
+
+                # Never creates or migrates a schema: a typo in the URL must not grow a new registry.
+                self._registry = Registry.open(with_connect_timeout(self.registry_url, CONNECT_TIMEOUT_S), create=False)
             self._registry.record_misses(events)
         except Exception as exc:  # noqa: BLE001 - telemetry must survive any database failure
             self.failed_flushes += 1
