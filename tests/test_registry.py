@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -162,10 +162,11 @@ def test_expired_lease_is_taken_over_and_the_old_claimant_loses(registry_url: st
     with Registry.open(registry_url) as registry:
         registry.ensure_pending(planned[:1])
         ids = [planned[0].identity]
-        first = registry.claim(ids, "dead", lease_seconds=0.2)
+        first = registry.claim(ids, "dead", lease_seconds=60)
         assert first is not None
         assert registry.claim(ids, "other", lease_seconds=60) is None, "a live lease is respected"
-        time.sleep(0.3)
+        started = registry.clock()
+        registry.clock = lambda: started + dt.timedelta(seconds=61)  # the dead worker's lease has run out
         second = registry.claim(ids, "other", lease_seconds=60)
         assert second is not None and second.id == first.id and second.attempts == 2
         assert not registry.renew_lease(first.id, "dead", 60)

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -88,6 +89,34 @@ def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
     guard.close()
 
 
+def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
+    """Miss telemetry to a database that refuses or never answers must not slow a request down."""
+    manifest = work / "outage.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "outage"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
+        "[[model.generate]]\nbatch_sizes = [1, 2, 4]\nprompt_lengths = [16, 32]\nmax_cache_len = 64\n"
+    )
+    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    requests = [(1 + i % 3, 17 + i % 10) for i in range(decisions)]  # every one padded: every one a miss to record
+    print(f"miss telemetry during a database outage ({decisions:,} padded decisions timed one by one, flush every 10 ms):")
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # listening, never accepting: connections hang
+        outages = {
+            "no telemetry": None,
+            "refused": f"postgresql://postgres@127.0.0.1:{refused.getsockname()[1]}/x",
+            "hung": f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x",
+        }
+        for label, url in outages.items():
+            guard = ShapeGuard(lambda: records, model="outage", source="bench", telemetry_url=url, telemetry_interval=0.01)
+            p50, p99 = percentiles(time_each(guard.decide, requests))
+            closing = time.perf_counter()
+            guard.close(timeout=0.5)
+            close_ms = (time.perf_counter() - closing) * 1000
+            print(f"  {label:<14} p50 {p50:6.2f} us  p99 {p99:6.2f} us  close(timeout=0.5) {close_ms:6.0f} ms")
+
+
 def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -135,6 +164,7 @@ def main() -> None:
         work = Path(tmp)
         model_dir = build_tiny_model("qwen3", work / "tiny-qwen3")
         bench_decisions(model_dir, work, args.decisions)
+        bench_outage(model_dir, work, min(args.decisions, 20_000))
         bench_padding(model_dir, work, args.forwards)
 
 
