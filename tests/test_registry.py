@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import types
+import typing
 
 import pytest
 import sqlalchemy as sa
@@ -206,3 +208,19 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:
     result = CliRunner().invoke(main, ["shapes", "--db", "postgresql://nobody@127.0.0.1:1/none"])
     assert result.exit_code == 3
     assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
+
+
+def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
+    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must match it."""
+    from warmcache.registry.models import CompiledShape
+    from warmcache.registry.records import COLUMNS
+
+    hints = typing.get_type_hints(CompiledShape)
+    mapped: dict[str, tuple[type, bool]] = {}
+    for column in CompiledShape.__table__.columns:
+        (annotation,) = typing.get_args(hints[column.name])  # Mapped[X] -> X
+        members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+        (kind,) = [m for m in members if m is not type(None)]
+        assert column.nullable == (type(None) in members), f"{column.name}: the annotation and the column disagree on NULL"
+        mapped[column.name] = (typing.get_origin(kind) or kind, bool(column.nullable))
+    assert mapped == COLUMNS
