@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import click
@@ -15,6 +14,7 @@ from warmcache.cache.locate import locate_caches
 from warmcache.cache.unbundle import unpack_bundle
 from warmcache.cache.units import format_size
 from warmcache.cli._common import db_option, is_terminal, json_option, open_registry, print_json
+from warmcache.cli.progress import amount_progress
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 
@@ -73,23 +73,6 @@ def unpack(bundle: Path, cache_dir: str | None, force: bool, db_url: str | None,
         click.echo(f"  skipped row {line}")
 
 
-@contextmanager
-def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
+def _progress(label: str) -> AbstractContextManager[Callable[[int, int], None]]:
     """A byte progress bar on a terminal; on CI a plain line at every quarter."""
-    if is_terminal():
-        with click.progressbar(length=1, label=label, file=sys.stderr) as bar:
-            def update(done: int, total: int) -> None:
-                bar.length = max(total, 1)
-                bar.update(done - bar.pos)
-
-            yield update
-        return
-    reported = [-1]
-
-    def line(done: int, total: int) -> None:
-        quarter = 4 * done // max(total, 1)
-        if quarter > reported[0]:
-            reported[0] = quarter
-            click.echo(f"{label}: {format_size(done)} of {format_size(total)}", err=True)
-
-    yield line
+    return amount_progress(label, terminal=is_terminal(), steps=4, unit="B", line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}")

@@ -54,8 +54,8 @@ def warmup(
     as_json: bool,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    from warmcache.cli.progress import spec_progress
     from warmcache.warmup.distributed import is_registry_writer
-    from warmcache.warmup.progress import progress_for
     from warmcache.warmup.runner import run_warmup
     from warmcache.warmup.summary import Shard, WarmupOptions
 
@@ -70,7 +70,7 @@ def warmup(
         dry_run=dry_run,
     )
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal))
+    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal))
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json)
