@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -31,11 +32,7 @@ seq_lengths = [32]
 
 def _compile_all(url: str, manifest_path: Path, keep=lambda p: True) -> None:
     """Mark shapes compiled through the registry's real claim path (no torch involved)."""
-    planned = [p for p in plan_manifest(load_manifest(manifest_path)) if keep(p)]
-    with Registry.open(url) as registry:
-        registry.ensure_pending(planned)
-        while (row := registry.claim([p.identity for p in planned], "test", 60)) is not None:
-            registry.mark_compiled(row.id, "test", compile_seconds=0.5, graphs_compiled=1)
+    mark_all_compiled(url, [p for p in plan_manifest(load_manifest(manifest_path)) if keep(p)])
 
 
 def test_plan_json_lists_every_spec_with_status(registry_url: str, write_manifest) -> None:

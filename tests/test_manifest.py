@@ -11,10 +11,11 @@ from warmcache.cli import main
 from warmcache.errors import ManifestError
 from warmcache.manifest import load_manifest
 
+#: Validation reads no model: the folder named here need not exist.
 GOOD = """
 [[model]]
 name = "m"
-path = "{qwen3}"
+path = "/models/tiny-qwen3"
 [[model.generate]]
 batch_sizes = [1, 2]
 prompt_lengths = [8, 16]
@@ -151,7 +152,7 @@ def test_example_manifest_validates() -> None:
 )
 def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_value: str, expected: str, tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.toml"
-    manifest.write_text(GOOD.replace('path = "{qwen3}"', f'path = "{path_value}"'))
+    manifest.write_text(GOOD.replace('path = "/models/tiny-qwen3"', f'path = "{path_value}"'))
     db = tmp_path / "reg.sqlite"
     result = CliRunner().invoke(main, ["plan", str(manifest), "--db", f"sqlite:///{db}"])
     assert result.exit_code == 2, result.output

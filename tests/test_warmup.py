@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from registry_fill import mark_all_compiled
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
@@ -118,12 +119,7 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
     )
     planned = plan_manifest(load_manifest(path))
     assert len(planned) == 1000
-    with Registry.open(sqlite_url) as registry:
-        registry.ensure_pending(planned)
-        for p in planned:
-            row = registry.claim([p.identity], "test", 60)
-            assert row is not None
-            registry.mark_compiled(row.id, "test", compile_seconds=1.0, graphs_compiled=1)
+    mark_all_compiled(sqlite_url, planned)
 
     code = (
         "import sys, time; start = time.perf_counter()\n"

@@ -52,6 +52,16 @@ def compiled_record(planned: PlannedShape, row_id: int) -> ShapeRecord:
     return ShapeRecord(**{**unset, **pending_row_values(planned), **compiled})
 
 
+def compiled_records(work: Path, model_dir: Path, name: str, batch_sizes: list[int], lengths: list[int], *, max_cache_len: int) -> list[ShapeRecord]:
+    """Every (batch, length) of one model's generate workload, as compiled rows."""
+    manifest = work / f"{name}.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "{name}"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
+        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = {lengths}\nmax_cache_len = {max_cache_len}\n"
+    )
+    return [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+
+
 def percentiles(samples_ns: list[int]) -> tuple[float, float]:
     ordered = sorted(samples_ns)
     return ordered[len(ordered) // 2] / 1000, ordered[int(len(ordered) * 0.99)] / 1000
@@ -68,12 +78,7 @@ def time_each(call: Callable[[int, int], object], requests: list[tuple[int, int]
 
 
 def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
-    manifest = work / "bench.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "bench"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        f"[[model.generate]]\nbatch_sizes = {BATCH_SIZES}\nprompt_lengths = {LENGTHS}\nmax_cache_len = 8192\n"
-    )
-    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    records = compiled_records(work, model_dir, "bench", BATCH_SIZES, LENGTHS, max_cache_len=8192)
     guard = ShapeGuard(lambda: records, model="bench", source="bench", policy="pad")
     rng = random.Random(0)
     repeated = [(rng.randint(1, 100), rng.choice((100, 200, 500, 1000, 2000, 4000))) for _ in range(decisions)]
@@ -91,12 +96,7 @@ def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
 
 def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
     """Miss telemetry to a database that refuses or never answers must not slow a request down."""
-    manifest = work / "outage.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "outage"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        "[[model.generate]]\nbatch_sizes = [1, 2, 4]\nprompt_lengths = [16, 32]\nmax_cache_len = 64\n"
-    )
-    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    records = compiled_records(work, model_dir, "outage", [1, 2, 4], [16, 32], max_cache_len=64)
     requests = [(1 + i % 3, 17 + i % 10) for i in range(decisions)]  # every one padded: every one a miss to record
     print(f"miss telemetry during a database outage ({decisions:,} padded decisions timed one by one, flush every 10 ms):")
     with socket.socket() as refused, socket.socket() as silent:
@@ -121,12 +121,7 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    manifest = work / "pad.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "pad"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        "[[model.generate]]\nbatch_sizes = [1, 4, 8]\nprompt_lengths = [16, 64]\nmax_cache_len = 128\n"
-    )
-    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    records = compiled_records(work, model_dir, "pad", [1, 4, 8], [16, 64], max_cache_len=128)
     guard = ShapeGuard(lambda: records, model="pad", source="bench")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     print(f"padding cost vs one forward of the tiny model at the bucket shape (median of {forwards}):")

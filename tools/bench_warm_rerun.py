@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from registry_fill import mark_all_compiled  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 from warmcache.manifest import load_manifest  # noqa: E402
 from warmcache.plan import plan_manifest  # noqa: E402
-from warmcache.registry import Registry  # noqa: E402
 
 TARGET_SECONDS = 2.0
 
@@ -50,12 +50,7 @@ def warm_registry(work: Path, lengths: int) -> tuple[Path, str, int]:
     )
     url = f"sqlite:///{work / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))
-    with Registry.open(url) as registry:
-        registry.ensure_pending(planned)
-        for p in planned:
-            row = registry.claim([p.identity], "bench", 60)
-            assert row is not None
-            registry.mark_compiled(row.id, "bench", compile_seconds=1.0, graphs_compiled=1)
+    mark_all_compiled(url, planned, worker="bench", compile_seconds=1.0)
     return manifest, url, len(planned)
 
 
