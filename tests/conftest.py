@@ -59,12 +59,19 @@ def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def write_manifest(tmp_path: Path, tiny_models: dict[str, Path]) -> Callable[..., Path]:
-    """Write a manifest; ``{qwen3}``/``{llama}`` in the text become the tiny model folders."""
+def write_manifest(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., Path]:
+    """Write a manifest; ``{qwen3}``/``{llama}`` in the text become the tiny model folders.
+
+    The models are built (once per session) only when the text names one: a test
+    of manifest parsing alone builds nothing.
+    """
 
     def write(text: str, name: str = "manifest.toml") -> Path:
         path = tmp_path / name
-        body = textwrap.dedent(text).replace("{qwen3}", str(tiny_models["qwen3"])).replace("{llama}", str(tiny_models["llama"]))
+        body = textwrap.dedent(text)
+        if "{qwen3}" in body or "{llama}" in body:
+            models: dict[str, Path] = request.getfixturevalue("tiny_models")
+            body = body.replace("{qwen3}", str(models["qwen3"])).replace("{llama}", str(models["llama"]))
         path.write_text(body)
         return path
 

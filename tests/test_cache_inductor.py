@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from test_cache_neuron import cli  # noqa: E402
+
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -31,11 +32,7 @@ seq_lengths = [32]
 
 def _compile_all(url: str, manifest_path: Path, keep=lambda p: True) -> None:
     """Mark shapes compiled through the registry's real claim path (no torch involved)."""
-    planned = [p for p in plan_manifest(load_manifest(manifest_path)) if keep(p)]
-    with Registry.open(url) as registry:
-        registry.ensure_pending(planned)
-        while (row := registry.claim([p.identity for p in planned], "test", 60)) is not None:
-            registry.mark_compiled(row.id, "test", compile_seconds=0.5, graphs_compiled=1)
+    mark_all_compiled(url, [p for p in plan_manifest(load_manifest(manifest_path)) if keep(p)])
 
 
 def test_plan_json_lists_every_spec_with_status(registry_url: str, write_manifest) -> None:
@@ -96,7 +93,10 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
     assert runner.invoke(main, ["check", "--model", "m", "--batch", "0", "--seq", "16", "--db", url]).exit_code == 2
     assert runner.invoke(main, ["check", "--model", "m", "--seq", "16", "--db", url]).exit_code == 2
     unknown = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url])
-    assert unknown.exit_code == 2 and "model 'nope' has no generate shapes" in unknown.stderr
+    assert unknown.exit_code == 1, unknown.output
+    assert "not compiled: batch=1 seq=16: model 'nope' has no generate shapes" in unknown.stdout
+    unknown_json = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url, "--json"])
+    assert unknown_json.exit_code == 1 and json.loads(unknown_json.stdout)["reason"].startswith("model 'nope' has no generate shapes")
 
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from warmcache.manifest import load_manifest
-from warmcache.warmup import distributed
+from warmcache.warmup import distributed, sharding
 
 MANIFEST = """
 [[model]]
@@ -55,9 +55,9 @@ def test_torchrun_command_reruns_warmcache_on_a_free_port() -> None:
 def test_sharded_models_load_with_their_distributed_config(write_manifest) -> None:
     manifest = load_manifest(write_manifest(MANIFEST))
     single, sharded = manifest.model("single"), manifest.model("sharded")
-    assert distributed.distributed_config(single) is None
-    assert distributed.sharded_load_kwargs(single, {"device_map": "cuda"}) == {"device_map": "cuda"}
-    kwargs = distributed.sharded_load_kwargs(sharded, {"device_map": "cuda", "revision": None})
+    assert sharding.distributed_config(single) is None
+    assert sharding.sharded_load_kwargs(single, {"device_map": "cuda"}) == {"device_map": "cuda"}
+    kwargs = sharding.sharded_load_kwargs(sharded, {"device_map": "cuda", "revision": None})
     assert set(kwargs) == {"distributed_config", "revision"}
     config = kwargs["distributed_config"]
     assert (config.tp_size, config.fsdp_size) == (2, 1)

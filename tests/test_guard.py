@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,9 @@ from click.testing import CliRunner
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.cli import main
-from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.errors import RegistryError, UnseenShapeError, UsageError
 from warmcache.runtime.guard import ShapeGuard
+from warmcache.runtime.telemetry import MissTelemetry
 
 MANIFEST = """
 [[model]]
@@ -205,7 +208,9 @@ def test_a_database_outage_never_blocks_or_fails_requests(write_manifest, tmp_pa
     guard.close(timeout=0.5)
     close_seconds = time.perf_counter() - closing
     print(f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in {close_seconds * 1000:.0f} ms")
-    assert elapsed < 1.0 and close_seconds < 1.0
+    # Liveness, not speed (tools/bench_guard.py measures that): a request or close() that
+    # waited on the database would hang here for the whole connect timeout or forever.
+    assert elapsed < 10 and close_seconds < 10
     assert sum(e.count for e in guard.misses()) == 2000  # every request padded (lengths 17-26), every one counted
     if outage == "refused":
         assert guard.telemetry.failed_flushes >= 1 and guard.telemetry.flushed == 0
@@ -221,7 +226,7 @@ def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: st
 
     monkeypatch.setattr(telemetry, "MAX_KEYS", 50)
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
-    unique = [(b, l) for l in range(1, 33) for b in range(1, 5) if (b, l) not in guard.buckets]
+    unique = [(b, n) for n in range(1, 33) for b in range(1, 5) if (b, n) not in guard.buckets]
     for batch, length in unique:
         guard.decide(batch, length)
     assert len(guard.misses()) == 50
@@ -350,3 +355,44 @@ def test_a_failed_export_leaves_no_temporary_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot write snapshot"):
         write_snapshot(out, [], "test")
     assert [p.name for p in folder.iterdir()] == ["guard.json"] and list(out.iterdir()) == []
+
+
+def test_a_guard_built_from_a_snapshot_imports_no_database_layer(compiled: str, tmp_path: Path) -> None:
+    out = tmp_path / "guard.json"
+    assert CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled]).exit_code == 0
+    probe = (
+        "import sys\n"
+        "from warmcache.runtime.guard import ShapeGuard\n"
+        f"guard = ShapeGuard.from_snapshot({str(out)!r}, 'm')\n"
+        "assert guard.decide(3, 20).target == (4, 32)\n"
+        "guard.close()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_read_paths_never_create_a_registry(tmp_path: Path) -> None:
+    missing = tmp_path / "typo" / "registry.sqlite"
+    with pytest.raises(RegistryError, match="does not exist"):
+        ShapeGuard.from_registry(f"sqlite:///{missing}", "m", telemetry=False)
+    assert not missing.exists() and not missing.parent.exists()
+
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    with pytest.raises(RegistryError, match="holds no warmcache schema"):
+        ShapeGuard.from_registry(f"sqlite:///{empty}", "m", telemetry=False)
+    with closing(sqlite3.connect(empty)) as db:  # opening writes SQLite's header (WAL mode), never a table
+        assert db.execute("SELECT name FROM sqlite_master").fetchall() == [], "a read must not initialise the schema"
+
+
+def test_telemetry_never_creates_the_registry_it_flushes_to(compiled: str, tmp_path: Path) -> None:
+    missing = tmp_path / "typo.sqlite"
+    with ShapeGuard.from_registry(compiled, "m", telemetry=False) as source:
+        family = source.family
+    telemetry = MissTelemetry(family, f"sqlite:///{missing}", interval=3600)
+    telemetry.record(source.decide(3, 20))
+    assert telemetry.flush() is False
+    telemetry.close(timeout=1)
+    assert not missing.exists()

@@ -11,10 +11,11 @@ from warmcache.cli import main
 from warmcache.errors import ManifestError
 from warmcache.manifest import load_manifest
 
+#: Validation reads no model: the folder named here need not exist.
 GOOD = """
 [[model]]
 name = "m"
-path = "{qwen3}"
+path = "/models/tiny-qwen3"
 [[model.generate]]
 batch_sizes = [1, 2]
 prompt_lengths = [8, 16]
@@ -138,3 +139,25 @@ def test_example_manifest_validates() -> None:
     root = Path(__file__).resolve().parents[1]
     manifest = load_manifest(root / "examples" / "tiny-cpu.toml")
     assert {m.name for m in manifest.models} == {"tiny-qwen3", "tiny-llama"}
+
+
+@pytest.mark.parametrize(
+    ("path_value", "expected"),
+    [
+        ("./not-downloaded", "is not a folder"),
+        ("/no/such/model/folder", "is not a folder"),
+        ("org/name/extra", "is neither a folder nor a valid hub id"),
+        ("not-in-the-hf-cache", "not a local folder and its config.json is not in the Hugging Face cache"),
+    ],
+)
+def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_value: str, expected: str, tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(GOOD.replace('path = "/models/tiny-qwen3"', f'path = "{path_value}"'))
+    db = tmp_path / "reg.sqlite"
+    result = CliRunner().invoke(main, ["plan", str(manifest), "--db", f"sqlite:///{db}"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"warmcache: error: {manifest}: model[0].path: ")
+    assert path_value.lstrip("./") in lines[0] and expected in lines[0]
+    assert "Traceback" not in result.output

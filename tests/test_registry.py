@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
-import time
+import types
+import typing
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +19,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import ArtifactRef, MissEvent, Registry
 from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
+from warmcache.statuses import Status
 
 MANIFEST = """
 [[model]]
@@ -42,6 +45,8 @@ def test_migrations_build_an_empty_database_to_the_model_schema(registry_url: st
         for table in Base.metadata.sorted_tables:
             migrated = {c["name"] for c in inspector.get_columns(table.name)}
             assert migrated == set(table.columns.keys()), f"migration and model disagree on {table.name}"
+            checks = {c["name"] for c in inspector.get_check_constraints(table.name)}
+            assert checks == {c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)}, f"check constraints differ on {table.name}"
 
 
 def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> None:
@@ -72,16 +77,30 @@ def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_ur
     engine.dispose()
     with Registry.open(registry_url, check_schema=False) as old:
         assert old.ensure_pending(planned) == 4
-    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0002; run: warmcache db upgrade --db"):
+    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0003; run: warmcache db upgrade --db"):
         Registry.open(registry_url)
     shapes = CliRunner().invoke(main, ["shapes", "--db", registry_url])
     assert shapes.exit_code == 3 and "warmcache db upgrade" in shapes.stderr
 
     upgraded = CliRunner().invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert upgraded.exit_code == 0 and "0001 -> 0002" in upgraded.output
+    assert upgraded.exit_code == 0 and "0001 -> 0003" in upgraded.output
     with Registry.open(registry_url) as registry:
         rows = registry.rows()
-    assert len(rows) == 4 and all(r.cache_root is None and r.status == "pending" for r in rows)
+        _assert_status_is_checked(registry)
+    assert len(rows) == 4 and all(r.cache_root is None and r.status == Status.PENDING for r in rows)
+
+
+def _assert_status_is_checked(registry: Registry) -> None:
+    with pytest.raises(sa.exc.IntegrityError, match="ck_compiled_shapes_status"):
+        with registry.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE compiled_shapes SET status = 'done'"))
+
+
+def test_the_database_refuses_an_unknown_status(registry_url: str, planned: list[PlannedShape]) -> None:
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        _assert_status_is_checked(registry)
+        assert {r.status for r in registry.rows()} == {Status.PENDING}
 
 
 def test_db_upgrade_and_current(registry_url: str) -> None:
@@ -89,9 +108,9 @@ def test_db_upgrade_and_current(registry_url: str) -> None:
     result = runner.invoke(main, ["db", "current", "--db", registry_url, "--json"])
     assert result.exit_code == 0 and '"revision": null' in result.output
     result = runner.invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert result.exit_code == 0 and "empty -> 0002" in result.output
+    assert result.exit_code == 0 and "empty -> 0003" in result.output
     result = runner.invoke(main, ["db", "current", "--db", registry_url])
-    assert "schema 0002 (up to date)" in result.output
+    assert "schema 0003 (up to date)" in result.output
 
 
 def test_ensure_pending_is_idempotent(registry_url: str, planned: list[PlannedShape]) -> None:
@@ -145,10 +164,11 @@ def test_expired_lease_is_taken_over_and_the_old_claimant_loses(registry_url: st
     with Registry.open(registry_url) as registry:
         registry.ensure_pending(planned[:1])
         ids = [planned[0].identity]
-        first = registry.claim(ids, "dead", lease_seconds=0.2)
+        first = registry.claim(ids, "dead", lease_seconds=60)
         assert first is not None
         assert registry.claim(ids, "other", lease_seconds=60) is None, "a live lease is respected"
-        time.sleep(0.3)
+        started = registry.clock()
+        registry.clock = lambda: started + dt.timedelta(seconds=61)  # the dead worker's lease has run out
         second = registry.claim(ids, "other", lease_seconds=60)
         assert second is not None and second.id == first.id and second.attempts == 2
         assert not registry.renew_lease(first.id, "dead", 60)
@@ -188,3 +208,19 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:
     result = CliRunner().invoke(main, ["shapes", "--db", "postgresql://nobody@127.0.0.1:1/none"])
     assert result.exit_code == 3
     assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
+
+
+def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
+    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must match it."""
+    from warmcache.registry.models import CompiledShape
+    from warmcache.registry.records import COLUMNS
+
+    hints = typing.get_type_hints(CompiledShape)
+    mapped: dict[str, tuple[type, bool]] = {}
+    for column in CompiledShape.__table__.columns:
+        (annotation,) = typing.get_args(hints[column.name])  # Mapped[X] -> X
+        members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+        (kind,) = [m for m in members if m is not type(None)]
+        assert column.nullable == (type(None) in members), f"{column.name}: the annotation and the column disagree on NULL"
+        mapped[column.name] = (typing.get_origin(kind) or kind, bool(column.nullable))
+    assert mapped == COLUMNS

@@ -78,7 +78,7 @@ def _unguarded(model: Any, max_new_tokens: int, **inputs: Any) -> Any:
 def test_prime_loads_every_bucket_and_raises_the_recompile_limit(served: Served) -> None:
     import torch
 
-    assert served.primed.buckets == [(b, l) for b in BATCH_SIZES for l in PROMPT_LENGTHS]
+    assert served.primed.buckets == [(b, n) for b in BATCH_SIZES for n in PROMPT_LENGTHS]
     assert served.primed.graphs == len(BATCH_SIZES)  # one decode graph per batch size; prefill runs eagerly
     assert torch._dynamo.config.recompile_limit >= len(served.primed.buckets)
     assert served.guard.primed

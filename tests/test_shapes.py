@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from warmcache.shapes import BucketTable
 
-GRID = {(b, l) for b in (1, 2, 4) for l in (16, 32, 64)}
+GRID = {(b, n) for b in (1, 2, 4) for n in (16, 32, 64)}
 
 
 def test_exact_pad_and_refuse() -> None:

@@ -14,7 +14,7 @@ from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 from warmcache.targets import InductorTarget, NeuronTarget, resolve_cache_dir, target_for
 from warmcache.targets.inductor import inductor_default_cache_dir
-from warmcache.warmup.runner import Shard
+from warmcache.warmup.summary import Shard
 
 MANIFEST = """
 [cache]

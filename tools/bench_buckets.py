@@ -9,6 +9,7 @@ requests and for batches; and how long the planner took, here and on the
 worst case (every length up to the maximum distinct).
 
     python tools/bench_buckets.py [--samples 200000] [--seed 0] [--batch 8]
+    python tools/bench_buckets.py --quick     # CI smoke run: checks it works, not its figures
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--ks", default="2,3,4,6,8,12")
+    parser.add_argument("--quick", action="store_true", help="A smoke run in about a second (CI): 5,000 samples, K = 2 and 4, lengths up to 1024.")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.ks, args.max_length = 5_000, "2,4", 1024
 
     lengths = LengthDistribution.from_lengths(lognormal_lengths(args.samples, args.seed, args.mu, args.sigma, args.max_length))
     print(

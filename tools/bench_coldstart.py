@@ -201,6 +201,8 @@ def main() -> None:
     parser.add_argument("--save-mega", help=argparse.SUPPRESS)
     parser.add_argument("--load-mega", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.backend = "eager"
     if args.child:
         child(args)
         return

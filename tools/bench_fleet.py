@@ -15,6 +15,7 @@ against 0.6-0.8x with the cores split (three runs). ``--no-split-cores`` reprodu
 
     python tools/bench_fleet.py                                   # SQLite
     python tools/bench_fleet.py --db postgresql://postgres@127.0.0.1:5432/test
+    python tools/bench_fleet.py --quick    # CI smoke run: 2 workers, 2 eager specs; checks it works, not its figures
 """
 
 from __future__ import annotations
@@ -130,13 +131,20 @@ def report(runs: list[Run], specs: int, db: str, split_cores: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default=None, help="PostgreSQL URL (a fresh schema per run) or omit for SQLite files.")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"),
+        help="PostgreSQL URL (a fresh schema per run; default: $WARMCACHE_TEST_POSTGRES_URL) or omit for SQLite files.",
+    )
     parser.add_argument("--workers", default="1,2,4", help="Comma-separated process counts (default: 1,2,4).")
     parser.add_argument("--batch-sizes", type=int, default=24, help="Batch sizes 1..N per model: 2N specs (default 24: ~45 s for one process on 2 cores).")
     parser.add_argument("--backend", default="aot_eager", choices=("eager", "aot_eager", "inductor"))
     parser.add_argument("--no-split-cores", dest="split_cores", action="store_false", help="Leave every process at torch's default thread count.")
     parser.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
+    parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 2 workers share 2 eager specs.")
     args = parser.parse_args()
+    if args.quick:
+        args.workers, args.batch_sizes, args.backend = "2", 1, "eager"
     counts = [int(n) for n in args.workers.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="warmcache-bench-fleet-") as tmp:

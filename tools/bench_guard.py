@@ -2,6 +2,7 @@
 
     python tools/bench_guard.py                     # defaults: 10,000 shapes, 100,000 decisions
     python tools/bench_guard.py --decisions 20000 --forwards 100
+    python tools/bench_guard.py --quick             # CI smoke run: checks it works, not its figures
 
 Decision latency is timed one ``ShapeGuard.decide`` at a time with
 ``time.perf_counter_ns`` (the timer's own overhead, measured on an empty
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -31,27 +33,33 @@ from tiny_model import build_tiny_model  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
 from warmcache.plan import PlannedShape, plan_manifest  # noqa: E402
 from warmcache.registry import ShapeRecord  # noqa: E402
+from warmcache.registry.registry import pending_row_values  # noqa: E402
 from warmcache.runtime.guard import ShapeGuard  # noqa: E402
+from warmcache.statuses import Status  # noqa: E402
 
 BATCH_SIZES = list(range(1, 101))
 LENGTHS = list(range(64, 6464, 64))  # 100 lengths x 100 batch sizes = 10,000 compiled shapes
 
 
 def compiled_record(planned: PlannedShape, row_id: int) -> ShapeRecord:
-    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the database)."""
-    spec, model, family = planned.spec, planned.model, planned.spec.family
-    now = dt.datetime.now(dt.timezone.utc)
-    values = dict(
-        id=row_id, identity=planned.identity, shape_hash=planned.shape_hash, model_name=model.name, model_path=model.path,
-        model_revision=model.revision, config_hash=planned.config_hash, toolchain_hash=planned.toolchain.hash,
-        toolchain=planned.toolchain.as_dict(), workload=family.workload, settings=family.settings_dict(),
-        batch_size=spec.batch_size, seq_len=spec.seq_len, max_cache_len=family.max_cache_len, dtype=family.dtype,
-        device=model.device, backend=model.backend, mode=model.mode, tp_size=family.tp_size, fsdp_size=family.fsdp_size,
-        status="compiled", attempts=1, claimed_by=None, lease_expires_at=None, host="bench", compile_seconds=1.0,
-        graphs_compiled=1, error=None, created_at=now, updated_at=now, compiled_at=now, verified_at=None,
+    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the database).
+
+    Derived from the registry's own insert values, so a new column needs no edit here.
+    """
+    now = dt.datetime.now(dt.UTC)
+    unset = {f.name: None for f in dataclasses.fields(ShapeRecord) if f.name != "artifacts"}
+    compiled = dict(id=row_id, status=Status.COMPILED, attempts=1, host="bench", compile_seconds=1.0, graphs_compiled=1, compiled_at=now)
+    return ShapeRecord(**{**unset, **pending_row_values(planned), **compiled})
+
+
+def compiled_records(work: Path, model_dir: Path, name: str, batch_sizes: list[int], lengths: list[int], *, max_cache_len: int) -> list[ShapeRecord]:
+    """Every (batch, length) of one model's generate workload, as compiled rows."""
+    manifest = work / f"{name}.toml"
+    manifest.write_text(
+        f'[[model]]\nname = "{name}"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
+        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = {lengths}\nmax_cache_len = {max_cache_len}\n"
     )
-    assert set(values) == {f.name for f in dataclasses.fields(ShapeRecord)} - {"artifacts"}
-    return ShapeRecord(**values)
+    return [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
 
 
 def percentiles(samples_ns: list[int]) -> tuple[float, float]:
@@ -70,17 +78,12 @@ def time_each(call: Callable[[int, int], object], requests: list[tuple[int, int]
 
 
 def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
-    manifest = work / "bench.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "bench"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        f"[[model.generate]]\nbatch_sizes = {BATCH_SIZES}\nprompt_lengths = {LENGTHS}\nmax_cache_len = 8192\n"
-    )
-    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    records = compiled_records(work, model_dir, "bench", BATCH_SIZES, LENGTHS, max_cache_len=8192)
     guard = ShapeGuard(lambda: records, model="bench", source="bench", policy="pad")
     rng = random.Random(0)
     repeated = [(rng.randint(1, 100), rng.choice((100, 200, 500, 1000, 2000, 4000))) for _ in range(decisions)]
     fresh = list({(rng.randint(1, 100), rng.randint(1, LENGTHS[-1])) for _ in range(decisions)})
-    empty = percentiles(time_each(lambda b, l: None, repeated))
+    empty = percentiles(time_each(lambda batch, length: None, repeated))
     print(f"decision latency, {len(guard.records):,} compiled shapes ({len(repeated):,} timed one by one):")
     print(f"  timer overhead (empty call)      p50 {empty[0]:6.2f} us  p99 {empty[1]:6.2f} us")
     for label, requests in (("repeated traffic (memoised)", repeated), ("every request new (bisect)", fresh)):
@@ -91,16 +94,34 @@ def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
     guard.close()
 
 
+def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
+    """Miss telemetry to a database that refuses or never answers must not slow a request down."""
+    records = compiled_records(work, model_dir, "outage", [1, 2, 4], [16, 32], max_cache_len=64)
+    requests = [(1 + i % 3, 17 + i % 10) for i in range(decisions)]  # every one padded: every one a miss to record
+    print(f"miss telemetry during a database outage ({decisions:,} padded decisions timed one by one, flush every 10 ms):")
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # listening, never accepting: connections hang
+        outages = {
+            "no telemetry": None,
+            "refused": f"postgresql://postgres@127.0.0.1:{refused.getsockname()[1]}/x",
+            "hung": f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x",
+        }
+        for label, url in outages.items():
+            guard = ShapeGuard(lambda: records, model="outage", source="bench", telemetry_url=url, telemetry_interval=0.01)
+            p50, p99 = percentiles(time_each(guard.decide, requests))
+            closing = time.perf_counter()
+            guard.close(timeout=0.5)
+            close_ms = (time.perf_counter() - closing) * 1000
+            print(f"  {label:<14} p50 {p50:6.2f} us  p99 {p99:6.2f} us  close(timeout=0.5) {close_ms:6.0f} ms")
+
+
 def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    manifest = work / "pad.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "pad"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        "[[model.generate]]\nbatch_sizes = [1, 4, 8]\nprompt_lengths = [16, 64]\nmax_cache_len = 128\n"
-    )
-    records = [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
+    records = compiled_records(work, model_dir, "pad", [1, 4, 8], [16, 64], max_cache_len=128)
     guard = ShapeGuard(lambda: records, model="pad", source="bench")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     print(f"padding cost vs one forward of the tiny model at the bucket shape (median of {forwards}):")
@@ -109,9 +130,9 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         fitted = guard.fit(inputs)
         output = torch.cat([fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1)  # a generate()-shaped output
-        pad_ns = [_ns(lambda: guard.fit(inputs).unpad(output)) for _ in range(forwards)]
+        pad_ns = [_ns(lambda inputs=inputs, output=output: guard.fit(inputs).unpad(output)) for _ in range(forwards)]
         with torch.inference_mode():
-            forward_ns = [_ns(lambda: model(**fitted.inputs)) for _ in range(forwards)]
+            forward_ns = [_ns(lambda fitted=fitted: model(**fitted.inputs)) for _ in range(forwards)]
         pad, fwd = statistics.median(pad_ns) / 1e6, statistics.median(forward_ns) / 1e6
         print(
             f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: "
@@ -130,11 +151,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=100_000, help="Decisions timed per traffic pattern.")
     parser.add_argument("--forwards", type=int, default=50, help="Repetitions of fit+unpad and of the forward.")
+    parser.add_argument("--quick", action="store_true", help="A few seconds' smoke run (CI): 1,000 decisions, 3 forwards.")
     args = parser.parse_args()
+    if args.quick:
+        args.decisions, args.forwards = 1_000, 3
     with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmp:
         work = Path(tmp)
         model_dir = build_tiny_model("qwen3", work / "tiny-qwen3")
         bench_decisions(model_dir, work, args.decisions)
+        bench_outage(model_dir, work, min(args.decisions, 20_000))
         bench_padding(model_dir, work, args.forwards)
 
 

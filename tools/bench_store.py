@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server
+from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 
 VERSION = "2.15.128.0+bench"
 MIB = 1024 * 1024

@@ -7,7 +7,7 @@ pieces that need torch are imported on first use through ``__getattr__``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmcache.buckets import LengthDistribution, Traffic, suggest_buckets
 from warmcache.errors import (
@@ -22,11 +22,15 @@ from warmcache.errors import (
 )
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
+
+if TYPE_CHECKING:
+    from warmcache.registry.registry import Registry
 
 #: Names served lazily: ``name -> module`` (these modules import torch).
 _LAZY: dict[str, str] = {
+    "Registry": "warmcache.registry.registry",  # SQLAlchemy and Alembic load with it
     "WarmupOptions": "warmcache.warmup.runner",
     "run_warmup": "warmcache.warmup.runner",
     "run_verify": "warmcache.warmup.verify",

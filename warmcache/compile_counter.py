@@ -30,7 +30,7 @@ class CompileCounter:
     cache_misses: int = 0
     _start: tuple[int, int, int] = (0, 0, 0)
 
-    def __enter__(self) -> "CompileCounter":
+    def __enter__(self) -> CompileCounter:
         self._start = _snapshot()
         return self
 

@@ -46,6 +46,10 @@ def shown(value: object) -> str:
     if isinstance(value, (str, bytes)) and len(value) > MAX_SHOWN_CHARS:
         return f"{text} ({len(value)} characters)"
     return text
+def error_line(exc: BaseException) -> str:
+    """``Type: first line`` of a spec's error, as the registry stores it."""
+    first = first_line(str(exc))
+    return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
 
 
 class WarmcacheError(Exception):
@@ -75,7 +79,7 @@ class ManifestError(UsageError):
     manifest in one pass instead of one error per run.
     """
 
-    def __init__(self, problems: "list[str] | str") -> None:
+    def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         Exception.__init__(self, "\n".join(" ".join(p.split()) for p in self.problems))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.errors import UsageError
+from warmcache.errors import UsageError, first_line
 from warmcache.shapes import short_hash
 
 #: Config keys that never change a compiled graph: bookkeeping, token ids (data,
@@ -64,9 +64,15 @@ def config_path(model_path: str, revision: str | None = None) -> Path:
         if candidate.is_file():
             return candidate
         raise UsageError(f"{candidate}: config.json not found in model folder")
+    if local.is_absolute():
+        # Manifests resolve local paths to absolute ones; a hub id is never absolute.
+        raise UsageError(f"{model_path!r} is not a folder")
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(model_path, "config.json", revision=revision)
+    try:
+        cached = try_to_load_from_cache(model_path, "config.json", revision=revision)
+    except ValueError as exc:  # HFValidationError: neither a folder nor a well-formed hub id
+        raise UsageError(f"{model_path!r} is neither a folder nor a valid hub id ({first_line(exc)})") from None
     if isinstance(cached, str):
         return Path(cached)
     raise UsageError(f"model {model_path!r}: not a local folder and its config.json is not in the Hugging Face cache; download it first")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
+def compile_config(backend: str, mode: str, device: str) -> CompileConfig:
     """The ``CompileConfig`` generate() compiles its decode step with: one object per target.
 
     transformers re-wraps its forward in a new ``torch.compile`` whenever the config
@@ -42,10 +42,11 @@ def compile_config(backend: str, mode: str, device: str) -> "CompileConfig":
         dynamic=False,
         fullgraph=False,
         # Inductor modes only mean something to Inductor; other backends reject them.
-        mode=mode if backend == "inductor" else None,
+        # transformers annotates ``mode: str`` but hands it to torch.compile, which takes None.
+        mode=mode if backend == "inductor" else None,  # type: ignore[arg-type]
     )
     if device == "cpu":
-        config._compile_all_devices = True
+        config._compile_all_devices = True  # type: ignore[assignment]  # a private flag transformers declares as None
     return config
 
 
@@ -59,7 +60,7 @@ def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
 
 
 def generate_kwargs(
-    settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: "CompileConfig", model_config: "PretrainedConfig"
+    settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig
 ) -> dict[str, Any]:
     """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
 

@@ -12,9 +12,10 @@ import difflib
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
 from warmcache.cache.units import parse_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from warmcache.errors import ManifestError, UsageError
 from warmcache.fingerprint import Toolchain, current_toolchain, model_config_hash
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.shapes import ShapeSpec, short_hash
@@ -45,4 +46,12 @@ def plan_model(model: ModelSpec) -> list[PlannedShape]:
 def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[PlannedShape]:
     """Every shape the manifest declares (optionally for one model), fingerprinted once per model."""
     models = [manifest.model(model_name)] if model_name else list(manifest.models)
-    return [planned for model in models for planned in plan_model(model)]
+    planned: list[PlannedShape] = []
+    for model in models:
+        try:
+            planned.extend(plan_model(model))
+        except UsageError as exc:
+            # The model's config is unreachable: name the manifest entry that points there.
+            index = manifest.models.index(model)
+            raise ManifestError(f"{manifest.path}: model[{index}].path: {exc}") from None
+    return planned

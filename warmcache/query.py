@@ -10,13 +10,15 @@ import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import UsageError
 from warmcache.fingerprint import current_toolchain
-from warmcache.registry import PlanStatus, Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES
+from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
+from warmcache.statuses import DONE_STATUSES, Status
+
+if TYPE_CHECKING:
+    from warmcache.registry.registry import PlanStatus, Registry
 
 
 @functools.cache
@@ -27,13 +29,13 @@ def local_toolchain_hash(device: str, backend: str, mode: str) -> str:
 def effective_status(record: ShapeRecord) -> str:
     """The row's status, or ``stale`` when this machine's toolchain differs from the row's."""
     if record.toolchain_hash != local_toolchain_hash(record.device, record.backend, record.mode):
-        return "stale"
+        return Status.STALE
     return record.status
 
 
 def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
     """Rows compiled (or verified) for this machine's toolchain."""
-    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != "stale"]
+    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != Status.STALE]
 
 
 def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTable]:
@@ -151,7 +153,9 @@ def check_request(
     """Decide a request against the registry's rows of ``model`` (see :class:`RequestChecker`)."""
     records = registry.rows(model=model, workload=workload)
     if not records:
-        raise UsageError(f"model {model!r} has no {workload} shapes in registry {registry.display_url}")
+        # A deployment gate asks "can this run without compiling?": with no rows the answer is no.
+        reason = f"model {model!r} has no {workload} shapes in registry {registry.display_url}"
+        return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
     checker = RequestChecker(records, model=model, workload=workload)
     return checker.check(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
 
@@ -179,7 +183,7 @@ def plan_json(status: PlanStatus) -> dict[str, Any]:
         "backend": planned.model.backend,
         "status": status.status,
         "identity": planned.identity,
-        "compile_seconds": record.compile_seconds if record and status.status != "stale" else None,
+        "compile_seconds": record.compile_seconds if record and status.status != Status.STALE else None,
     }
 
 

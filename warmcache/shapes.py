@@ -145,7 +145,7 @@ class BucketTable:
     _memo: dict[tuple[int, int], Decision] = field(default_factory=dict)
 
     @classmethod
-    def from_pairs(cls, pairs: "list[tuple[int, int]] | set[tuple[int, int]]") -> "BucketTable":
+    def from_pairs(cls, pairs: list[tuple[int, int]] | set[tuple[int, int]]) -> BucketTable:
         lengths: dict[int, set[int]] = {}
         for batch, length in pairs:
             lengths.setdefault(batch, set()).add(length)
@@ -166,7 +166,7 @@ class BucketTable:
         return sum(len(v) for v in self._lengths.values())
 
     def pairs(self) -> list[tuple[int, int]]:
-        return [(b, l) for b in self._batches for l in self._lengths[b]]
+        return [(b, length) for b in self._batches for length in self._lengths[b]]
 
     def decide(self, batch_size: int, seq_len: int) -> Decision:
         key = (batch_size, seq_len)
@@ -194,11 +194,11 @@ class BucketTable:
         """The compiled pairs closest to a request, for error messages (not the hot path)."""
 
         def distance(pair: tuple[int, int]) -> tuple[float, tuple[int, int]]:
-            b, l = pair
-            return (abs(b - batch_size) / max(batch_size, 1) + abs(l - seq_len) / max(seq_len, 1), pair)
+            b, length = pair
+            return (abs(b - batch_size) / max(batch_size, 1) + abs(length - seq_len) / max(seq_len, 1), pair)
 
         return tuple(sorted(self.pairs(), key=distance)[:count])
 
 
-def format_pairs(pairs: "tuple[tuple[int, int], ...] | list[tuple[int, int]]") -> str:
-    return ", ".join(f"batch={b} seq={l}" for b, l in pairs) or "none"
+def format_pairs(pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> str:
+    return ", ".join(f"batch={b} seq={length}" for b, length in pairs) or "none"

@@ -21,11 +21,12 @@ from warmcache.errors import first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import PlanStatus, Registry
 from warmcache.registry.models import utcnow
+from warmcache.statuses import Status
 
 #: Every status a planned shape can show, in lifecycle order.
-STATUS_ORDER = ("missing", "stale", "pending", "compiling", "compiled", "verified", "failed")
+STATUS_ORDER = (Status.MISSING, Status.STALE, Status.PENDING, Status.COMPILING, Status.COMPILED, Status.VERIFIED, Status.FAILED)
 #: Statuses still waiting for a compile; ``failed`` waits only for ``--retry-failed``.
-REMAINING = ("missing", "stale", "pending", "compiling")
+REMAINING = (Status.MISSING, Status.STALE, Status.PENDING, Status.COMPILING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +181,12 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
         record, spec = s.record, s.planned.spec
         if record is None:
             continue
-        if s.status == "compiling" and record.claimed_by:
+        if s.status == Status.COMPILING and record.claimed_by:
             expires = record.lease_expires_at
             claims.append(
                 Claim(model, workload, spec.batch_size, spec.seq_len, record.claimed_by, record.updated_at, expires, expires is not None and expires < now)
             )
-        elif s.status == "failed":
+        elif s.status == Status.FAILED:
             failures.append(Failure(model, workload, spec.batch_size, spec.seq_len, _error_summary(record.error), record.attempts, record.host))
     # Stale rows count too: an older toolchain's compile time is still the best guess for this one.
     seconds = [s.record.compile_seconds for s in statuses if s.record is not None and s.record.compile_seconds is not None]

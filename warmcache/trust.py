@@ -213,6 +213,10 @@ class TrustedKeys:
         return SignatureCheck(True, signer.key_id)
 
 
+#: No trusted keys: signatures are not checked (the default of every reader).
+NOT_CONFIGURED = TrustedKeys()
+
+
 def load_public_key(entry: str, source: str, base: Path | None = None) -> PublicKey:
     """One trust list entry: an inline ``ed25519:...`` key or the path of a ``.pub`` file."""
     if entry.strip().startswith(KEY_PREFIX):

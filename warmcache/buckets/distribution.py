@@ -28,11 +28,11 @@ class LengthDistribution:
     counts: tuple[int, ...]
 
     @classmethod
-    def from_lengths(cls, lengths: Iterable[int]) -> "LengthDistribution":
+    def from_lengths(cls, lengths: Iterable[int]) -> LengthDistribution:
         return cls.from_counts(Counter(lengths))
 
     @classmethod
-    def from_counts(cls, counts: Mapping[int, int]) -> "LengthDistribution":
+    def from_counts(cls, counts: Mapping[int, int]) -> LengthDistribution:
         """``{length: count}``; zero counts are dropped, negative counts or lengths < 1 refused."""
         kept = {length: count for length, count in counts.items() if count}
         if not kept:

@@ -38,7 +38,8 @@ from warmcache.fingerprint import package_version
 from warmcache.manifest import Manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES, utcnow
+from warmcache.registry.models import utcnow
+from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.trust import SigningKey, sign_document
 
 BUNDLE_FORMAT = 1
@@ -144,7 +145,7 @@ def pack_bundle(
     was not altered since.
     """
     mode = write_mode(output)
-    statuses = ("verified",) if verified_only else DONE_STATUSES
+    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
     records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")

@@ -20,16 +20,14 @@ from sqlalchemy.orm import selectinload
 from warmcache.bounds import MAX_BYTES, MAX_COUNT
 from warmcache.errors import CacheError, shown
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, utcnow
+from warmcache.registry.models import Artifact, CompiledShape, utcnow
+from warmcache.registry.records import COLUMNS
+from warmcache.statuses import DONE_STATUSES, Status
 
-#: Row fields a bundle carries; who claimed it and lease times belong to the build machine only.
-_FIELDS = (
-    "identity", "shape_hash", "model_name", "model_path", "model_revision", "config_hash", "toolchain_hash", "toolchain",
-    "workload", "settings", "batch_size", "seq_len", "max_cache_len", "dtype", "device", "backend", "mode", "tp_size",
-    "fsdp_size", "status", "attempts", "host", "compile_seconds", "graphs_compiled", "created_at", "updated_at",
-    "compiled_at", "verified_at",
-)  # fmt: skip
-_TIMES = ("created_at", "updated_at", "compiled_at", "verified_at")
+#: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
+_LOCAL_ONLY = frozenset({"id", "claimed_by", "lease_expires_at", "cache_root", "error"})
+_FIELDS = tuple(name for name in COLUMNS if name not in _LOCAL_ONLY)
+_TIMES = tuple(name for name in _FIELDS if COLUMNS[name][0] is dt.datetime)
 _RESULT_FIELDS = ("status", "host", "compile_seconds", "graphs_compiled", "compiled_at", "verified_at")
 
 
@@ -53,18 +51,11 @@ def row_to_json(record: ShapeRecord) -> dict[str, Any]:
 
 #: The JSON type(s) each bundled field must have, so that a malformed bundle is refused with
 #: a message naming the field before anything is written, never a traceback (or a database
-#: error) halfway through installing its entries. ``None`` marks a nullable field.
+#: error) halfway through installing its entries; the flag marks a nullable field.
 _STR, _INT, _DICT = (str,), (int,), (dict,)
-_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
-    **{name: (_STR, False) for name in ("identity", "shape_hash", "model_name", "model_path", "config_hash", "toolchain_hash",
-                                        "workload", "dtype", "device", "backend", "mode", "status", "created_at", "updated_at")},
-    **{name: (_STR, True) for name in ("model_revision", "host", "compiled_at", "verified_at")},
-    **{name: (_INT, False) for name in ("batch_size", "seq_len", "tp_size", "fsdp_size", "attempts")},
-    **{name: (_INT, True) for name in ("max_cache_len", "graphs_compiled")},
-    "compile_seconds": ((int, float), True),
-    "toolchain": (_DICT, False),
-    "settings": (_DICT, False),
-}  # fmt: skip
+#: The JSON type(s) a column of each Python type arrives as (timestamps as ISO text).
+_JSON_TYPES: dict[type, tuple[type, ...]] = {str: _STR, int: _INT, float: (int, float), dict: _DICT, dt.datetime: _STR}
+_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {name: (_JSON_TYPES[COLUMNS[name][0]], COLUMNS[name][1]) for name in _FIELDS}
 _ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {"kind": (_STR, False), "path": (_STR, False), "size_bytes": (_INT, True)}
 #: What each integer column holds (``Integer`` is 32-bit on PostgreSQL): checked before the
 #: first write, or the driver's OverflowError would surface halfway through an install.
@@ -138,7 +129,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
                 extra = [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items()) if (k, p) not in have]
                 row.artifacts.extend(extra)
                 updated, unchanged = (updated + 1, unchanged) if extra else (updated, unchanged + 1)
-            elif row.status == "compiling" and row.lease_expires_at is not None and row.lease_expires_at > now:
+            elif row.status == Status.COMPILING and row.lease_expires_at is not None and row.lease_expires_at > now:
                 skipped.append(f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now")
             else:
                 for name in (*_RESULT_FIELDS, "cache_root"):
@@ -162,5 +153,5 @@ def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
             except (TypeError, ValueError):
                 raise CacheError(f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an ISO timestamp; refused") from None
             if values[name].tzinfo is None:
-                values[name] = values[name].replace(tzinfo=dt.timezone.utc)
+                values[name] = values[name].replace(tzinfo=dt.UTC)
     return values

@@ -25,7 +25,7 @@ from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
-from warmcache.registry.models import DONE_STATUSES
+from warmcache.statuses import DONE_STATUSES, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class EntryUse:
     cache_root: str | None = None
 
     @classmethod
-    def of(cls, record: ShapeRecord) -> "EntryUse":
+    def of(cls, record: ShapeRecord) -> EntryUse:
         return cls(
             record.id,
             record.identity,
@@ -108,7 +108,7 @@ class CacheEntry:
     @property
     def only_stale(self) -> bool:
         """Used only by rows of other toolchains: nothing on this machine can load it."""
-        return bool(self.used_by) and all(u.status == "stale" for u in self.used_by)
+        return bool(self.used_by) and all(u.status == Status.STALE for u in self.used_by)
 
     @property
     def is_shared_kernel(self) -> bool:

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from warmcache.cache.precompiled import PRECOMPILED_DIR
-
-CacheFlavor = Literal["inductor", "neuron", "neuron-native"]
+from warmcache.flavors import CacheFlavor
 
 INDUCTOR_FXGRAPH = "inductor-fxgraph"
 INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"
@@ -53,6 +51,8 @@ SHARED_KINDS = frozenset({INDUCTOR_CODE, INDUCTOR_TRITON})
 WORK_DIR_PREFIX = ".warmcache-"
 #: Work folders a crash can leave behind: a prune's trash, an unpack's staging folder.
 TRASH_PREFIX = f"{WORK_DIR_PREFIX}trash-"
+#: Folder under a cache root that holds warmup's per-spec file locks (a work folder, never an entry).
+LOCK_DIRNAME = f"{WORK_DIR_PREFIX}locks"
 STAGING_PREFIX = f"{WORK_DIR_PREFIX}unpack-"
 
 

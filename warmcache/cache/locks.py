@@ -13,6 +13,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from warmcache.cache.layout import LOCK_DIRNAME
+
 
 def lock_is_held(path: Path) -> bool:
     """Whether a live process holds a ``flock`` on ``path`` (probed, never waited for)."""
@@ -33,7 +35,5 @@ def lock_is_held(path: Path) -> bool:
 
 def warmup_running(root: Path) -> bool:
     """Whether a warmup compiles into the cache at ``root`` right now (it holds a per-spec lock there)."""
-    from warmcache.warmup.worker import LOCK_DIRNAME  # imported late: cache commands must start fast
-
     folder = root / LOCK_DIRNAME
     return folder.is_dir() and any(lock_is_held(lock) for lock in folder.glob("*.lock"))

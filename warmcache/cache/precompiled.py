@@ -45,7 +45,7 @@ class Fingerprint:
     signature: tuple[tuple[str, tuple[int, ...], str], ...]
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Fingerprint":
+    def from_json(cls, data: dict[str, Any]) -> Fingerprint:
         fields = dict(data)
         fields["signature"] = tuple((str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"])
         return cls(**fields)

@@ -61,7 +61,7 @@ from warmcache.cache.units import format_size
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
-from warmcache.trust import SignatureCheck, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys
 
 _HEX = frozenset("0123456789abcdef")
 #: The metadata is read into memory: a bundle of a million files needs a few hundred MB at most.
@@ -113,7 +113,7 @@ def unpack_bundle(
     *,
     cache_dir: str | None = None,
     force: bool = False,
-    trusted: TrustedKeys = TrustedKeys(),
+    trusted: TrustedKeys = NOT_CONFIGURED,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     progress: Progress | None = None,
 ) -> UnpackResult:

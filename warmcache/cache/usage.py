@@ -51,7 +51,7 @@ class InductorLookups:
         self.entries: dict[str, str] = {}
         self._saved: list[tuple[logging.Logger, int, bool, logging.Handler]] = []
 
-    def __enter__(self) -> "InductorLookups":
+    def __enter__(self) -> InductorLookups:
         for name, (pattern, kind) in _LOOKUP_LOGS.items():
             logger = logging.getLogger(name)
             handler = _Collect(pattern, kind, self.entries)

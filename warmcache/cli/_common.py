@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import click
@@ -75,23 +75,8 @@ def is_terminal() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-@contextmanager
-def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+def byte_progress(label: str) -> AbstractContextManager[Callable[[int, int], None]]:
     """A byte progress bar on a terminal; on CI a plain line at every quarter."""
-    if is_terminal():
-        with click.progressbar(length=1, label=label, file=click.get_text_stream("stderr")) as bar:
-            def update(done: int, total: int) -> None:
-                bar.length = max(total, 1)
-                bar.update(done - bar.pos)
+    from warmcache.cli.progress import amount_progress
 
-            yield update
-        return
-    reported = [-1]
-
-    def line(done: int, total: int) -> None:
-        quarter = 4 * done // max(total, 1)
-        if quarter > reported[0]:
-            reported[0] = quarter
-            click.echo(f"{label}: {format_size(done)} of {format_size(total)}", err=True)
-
-    yield line
+    return amount_progress(label, terminal=is_terminal(), steps=4, unit="B", line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from contextlib import AbstractContextManager
+from typing import cast
 
 import click
 
+from warmcache.buckets import render
 from warmcache.buckets.baselines import DEFAULT_POW2_FLOOR
 from warmcache.buckets.inputs import (
     LengthLimit,
@@ -16,10 +18,10 @@ from warmcache.buckets.inputs import (
     read_dataset_lengths,
     read_lengths_file,
 )
-from warmcache.buckets import render
 from warmcache.buckets.suggest import Suggestion, suggest_buckets
 from warmcache.buckets.traffic import Traffic
 from warmcache.cli._common import db_option, format_table, is_terminal, json_option, open_registry, print_json
+from warmcache.cli.progress import amount_progress
 from warmcache.errors import UsageError
 from warmcache.registry.engine import display_url
 from warmcache.shapes import WORKLOADS, Workload
@@ -173,7 +175,8 @@ def _read_lengths(
     if dataset_file is not None:
         if tokenizer_path is None:
             raise UsageError("--dataset needs --tokenizer PATH (the model's own tokenizer decides the lengths)")
-        return read_dataset_lengths(dataset_file, field=field, tokenizer_path=tokenizer_path, limit=limit, progress=_progress(f"tokenising {dataset_file}"))
+        with _progress(f"tokenising {dataset_file}") as progress:
+            return read_dataset_lengths(dataset_file, field=field, tokenizer_path=tokenizer_path, limit=limit, progress=progress)
     assert model_name is not None
     with open_registry(db_url) as registry:
         summary = registry.miss_summary(model_name)
@@ -181,26 +184,9 @@ def _read_lengths(
     return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)
 
 
-def _progress(label: str) -> Callable[[int, int], None]:
+def _progress(label: str) -> AbstractContextManager[Callable[[int, int], None]]:
     """A progress bar on a terminal; a plain line every 10% otherwise (CI logs stay readable)."""
-    bar: Any = None
-    reported = 0
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar, reported
-        if is_terminal():
-            if bar is None:
-                bar = click.progressbar(length=total, label=label, file=click.get_text_stream("stderr"))
-            bar.update(done - reported)
-            if done >= total:
-                bar.render_finish()
-        elif done == total or done - reported >= total / 10:
-            click.echo(f"{label}: {done}/{total}", err=True)
-        else:
-            return
-        reported = done
-
-    return update
+    return amount_progress(label, terminal=is_terminal(), steps=10, line=lambda done, total: f"{label}: {done}/{total}")
 
 
 def _parse_batch_sizes(text: str) -> list[int]:

@@ -11,9 +11,8 @@ from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import check_request, effective_status, plan_json, shape_json
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
+from warmcache.statuses import PLAN_STATUSES, Status
 from warmcache.support import check_supported
-
-PLAN_STATUSES = ("missing", "pending", "compiling", "compiled", "verified", "failed", "stale")
 
 
 @click.command("plan")
@@ -52,7 +51,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 @click.command("shapes")
 @click.option("--model", "model_name", default=None, help="Only this model.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None)
-@click.option("--status", "status", type=click.Choice(PLAN_STATUSES[1:]), default=None, help="Only rows with this (effective) status.")
+@click.option("--status", "status", type=click.Choice([str(s) for s in PLAN_STATUSES if s != Status.MISSING]), default=None, help="Only rows with this (effective) status.")
 @db_option
 @json_option
 def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:

@@ -82,4 +82,4 @@ def render(report: WarmupStatus) -> str:
 
 
 def _clock(moment: dt.datetime | None) -> str:
-    return moment.astimezone(dt.timezone.utc).strftime("%H:%M:%S") if moment else "-"
+    return moment.astimezone(dt.UTC).strftime("%H:%M:%S") if moment else "-"

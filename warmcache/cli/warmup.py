@@ -64,9 +64,10 @@ def warmup(
     as_json: bool,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    from warmcache.cli.progress import spec_progress
     from warmcache.warmup.distributed import is_registry_writer
-    from warmcache.warmup.progress import progress_for
-    from warmcache.warmup.runner import Shard, WarmupOptions, run_warmup
+    from warmcache.warmup.runner import run_warmup
+    from warmcache.warmup.summary import Shard, WarmupOptions
 
     parsed = load_manifest(manifest)
     options = WarmupOptions(
@@ -84,7 +85,7 @@ def warmup(
         store = resolve_store(store_url, endpoint_url, parsed)
         publisher = ShapePublisher(parsed, options.registry_url, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: progress_for(total, terminal=terminal), publisher)
+    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json, publisher)

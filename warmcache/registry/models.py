@@ -9,25 +9,22 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, column
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
+
+from warmcache.statuses import STORED_STATUSES, Status
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
 }
 
-#: Row statuses, in lifecycle order. ``stale`` is never stored: it is how a row of
-#: another toolchain or model config reads in query results.
-STATUSES = ("pending", "compiling", "compiled", "verified", "failed")
-DONE_STATUSES = ("compiled", "verified")
-
-
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -39,11 +36,11 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("naive datetime given to the registry; use UTC-aware datetimes")
-        return value.astimezone(dt.timezone.utc) if value is not None else None
+        return value.astimezone(dt.UTC) if value is not None else None
 
     def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
         return value
 
 
@@ -55,7 +52,11 @@ class CompiledShape(Base):
     """One compiled shape: a declared shape × model config × toolchain."""
 
     __tablename__ = "compiled_shapes"
-    __table_args__ = (Index("ix_compiled_shapes_family", "model_name", "workload", "dtype"),)
+    __table_args__ = (
+        Index("ix_compiled_shapes_family", "model_name", "workload", "dtype"),
+        # The database refuses a status no query would recognise (migration 0003).
+        CheckConstraint(column("status").in_([str(s) for s in STORED_STATUSES]), name="status"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     identity: Mapped[str] = mapped_column(String(64), unique=True)
@@ -77,7 +78,7 @@ class CompiledShape(Base):
     mode: Mapped[str] = mapped_column(String(32))
     tp_size: Mapped[int] = mapped_column(Integer, default=1)
     fsdp_size: Mapped[int] = mapped_column(Integer, default=1)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="pending")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
@@ -93,7 +94,7 @@ class CompiledShape(Base):
     compiled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
-    artifacts: Mapped[list["Artifact"]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
+    artifacts: Mapped[list[Artifact]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
 
 
 class Artifact(Base):

@@ -1,13 +1,39 @@
-"""Plain, frozen views of registry rows, safe to pass around after the session closes."""
+"""Plain, frozen views of registry rows, safe to pass around after the session closes.
+
+This module imports no SQLAlchemy (the ORM only for type checking): a guard built
+from a snapshot file uses these records without loading the database layer.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from warmcache.registry.models import Artifact, CompiledShape
 from warmcache.shapes import ShapeFamily, ShapeSpec
+
+if TYPE_CHECKING:
+    from warmcache.registry.models import Artifact, CompiledShape
+
+
+@dataclass(frozen=True, slots=True)
+class MissEvent:
+    """One aggregated guard decision that was not an exact hit."""
+
+    model_name: str
+    workload: str
+    dtype: str
+    batch_size: int
+    seq_len: int
+    decision: str
+    padded_batch: int | None = None
+    padded_seq: int | None = None
+    count: int = 1
+    tp_size: int = 1
+    fsdp_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +45,7 @@ class ArtifactRef:
     size_bytes: int | None = None
 
     @classmethod
-    def from_row(cls, row: Artifact) -> "ArtifactRef":
+    def from_row(cls, row: Artifact) -> ArtifactRef:
         return cls(kind=row.kind, path=row.path, size_bytes=row.size_bytes)
 
 
@@ -63,43 +89,10 @@ class ShapeRecord:
     artifacts: tuple[ArtifactRef, ...] = ()
 
     @classmethod
-    def from_row(cls, row: CompiledShape, with_artifacts: bool = False) -> "ShapeRecord":
-        return cls(
-            id=row.id,
-            identity=row.identity,
-            shape_hash=row.shape_hash,
-            model_name=row.model_name,
-            model_path=row.model_path,
-            model_revision=row.model_revision,
-            config_hash=row.config_hash,
-            toolchain_hash=row.toolchain_hash,
-            toolchain=dict(row.toolchain),
-            workload=row.workload,
-            settings=dict(row.settings),
-            batch_size=row.batch_size,
-            seq_len=row.seq_len,
-            max_cache_len=row.max_cache_len,
-            dtype=row.dtype,
-            device=row.device,
-            backend=row.backend,
-            mode=row.mode,
-            tp_size=row.tp_size,
-            fsdp_size=row.fsdp_size,
-            status=row.status,
-            attempts=row.attempts,
-            claimed_by=row.claimed_by,
-            lease_expires_at=row.lease_expires_at,
-            host=row.host,
-            cache_root=row.cache_root,
-            compile_seconds=row.compile_seconds,
-            graphs_compiled=row.graphs_compiled,
-            error=row.error,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            compiled_at=row.compiled_at,
-            verified_at=row.verified_at,
-            artifacts=tuple(ArtifactRef.from_row(a) for a in row.artifacts) if with_artifacts else (),
-        )
+    def from_row(cls, row: CompiledShape, with_artifacts: bool = False) -> ShapeRecord:
+        values = {name: getattr(row, name) for name in COLUMNS}
+        values["toolchain"], values["settings"] = dict(row.toolchain), dict(row.settings)  # detached copies
+        return cls(**values, artifacts=tuple(ArtifactRef.from_row(a) for a in row.artifacts) if with_artifacts else ())
 
     @property
     def family(self) -> ShapeFamily:
@@ -129,3 +122,22 @@ class ShapeRecord:
             out[name] = value
         out["model"] = self.model_name
         return out
+
+
+def _columns() -> dict[str, tuple[type, bool]]:
+    """Each column of a row (every :class:`ShapeRecord` field but ``artifacts``): its Python type, and whether it may be ``None``."""
+    hints = typing.get_type_hints(ShapeRecord)
+    columns: dict[str, tuple[type, bool]] = {}
+    for field in dataclasses.fields(ShapeRecord):
+        if field.name == "artifacts":
+            continue
+        hint = hints[field.name]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        (kind,) = [m for m in members if m is not type(None)]
+        columns[field.name] = (typing.get_origin(kind) or kind, type(None) in members)
+    return columns
+
+
+#: The registry row's columns, in order, derived from :class:`ShapeRecord`: what ``from_row`` copies,
+#: what bundles carry and check (``cache/bundle_rows.py``). The ORM model must match it (a test checks).
+COLUMNS: dict[str, tuple[type, bool]] = _columns()

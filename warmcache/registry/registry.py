@@ -10,12 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -25,8 +26,9 @@ from warmcache.errors import RegistryError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
-from warmcache.registry.models import DONE_STATUSES, Artifact, CompiledShape, ShapeMiss, utcnow
-from warmcache.registry.records import ArtifactRef, ShapeRecord
+from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
+from warmcache.registry.records import ArtifactRef, MissEvent, ShapeRecord
+from warmcache.statuses import DONE_STATUSES, Status
 
 
 def worker_id() -> str:
@@ -43,36 +45,29 @@ class PlanStatus:
     record: ShapeRecord | None
 
 
-@dataclass(frozen=True, slots=True)
-class MissEvent:
-    """One aggregated guard decision that was not an exact hit."""
-
-    model_name: str
-    workload: str
-    dtype: str
-    batch_size: int
-    seq_len: int
-    decision: str
-    padded_batch: int | None = None
-    padded_seq: int | None = None
-    count: int = 1
-    tp_size: int = 1
-    fsdp_size: int = 1
-
-
 class Registry:
     """A connection to one registry database."""
 
     def __init__(self, engine: Engine, url: str) -> None:
         self.engine = engine
         self.url = url
+        #: What "now" is for leases and timestamps; tests move it instead of sleeping.
+        self.clock: Callable[[], dt.datetime] = utcnow
 
     @classmethod
-    def open(cls, url: str, *, check_schema: bool = True) -> "Registry":
-        """Open a registry; an empty database is initialised, an out-of-date one refused."""
+    def open(cls, url: str, *, check_schema: bool = True, create: bool = True) -> Registry:
+        """Open a registry; an empty database is initialised, an out-of-date one refused.
+
+        ``create=False`` is for read paths (a guard, its telemetry): a missing or
+        empty database is refused instead of created, and no schema is ever migrated.
+        """
         url = normalise_url(url)
+        if not create:
+            _refuse_missing_sqlite_file(url)
         engine = create_registry_engine(url)
         try:
+            if check_schema and not create and schema.is_empty(engine):
+                raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
             if check_schema:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
@@ -94,7 +89,7 @@ class Registry:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -120,7 +115,7 @@ class Registry:
         """Insert a ``pending`` row for each planned shape that has none; return how many were new."""
         if not planned:
             return 0
-        values = [_row_values(p) for p in planned]
+        values = [pending_row_values(p) for p in planned]
         insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
         inserted = 0
         with self.session() as session:
@@ -148,7 +143,7 @@ class Registry:
             return None
         for chunk in _chunks(list(identities), 2000):
             while True:
-                now = utcnow()
+                now = self.clock()
                 claimable = _claimable(now, retry_failed)
                 with self.session() as session:
                     query = (
@@ -162,19 +157,20 @@ class Registry:
                     candidate = session.scalar(query)
                     if candidate is None:
                         break
-                    won = session.execute(
+                    won = _rows_changed(
+                        session,
                         update(CompiledShape)
                         .where(CompiledShape.id == candidate, claimable)
                         .values(
-                            status="compiling",
+                            status=Status.COMPILING,
                             claimed_by=worker,
                             lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
                             attempts=CompiledShape.attempts + 1,
                             error=None,
                             updated_at=now,
                         )
-                        .execution_options(synchronize_session=False)
-                    ).rowcount
+                        .execution_options(synchronize_session=False),
+                    )
                     if won:
                         row = session.get(CompiledShape, candidate, populate_existing=True)
                         assert row is not None
@@ -183,19 +179,20 @@ class Registry:
 
     def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
         """Extend a claim; ``False`` means the claim was lost (expired and taken over)."""
-        now = utcnow()
+        now = self.clock()
         with self.session() as session:
             return bool(
-                session.execute(
+                _rows_changed(
+                    session,
                     update(CompiledShape)
-                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
-                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
-                ).rowcount
+                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
+                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now),
+                )
             )
 
     def release(self, row_id: int, worker: str) -> None:
         """Give a claim back untouched (the worker is stopping, not failing)."""
-        self._finish(row_id, worker, status="pending")
+        self._finish(row_id, worker, status=Status.PENDING)
 
     def mark_compiled(
         self,
@@ -209,13 +206,13 @@ class Registry:
         cache_root: str | None = None,
     ) -> bool:
         """Record a successful compile with its artifacts; ``False`` if the claim was lost."""
-        now = utcnow()
+        now = self.clock()
         with self.session() as session:
             won = self._finish_in(
                 session,
                 row_id,
                 worker,
-                status="compiled",
+                status=Status.COMPILED,
                 compile_seconds=compile_seconds,
                 graphs_compiled=graphs_compiled,
                 host=host or socket.gethostname(),
@@ -229,15 +226,15 @@ class Registry:
             return won
 
     def mark_failed(self, row_id: int, worker: str, error: str, host: str | None = None) -> bool:
-        return self._finish(row_id, worker, status="failed", error=error, host=host or socket.gethostname())
+        return self._finish(row_id, worker, status=Status.FAILED, error=error, host=host or socket.gethostname())
 
     def mark_verified(self, identities: Iterable[str]) -> int:
         """Promote ``compiled`` rows that a fresh process replayed without compiling."""
-        now = utcnow()
+        now = self.clock()
         return self._update_identities(
             identities,
-            CompiledShape.status.in_(("compiled", "verified")),
-            status="verified",
+            CompiledShape.status.in_(DONE_STATUSES),
+            status=Status.VERIFIED,
             verified_at=now,
             updated_at=now,
         )
@@ -247,15 +244,15 @@ class Registry:
         return self._update_identities(
             identities,
             CompiledShape.status.in_(DONE_STATUSES),
-            status="failed",
+            status=Status.FAILED,
             error=reason,
             verified_at=None,
-            updated_at=utcnow(),
+            updated_at=self.clock(),
         )
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
-        return self._update_identities(identities, CompiledShape.status == "failed", status="pending", updated_at=utcnow())
+        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock())
 
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
@@ -263,7 +260,7 @@ class Registry:
             return 0
         query = update(CompiledShape).where(CompiledShape.identity.in_(ids), condition)
         with self.session() as session:
-            return session.execute(query.values(**values)).rowcount
+            return _rows_changed(session, query.values(**values))
 
     def forget(self, row_ids: Iterable[int]) -> int:
         """Delete rows (and their artifacts): those shapes read as ``missing`` again."""
@@ -272,7 +269,7 @@ class Registry:
             return 0
         with self.session() as session:
             session.execute(delete(Artifact).where(Artifact.shape_id.in_(ids)))
-            return session.execute(delete(CompiledShape).where(CompiledShape.id.in_(ids))).rowcount
+            return _rows_changed(session, delete(CompiledShape).where(CompiledShape.id.in_(ids)))
 
     def _finish(self, row_id: int, worker: str, **values: Any) -> bool:
         with self.session() as session:
@@ -281,11 +278,12 @@ class Registry:
     @staticmethod
     def _finish_in(session: Session, row_id: int, worker: str, **values: Any) -> bool:
         return bool(
-            session.execute(
+            _rows_changed(
+                session,
                 update(CompiledShape)
-                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == "compiling")
-                .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values)
-            ).rowcount
+                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
+                .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
+            )
         )
 
     # ---------------------------------------------------------------- reads
@@ -357,9 +355,9 @@ class Registry:
             if own is not None:
                 out.append(PlanStatus(p, own.status, own))
             elif records:
-                out.append(PlanStatus(p, "stale", max(records, key=lambda r: r.updated_at)))
+                out.append(PlanStatus(p, Status.STALE, max(records, key=lambda r: r.updated_at)))
             else:
-                out.append(PlanStatus(p, "missing", None))
+                out.append(PlanStatus(p, Status.MISSING, None))
         return out
 
     def record_misses(self, events: Sequence[MissEvent]) -> None:
@@ -397,7 +395,7 @@ class Registry:
             ShapeMiss.padded_batch,
             ShapeMiss.padded_seq,
         )
-        total = func.sum(ShapeMiss.count).label("count")
+        total = func.sum(ShapeMiss.count).label("requests")  # not "count": a Row is a tuple, and tuple.count is a method
         query = select(*columns, total, func.max(ShapeMiss.recorded_at).label("last_seen")).group_by(*columns)
         if model is not None:
             query = query.where(ShapeMiss.model_name == model)
@@ -413,24 +411,39 @@ class Registry:
                 "decision": r.decision,
                 "padded_batch": r.padded_batch,
                 "padded_seq": r.padded_seq,
-                "count": int(r.count),
-                "last_seen": (r.last_seen.replace(tzinfo=dt.timezone.utc) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
+                "count": int(r.requests),
+                "last_seen": (r.last_seen.replace(tzinfo=dt.UTC) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
             }
             for r in result
         ]
 
 
+def _refuse_missing_sqlite_file(url: str) -> None:
+    """A read path must not create a SQLite file (connecting would)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url != prefix + ":memory:" and not Path(url[len(prefix) :]).is_file():
+        raise RegistryError(f"registry {display_url(url)} does not exist; check the URL (a read never creates a registry)")
+
+
+def _rows_changed(session: Session, statement: Executable) -> int:
+    """The rows an UPDATE or DELETE matched (``Session.execute`` is typed as returning a plain ``Result``)."""
+    result = session.execute(statement)
+    assert isinstance(result, CursorResult)
+    return result.rowcount
+
+
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
     options = [
-        CompiledShape.status == "pending",
-        and_(CompiledShape.status == "compiling", CompiledShape.lease_expires_at < now),
+        CompiledShape.status == Status.PENDING,
+        and_(CompiledShape.status == Status.COMPILING, CompiledShape.lease_expires_at < now),
     ]
     if retry_failed:
-        options.append(CompiledShape.status == "failed")
+        options.append(CompiledShape.status == Status.FAILED)
     return or_(*options)
 
 
-def _row_values(p: PlannedShape) -> dict[str, Any]:
+def pending_row_values(p: PlannedShape) -> dict[str, Any]:
+    """The column values of a new ``pending`` row for ``p``: what ``ensure_pending`` inserts."""
     spec, model, family = p.spec, p.model, p.spec.family
     now = utcnow()
     return {
@@ -453,7 +466,7 @@ def _row_values(p: PlannedShape) -> dict[str, Any]:
         "mode": model.mode,
         "tp_size": family.tp_size,
         "fsdp_size": family.fsdp_size,
-        "status": "pending",
+        "status": Status.PENDING,
         "attempts": 0,
         "created_at": now,
         "updated_at": now,

@@ -10,15 +10,14 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
-from alembic import command
 from warmcache.errors import SchemaOutOfDateError, UsageError, shown
-
 
 #: Serialises first-time initialisation of a PostgreSQL registry ("warm" in ASCII).
 _INIT_LOCK_KEY = 0x7761726D

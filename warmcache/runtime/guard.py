@@ -30,14 +30,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.fingerprint import config_hash
 from warmcache.query import bucket_tables, usable_records
-from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.engine import display_url, normalise_url
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent, ShapeRecord
+from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
@@ -49,9 +48,6 @@ if TYPE_CHECKING:
     from warmcache.runtime.sentinel import SentinelReport
     from warmcache.runtime.serving import PrimeReport
     from warmcache.runtime.training import BucketCollator, GuardCallback
-
-Policy = Literal["pad", "refuse", "warn"]
-POLICIES: tuple[Policy, ...] = ("pad", "refuse", "warn")
 
 
 class GuardOptions(TypedDict, total=False):
@@ -104,11 +100,15 @@ class ShapeGuard:
     @classmethod
     def from_registry(
         cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]
-    ) -> "ShapeGuard":
+    ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
+        from warmcache.registry.engine import display_url, normalise_url
+        from warmcache.registry.registry import Registry
+
         def load() -> list[ShapeRecord]:
-            with Registry.open(registry_url) as registry:
+            # A read path: never creates or migrates a schema (a typo in the URL is an error, not a new registry).
+            with Registry.open(registry_url, create=False) as registry:
                 # Artifacts too: the precompiled ones are what prime() loads.
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
@@ -118,7 +118,7 @@ class ShapeGuard:
     @classmethod
     def from_snapshot(
         cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]
-    ) -> "ShapeGuard":
+    ) -> ShapeGuard:
         """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
         snapshot = Path(path)
 
@@ -131,7 +131,7 @@ class ShapeGuard:
     def from_url(
         cls, service_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, timeout: float = 5.0,
         **options: Unpack[GuardOptions],
-    ) -> "ShapeGuard":
+    ) -> ShapeGuard:
         """A guard over ``warmcache serve``'s snapshot of the model (``GET /v1/guard/{model}``), for processes
         without database access. :meth:`refresh` sends the last ETag, so an unchanged registry costs one
         ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
@@ -270,7 +270,7 @@ class ShapeGuard:
         """Flush telemetry (bounded by ``timeout``; a database outage is abandoned, not waited for)."""
         self.telemetry.close(timeout)
 
-    def __enter__(self) -> "ShapeGuard":
+    def __enter__(self) -> ShapeGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -278,7 +278,7 @@ class ShapeGuard:
 
     # ------------------------------------------------------------ torch-facing helpers (lazy imports)
 
-    def fit(self, inputs: Any, pad_token_id: int | None = None) -> "FittedBatch":
+    def fit(self, inputs: Any, pad_token_id: int | None = None) -> FittedBatch:
         """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""
         from warmcache.runtime.padding import fit_generate_inputs
 
@@ -290,25 +290,25 @@ class ShapeGuard:
 
         return guarded_generate(self, model, **kwargs)
 
-    def prime(self, model: Any, **kwargs: Any) -> "PrimeReport":
+    def prime(self, model: Any, **kwargs: Any) -> PrimeReport:
         """Load every compiled bucket once, then run generate() under the strict sentinel; see :mod:`warmcache.runtime.serving`."""
         from warmcache.runtime.serving import prime
 
         return prime(self, model, **kwargs)
 
-    def collator(self, tokenizer: Any, **kwargs: Any) -> "BucketCollator":
+    def collator(self, tokenizer: Any, **kwargs: Any) -> BucketCollator:
         """A training data collator that keeps every batch on a compiled bucket."""
         from warmcache.runtime.training import BucketCollator
 
         return BucketCollator(self, tokenizer, **kwargs)
 
-    def callback(self) -> "GuardCallback":
+    def callback(self) -> GuardCallback:
         """A Trainer callback that checks every batch's shape before its step and counts compiles per step."""
         from warmcache.runtime.training import GuardCallback
 
         return GuardCallback(self)
 
-    def sentinel(self, label: str = "guarded region") -> "AbstractContextManager[SentinelReport]":
+    def sentinel(self, label: str = "guarded region") -> AbstractContextManager[SentinelReport]:
         """Fail (``pad``/``refuse``) or record (``warn``) any compile inside the block."""
         from warmcache.runtime.sentinel import recompile_sentinel
 

@@ -25,14 +25,14 @@ from warmcache.shapes import Decision
 if TYPE_CHECKING:
     import torch
 
-    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.runtime.guarded import Guard
 
 
 @dataclass(frozen=True)
 class FittedBatch:
     """A batch on a compiled bucket plus what it takes to undo the padding."""
 
-    inputs: dict[str, "torch.Tensor"]
+    inputs: dict[str, torch.Tensor]
     decision: Decision
     batch_size: int
     added_columns: int
@@ -53,7 +53,7 @@ class FittedBatch:
         return output[:rows, self.added_columns :]
 
 
-def fit_generate_inputs(guard: "ShapeGuard", inputs: Mapping[str, Any], pad_token_id: int | None = None) -> FittedBatch:
+def fit_generate_inputs(guard: Guard, inputs: Mapping[str, Any], pad_token_id: int | None = None) -> FittedBatch:
     """Left-pad every ``(batch, length)`` tensor in ``inputs`` to the guard's bucket and add dummy rows.
 
     ``input_ids`` are padded with ``pad_token_id`` (default 0; the value is masked
@@ -87,7 +87,7 @@ def fit_generate_inputs(guard: "ShapeGuard", inputs: Mapping[str, Any], pad_toke
     return FittedBatch(fitted, decision, batch, columns, rows_per_input)
 
 
-def _per_token_tensors(inputs: Mapping[str, Any]) -> dict[str, "torch.Tensor"]:
+def _per_token_tensors(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     import torch
 
     if "input_ids" not in inputs:

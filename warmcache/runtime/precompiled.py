@@ -65,7 +65,7 @@ def decode_signature(kwargs: dict[str, Any]) -> Signature:
     return tuple(entries)
 
 
-def expected_fingerprint(record: "ShapeRecord") -> dict[str, Any]:
+def expected_fingerprint(record: ShapeRecord) -> dict[str, Any]:
     """The fingerprint fields a row fixes, to compare with an artifact's header before loading it."""
     return {
         "config_hash": record.config_hash,
@@ -78,11 +78,11 @@ def expected_fingerprint(record: "ShapeRecord") -> dict[str, Any]:
     }
 
 
-def precompiled_entries(record: "ShapeRecord") -> list[str]:
+def precompiled_entries(record: ShapeRecord) -> list[str]:
     return [a.path for a in record.artifacts if a.kind == INDUCTOR_PRECOMPILED]
 
 
-def load_decode(root: Path, entry: str, record: "ShapeRecord") -> tuple[Signature, Callable[..., Any]]:
+def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:
     """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
     header, payload = read_checked(root, entry, expected_fingerprint(record))
     # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
@@ -132,7 +132,7 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)
 
 
-def install(model: Any, compile_config: Any, records: Iterable["ShapeRecord"], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
+def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
     """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
 
     ``strict``: a missing, altered or foreign artifact raises :class:`CacheError`;

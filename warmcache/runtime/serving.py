@@ -27,7 +27,7 @@ from warmcache.runtime.padding import fit_generate_inputs
 from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
-    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.runtime.guarded import Guard
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -39,7 +39,7 @@ _FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_retur
 _SET_BY_GUARD = ("compile_config", "cache")
 
 
-def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
+def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     """``model.generate(**kwargs)`` padded onto a compiled bucket; returns the output without the padding."""
     inputs = {name: kwargs.pop(name) for name in INPUT_KEYS if name in kwargs}
     requested = kwargs.pop("max_new_tokens", None)
@@ -59,7 +59,7 @@ def guarded_generate(guard: "ShapeGuard", model: Any, /, **kwargs: Any) -> Any:
     return fitted.unpad(output)
 
 
-def _refuse_changed_settings(guard: "ShapeGuard", kwargs: dict[str, Any], max_cache_len: int) -> None:
+def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], max_cache_len: int) -> None:
     expected = {**guard.settings, "max_cache_len": max_cache_len}
     for name in (*_FIXED_BY_FAMILY, "max_cache_len"):
         if name not in kwargs:
@@ -80,7 +80,7 @@ def _pad_token_id(model: Any) -> int | None:
     return None
 
 
-def _fit_max_new_tokens(guard: "ShapeGuard", fitted: Any, requested: int | None, max_cache_len: int) -> int:
+def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_cache_len: int) -> int:
     """The requested ``max_new_tokens`` if it fits the compiled cache; clipped (pad/warn) or refused (refuse) if not."""
     batch, length = fitted.shape
     room = max_new_tokens_that_fit(length, max_cache_len)
@@ -118,7 +118,7 @@ class PrimeReport:
     artifact_errors: list[str] = field(default_factory=list)
 
 
-def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
+def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
@@ -167,7 +167,7 @@ def prime(guard: "ShapeGuard", model: Any, *, check_config: bool = True, precomp
     return report
 
 
-def _install_precompiled(guard: "ShapeGuard", model: Any, report: PrimeReport, cache_dir: Path | None) -> None:
+def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> None:
     from warmcache.runtime.precompiled import install, precompiled_entries
 
     if not any(precompiled_entries(r) for r in guard.records):

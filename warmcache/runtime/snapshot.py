@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import UsageError
-from warmcache.registry import ShapeRecord
-from warmcache.registry.records import ArtifactRef
+from warmcache.registry.records import ArtifactRef, ShapeRecord
 
 SNAPSHOT_FORMAT = "warmcache-guard-snapshot"
 SNAPSHOT_VERSION = 1
@@ -36,7 +35,7 @@ def snapshot_document(records: Sequence[ShapeRecord], source: str) -> dict[str, 
     return {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
-        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "exported_at": dt.datetime.now(dt.UTC).isoformat(),
         "source": source,
         "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
     }

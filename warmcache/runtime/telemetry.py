@@ -20,11 +20,13 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from warmcache.registry import Registry
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent
 from warmcache.shapes import Decision, ShapeFamily
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -181,7 +183,10 @@ def open_sink(url: str) -> MissSink:
         from warmcache.runtime.remote import ServiceMisses
 
         return ServiceMisses(url, timeout=CONNECT_TIMEOUT_S)
-    return Registry.open(with_connect_timeout(url, CONNECT_TIMEOUT_S))
+    from warmcache.registry.registry import Registry  # the database layer loads on the first flush
+
+    # Never creates or migrates a schema: a typo in the URL must not grow a new registry.
+    return Registry.open(with_connect_timeout(url, CONNECT_TIMEOUT_S), create=False)
 
 
 def with_connect_timeout(url: str, seconds: int) -> str:

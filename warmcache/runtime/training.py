@@ -33,7 +33,7 @@ from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_roo
 from warmcache.shapes import Decision
 
 if TYPE_CHECKING:
-    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.runtime.guarded import Guard
 
 IGNORE_INDEX = -100
 
@@ -45,7 +45,7 @@ class BucketCollator:
     the input ids, for causal-LM loss) as lists or 1-D tensors.
     """
 
-    def __init__(self, guard: "ShapeGuard", tokenizer: Any, *, pad_token_id: int | None = None) -> None:
+    def __init__(self, guard: Guard, tokenizer: Any, *, pad_token_id: int | None = None) -> None:
         pad = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             raise UsageError("BucketCollator: the tokenizer has no pad_token_id; pass pad_token_id=")
@@ -100,7 +100,7 @@ class StepRecord:
 class GuardCallback(TrainerCallback):
     """Check each training batch against the guard before its forward; count compiles per step."""
 
-    def __init__(self, guard: "ShapeGuard") -> None:
+    def __init__(self, guard: Guard) -> None:
         self.guard = guard
         self.steps: list[StepRecord] = []
         self._shape: tuple[int, int] | None = None
@@ -136,7 +136,7 @@ class GuardCallback(TrainerCallback):
         """
         self._training.close()
 
-    def __enter__(self) -> "GuardCallback":
+    def __enter__(self) -> GuardCallback:
         return self
 
     def __exit__(self, *exc: object) -> None:

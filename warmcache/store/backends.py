@@ -193,7 +193,7 @@ class S3Store:
         retries: dict[str, Any] = {"mode": "standard"}
         if not os.environ.get("AWS_MAX_ATTEMPTS"):
             retries["total_max_attempts"] = DEFAULT_ATTEMPTS
-        config = Config(retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32)  # type: ignore[arg-type]
+        config = Config(retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32)
         try:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         except (BotoCoreError, ValueError) as exc:  # a bad region or endpoint URL

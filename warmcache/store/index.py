@@ -31,7 +31,7 @@ from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.unbundle import check_artifacts, check_files, read_signed_document
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
-from warmcache.trust import SignatureCheck, TrustedKeys, canonical_bytes
+from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes
 
 INDEX_FORMAT = 1
 BLOB_PREFIX = "blobs/sha256/"
@@ -81,7 +81,7 @@ def index_bytes(index: dict[str, Any]) -> bytes:
     return canonical_bytes(index)
 
 
-def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = TrustedKeys()) -> ShapeIndex:
+def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
     """Validate an index completely, or raise :class:`CacheError` naming the key and the fault.
 
     With ``trusted`` keys configured the signature is checked before anything the index

@@ -56,7 +56,7 @@ from warmcache.store.index import (
     parse_index,
 )
 from warmcache.store.push import TRANSFER_THREADS
-from warmcache.trust import TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
@@ -111,7 +111,7 @@ def pull_manifest(
     *,
     model_name: str | None = None,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
-    trusted: TrustedKeys = TrustedKeys(),
+    trusted: TrustedKeys = NOT_CONFIGURED,
     progress: Progress | None = None,
 ) -> PullResult:
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.

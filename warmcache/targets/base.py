@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import CacheFlavor
+from warmcache.flavors import CacheFlavor
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
@@ -68,7 +68,7 @@ class Target(ABC):
         """Where generate() inputs are built; ``generate()`` moves what ``forward`` needs."""
         return "cpu"
 
-    def compile_config(self) -> "CompileConfig":
+    def compile_config(self) -> CompileConfig:
         from warmcache.generation import compile_config
 
         return compile_config(self.backend, self.mode, self.device)

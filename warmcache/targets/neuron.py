@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.layout import CacheFlavor
 from warmcache.errors import TargetUnavailableError, UsageError
+from warmcache.flavors import CacheFlavor
 from warmcache.targets.base import Target
 
 FLAGS_ENV = "NEURON_CC_FLAGS"

@@ -48,16 +48,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from warmcache.errors import UsageError, WarmcacheError
-from warmcache.manifest import Manifest, ModelSpec
+from warmcache.errors import UsageError, WarmcacheError, error_line
+from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.warmup.progress import SpecOutcome
+from warmcache.warmup.summary import WarmupOptions, WarmupPlan, WarmupSummary
 
 if TYPE_CHECKING:
     import torch.distributed as torch_dist
-    from transformers.distributed import DistributedConfig
 
-    from warmcache.warmup.runner import WarmupOptions, WarmupSummary
     from warmcache.warmup.worker import Worker
 
 T = TypeVar("T")
@@ -129,7 +128,7 @@ def split_by_world_size(todo: Sequence[PlannedShape]) -> tuple[list[PlannedShape
     return mine, others
 
 
-def warm_under_torchrun(options: "WarmupOptions", manifest: Manifest, nproc: int) -> list[SpecOutcome]:
+def warm_under_torchrun(options: WarmupOptions, manifest: Manifest, nproc: int) -> list[SpecOutcome]:
     """Warm the manifest's ``nproc``-rank models in a torchrun child; return what its rank 0 compiled.
 
     The registry URL and cache folder travel in the environment, not on the
@@ -193,7 +192,7 @@ def coordination() -> Coordination:
     return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
 
 
-def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[], "WarmupSummary"]) -> "WarmupSummary":
+def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], WarmupSummary]) -> WarmupSummary:
     """One rank of a torchrun warmup: rank 0 runs ``warm`` (the normal runner), the others follow it.
 
     Rank 0's summary is the group's; the other ranks return an empty one and
@@ -216,7 +215,6 @@ def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[],
             summary = warm()
             broadcast_from_writer(None)  # done: the followers leave their loop
             return summary
-        from warmcache.warmup.runner import WarmupPlan, WarmupSummary
         from warmcache.warmup.worker import Worker
 
         follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
@@ -225,15 +223,13 @@ def run_as_rank(manifest: Manifest, options: "WarmupOptions", warm: Callable[[],
         shutdown()
 
 
-def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
+def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
     """A non-zero rank: run each spec rank 0 announces, report success or error, until rank 0 says done.
 
     No registry access and no per-spec file lock: rank 0 holds the lock, and a
     rank waiting on it would deadlock the group's collectives. ``WAITING`` means
     rank 0 is still polling for specs other hosts hold: just listen again.
     """
-    from warmcache.warmup.runner import error_line
-
     by_identity = {p.identity: p for p in planned}
     while (identity := broadcast_from_writer(None)) is not None:
         if identity == WAITING:
@@ -247,27 +243,6 @@ def follow_writer(worker: "Worker", planned: Sequence[PlannedShape]) -> None:
         except Exception as exc:
             error = error_line(exc)
         agree_on_failure(error)
-
-
-def distributed_config(model: ModelSpec) -> "DistributedConfig | None":
-    """The ``DistributedConfig`` production loads ``model`` with, or ``None`` for a single process."""
-    if model.world_size == 1:
-        return None
-    from transformers.distributed import DistributedConfig
-
-    return DistributedConfig(tp_size=model.tp_size, fsdp_size=model.fsdp_size)
-
-
-def sharded_load_kwargs(model: ModelSpec, load_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``from_pretrained`` arguments for one rank of a sharded model.
-
-    A ``device_map`` would put every rank's shard on one device; with a
-    ``distributed_config`` transformers binds each rank to its local device itself.
-    """
-    config = distributed_config(model)
-    if config is None:
-        return load_kwargs
-    return {**{k: v for k, v in load_kwargs.items() if k != "device_map"}, "distributed_config": config}
 
 
 def init_process_group(device: str) -> None:
@@ -291,7 +266,7 @@ def init_process_group(device: str) -> None:
 
 
 @functools.cache
-def _control_group() -> "torch_dist.ProcessGroup | None":
+def _control_group() -> torch_dist.ProcessGroup | None:
     """A gloo group for coordination objects (``None``: the default group already is gloo)."""
     import torch.distributed as dist
 

@@ -33,7 +33,7 @@ def _drop_every_guard(guards: Any) -> list[bool]:
 
 
 @contextlib.contextmanager
-def capture_decode_call(model: "PreTrainedModel") -> Iterator[dict[str, Any]]:
+def capture_decode_call(model: PreTrainedModel) -> Iterator[dict[str, Any]]:
     """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward."""
     captured: dict[str, Any] = {}
     original = model.get_compiled_call
@@ -56,7 +56,7 @@ def capture_decode_call(model: "PreTrainedModel") -> Iterator[dict[str, Any]]:
         del model.get_compiled_call  # the instance attribute; the class method shows through again
 
 
-def precompile_decode(model: "PreTrainedModel", decode_kwargs: dict[str, Any], backend: str) -> Any:
+def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], backend: str) -> Any:
     """``aot_compile`` the decode step for exactly these arguments, guards dropped; returns the compiled function."""
     import torch
 

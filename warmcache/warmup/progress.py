@@ -1,6 +1,7 @@
-"""Show warmup progress: a bar on a terminal, one plain line per spec otherwise (CI logs).
+"""What a warmup reports about each finished spec, and the callback it reports to.
 
-Both go to stderr, so ``--json`` output on stdout stays machine-readable.
+The library only reports; ``warmcache.cli.progress`` renders (a bar on a terminal,
+plain lines otherwise).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import click
+from warmcache.statuses import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,7 @@ class SpecOutcome:
     error: str | None = None
 
     def message(self) -> str:
-        if self.status == "failed":
+        if self.status == Status.FAILED:
             return f"FAILED after {self.seconds:.1f}s: {self.error}"
         graphs = f"{self.graphs} graph{'s' if self.graphs != 1 else ''}"
         if self.padded_graphs:
@@ -52,40 +53,3 @@ class Progress(Protocol):
     def advance(self, outcome: SpecOutcome) -> None: ...
 
     def close(self) -> None: ...
-
-
-class LineProgress:
-    """``[3/12] tiny-qwen3 generate batch=2 seq=16: compiled in 4.1s (1 graph, 3 cache entries)``."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = 0
-
-    def advance(self, outcome: SpecOutcome) -> None:
-        self.done += 1
-        click.echo(f"[{self.done}/{self.total}] {outcome.description}: {outcome.message()}", err=True)
-
-    def close(self) -> None:
-        pass
-
-
-class BarProgress:
-    """A click progress bar naming the last finished spec; failures are echoed above it."""
-
-    def __init__(self, total: int) -> None:
-        self._last = ""
-        self._bar = click.progressbar(length=total, label="warmup", file=click.get_text_stream("stderr"), item_show_func=lambda _: self._last)
-        self._bar.__enter__()
-
-    def advance(self, outcome: SpecOutcome) -> None:
-        if outcome.status == "failed":
-            click.echo(f"\n{outcome.description}: {outcome.message()}", err=True)
-        self._last = f"{outcome.description}: {outcome.status} {outcome.seconds:.1f}s"
-        self._bar.update(1)
-
-    def close(self) -> None:
-        self._bar.__exit__(None, None, None)
-
-
-def progress_for(total: int, *, terminal: bool) -> Progress:
-    return BarProgress(total) if terminal else LineProgress(total)

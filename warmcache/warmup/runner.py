@@ -27,150 +27,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from warmcache.errors import UsageError, WarmcacheError, first_line
+from warmcache.errors import UsageError, WarmcacheError, error_line
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.registry.models import DONE_STATUSES
-from warmcache.registry.registry import PlanStatus, worker_id
+from warmcache.registry.registry import worker_id
+from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.support import check_supported
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.progress import Progress, SpecOutcome
+from warmcache.warmup.summary import Shard, WarmupOptions, WarmupPlan, WarmupSummary
 from warmcache.warmup.worker import SpecRun, Worker, lock_path
 
 Report = Callable[[SpecOutcome], None]
 
 #: How often a worker with nothing to claim looks again at specs other workers hold.
 LEASE_POLL_SECONDS = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """``--shard I/N``: the I-th (1-based) of N disjoint, deterministic slices of a manifest."""
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> "Shard":
-        try:
-            index, count = (int(part) for part in text.split("/"))
-        except ValueError:
-            raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
-        if count < 1 or not 1 <= index <= count:
-            raise UsageError(f"--shard {text!r}: need 1 <= I <= N")
-        return cls(index, count)
-
-    def select(self, planned: Sequence[PlannedShape]) -> list[PlannedShape]:
-        """Every N-th spec in identity order: stable across machines and manifest edits elsewhere."""
-        ordered = sorted(planned, key=lambda p: p.identity)
-        return [p for i, p in enumerate(ordered) if i % self.count == self.index - 1]
-
-
-@dataclass(frozen=True, slots=True)
-class WarmupOptions:
-    registry_url: str
-    cache_dir: str | None = None
-    lease_seconds: float | None = None
-    jobs: int = 1
-    shard: Shard | None = None
-    retry_failed: bool = False
-    dry_run: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class WarmupPlan:
-    """What a run will do with each planned spec."""
-
-    statuses: list[PlanStatus]
-    retry_failed: bool
-
-    @property
-    def done(self) -> list[PlanStatus]:
-        return [s for s in self.statuses if s.status in DONE_STATUSES]
-
-    @property
-    def failed_kept(self) -> list[PlanStatus]:
-        """Failed earlier and not retried this run."""
-        return [] if self.retry_failed else [s for s in self.statuses if s.status == "failed"]
-
-    @property
-    def todo(self) -> list[PlannedShape]:
-        skip = set(DONE_STATUSES) | (set() if self.retry_failed else {"failed"})
-        return [s.planned for s in self.statuses if s.status not in skip]
-
-    def action(self, status: PlanStatus) -> str:
-        if status.status in DONE_STATUSES:
-            return f"skip ({status.status})"
-        if status.status == "failed" and not self.retry_failed:
-            return "skip (failed; --retry-failed to retry)"
-        return "compile"
-
-
-@dataclass
-class WarmupSummary:
-    plan: WarmupPlan
-    dry_run: bool
-    outcomes: list[SpecOutcome] = field(default_factory=list)
-    seconds: float = 0.0
-    #: Specs of this run left failed (or unfinished) by other workers while it waited.
-    unfinished: list[str] = field(default_factory=list)
-
-    @property
-    def failed(self) -> list[SpecOutcome]:
-        return [o for o in self.outcomes if o.status == "failed"]
-
-    @property
-    def exit_code(self) -> int:
-        """Non-zero while any planned spec is failed: the manifest is not fully warm."""
-        return 1 if self.failed or self.plan.failed_kept or self.unfinished else 0
-
-    def count(self, status: str) -> int:
-        return sum(1 for o in self.outcomes if o.status == status)
-
-    def as_json(self) -> dict[str, Any]:
-        count = self.count
-        out: dict[str, Any] = {
-            "planned": len(self.plan.statuses),
-            "already_compiled": len(self.plan.done),
-            "failed_before": len(self.plan.failed_kept),
-            "to_compile": len(self.plan.todo),
-            "compiled": count("compiled"),
-            "failed": count("failed"),
-            "lost": count("lost"),
-            "unfinished_elsewhere": self.unfinished,
-            "seconds": round(self.seconds, 3),
-            "dry_run": self.dry_run,
-            "ok": self.exit_code == 0,
-            "specs": [o.as_json() for o in self.outcomes],
-        }
-        if self.dry_run:
-            out["plan"] = [
-                {"spec": s.planned.spec.describe(), "identity": s.planned.identity, "status": s.status, "action": self.plan.action(s)}
-                for s in self.plan.statuses
-            ]
-        return out
-
-    def lines(self) -> list[str]:
-        data = self.as_json()
-        if self.dry_run:
-            rows = [f"{p['action']:<40} {p['spec']}" for p in data["plan"]]
-            return rows + [f"dry run: {data['planned']} planned, {data['to_compile']} to compile, {data['already_compiled']} already compiled"]
-        out = [
-            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, "
-            f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
-        ]
-        out += [f"failed: {o.description}: {o.error}" for o in self.failed]
-        out += [f"not warm (another worker's): {line}" for line in self.unfinished]
-        if self.plan.failed_kept:
-            out.append(f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with --retry-failed to compile them again")
-        return out
 
 
 def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
@@ -216,7 +93,7 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         _prepare_targets(worker, {p.model.name: p.model for p in todo}.values())
         registry.ensure_pending(todo)
         if options.retry_failed:
-            registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == "failed"])
+            registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
         lease = options.lease_seconds or manifest.lease_seconds
         todo, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
@@ -258,7 +135,7 @@ def _unfinished_elsewhere(registry: Registry, todo: Sequence[PlannedShape], outc
     A run waits for specs other workers hold; if one of them failed it there, this
     run must not exit 0 claiming the manifest is warm.
     """
-    reported = {o.identity for o in outcomes if o.status == "failed"}
+    reported = {o.identity for o in outcomes if o.status == Status.FAILED}
     described = {p.identity: p.spec.describe() for p in todo}
     return [
         f"{described[r.identity]}: {r.status}" + (f" ({r.error})" if r.error else "")
@@ -290,7 +167,7 @@ def claim_loop(
             ranks.announce(record.identity)
             report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds, ranks.agree))
             continue
-        if not any(r.status in ("pending", "compiling") for r in registry.rows(identities=identities)):
+        if not any(r.status in (Status.PENDING, Status.COMPILING) for r in registry.rows(identities=identities)):
             return
         ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
         time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
@@ -320,7 +197,7 @@ def run_claimed(
             error = agree(error)
         if error is not None:
             registry.mark_failed(row_id, me, error)
-            return SpecOutcome(planned.identity, description, "failed", time.perf_counter() - start, error=error)
+            return SpecOutcome(planned.identity, description, Status.FAILED, time.perf_counter() - start, error=error)
         assert run is not None  # no rank failed, so this one ran the spec
         artifacts = run.artifacts()
         won = registry.mark_compiled(
@@ -337,7 +214,7 @@ def run_claimed(
     return SpecOutcome(
         planned.identity,
         description,
-        "compiled" if won else "lost",
+        Status.COMPILED if won else "lost",
         run.seconds,
         graphs=run.graphs,
         padded_graphs=run.padded_graphs,
@@ -353,12 +230,6 @@ def _run_locked(worker: Worker, planned: PlannedShape) -> tuple[SpecRun | None, 
             return worker.run(planned), None
     except Exception as exc:
         return None, error_line(exc)
-
-
-def error_line(exc: BaseException) -> str:
-    """``Type: first line`` of a spec's error, as the registry stores it."""
-    first = first_line(str(exc))
-    return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
 
 
 def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[str], None] | None = None) -> Report:
@@ -388,7 +259,7 @@ class _Heartbeat:
             except WarmcacheError:
                 continue  # a transient registry error (RegistryError): the lease still has two thirds left
 
-    def __enter__(self) -> "_Heartbeat":
+    def __enter__(self) -> _Heartbeat:
         self._thread.start()
         return self
 

@@ -20,6 +20,7 @@ in-memory caches, loaded kernels) can make a spec look warm.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -29,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import DecodeRecompileError, WarmcacheError
+from warmcache.errors import DecodeRecompileError, WarmcacheError, error_line
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.registry.models import DONE_STATUSES
+from warmcache.statuses import DONE_STATUSES
 from warmcache.warmup import distributed
 
 if TYPE_CHECKING:
@@ -147,18 +148,19 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
     if result.get("recompiled"):
         # The decode compiled again at a later position: no cache can make that shape warm.
         return SpecVerdict(identity, description, RECOMPILED, reason=result["recompiled"])
-    counts = {k: int(result[k]) for k in ("graphs", "cache_hits", "cache_misses")}
+    graphs, hits, misses = (int(result[k]) for k in ("graphs", "cache_hits", "cache_misses"))
+    measured = functools.partial(SpecVerdict, identity, description, graphs=graphs, cache_hits=hits, cache_misses=misses)
     if result.get("precompiled_error"):
-        return SpecVerdict(identity, description, REPLAY_FAILED, **counts, reason=result["precompiled_error"])
+        return measured(REPLAY_FAILED, reason=result["precompiled_error"])
     new_entries = tuple(result["new_entries"])
     if not result["persistent_cache"]:
-        return SpecVerdict(identity, description, REPLAY_ONLY, **counts, reason="backend keeps no persistent cache")
-    if counts["cache_misses"] or new_entries:
-        reason = f"{counts['cache_misses']} cache miss(es), {len(new_entries)} new cache entr(ies)"
+        return measured(REPLAY_ONLY, reason="backend keeps no persistent cache")
+    if misses or new_entries:
+        reason = f"{misses} cache miss(es), {len(new_entries)} new cache entr(ies)"
         if new_entries:
             reason += f" (first: {new_entries[0]})"
-        return SpecVerdict(identity, description, RECOMPILED, **counts, new_entries=new_entries, reason=reason)
-    return SpecVerdict(identity, description, VERIFIED, **counts)
+        return measured(RECOMPILED, new_entries=new_entries, reason=reason)
+    return measured(VERIFIED)
 
 
 def _replay_in_fresh_process(
@@ -183,7 +185,6 @@ def _replay_in_fresh_process(
 
 def replay(request_path: Path, result_path: Path) -> None:
     """The fresh process: run each spec once through the same Worker warmup used, and measure."""
-    from warmcache.warmup.runner import error_line
     from warmcache.warmup.worker import Worker
 
     request = json.loads(request_path.read_text())
@@ -228,7 +229,7 @@ def replay(request_path: Path, result_path: Path) -> None:
         distributed.shutdown()
 
 
-def _prove_precompiled(worker: "Worker", planned: PlannedShape, registry_url: str | None) -> str | None:
+def _prove_precompiled(worker: Worker, planned: PlannedShape, registry_url: str | None) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify_precompiled`)."""
     if not (registry_url and planned.model.precompile and planned.spec.workload == "generate"):
         return None

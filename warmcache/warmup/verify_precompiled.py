@@ -24,9 +24,12 @@ if TYPE_CHECKING:
     from warmcache.shapes import ShapeSpec
 
 
-def prove_artifacts(model: "PreTrainedModel", record: "ShapeRecord", spec: "ShapeSpec", config: "CompileConfig", root: Path) -> str | None:
+def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path) -> str | None:
     """``None`` when the row's artifact in the cache ``root`` serves the spec like the traced path; else why not (one line)."""
     import torch
+    from transformers import GenerationMixin
+
+    assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
 
     if not precompiled_entries(record):
         return None

@@ -17,23 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import INDUCTOR_PRECOMPILED, WORK_DIR_PREFIX, entry_size, list_entries
+from warmcache.cache.layout import INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
 from warmcache.targets import Target, resolve_cache_dir, target_for
-from warmcache.warmup.distributed import sharded_load_kwargs
 from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_precompiled
+from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-#: Folder under a cache root that holds warmcache's per-spec file locks (a work folder, never an entry).
-LOCK_DIRNAME = f"{WORK_DIR_PREFIX}locks"
-
 
 def lock_path(cache_root: Path, identity: str) -> Path:
     return cache_root / LOCK_DIRNAME / f"{identity}.lock"
@@ -71,7 +67,7 @@ class Worker:
     _roots: dict[Target, Path] = field(default_factory=dict)
     #: Precompiled artifact per decode graph already written by this process (rows of one batch share it).
     _precompiled: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    _models: dict[tuple[Any, ...], "PreTrainedModel"] = field(default_factory=dict)
+    _models: dict[tuple[Any, ...], PreTrainedModel] = field(default_factory=dict)
 
     def cache_root(self, target: Target) -> Path:
         """The target's cache root; the first call points the compiler at it (before any compile)."""
@@ -107,7 +103,8 @@ class Worker:
         # The Trainer prints its metrics to stdout; keep stdout for --json output.
         with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
             if spec.workload == "generate":
-                with capture_decode_call(model) if precompile else contextlib.nullcontext({}) as decode_kwargs:
+                capturing: contextlib.AbstractContextManager[dict[str, Any]] = capture_decode_call(model) if precompile else contextlib.nullcontext({})
+                with capturing as decode_kwargs:
                     result = run_generate(model, spec, target.compile_config(), target.input_device())
             else:
                 result = run_train(model, spec, target.device, target.backend, target.mode)
@@ -131,7 +128,7 @@ class Worker:
             reused_entries=reused,
         )
 
-    def _precompile(self, planned: PlannedShape, model: "PreTrainedModel", root: Path, decode_kwargs: dict[str, Any]) -> str:
+    def _precompile(self, planned: PlannedShape, model: PreTrainedModel, root: Path, decode_kwargs: dict[str, Any]) -> str:
         """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
         spec, model_spec = planned.spec, planned.model
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
@@ -154,12 +151,12 @@ class Worker:
         entry = self._precompiled[key] = save_precompiled(root, compiled, decode_kwargs, fields)
         return entry
 
-    def model_for(self, planned: PlannedShape) -> tuple["PreTrainedModel", Target]:
+    def model_for(self, planned: PlannedShape) -> tuple[PreTrainedModel, Target]:
         """The loaded model a spec runs on, and its target (verify proves artifacts on the replay's model)."""
         target = target_for(planned.model)
         return self._model(planned.model, target, planned.spec.workload, planned.spec.family.settings_dict()), target
 
-    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> "PreTrainedModel":
+    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
         key: tuple[Any, ...] = (model_spec.name, workload) + ((settings.get("gradient_checkpointing"),) if workload == "train" else ())
@@ -169,7 +166,7 @@ class Worker:
         return model
 
 
-def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> "PreTrainedModel":
+def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrainedModel:
     """``from_pretrained`` onto the target's device in the manifest's dtype."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -43,7 +43,7 @@ class WorkloadResult:
     """Dynamo graphs the padded mask form added after the unpadded form ran (0: they share graphs)."""
 
 
-def token_ids(model: "PreTrainedModel", batch: int, length: int) -> "torch.Tensor":
+def token_ids(model: PreTrainedModel, batch: int, length: int) -> torch.Tensor:
     """``batch × length`` ids drawn from the vocabulary, never a special token, same every run."""
     import torch
 
@@ -63,7 +63,7 @@ def token_ids(model: "PreTrainedModel", batch: int, length: int) -> "torch.Tenso
     return vocab[torch.randint(len(vocab), (batch, length), generator=generator)]
 
 
-def pad_token_id(model: "PreTrainedModel") -> int:
+def pad_token_id(model: PreTrainedModel) -> int:
     for source in (getattr(model, "generation_config", None), model.config):
         value = getattr(source, "pad_token_id", None)
         if isinstance(value, int):
@@ -71,7 +71,7 @@ def pad_token_id(model: "PreTrainedModel") -> int:
     return 0
 
 
-def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConfig", input_device: str) -> WorkloadResult:
+def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str) -> WorkloadResult:
     """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
 
     Both forms first run a few tokens (compiling or loading the decode graphs), then
@@ -81,10 +81,12 @@ def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConf
     naming the guard, here, instead of recompiling at every step in production.
     """
     import torch
+    from transformers import GenerationMixin
 
     from warmcache.compile_counter import CompileCounter
     from warmcache.runtime.sentinel import fail_on_recompile
 
+    assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
     max_cache_len = spec.family.max_cache_len
     assert max_cache_len is not None, f"generate spec without max_cache_len: {spec.describe()}"
     full_length = max_new_tokens_that_fit(spec.seq_len, max_cache_len)
@@ -92,7 +94,7 @@ def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConf
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
-    def generate(input_ids: "torch.Tensor", attention_mask: "torch.Tensor", new_tokens: int) -> None:
+    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int) -> None:
         kwargs = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
@@ -133,17 +135,17 @@ def run_generate(model: "PreTrainedModel", spec: ShapeSpec, config: "CompileConf
 class _Rows:
     """A map-style dataset of ready causal-LM rows (the Trainer's default collator stacks them)."""
 
-    def __init__(self, rows: list[dict[str, "torch.Tensor"]]) -> None:
+    def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
         self.rows = rows
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> dict[str, "torch.Tensor"]:
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.rows[index]
 
 
-def training_rows(model: "PreTrainedModel", batch: int, length: int) -> list[dict[str, "torch.Tensor"]]:
+def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[str, torch.Tensor]]:
     """Two batches of exactly ``batch × length``: unpadded, then with the first row right-padded.
 
     Padding follows the guard's training collator: pad ids, attention 0, labels -100.
@@ -159,7 +161,7 @@ def training_rows(model: "PreTrainedModel", batch: int, length: int) -> list[dic
     return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2 * batch)]
 
 
-def run_train(model: "PreTrainedModel", spec: ShapeSpec, device: str, backend: str, mode: str) -> WorkloadResult:
+def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str) -> WorkloadResult:
     """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one."""
     from transformers import Trainer, TrainingArguments
 
@@ -214,7 +216,7 @@ class _StepGraphs:
 
         owner = self
 
-        class StepGraphs(TrainerCallback):  # type: ignore[misc]
+        class StepGraphs(TrainerCallback):
             def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
                 owner.counter.__enter__()
 

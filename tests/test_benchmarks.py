@@ -1,0 +1,28 @@
+"""The benchmarks keep working: CI runs each one's ``--quick`` mode (``.ci/run``); these are the cheap checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import ShapeRecord
+from warmcache.statuses import Status
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def test_every_benchmark_has_a_quick_mode() -> None:
+    benches = sorted(TOOLS.glob("bench_*.py"))
+    assert benches
+    assert [b.name for b in benches if '"--quick"' not in b.read_text()] == []
+
+
+def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) -> None:
+    from bench_guard import compiled_record
+
+    path = write_manifest('[[model]]\nname = "m"\npath = "{qwen3}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n')
+    planned = plan_manifest(load_manifest(path))[0]
+    record = compiled_record(planned, 7)
+    assert isinstance(record, ShapeRecord)
+    assert (record.id, record.identity, record.status, record.batch_size, record.seq_len) == (7, planned.identity, Status.COMPILED, 1, 8)
