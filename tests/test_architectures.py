@@ -50,10 +50,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
     # Only config.json is read at plan time: no weights needed.
     Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
     manifest = tmp_path / "m.toml"
-    manifest.write_text(
-        f'[[model]]\nname = "next"\npath = "{tmp_path / "next"}"\n'
-        "[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n"
-    )
+    manifest.write_text(f'[[model]]\nname = "next"\npath = "{tmp_path / "next"}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n')
     for command in ("plan", "warmup"):
         result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
         assert result.exit_code == 2, result.output

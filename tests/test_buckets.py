@@ -23,11 +23,7 @@ def padding(values: list[int], weights: list, buckets: tuple[int, ...] | list[in
 def brute_force(values: list[int], weights: list, max_buckets: int) -> float:
     """Least padding over every subset of at most ``max_buckets`` distinct values that holds the longest."""
     longest, others = values[-1], values[:-1]
-    return min(
-        padding(values, weights, (*subset, longest))
-        for size in range(min(max_buckets, len(values)))
-        for subset in itertools.combinations(others, size)
-    )
+    return min(padding(values, weights, (*subset, longest)) for size in range(min(max_buckets, len(values))) for subset in itertools.combinations(others, size))
 
 
 def reference_dp(values: list[int], weights: list, max_buckets: int) -> float:
@@ -35,9 +31,7 @@ def reference_dp(values: list[int], weights: list, max_buckets: int) -> float:
     n = len(values)
     best = [0.0] + [math.inf] * n
     for _ in range(min(max_buckets, n)):
-        best = [0.0] + [
-            min(best[i] + sum(weights[t] * (values[j - 1] - values[t]) for t in range(i, j)) for i in range(j)) for j in range(1, n + 1)
-        ]
+        best = [0.0] + [min(best[i] + sum(weights[t] * (values[j - 1] - values[t]) for t in range(i, j)) for i in range(j)) for j in range(1, n + 1)]
     return best[n]
 
 

@@ -101,7 +101,7 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
     in_manifest = tmp_path / "from-manifest.sqlite"
-    path = write_manifest(MANIFEST.replace('[[model]]', f'[registry]\nurl = "sqlite:///{in_manifest}"\n[[model]]', 1))
+    path = write_manifest(MANIFEST.replace("[[model]]", f'[registry]\nurl = "sqlite:///{in_manifest}"\n[[model]]', 1))
     runner = CliRunner()
     runner.invoke(main, ["plan", str(path)])
     assert in_manifest.exists()

@@ -25,7 +25,7 @@ from warmcache.warmup.verify import RECOMPILED
 pytestmark = pytest.mark.slow
 
 #: Imported at start-up by every Python process that has the plugin folder on PYTHONPATH.
-PLUGIN = '''
+PLUGIN = """
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 
@@ -46,7 +46,7 @@ class StepCountingLlama(LlamaForCausalLM):
 
 AutoConfig.register("step-counting-llama", StepCountingConfig)
 AutoModelForCausalLM.register(StepCountingConfig, StepCountingLlama)
-'''
+"""
 
 MANIFEST = """
 [[model]]
@@ -110,9 +110,7 @@ def test_warmup_fails_a_shape_whose_decode_recompiles_after_the_first_steps(reco
     assert row.status == "failed"
 
 
-def test_verify_fails_a_compiled_shape_whose_decode_recompiles_after_the_first_steps(
-    recompiling_model: tuple[Path, Path], tmp_path: Path
-) -> None:
+def test_verify_fails_a_compiled_shape_whose_decode_recompiles_after_the_first_steps(recompiling_model: tuple[Path, Path], tmp_path: Path) -> None:
     # The row says compiled (as after a warmup on an older transformers or model code);
     # the replay in a fresh process decodes to a full cache and meets the per-step compile.
     plugins, checkpoint = recompiling_model

@@ -251,9 +251,7 @@ def _another_config_of(model_dir: Path, into: Path) -> Path:
     return into
 
 
-def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(
-    compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
+def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path) -> None:
     other = _another_config_of(tiny_models["qwen3"], tmp_path / "deeper")
     only_batch_8 = MANIFEST.replace("{qwen3}", str(other)).replace("batch_sizes = [1, 2, 4]", "batch_sizes = [2, 8]")
     _compile_all(compiled, write_manifest(only_batch_8, name="other.toml"))

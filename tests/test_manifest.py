@@ -88,9 +88,15 @@ BAD_CASES = {
     "negative size": (GOOD.replace("seq_lengths = [16]", "seq_lengths = [-16]"), "model[0].train[0].seq_lengths[0]: must be > 0, got -16"),
     "empty list": (GOOD.replace("batch_sizes = [2]", "batch_sizes = []"), "model[0].train[0].batch_sizes: must be a non-empty list of integers"),
     "missing key": (GOOD.replace("max_cache_len = 32", ""), "model[0].generate[0].max_cache_len: missing required key"),
-    "prompt overflows cache": (GOOD.replace("max_cache_len = 32", "max_cache_len = 16"), "model[0].generate[0].prompt_lengths: prompt length 16 + 1 new token exceeds max_cache_len 16"),
+    "prompt overflows cache": (
+        GOOD.replace("max_cache_len = 32", "max_cache_len = 16"),
+        "model[0].generate[0].prompt_lengths: prompt length 16 + 1 new token exceeds max_cache_len 16",
+    ),
     "unknown dtype": (GOOD.replace('name = "m"', 'name = "m"\ndtype = "fp8"'), "model[0].dtype: unknown dtype 'fp8'"),
-    "device auto": (GOOD.replace('name = "m"', 'name = "m"\ndevice = "auto"'), "model[0].device: 'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU"),
+    "device auto": (
+        GOOD.replace('name = "m"', 'name = "m"\ndevice = "auto"'),
+        "model[0].device: 'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU",
+    ),
     "unknown device": (GOOD.replace('name = "m"', 'name = "m"\ndevice = "cdua"'), "model[0].device: unknown value 'cdua' (allowed: neuron, cpu, cuda); did you mean 'cuda'?"),
     "backend for wrong device": (GOOD.replace('name = "m"', 'name = "m"\nbackend = "neuron"'), "model[0].backend: backend 'neuron' does not compile for device 'cpu'"),
     "duplicate model": (GOOD + GOOD, "model[1].name: duplicate model name 'm' (first used by model[0])"),
@@ -98,7 +104,10 @@ BAD_CASES = {
     "no workload": ('[[model]]\nname = "m"\npath = "x"\n', "model[0]: model 'm' declares no workload"),
     "no model": ('[registry]\nurl = "sqlite:///x.db"\n', "model: no [[model]] entries"),
     "tp size zero": (GOOD.replace('name = "m"', 'name = "m"\ndistributed = { tp_size = 0 }'), "model[0].distributed.tp_size: must be > 0, got 0"),
-    "num_return_sequences": (GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_return_sequences = 2"), "model[0].generate[0].num_return_sequences: 2 exceeds num_beams 1"),
+    "num_return_sequences": (
+        GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_return_sequences = 2"),
+        "model[0].generate[0].num_return_sequences: 2 exceeds num_beams 1",
+    ),
     "invalid toml": ("[[model]\nname=", "invalid TOML"),
 }
 

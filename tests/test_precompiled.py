@@ -92,9 +92,7 @@ def warmed(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 def _serve(root: Path, model: Path, policy: str = "pad", *extra: str) -> dict[str, Any]:
     env_script = root / "serve.py"
     env_script.write_text(SERVE)
-    result = subprocess.run(
-        [sys.executable, str(env_script), f"sqlite:///{root}/registry.sqlite", str(model), policy, *extra], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([sys.executable, str(env_script), f"sqlite:///{root}/registry.sqlite", str(model), policy, *extra], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

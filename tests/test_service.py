@@ -108,9 +108,7 @@ def test_check_answers_as_the_cli_does(service: str, compiled: str) -> None:
 
 def test_reads_match_the_cli_json(service: str, compiled: str, manifest: Path) -> None:
     assert call(f"{service}/v1/shapes")[1] == cli_json("shapes", "--db", compiled)
-    assert call(f"{service}/v1/shapes?workload=generate&status=compiled")[1] == cli_json(
-        "shapes", "--db", compiled, "--workload", "generate", "--status", "compiled"
-    )
+    assert call(f"{service}/v1/shapes?workload=generate&status=compiled")[1] == cli_json("shapes", "--db", compiled, "--workload", "generate", "--status", "compiled")
     status, models, _ = call(f"{service}/v1/models")
     assert status == 200 and models == [{"model": "m", "workloads": ["generate", "train"], "shapes": 7, "counts": {"pending": 2, "compiled": 4, "failed": 1}}]
     report = call(f"{service}/v1/status")[1]
@@ -123,10 +121,12 @@ def test_reads_match_the_cli_json(service: str, compiled: str, manifest: Path) -
 
 def test_misses_round_trip_and_show_in_metrics(service: str, compiled: str) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    report = {"misses": [
-        {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "pad", "padded_batch": 4, "padded_seq": 32, "count": 5},
-        {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 9, "seq_len": 99, "decision": "refuse"},
-    ]}
+    report = {
+        "misses": [
+            {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "pad", "padded_batch": 4, "padded_seq": 32, "count": 5},
+            {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 9, "seq_len": 99, "decision": "refuse"},
+        ]
+    }
     status, answer, _ = call(f"{service}/v1/misses", "POST", json.dumps(report).encode(), auth)
     assert (status, answer) == (200, {"recorded": 2, "count": 6})
     assert call(f"{service}/v1/misses")[1] == cli_json("misses", "--db", compiled)

@@ -359,9 +359,7 @@ def _tamper_rehashed(store: list[str]) -> str:
     return key
 
 
-def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_written(
-    built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]
-) -> None:
+def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_written(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]) -> None:
     key, public = signer
     push(built, store, "--sign", str(key))
     tampered = _tamper_rehashed(store)

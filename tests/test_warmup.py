@@ -80,9 +80,7 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
     assert result.stderr.count("compiled in") == 7 and "[7/7]" in result.stderr
 
     records = rows(sqlite_url)
-    assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {
-        (m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")
-    }
+    assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {(m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")}
     assert all(r.compile_seconds and r.compile_seconds > 0 and r.host for r in records)
     graphs = {(r.model_name, r.workload, r.batch_size, r.seq_len): r.graphs_compiled for r in records}
     # A new batch size, or a new training length, is a new graph; the first spec of each
@@ -98,9 +96,7 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
     started = time.perf_counter()
     again = warmup(str(path), "--db", sqlite_url)
     assert again.returncode == 0, again.stderr
-    assert summary(again.stdout) | {"seconds": 0} == summary(again.stdout) | {
-        "planned": 7, "already_compiled": 7, "to_compile": 0, "compiled": 0, "specs": [], "seconds": 0
-    }
+    assert summary(again.stdout) | {"seconds": 0} == summary(again.stdout) | {"planned": 7, "already_compiled": 7, "to_compile": 0, "compiled": 0, "specs": [], "seconds": 0}
     assert time.perf_counter() - started < 30
     assert {r.attempts for r in rows(sqlite_url)} == {1}
 

@@ -134,10 +134,7 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
         with torch.inference_mode():
             forward_ns = [_ns(lambda fitted=fitted: model(**fitted.inputs)) for _ in range(forwards)]
         pad, fwd = statistics.median(pad_ns) / 1e6, statistics.median(forward_ns) / 1e6
-        print(
-            f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: "
-            f"fit+unpad {pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}"
-        )
+        print(f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: fit+unpad {pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}")
     guard.close()
 
 

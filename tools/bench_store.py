@@ -51,8 +51,7 @@ def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path,
     manifest = folder / "manifest.toml"
     batches = ", ".join(str(b) for b in range(1, entries + 1))
     manifest.write_text(
-        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = "neuron"\n'
-        f"[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = [16]\nmax_cache_len = 64\n"
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = "neuron"\n[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = [16]\nmax_cache_len = 64\n'
     )
     cache, url = folder / "cache", f"sqlite:///{folder / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))

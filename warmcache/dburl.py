@@ -14,10 +14,7 @@ from warmcache.bounds import path_problem
 from warmcache.errors import UsageError, shown
 
 #: What a registry location may be; every refused one is answered with this list.
-ACCEPTED_FORMS = (
-    "sqlite:///PATH, a file path (with a '/' or ending in .sqlite, .sqlite3 or .db) "
-    "or postgresql://[USER@]HOST[:PORT]/DATABASE"
-)
+ACCEPTED_FORMS = "sqlite:///PATH, a file path (with a '/' or ending in .sqlite, .sqlite3 or .db) or postgresql://[USER@]HOST[:PORT]/DATABASE"
 _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 _SCHEMES = ("sqlite", "postgresql", "postgres")
 

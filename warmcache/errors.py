@@ -46,6 +46,8 @@ def shown(value: object) -> str:
     if isinstance(value, (str, bytes)) and len(value) > MAX_SHOWN_CHARS:
         return f"{text} ({len(value)} characters)"
     return text
+
+
 def error_line(exc: BaseException) -> str:
     """``Type: first line`` of a spec's error, as the registry stores it."""
     first = first_line(str(exc))

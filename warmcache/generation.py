@@ -59,9 +59,7 @@ def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
     return max_cache_len - prompt_len + 1
 
 
-def generate_kwargs(
-    settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig
-) -> dict[str, Any]:
+def generate_kwargs(settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig) -> dict[str, Any]:
     """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
 
     Build them per call: a ``static`` family gets a fresh cache object, which one

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
-from warmcache.cache.units import parse_size
 from warmcache.dburl import normalise_url
 from warmcache.errors import MAX_SHOWN_CHARS, ManifestError, UsageError, shown
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
 from warmcache.trust import TrustedKeys
+from warmcache.units import parse_size
 
 DEVICES = ("neuron", "cpu", "cuda")
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
@@ -427,7 +427,7 @@ def resolve_registry_url(url: str, base: Path) -> str:
         return f"sqlite:///{(base / os.path.expanduser(url)).resolve()}"
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-        return prefix + str((base / url[len(prefix):]).resolve())
+        return prefix + str((base / url[len(prefix) :]).resolve())
     return url
 
 
@@ -470,8 +470,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     if precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
         check.problem(
             f"{where}.precompile",
-            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda "
-            f"(got {device}/{backend}/{mode})",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
         )
 
     distributed = check.table(entry, "distributed", f"{where}.distributed")

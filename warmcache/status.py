@@ -183,9 +183,7 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
             continue
         if s.status == Status.COMPILING and record.claimed_by:
             expires = record.lease_expires_at
-            claims.append(
-                Claim(model, workload, spec.batch_size, spec.seq_len, record.claimed_by, record.updated_at, expires, expires is not None and expires < now)
-            )
+            claims.append(Claim(model, workload, spec.batch_size, spec.seq_len, record.claimed_by, record.updated_at, expires, expires is not None and expires < now))
         elif s.status == Status.FAILED:
             failures.append(Failure(model, workload, spec.batch_size, spec.seq_len, _error_summary(record.error), record.attempts, record.host))
     # Stale rows count too: an older toolchain's compile time is still the best guess for this one.

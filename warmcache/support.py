@@ -43,8 +43,7 @@ def model_problems(model: ModelSpec) -> list[str]:
         kinds = unsupported_layer_kinds(config)
         if kinds:
             problems.append(
-                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache "
-                "does not hold (supported: full and sliding-window attention)"
+                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache does not hold (supported: full and sliding-window attention)"
             )
         else:
             model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]

@@ -154,4 +154,3 @@ def plan_by_compile_cost(
             break
         count += 1
     return Plan(program.buckets(count), program.padding(count))
-

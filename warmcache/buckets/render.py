@@ -16,18 +16,11 @@ PLOT_INSTALL_HINT = "pip install 'warmcache[plot]'"
 def objective_text(suggestion: Suggestion) -> str:
     """The exact quantity the plan minimises, in words a reviewer can check."""
     n = suggestion.traffic.batch_size
-    padded = (
-        "E[bucket(L)] - E[L] padded tokens per request"
-        if n == 1
-        else f"E[bucket(M)] - E[L] padded tokens per request, M = longest of {n} (P(M <= x) = F(x)^{n})"
-    )
+    padded = "E[bucket(L)] - E[L] padded tokens per request" if n == 1 else f"E[bucket(M)] - E[L] padded tokens per request, M = longest of {n} (P(M <= x) = F(x)^{n})"
     if suggestion.compile_cost is None:
         count = len(suggestion.buckets)
         return f"minimise {padded}, with at most {count} bucket{'s' if count != 1 else ''}"
-    return (
-        f"minimise {suggestion.expected_requests} requests x ({padded}) "
-        f"+ {suggestion.compile_cost:g} tokens x buckets"
-    )
+    return f"minimise {suggestion.expected_requests} requests x ({padded}) + {suggestion.compile_cost:g} tokens x buckets"
 
 
 def as_json(suggestion: Suggestion, source: dict[str, Any], snippet: str | None = None) -> dict[str, Any]:
@@ -142,4 +135,3 @@ def save_plot(suggestion: Suggestion, path: str | Path) -> Path:
     except (OSError, ValueError) as exc:  # ValueError: an image format matplotlib cannot write
         raise UsageError(f"{out}: cannot write the plot: {exc}") from None
     return out
-

@@ -108,11 +108,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
     with registry.session() as session:
         existing = {
             row.identity: row
-            for row in session.scalars(
-                select(CompiledShape)
-                .where(CompiledShape.identity.in_([r["identity"] for r in rows]))
-                .options(selectinload(CompiledShape.artifacts))
-            )
+            for row in session.scalars(select(CompiledShape).where(CompiledShape.identity.in_([r["identity"] for r in rows])).options(selectinload(CompiledShape.artifacts)))
         }
         for data in rows:
             values = {**_values(data), "cache_root": cache_root}

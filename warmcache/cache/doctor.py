@@ -29,7 +29,7 @@ from warmcache.cache.cleanup import CleanupPlan, Forget, Removal
 from warmcache.cache.inventory import CacheEntry, CacheInfo, EntryUse
 from warmcache.cache.layout import NEURON_MODULE
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
-from warmcache.cache.units import format_age
+from warmcache.units import format_age
 
 
 def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, any_host: bool = False) -> CleanupPlan:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from warmcache.cache.cleanup import CleanupPlan, Forget, Removal
 from warmcache.cache.inventory import CacheEntry, CacheInfo
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
-from warmcache.cache.units import format_age, format_size
 from warmcache.errors import UsageError
+from warmcache.units import format_age, format_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +118,7 @@ def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use
     return None
 
 
-def _least_recently_used_until_fits(
-    eligible: list[tuple[CacheEntry, str]], total: int, limit: int, notes: list[str]
-) -> list[tuple[CacheEntry, str]]:
+def _least_recently_used_until_fits(eligible: list[tuple[CacheEntry, str]], total: int, limit: int, notes: list[str]) -> list[tuple[CacheEntry, str]]:
     chosen = []
     for entry, reason in sorted(eligible, key=lambda item: (item[0].last_used, item[0].path)):
         if total <= limit:

@@ -57,11 +57,11 @@ from warmcache.cache.locate import (
     flavor_of_kind,
     locate_caches,
 )
-from warmcache.cache.units import format_size
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
 from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys
+from warmcache.units import format_size
 
 _HEX = frozenset("0123456789abcdef")
 #: The metadata is read into memory: a bundle of a million files needs a few hundred MB at most.
@@ -330,9 +330,7 @@ def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: Bu
     write_checked(_blocks(source), expected, target, where=f"{CACHE_PREFIX}{expected.path}", executable=bool(member.mode & 0o111))
 
 
-def install_staged(
-    meta: BundleMeta, location: CacheLocation, open_registry: Callable[[], AbstractContextManager[Registry]], stage: Callable[[Path], None]
-) -> UnpackResult:
+def install_staged(meta: BundleMeta, location: CacheLocation, open_registry: Callable[[], AbstractContextManager[Registry]], stage: Callable[[Path], None]) -> UnpackResult:
     """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
 
     Shared by bundle unpack and store pull: the staging folder lies inside the cache

@@ -48,5 +48,23 @@ def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 
 
-for _command in (plan, shapes, check, status, db_group, buckets_group, warmup, verify, misses, guard_group, cache_group, bundle_group, keys_group, serve, push, pull, store_group):
+for _command in (
+    plan,
+    shapes,
+    check,
+    status,
+    db_group,
+    buckets_group,
+    warmup,
+    verify,
+    misses,
+    guard_group,
+    cache_group,
+    bundle_group,
+    keys_group,
+    serve,
+    push,
+    pull,
+    store_group,
+):
     main.add_command(_command)

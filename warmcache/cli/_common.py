@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.units import format_size
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.registry.engine import default_registry_url, normalise_url
+from warmcache.units import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 

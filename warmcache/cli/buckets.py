@@ -37,15 +37,41 @@ def buckets_group() -> None:
 @click.option("--column", metavar="NAME", help="The CSV column of --lengths holding the lengths.")
 @click.option("--dataset", "dataset_file", metavar="FILE.jsonl", help="A JSONL dataset, tokenised with --tokenizer.")
 @click.option("--field", default="text", show_default=True, metavar="NAME", help="The --dataset field holding the text.")
-@click.option("--tokenizer", "tokenizer_path", metavar="PATH", help="The model (or tokenizer) folder: tokenises --dataset; its config's max_position_embeddings is the default --max-length.")
+@click.option(
+    "--tokenizer",
+    "tokenizer_path",
+    metavar="PATH",
+    help="The model (or tokenizer) folder: tokenises --dataset; its config's max_position_embeddings is the default --max-length.",
+)
 @click.option("--from-misses", is_flag=True, help="Use the requests the runtime guard padded or refused (registry misses of --model), each weighted by its count.")
 @click.option("--model", "model_name", metavar="NAME", help="Model name as in the manifest (for --from-misses and --manifest-snippet).")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True, help="Which misses to read and which manifest table to print.")
 @click.option("--max-buckets", type=int, metavar="K", help="Use at most K buckets (default: as many as the powers-of-two ladder from --pow2-floor).")
-@click.option("--compile-cost", type=click.FloatRange(min=0), metavar="TOKENS", help="Let the cost decide K: one more compiled bucket is worth TOKENS padded tokens over --expected-requests requests.")
-@click.option("--expected-requests", type=click.IntRange(min=1), metavar="R", help="Requests the buckets will serve, for --compile-cost (default: the number of observed lengths).")
-@click.option("--batch", "batch_size", type=click.IntRange(min=1), default=1, show_default=True, metavar="N", help="Requests served per batch: plan on the distribution of the batch's longest member.")
-@click.option("--pow2-floor", type=click.IntRange(min=1), default=DEFAULT_POW2_FLOOR, show_default=True, help="Smallest bucket of the powers-of-two ladder compared against (NxDI's default).")
+@click.option(
+    "--compile-cost",
+    type=click.FloatRange(min=0),
+    metavar="TOKENS",
+    help="Let the cost decide K: one more compiled bucket is worth TOKENS padded tokens over --expected-requests requests.",
+)
+@click.option(
+    "--expected-requests", type=click.IntRange(min=1), metavar="R", help="Requests the buckets will serve, for --compile-cost (default: the number of observed lengths)."
+)
+@click.option(
+    "--batch",
+    "batch_size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Requests served per batch: plan on the distribution of the batch's longest member.",
+)
+@click.option(
+    "--pow2-floor",
+    type=click.IntRange(min=1),
+    default=DEFAULT_POW2_FLOOR,
+    show_default=True,
+    help="Smallest bucket of the powers-of-two ladder compared against (NxDI's default).",
+)
 @click.option("--max-length", type=click.IntRange(min=1), metavar="L", help="The model's maximum length: longer observed lengths are an error.")
 @click.option("--manifest-snippet", is_flag=True, help="Print a [[model.generate]]/[[model.train]] table for the manifest instead of the report.")
 @click.option("--batch-sizes", default=None, metavar="1,2,4", help="Batch sizes of the snippet (default: --batch).")
@@ -81,9 +107,7 @@ def suggest(
     if expected_requests is not None and compile_cost is None:
         raise UsageError("--expected-requests only matters with --compile-cost")
     if from_misses and batch_size > 1:
-        raise UsageError(
-            "--batch does not apply to --from-misses: a recorded miss is a whole request whose seq_len is already its longest row"
-        )
+        raise UsageError("--batch does not apply to --from-misses: a recorded miss is a whole request whose seq_len is already its longest row")
     if (manifest_snippet or from_misses) and not model_name:
         raise UsageError(f"{'--from-misses' if from_misses else '--manifest-snippet'} needs --model NAME")
     snippet_batches = _parse_batch_sizes(batch_sizes) if batch_sizes is not None else [batch_size]
@@ -103,9 +127,7 @@ def suggest(
     snippet = None
     if manifest_snippet:
         assert model_name is not None
-        snippet = render.manifest_snippet(
-            result, model=model_name, workload=cast(Workload, workload), batch_sizes=snippet_batches, max_cache_len=max_cache_len
-        )
+        snippet = render.manifest_snippet(result, model=model_name, workload=cast(Workload, workload), batch_sizes=snippet_batches, max_cache_len=max_cache_len)
     if plot_file is not None:
         click.echo(f"wrote {render.save_plot(result, plot_file)}", err=True)
 
@@ -121,9 +143,8 @@ def report_text(result: Suggestion) -> str:
     """The comparison table, with the distribution summary and the exact objective above it."""
     lengths = result.traffic.lengths
     n = result.traffic.batch_size
-    header = (
-        f"{lengths.total} lengths ({len(lengths.values)} distinct), {lengths.min_length}-{lengths.max_length} tokens, "
-        f"mean {lengths.mean_length:.1f}; " + ("single requests" if n == 1 else f"batches of {n}")
+    header = f"{lengths.total} lengths ({len(lengths.values)} distinct), {lengths.min_length}-{lengths.max_length} tokens, mean {lengths.mean_length:.1f}; " + (
+        "single requests" if n == 1 else f"batches of {n}"
     )
     if n > 1:
         floor = result.unavoidable

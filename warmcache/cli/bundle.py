@@ -9,7 +9,6 @@ import click
 from warmcache.cache.bundle import pack_bundle
 from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
-from warmcache.cache.units import format_size, parse_size
 from warmcache.cli._common import (
     byte_progress,
     db_option,
@@ -21,6 +20,7 @@ from warmcache.cli._common import (
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.trust import SigningKey, TrustedKeys
+from warmcache.units import format_size, parse_size
 
 
 @click.group("bundle")
@@ -37,17 +37,13 @@ def bundle_group() -> None:
 @click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
 @db_option
 @json_option
-def pack(
-    manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, sign_key: str | None, db_url: str | None, as_json: bool
-) -> None:
+def pack(manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, sign_key: str | None, db_url: str | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     signing_key = SigningKey.load(sign_key) if sign_key else None
     parsed = load_manifest(manifest)
     location = single_location(parsed, cache_dir, model_name)
     with open_registry(db_url, parsed) as registry, byte_progress("packing") as progress:
-        result = pack_bundle(
-            parsed, registry, location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
-        )
+        result = pack_bundle(parsed, registry, location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -62,7 +58,13 @@ def pack(
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
-@click.option("--trust", "trust", metavar="KEY", multiple=True, help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.")
+@click.option(
+    "--trust",
+    "trust",
+    metavar="KEY",
+    multiple=True,
+    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
+)
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
 @click.option(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
@@ -70,9 +72,7 @@ def pack(
 )  # fmt: skip
 @db_option
 @json_option
-def unpack(
-    bundle: Path, cache_dir: str | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool
-) -> None:
+def unpack(bundle: Path, cache_dir: str | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool) -> None:
     """Check every file of BUNDLE, install its cache entries and merge its registry rows."""
     parsed = load_manifest(manifest) if manifest else None
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else TrustedKeys())

@@ -15,7 +15,6 @@ from warmcache.cache.inventory import CacheInfo, scan_cache
 from warmcache.cache.locate import FLAVORS, locate_caches
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.prune import PruneRules, plan_prune
-from warmcache.cache.units import format_age, format_size, parse_age, parse_size
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
@@ -23,6 +22,7 @@ from warmcache.store import open_store
 from warmcache.store.neuron_remote import RemoteCacheInfo, scan_remote_neuron
 from warmcache.targets import CACHE_DIR_ENV
 from warmcache.targets.neuron import CACHE_URL_ENV, remote_cache_url
+from warmcache.units import format_age, format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,7 +31,9 @@ def cache_options(func: F) -> F:
     """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
     for option in reversed(
         (
-            click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."),
+            click.option(
+                "--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."
+            ),
             click.option("--flavor", type=click.Choice(FLAVORS), default=None, help="Cache layout (default: detected from the folder)."),
             click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the cache folder and registry from this manifest."),
             db_option,
@@ -136,9 +138,7 @@ def _describe(info: CacheInfo) -> str:
 @_grace_option
 @click.option("--fix", is_flag=True, help="Apply the repairs (default: only say what would be done).")
 @click.option("--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries.")
-def doctor(
-    cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool
-) -> None:
+def doctor(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
     manifest = _manifest(manifest_path)

@@ -16,7 +16,12 @@ from warmcache.manifest import load_manifest
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback exposes the registry's reads.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8411, show_default=True)
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The manifest /v1/status reports on.")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="File holding the bearer token for writes (default: $WARMCACHE_TOKEN; none: writes refused).")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the bearer token for writes (default: $WARMCACHE_TOKEN; none: writes refused).",
+)
 @click.option("--refresh", "refresh_interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds between reloads of the in-memory view.")
 def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token_file: Path | None, refresh_interval: float) -> None:
     """Serve checks, shapes, status, misses and guard snapshots over HTTP, with /metrics and a dashboard at /."""

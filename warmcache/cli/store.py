@@ -10,7 +10,6 @@ import click
 
 from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
-from warmcache.cache.units import format_size, parse_age, parse_size
 from warmcache.cli._common import (
     byte_progress,
     db_option,
@@ -30,6 +29,7 @@ from warmcache.store.maintenance import (
 from warmcache.store.pull import pull_manifest
 from warmcache.store.push import push_manifest
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
+from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,7 +42,11 @@ CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [c
 def sign_option(func: F) -> F:
     """Which key signs pushed indexes: shared by push and warmup --push."""
     return click.option(
-        "--sign", "sign_key", metavar="KEY", default=None, help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key)."
+        "--sign",
+        "sign_key",
+        metavar="KEY",
+        default=None,
+        help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key).",
     )(func)
 
 
@@ -103,7 +107,13 @@ def push(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
 )  # fmt: skip
-@click.option("--trust", "trust", metavar="KEY", multiple=True, help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.")
+@click.option(
+    "--trust",
+    "trust",
+    metavar="KEY",
+    multiple=True,
+    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
+)
 @store_options
 @db_option
 @json_option
@@ -173,7 +183,13 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 @store_group.command("gc")
 @store_options
 @_manifest_option
-@click.option("--grace", metavar="AGE", default=f"{int(DEFAULT_GC_GRACE_SECONDS // 3600)}h", show_default=True, help="Unreferenced blobs younger than this are kept (a push may still be writing its indexes).")
+@click.option(
+    "--grace",
+    metavar="AGE",
+    default=f"{int(DEFAULT_GC_GRACE_SECONDS // 3600)}h",
+    show_default=True,
+    help="Unreferenced blobs younger than this are kept (a push may still be writing its indexes).",
+)
 @click.option("--apply", is_flag=True, help="Delete (default: only say what would be deleted).")
 @json_option
 def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:

@@ -20,6 +20,8 @@ from warmcache.dburl import ACCEPTED_FORMS, normalise_url
 from warmcache.errors import RegistryError, UsageError, shown
 
 BUSY_TIMEOUT_MS = 30_000
+
+
 def default_registry_url() -> str:
     """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

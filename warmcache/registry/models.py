@@ -23,6 +23,7 @@ NAMING_CONVENTION = {
     "ck": "ck_%(table_name)s_%(constraint_name)s",
 }
 
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 

@@ -146,12 +146,7 @@ class Registry:
                 now = self.clock()
                 claimable = _claimable(now, retry_failed)
                 with self.session() as session:
-                    query = (
-                        select(CompiledShape.id)
-                        .where(CompiledShape.identity.in_(chunk), claimable)
-                        .order_by(CompiledShape.id)
-                        .limit(1)
-                    )
+                    query = select(CompiledShape.id).where(CompiledShape.identity.in_(chunk), claimable).order_by(CompiledShape.id).limit(1)
                     if self.dialect == "postgresql":
                         query = query.with_for_update(skip_locked=True)
                     candidate = session.scalar(query)
@@ -306,8 +301,10 @@ class Registry:
             conditions.append(CompiledShape.workload == workload)
         if statuses is not None:
             conditions.append(CompiledShape.status.in_(list(statuses)))
-        query = select(CompiledShape).where(*conditions).order_by(
-            CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id
+        query = (
+            select(CompiledShape)
+            .where(*conditions)
+            .order_by(CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
         )
         if with_artifacts:
             query = query.options(selectinload(CompiledShape.artifacts))
@@ -330,11 +327,7 @@ class Registry:
         decide, from the cache alone, which it can skip.
         """
         out: dict[str, list[str]] = {}
-        query = (
-            select(CompiledShape.identity, Artifact.path)
-            .outerjoin(Artifact, Artifact.shape_id == CompiledShape.id)
-            .where(CompiledShape.status.in_(list(DONE_STATUSES)))
-        )
+        query = select(CompiledShape.identity, Artifact.path).outerjoin(Artifact, Artifact.shape_id == CompiledShape.id).where(CompiledShape.status.in_(list(DONE_STATUSES)))
         with self.session() as session:
             for chunk in _chunks(list(identities), 2000):
                 for identity, path in session.execute(query.where(CompiledShape.identity.in_(chunk))):

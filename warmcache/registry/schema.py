@@ -105,9 +105,5 @@ def ensure_current(engine: Engine, display_url: str) -> None:
     if current is None:
         raise _foreign(display_url, inspect(engine).get_table_names())
     if current not in known:
-        raise SchemaOutOfDateError(
-            f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache"
-        )
-    raise SchemaOutOfDateError(
-        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}"
-    )
+        raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache")
+    raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}")

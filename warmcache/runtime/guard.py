@@ -59,6 +59,7 @@ class GuardOptions(TypedDict, total=False):
     backend: str | None
     telemetry_interval: float
 
+
 log = logging.getLogger("warmcache.runtime")
 
 
@@ -98,9 +99,7 @@ class ShapeGuard:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def from_registry(
-        cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]
-    ) -> ShapeGuard:
+    def from_registry(cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
         from warmcache.registry.engine import display_url, normalise_url
@@ -116,9 +115,7 @@ class ShapeGuard:
         return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)
 
     @classmethod
-    def from_snapshot(
-        cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]
-    ) -> ShapeGuard:
+    def from_snapshot(cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]) -> ShapeGuard:
         """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
         snapshot = Path(path)
 
@@ -129,7 +126,13 @@ class ShapeGuard:
 
     @classmethod
     def from_url(
-        cls, service_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, timeout: float = 5.0,
+        cls,
+        service_url: str,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        telemetry: bool = True,
+        timeout: float = 5.0,
         **options: Unpack[GuardOptions],
     ) -> ShapeGuard:
         """A guard over ``warmcache serve``'s snapshot of the model (``GET /v1/guard/{model}``), for processes
@@ -202,9 +205,7 @@ class ShapeGuard:
         digest = config_hash(config)
         known = sorted({r.config_hash for r in self._records})
         if digest not in known:
-            raise UsageError(
-                f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {', '.join(known)})"
-            )
+            raise UsageError(f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {', '.join(known)})")
         self._config_hash = digest
         self._reload()
 
@@ -257,10 +258,7 @@ class ShapeGuard:
     def unseen_message(self, decision: Decision, reason: str) -> str:
         """``<family>: request batch=B seq=L <reason>; nearest compiled: ...`` (one line)."""
         nearest = decision.nearest or self._table.nearest(decision.batch_size, decision.seq_len)
-        return (
-            f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} {reason}; "
-            f"nearest compiled: {format_pairs(nearest)}"
-        )
+        return f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} {reason}; nearest compiled: {format_pairs(nearest)}"
 
     def misses(self) -> list[MissEvent]:
         """Every padded/refused/warned request this guard saw, aggregated per shape."""

@@ -84,8 +84,15 @@ class ServiceMisses:
 
 def _miss_json(event: MissEvent) -> dict[str, object]:
     return {
-        "model": event.model_name, "workload": event.workload, "dtype": event.dtype,
-        "batch_size": event.batch_size, "seq_len": event.seq_len, "decision": event.decision,
-        "padded_batch": event.padded_batch, "padded_seq": event.padded_seq, "count": event.count,
-        "tp_size": event.tp_size, "fsdp_size": event.fsdp_size,
+        "model": event.model_name,
+        "workload": event.workload,
+        "dtype": event.dtype,
+        "batch_size": event.batch_size,
+        "seq_len": event.seq_len,
+        "decision": event.decision,
+        "padded_batch": event.padded_batch,
+        "padded_seq": event.padded_seq,
+        "count": event.count,
+        "tp_size": event.tp_size,
+        "fsdp_size": event.fsdp_size,
     }

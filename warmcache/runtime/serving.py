@@ -66,10 +66,7 @@ def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], max_cache_len
             continue
         value = kwargs.pop(name)
         if name in _SET_BY_GUARD or value != expected.get(name):
-            raise UsageError(
-                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
-                f"({name}={expected.get(name)!r}); the guard sets it"
-            )
+            raise UsageError(f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} ({name}={expected.get(name)!r}); the guard sets it")
 
 
 def _pad_token_id(model: Any) -> int | None:
@@ -91,8 +88,7 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
     if requested <= room:
         return int(requested)
     message = (
-        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled "
-        f"max_cache_len={max_cache_len} (at most {room} fit)"
+        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
     )
     if guard.policy == "refuse":
         guard.telemetry.record(fitted.decision, "refuse")

@@ -50,9 +50,7 @@ def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str) -> N
     # failed export must not leave it behind.
     tmp: str | None = None
     try:
-        with tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-        ) as handle:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as handle:
             tmp = handle.name
             handle.write(text)
         os.chmod(tmp, _new_file_mode())

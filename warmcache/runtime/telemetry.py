@@ -156,8 +156,17 @@ class MissTelemetry:
         batch, seq, decision, padded_batch, padded_seq = key
         f = self.family
         return MissEvent(
-            f.model, f.workload, f.dtype, batch, seq, decision,
-            padded_batch=padded_batch, padded_seq=padded_seq, count=count, tp_size=f.tp_size, fsdp_size=f.fsdp_size,
+            f.model,
+            f.workload,
+            f.dtype,
+            batch,
+            seq,
+            decision,
+            padded_batch=padded_batch,
+            padded_seq=padded_seq,
+            count=count,
+            tp_size=f.tp_size,
+            fsdp_size=f.fsdp_size,
         )
 
 

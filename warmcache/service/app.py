@@ -94,8 +94,12 @@ def create_app(config: ServiceConfig) -> CheckRoute:
             entry["counts"][effective_status(r)] += 1
         return json_response(
             [
-                {"model": e["model"], "workloads": sorted(e["workloads"]), "shapes": sum(e["counts"].values()),
-                 "counts": {str(s): e["counts"][s] for s in PLAN_STATUSES if e["counts"][s]}}
+                {
+                    "model": e["model"],
+                    "workloads": sorted(e["workloads"]),
+                    "shapes": sum(e["counts"].values()),
+                    "counts": {str(s): e["counts"][s] for s in PLAN_STATUSES if e["counts"][s]},
+                }
                 for e in (out[m] for m in sorted(out))
             ]
         )
@@ -105,11 +109,7 @@ def create_app(config: ServiceConfig) -> CheckRoute:
         workload = choice(params, "workload", WORKLOADS)
         status = choice(params, "status", [str(s) for s in PLAN_STATUSES[1:]])
         model = params.get("model")
-        rows = [
-            shape_json(r)
-            for r in view.current().records
-            if (model is None or r.model_name == model) and (workload is None or r.workload == workload)
-        ]
+        rows = [shape_json(r) for r in view.current().records if (model is None or r.model_name == model) and (workload is None or r.workload == workload)]
         return json_response([r for r in rows if status is None or r["status"] == status])
 
     async def plan(request: Request) -> Response:

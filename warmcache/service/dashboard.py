@@ -129,7 +129,7 @@ def _panel(panel: Panel) -> str:
 def _grid(grid: Grid) -> str:
     html = [
         f'<table class="grid" data-workload="{escape(grid.workload)}">',
-        f'<caption>{escape(grid.workload)}: batch × length</caption>',
+        f"<caption>{escape(grid.workload)}: batch × length</caption>",
         "<tr><th>batch \\ length</th>" + "".join(f"<th>{s}</th>" for s in grid.lengths) + "</tr>",
     ]
     for b in grid.batches:

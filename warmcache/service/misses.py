@@ -63,7 +63,15 @@ def _event(where: str, item: Any, problems: list[tuple[str, str]]) -> MissEvent 
     if len(problems) > before:
         return None
     return MissEvent(
-        item["model"], item["workload"], item["dtype"], item["batch_size"], item["seq_len"], item["decision"],
-        padded_batch=item.get("padded_batch"), padded_seq=item.get("padded_seq"), count=item.get("count", 1),
-        tp_size=item.get("tp_size", 1), fsdp_size=item.get("fsdp_size", 1),
+        item["model"],
+        item["workload"],
+        item["dtype"],
+        item["batch_size"],
+        item["seq_len"],
+        item["decision"],
+        padded_batch=item.get("padded_batch"),
+        padded_seq=item.get("padded_seq"),
+        count=item.get("count", 1),
+        tp_size=item.get("tp_size", 1),
+        fsdp_size=item.get("fsdp_size", 1),
     )

@@ -194,11 +194,7 @@ def guard_document(state: RegistryState, model: str, workload: str | None, sourc
     from warmcache.runtime.snapshot import snapshot_document
 
     def build() -> tuple[str, bytes]:
-        rows = [
-            r
-            for r in state.records
-            if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES
-        ]
+        rows = [r for r in state.records if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES]
         if not rows:
             raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
         document = snapshot_document(rows, source)

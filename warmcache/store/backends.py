@@ -299,4 +299,3 @@ class _S3Errors:
 
     def _at(self) -> str:
         return f" at {self.store.endpoint_url}" if self.store.endpoint_url else ""
-

@@ -73,7 +73,5 @@ def scan_remote_neuron(store: ObjectStore, now: float | None = None) -> RemoteCa
     for path, items in sorted(modules.items()):
         names = {item.key[len(path) + 1 :] for item in items}
         locks = tuple((item.key, max(0.0, now - item.modified)) for item in items if item.key.endswith(".lock"))
-        entries.append(
-            RemoteEntry(path, "locked" if locks else module_state(names), sum(i.size for i in items), path.split("/")[0][len("neuronxcc-") :], locks)
-        )
+        entries.append(RemoteEntry(path, "locked" if locks else module_state(names), sum(i.size for i in items), path.split("/")[0][len("neuronxcc-") :], locks))
     return RemoteCacheInfo(store.url, tuple(entries))

@@ -125,10 +125,7 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
             hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
         return hashed[path]
 
-    return {
-        record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))]
-        for record in records
-    }
+    return {record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))] for record in records}
 
 
 def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Any, int]], progress: Progress | None) -> tuple[int, int, int]:

@@ -96,7 +96,7 @@ class NeuronTarget(Target):
         except ImportError as exc:
             raise TargetUnavailableError(
                 f"device 'neuron': torch_neuronx cannot be imported ({exc}); run on a Trainium/Inferentia instance "
-                "with torch-neuronx installed, or set device = \"cpu\" in the manifest"
+                'with torch-neuronx installed, or set device = "cpu" in the manifest'
             ) from None
         import torch
 

@@ -200,10 +200,7 @@ def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], W
     """
     models = [m for m in manifest.models if m.world_size == world_size()]
     if not models:
-        raise UsageError(
-            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} "
-            "or run warmcache warmup without torchrun"
-        )
+        raise UsageError(f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} or run warmcache warmup without torchrun")
     if options.jobs > 1:
         raise UsageError("--jobs does not combine with torchrun: each rank group warms one spec at a time")
     devices = sorted({m.device for m in models})

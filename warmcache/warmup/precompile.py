@@ -28,6 +28,7 @@ from warmcache.runtime.precompiled import decode_signature
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+
 def _drop_every_guard(guards: Any) -> list[bool]:
     return [False] * len(guards)
 
@@ -62,9 +63,7 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
 
     if backend not in PRECOMPILE_BACKENDS:
         raise UsageError(f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use one of {', '.join(PRECOMPILE_BACKENDS)})")
-    compiled: Any = torch.compile(
-        type(model).__call__, fullgraph=True, dynamic=False, backend=backend, options={"guard_filter_fn": _drop_every_guard}
-    )
+    compiled: Any = torch.compile(type(model).__call__, fullgraph=True, dynamic=False, backend=backend, options={"guard_filter_fn": _drop_every_guard})
     # The captured cache holds inference tensors (warmup generates under inference_mode);
     # the graph is inference-only either way and runs under generate()'s no_grad too.
     with torch.inference_mode():
@@ -76,9 +75,7 @@ def save_precompiled(root: Path, compiled: Any, decode_kwargs: dict[str, Any], f
     runtime_env = compiled._artifacts.runtime_env
     globals_ = compiled.fn.__globals__
     modules = {
-        name: globals_[name].__name__
-        for name in sorted(runtime_env.external_refs)
-        if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
+        name: globals_[name].__name__ for name in sorted(runtime_env.external_refs) if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
     }
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     payload = type(compiled).serialize(compiled).serialized_data

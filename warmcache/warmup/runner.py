@@ -59,9 +59,7 @@ def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None =
     return WarmupPlan(registry.plan_status(distributed.for_this_launch(planned)), retry_failed)
 
 
-def run_warmup(
-    manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None = None
-) -> WarmupSummary:
+def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None = None) -> WarmupSummary:
     """Warm every spec the manifest declares that is not yet compiled for this toolchain.
 
     ``on_compiled(identity)`` runs in this process as soon as each spec is recorded
@@ -302,10 +300,7 @@ def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[Planned
     context = multiprocessing.get_context("spawn")
     outcomes: Any = context.Queue()
     identities = [p.identity for p in todo]
-    jobs = [
-        context.Process(target=_job_main, args=(str(manifest.path), options, identities, lease, outcomes), name=f"warmcache-job-{i}")
-        for i in range(options.jobs)
-    ]
+    jobs = [context.Process(target=_job_main, args=(str(manifest.path), options, identities, lease, outcomes), name=f"warmcache-job-{i}") for i in range(options.jobs)]
     for job in jobs:
         job.start()
     try:

@@ -118,10 +118,7 @@ class WarmupSummary:
             "specs": [o.as_json() for o in self.outcomes],
         }
         if self.dry_run:
-            out["plan"] = [
-                {"spec": s.planned.spec.describe(), "identity": s.planned.identity, "status": s.status, "action": self.plan.action(s)}
-                for s in self.plan.statuses
-            ]
+            out["plan"] = [{"spec": s.planned.spec.describe(), "identity": s.planned.identity, "status": s.status, "action": self.plan.action(s)} for s in self.plan.statuses]
         return out
 
     def lines(self) -> list[str]:
@@ -129,10 +126,7 @@ class WarmupSummary:
         if self.dry_run:
             rows = [f"{p['action']:<40} {p['spec']}" for p in data["plan"]]
             return rows + [f"dry run: {data['planned']} planned, {data['to_compile']} to compile, {data['already_compiled']} already compiled"]
-        out = [
-            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, "
-            f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
-        ]
+        out = [f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, {data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"]
         out += [f"failed: {o.description}: {o.error}" for o in self.failed]
         out += [f"not warm (another worker's): {line}" for line in self.unfinished]
         if self.plan.failed_kept:

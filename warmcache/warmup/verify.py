@@ -163,14 +163,10 @@ def judge(identity: str, description: str, result: dict[str, Any] | None) -> Spe
     return measured(VERIFIED)
 
 
-def _replay_in_fresh_process(
-    manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1, registry_url: str | None = None
-) -> dict[str, dict[str, Any]]:
+def _replay_in_fresh_process(manifest: Manifest, identities: list[str], cache_dir: str | None, nproc: int = 1, registry_url: str | None = None) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="warmcache-verify-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(
-            json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir, "registry_url": registry_url})
-        )
+        request.write_text(json.dumps({"manifest": str(manifest.path), "identities": identities, "cache_dir": cache_dir, "registry_url": registry_url}))
         # The replay's progress (and anything libraries print) goes to our stderr file
         # descriptor, which works even where sys.stderr is not a real file.
         argv = [str(request), str(result)]
@@ -219,7 +215,9 @@ def replay(request_path: Path, result_path: Path) -> None:
             if not distributed.is_registry_writer():
                 continue  # rank 0 reports for the group
         outcome = results[identity]
-        status = outcome.get("error") or outcome.get("recompiled") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        status = (
+            outcome.get("error") or outcome.get("recompiled") or f"{outcome['cache_misses']} cache misses, {outcome['cache_hits']} hits, {outcome['graphs']} graphs traced"
+        )
         if outcome.get("precompiled_error"):
             status += f"; {outcome['precompiled_error']}"
         print(f"[{index}/{len(wanted)}] replay {planned.spec.describe()}: {status}", file=sys.stderr, flush=True)

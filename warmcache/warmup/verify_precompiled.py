@@ -40,9 +40,7 @@ def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec
 
     def generate() -> list[list[int]]:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs: dict[str, Any] = generate_kwargs(
-            spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config
-        )
+        kwargs: dict[str, Any] = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), **kwargs)
         return [list(map(int, row)) for row in out]

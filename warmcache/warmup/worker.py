@@ -31,6 +31,7 @@ from warmcache.warmup.workloads import run_generate, run_train
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+
 def lock_path(cache_root: Path, identity: str) -> Path:
     return cache_root / LOCK_DIRNAME / f"{identity}.lock"
 
