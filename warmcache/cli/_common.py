@@ -80,3 +80,13 @@ def byte_progress(label: str) -> AbstractContextManager[Callable[[int, int], Non
     from warmcache.cli.progress import amount_progress
 
     return amount_progress(label, terminal=is_terminal(), steps=4, unit="B", line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}")
+
+
+#: ``--trust KEY`` (repeatable): the keys whose signatures a bundle or store index must carry.
+trust_option = click.option(
+    "--trust",
+    "trust",
+    metavar="KEY",
+    multiple=True,
+    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
+)

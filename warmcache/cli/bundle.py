@@ -16,6 +16,7 @@ from warmcache.cli._common import (
     open_registry,
     print_json,
     registry_url,
+    trust_option,
 )
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
@@ -58,13 +59,7 @@ def pack(manifest: str, output: Path, model_name: str | None, verified_only: boo
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
-@click.option(
-    "--trust",
-    "trust",
-    metavar="KEY",
-    multiple=True,
-    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
-)
+@trust_option
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
 @click.option(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,

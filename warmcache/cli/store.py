@@ -17,6 +17,7 @@ from warmcache.cli._common import (
     json_option,
     open_registry,
     print_json,
+    trust_option,
 )
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.store import resolve_store
@@ -107,13 +108,7 @@ def push(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
 )  # fmt: skip
-@click.option(
-    "--trust",
-    "trust",
-    metavar="KEY",
-    multiple=True,
-    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
-)
+@trust_option
 @store_options
 @db_option
 @json_option
