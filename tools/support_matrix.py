@@ -70,8 +70,8 @@ class Prepared:
 
 def prepare(root: Path, archs: Sequence[str]) -> Prepared:
     """Build the tiny models, warm generate and train, verify generate in a fresh process."""
+    from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
-    from warmcache.warmup.progress import LineProgress
     from warmcache.warmup.runner import WarmupOptions, run_warmup
     from warmcache.warmup.verify import run_verify
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from warmcache.errors import UsageError
 from warmcache.registry import ShapeRecord
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent
 from warmcache.runtime.snapshot import parse_snapshot
 
 

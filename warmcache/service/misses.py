@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from warmcache.registry.registry import MissEvent
+from warmcache.registry.records import MissEvent
 from warmcache.service.http import ApiError
 from warmcache.shapes import WORKLOADS
 
