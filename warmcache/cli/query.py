@@ -23,8 +23,8 @@ from warmcache.support import check_supported
 def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
+    planned = plan_manifest(parsed, model_name)  # first: a model path that is not there is named by its key
     check_supported(parsed)
-    planned = plan_manifest(parsed, model_name)
     with open_registry(db_url, parsed) as registry:
         statuses = registry.plan_status(planned)
     if as_json:
