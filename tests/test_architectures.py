@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from manifests import generate, model
+from manifests import manifest as manifest_text
 from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, SLIDING_WINDOW, Prepared, prepare, serve
 
 from warmcache.cli import main
@@ -50,7 +52,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
     # Only config.json is read at plan time: no weights needed.
     Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
     manifest = tmp_path / "m.toml"
-    manifest.write_text(f'[[model]]\nname = "next"\npath = "{tmp_path / "next"}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n')
+    manifest.write_text(manifest_text(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
     for command in ("plan", "warmup"):
         result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
         assert result.exit_code == 2, result.output
@@ -71,7 +73,7 @@ def prepared_configs(tmp_path: Path) -> Path:
     tables = []
     for arch in ARCHITECTURES:
         build_config(arch).save_pretrained(tmp_path / arch)
-        tables.append(f'[[model]]\nname = "{arch}"\npath = "{tmp_path / arch}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 32\n')
+        tables.append(model(arch, str(tmp_path / arch), generate=[generate(max_cache_len=32)]))
     manifest = tmp_path / "m.toml"
-    manifest.write_text("\n".join(tables))
+    manifest.write_text(manifest_text(*tables))
     return manifest

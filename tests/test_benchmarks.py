@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from manifests import generate, manifest, model
+
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import ShapeRecord
@@ -21,7 +23,7 @@ def test_every_benchmark_has_a_quick_mode() -> None:
 def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) -> None:
     from bench_guard import compiled_record
 
-    path = write_manifest('[[model]]\nname = "m"\npath = "{qwen3}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n')
+    path = write_manifest(manifest(model("m", generate=[generate()])))
     planned = plan_manifest(load_manifest(path))[0]
     record = compiled_record(planned, 7)
     assert isinstance(record, ShapeRecord)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from manifests import manifest, model
 
 from warmcache.cli import main
 from warmcache.registry import MissEvent, Registry
@@ -103,12 +104,7 @@ def test_missing_file_and_missing_source(tmp_path: Path) -> None:
     assert nothing.exit_code == 2 and "give exactly one source of lengths" in nothing.output
 
 
-MANIFEST_HEAD = """
-[[model]]
-name = "tiny"
-path = "{qwen3}"
-backend = "aot_eager"
-"""
+MANIFEST_HEAD = manifest(model("tiny", backend="aot_eager"))  # the snippet under test adds the shapes
 
 
 @pytest.mark.parametrize("workload", ["generate", "train"])

@@ -17,23 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import generate, manifest, model
 
 from warmcache.registry import Registry
 
-MANIFEST = """
-[cache]
-dir = "{cache}"
-
-[[model]]
-name = "tiny-qwen3"
-path = "{qwen3}"
-backend = "inductor"
-
-[[model.generate]]
-batch_sizes = [1, 2]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
+MANIFEST = manifest(model("tiny-qwen3", backend="inductor", generate=[generate(batch_sizes=[1, 2])]), cache={"dir": "{cache}"})
 
 
 def warmcache(*args: str, ok_codes: tuple[int, ...] = (0,)) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from manifests import generate, manifest, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
@@ -16,18 +17,8 @@ from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
-MANIFEST = """
-[[model]]
-name = "m"
-path = "{qwen3}"
-[[model.generate]]
-batch_sizes = [1, 2, 4]
-prompt_lengths = [16, 32]
-max_cache_len = 64
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [32]
-"""
+MODEL = model("m", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16, 32], max_cache_len=64)], train=[train(seq_lengths=[32])])
+MANIFEST = manifest(MODEL)
 
 
 def _compile_all(url: str, manifest_path: Path, keep=lambda p: True) -> None:
@@ -101,7 +92,7 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
     in_manifest = tmp_path / "from-manifest.sqlite"
-    path = write_manifest(MANIFEST.replace("[[model]]", f'[registry]\nurl = "sqlite:///{in_manifest}"\n[[model]]', 1))
+    path = write_manifest(manifest(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
     runner = CliRunner()
     runner.invoke(main, ["plan", str(path)])
     assert in_manifest.exists()

@@ -9,30 +9,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from manifests import generate, manifest, model
 
 from warmcache.manifest import load_manifest
 from warmcache.warmup import distributed, sharding
 
-MANIFEST = """
-[[model]]
-name = "single"
-path = "{qwen3}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-
-[[model]]
-name = "sharded"
-path = "{qwen3}"
-backend = "eager"
-distributed = { tp_size = 2 }
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
+MANIFEST = manifest(
+    model("single", backend="eager", generate=[generate()]),
+    model("sharded", backend="eager", distributed={"tp_size": 2}, generate=[generate()]),
+)
 
 
 def test_in_torchrun_needs_all_three_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from manifests import generate, manifest, model, train
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
@@ -16,62 +17,17 @@ from warmcache.registry import Registry
 
 pytestmark = pytest.mark.slow
 
-TWO_RANKS = """
-[[model]]
-name = "tp"
-path = "{qwen3}"
-backend = "aot_eager"
-distributed = { tp_size = 2 }
-[[model.generate]]
-batch_sizes = [1, 2]
-prompt_lengths = [8]
-max_cache_len = 16
+TWO_RANKS = manifest(
+    model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[1, 2])]),
+    model("fsdp", "{llama}", backend="aot_eager", distributed={"fsdp_size": 2}, train=[train()]),
+)
 
-[[model]]
-name = "fsdp"
-path = "{llama}"
-backend = "aot_eager"
-distributed = { fsdp_size = 2 }
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [8]
-"""
+TP_ONE_SHAPE = manifest(model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])]))
 
-TP_ONE_SHAPE = """
-[[model]]
-name = "tp"
-path = "{qwen3}"
-backend = "aot_eager"
-distributed = { tp_size = 2 }
-[[model.generate]]
-batch_sizes = [2]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
-
-MIXED = """
-[[model]]
-name = "solo"
-path = "{llama}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-
-[[model]]
-name = "tp"
-path = "{qwen3}"
-backend = "aot_eager"
-distributed = { tp_size = 2 }
-[[model.generate]]
-batch_sizes = [2]
-prompt_lengths = [8]
-max_cache_len = 16
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [8]
-"""
+MIXED = manifest(
+    model("solo", "{llama}", backend="eager", generate=[generate()]),
+    model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])], train=[train()]),
+)
 
 
 def _run(command: list[str], url: str, cache: Path) -> subprocess.CompletedProcess[str]:

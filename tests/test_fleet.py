@@ -18,30 +18,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from manifests import generate, manifest, model
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
-MANIFEST = """
-[[model]]
-name = "q"
-path = "{qwen3}"
-backend = "aot_eager"
-[[model.generate]]
-batch_sizes = [1, 2, 3, 4]
-prompt_lengths = [8]
-max_cache_len = 16
-
-[[model]]
-name = "l"
-path = "{llama}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [1, 2, 3, 4]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
+MANIFEST = manifest(
+    model("q", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]),
+    model("l", "{llama}", backend="eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]),
+)
 
 
 def _warmup(manifest: Path, url: str, cache: Path, *extra: str) -> subprocess.Popen[str]:

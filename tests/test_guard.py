@@ -8,12 +8,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from manifests import generate, manifest, model, train
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.cli import main
@@ -21,19 +22,13 @@ from warmcache.errors import RegistryError, UnseenShapeError, UsageError
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.telemetry import MissTelemetry
 
-MANIFEST = """
-[[model]]
-name = "m"
-path = "{qwen3}"
-backend = "aot_eager"
-[[model.generate]]
-batch_sizes = [1, 2, 4]
-prompt_lengths = [16, 32]
-max_cache_len = 64
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [32]
-"""
+
+def _manifest_of_m(path: str = "{qwen3}", batch_sizes: Sequence[int] = (1, 2, 4), prompt_lengths: Sequence[int] = (16, 32), max_cache_len: int = 64) -> str:
+    """Model ``m``'s manifest; tests vary its checkpoint and generate shapes."""
+    return manifest(model("m", path, backend="aot_eager", generate=[generate(batch_sizes, prompt_lengths, max_cache_len)], train=[train(seq_lengths=[32])]))
+
+
+MANIFEST = _manifest_of_m()
 
 
 @pytest.fixture
@@ -253,7 +248,7 @@ def _another_config_of(model_dir: Path, into: Path) -> Path:
 
 def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path) -> None:
     other = _another_config_of(tiny_models["qwen3"], tmp_path / "deeper")
-    only_batch_8 = MANIFEST.replace("{qwen3}", str(other)).replace("batch_sizes = [1, 2, 4]", "batch_sizes = [2, 8]")
+    only_batch_8 = _manifest_of_m(str(other), batch_sizes=[2, 8])
     _compile_all(compiled, write_manifest(only_batch_8, name="other.toml"))
     with ShapeGuard.from_registry(compiled, "m", telemetry=False) as guard:
         # (8, 16) exists only for the deeper config, (1, 16) only for the original: neither is safe yet.
@@ -268,7 +263,7 @@ def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(com
 def test_a_refused_refresh_keeps_the_old_table_serving(compiled: str, write_manifest, tmp_path: Path) -> None:
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     # A new family appears (another max_cache_len): refresh must refuse and keep serving the old buckets.
-    _compile_all(compiled, write_manifest(MANIFEST.replace("max_cache_len = 64", "max_cache_len = 256").replace("[16, 32]", "[128]"), name="longer.toml"))
+    _compile_all(compiled, write_manifest(_manifest_of_m(prompt_lengths=[128], max_cache_len=256), name="longer.toml"))
     with pytest.raises(UsageError, match="several compiled families"):
         guard.refresh()
     with pytest.raises(UnseenShapeError):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import generate, manifest, model
 
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED, entry_of
 from warmcache.cache.precompiled import Fingerprint, Header, read_checked, write_artifact
@@ -18,21 +19,11 @@ from warmcache.errors import CacheError
 from warmcache.registry import Registry
 
 MAX_CACHE_LEN = 32
-MANIFEST = """
-[registry]
-url = "sqlite:///{root}/registry.sqlite"
-[cache]
-dir = "{root}/cache"
-[[model]]
-name = "m"
-path = "{path}"
-backend = "aot_eager"
-precompile = true
-[[model.generate]]
-batch_sizes = [1, 2]
-prompt_lengths = [8]
-max_cache_len = 32
-"""
+MANIFEST = manifest(
+    model("m", "{path}", backend="aot_eager", precompile=True, generate=[generate(batch_sizes=[1, 2], max_cache_len=MAX_CACHE_LEN)]),
+    registry={"url": "sqlite:///{root}/registry.sqlite"},
+    cache={"dir": "{root}/cache"},
+)
 
 #: Runs in a fresh interpreter: prime from the registry, serve requests, report Dynamo's counters and tokens vs eager.
 SERVE = textwrap.dedent(
@@ -247,23 +238,11 @@ def test_verify_fails_a_spec_whose_artifact_was_tampered(warmed: Path, tmp_path:
     assert [v["verdict"] for v in verdicts.values() if "batch=1" in v["spec"]] == ["replay-only"]
 
 
-@pytest.mark.parametrize("target", ['device = "neuron"', 'backend = "eager"', 'mode = "max-autotune"'])
-def test_manifest_refuses_precompile_where_it_cannot_be_saved(target: str, write_manifest) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("target", [{"device": "neuron"}, {"backend": "eager"}, {"mode": "max-autotune"}])
+def test_manifest_refuses_precompile_where_it_cannot_be_saved(target: dict[str, str], write_manifest) -> None:  # type: ignore[no-untyped-def]
     from warmcache.errors import ManifestError
     from warmcache.manifest import load_manifest
 
-    path = write_manifest(
-        f"""
-        [[model]]
-        name = "m"
-        path = "{{qwen3}}"
-        {target}
-        precompile = true
-        [[model.generate]]
-        batch_sizes = [1]
-        prompt_lengths = [8]
-        max_cache_len = 32
-        """
-    )
+    path = write_manifest(manifest(model("m", **target, precompile=True, generate=[generate(max_cache_len=32)])))
     with pytest.raises(ManifestError, match=r"model\[0\]\.precompile"):
         load_manifest(path)

@@ -11,6 +11,7 @@ import typing
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from manifests import generate, manifest, model
 
 from warmcache.cli import main
 from warmcache.errors import SchemaOutOfDateError
@@ -21,15 +22,7 @@ from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
 from warmcache.statuses import Status
 
-MANIFEST = """
-[[model]]
-name = "m"
-path = "{qwen3}"
-[[model.generate]]
-batch_sizes = [1, 2]
-prompt_lengths = [8, 16]
-max_cache_len = 32
-"""
+MANIFEST = manifest(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
 
 
 @pytest.fixture

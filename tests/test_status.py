@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from manifests import generate, manifest, model, train
 
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -15,25 +16,10 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.status import format_duration, warmup_status
 
-MANIFEST = """
-[[model]]
-name = "gen"
-path = "{qwen3}"
-backend = "aot_eager"
-[[model.generate]]
-batch_sizes = [1, 2, 4]
-prompt_lengths = [8, 16]
-max_cache_len = 32
-
-[[model]]
-name = "tp"
-path = "{llama}"
-backend = "eager"
-distributed = { tp_size = 2 }
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [16, 32]
-"""
+MANIFEST = manifest(
+    model("gen", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[8, 16], max_cache_len=32)]),
+    model("tp", "{llama}", backend="eager", distributed={"tp_size": 2}, train=[train(seq_lengths=[16, 32])]),
+)
 
 
 def _planned(path: Path) -> list[PlannedShape]:

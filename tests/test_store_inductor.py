@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_bundle_inductor
+from manifests import generate, manifest, model
 from moto_server import DUMMY_CREDENTIALS, create_bucket
 from test_bundle_inductor import warmcache
 
 #: The bundle round trip's manifest, cut to one shape.
-MANIFEST = test_bundle_inductor.MANIFEST.replace("batch_sizes = [1, 2]", "batch_sizes = [1]")
+MANIFEST = manifest(model("tiny-qwen3", backend="inductor", generate=[generate()]), cache={"dir": "{cache}"})
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import generate, manifest, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.manifest import load_manifest
@@ -42,31 +43,10 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'registry.sqlite'}"
 
 
-BOTH_ARCHS = """
-[[model]]
-name = "qwen3"
-path = "{qwen3}"
-backend = "aot_eager"
-[[model.generate]]
-batch_sizes = [1, 2]
-prompt_lengths = [8]
-max_cache_len = 16
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [8]
-
-[[model]]
-name = "llama"
-path = "{llama}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [2]
-prompt_lengths = [8, 12]
-max_cache_len = 16
-[[model.train]]
-batch_sizes = [2]
-seq_lengths = [8, 12]
-"""
+BOTH_ARCHS = manifest(
+    model("qwen3", backend="aot_eager", generate=[generate(batch_sizes=[1, 2])], train=[train()]),
+    model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])], train=[train(seq_lengths=[8, 12])]),
+)
 
 
 @pytest.mark.slow
@@ -102,17 +82,7 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
 
 
 def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_manifest, sqlite_url: str) -> None:
-    path = write_manifest(
-        """
-        [[model]]
-        name = "big"
-        path = "{qwen3}"
-        [[model.generate]]
-        batch_sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-        prompt_lengths = PROMPT_LENGTHS
-        max_cache_len = 512
-        """.replace("PROMPT_LENGTHS", str(list(range(8, 408, 4))))
-    )
+    path = write_manifest(manifest(model("big", generate=[generate(range(1, 11), range(8, 408, 4), max_cache_len=512)])))
     planned = plan_manifest(load_manifest(path))
     assert len(planned) == 1000
     mark_all_compiled(sqlite_url, planned)
@@ -149,27 +119,7 @@ def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url
     broken = tmp_path / "broken-model"
     broken.mkdir()
     shutil.copy(tiny_models["qwen3"] / "config.json", broken / "config.json")  # no weights
-    path = write_manifest(
-        f"""
-        [[model]]
-        name = "broken"
-        path = "{broken}"
-        backend = "eager"
-        [[model.generate]]
-        batch_sizes = [1]
-        prompt_lengths = [8]
-        max_cache_len = 16
-
-        [[model]]
-        name = "good"
-        path = "{{llama}}"
-        backend = "eager"
-        [[model.generate]]
-        batch_sizes = [1]
-        prompt_lengths = [8]
-        max_cache_len = 16
-        """
-    )
+    path = write_manifest(manifest(model("broken", str(broken), backend="eager", generate=[generate()]), model("good", "{llama}", backend="eager", generate=[generate()])))
     first = warmup(str(path), "--db", sqlite_url)
     assert first.returncode == 1
     report = summary(first.stdout)
@@ -191,16 +141,7 @@ def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url
     assert {(r.model_name, r.status) for r in rows(sqlite_url)} == {("broken", "compiled"), ("good", "compiled")}
 
 
-FOUR_SPECS = """
-[[model]]
-name = "llama"
-path = "{llama}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [1, 2, 3, 4]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
+FOUR_SPECS = manifest(model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]))
 
 
 @pytest.mark.slow
