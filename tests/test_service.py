@@ -27,6 +27,7 @@ from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
+from warmcache.service.view import CONNECT_TIMEOUT_S as VIEW_CONNECT_TIMEOUT_S
 
 TOKEN = "s3cret-token"
 
@@ -256,7 +257,9 @@ def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None: 
             start = time.monotonic()
             status, answer, _ = call(f"{base}{path}")
             assert status == 503 and "registry unavailable" in answer["error"]["message"], (path, answer)
-            assert time.monotonic() - start < 1.0
+            # Answered from the service's own state: sooner than one connect attempt could time out.
+            # (How fast is bench_serve's question; a shared CI machine makes a tighter bound flaky.)
+            assert time.monotonic() - start < VIEW_CONNECT_TIMEOUT_S
         start = time.monotonic()
         status, answer, _ = call(f"{base}/v1/misses")  # a direct query: bounded by the connect timeout
         assert status == 503 and time.monotonic() - start < 10
