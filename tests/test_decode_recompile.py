@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import generate, manifest, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.registry import Registry
-from warmcache.warmup.verify import RECOMPILED
+from warmcache.warmup.verify import Verdict
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +49,7 @@ AutoConfig.register("step-counting-llama", StepCountingConfig)
 AutoModelForCausalLM.register(StepCountingConfig, StepCountingLlama)
 """
 
-MANIFEST = """
-[[model]]
-name = "counting"
-path = "{path}"
-backend = "eager"
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [4]
-max_cache_len = 12
-"""
+MANIFEST = manifest(model("counting", "{path}", backend="eager", generate=[generate(prompt_lengths=[4], max_cache_len=12)]))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +115,7 @@ def test_verify_fails_a_compiled_shape_whose_decode_recompiles_after_the_first_s
 
     assert code == 1, err
     (verdict,) = result["specs"]
-    assert verdict["verdict"] == RECOMPILED
+    assert verdict["verdict"] == Verdict.RECOMPILED
     assert "decode compiled again" in verdict["reason"] and "calls" in verdict["reason"], verdict["reason"]
     with Registry.open(db) as registry:
         (row,) = registry.rows()

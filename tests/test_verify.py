@@ -5,34 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import generate, manifest, model
 
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.registry import Registry
-from warmcache.warmup.verify import RECOMPILED, REPLAY_FAILED, REPLAY_ONLY, VERIFIED, judge
+from warmcache.warmup.verify import ReplayResult, Verdict, judge, merge_ranks
 
-MANIFEST = """
-[[model]]
-name = "served"
-path = "{qwen3}"
-backend = "inductor"
-[[model.generate]]
-batch_sizes = [2]
-prompt_lengths = [8, 12]
-max_cache_len = 16
-
-[[model]]
-name = "fast"
-path = "{llama}"
-backend = "aot_eager"
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-"""
+MANIFEST = manifest(
+    model("served", backend="inductor", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])]),
+    model("fast", "{llama}", backend="aot_eager", generate=[generate()]),
+)
 
 
 def cli(*args: str) -> tuple[int, dict[str, Any], str]:
@@ -63,11 +50,11 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(wr
     code, result, err = cli("verify", str(path), "--db", db, "--cache-dir", str(cache))
     assert code == 0, err
     verdicts = {s["spec"].split("/")[0]: s for s in result["specs"]}
-    assert sum(s["verdict"] == VERIFIED for s in result["specs"]) == 2
-    assert verdicts["served"]["verdict"] == VERIFIED
+    assert sum(s["verdict"] == Verdict.VERIFIED for s in result["specs"]) == 2
+    assert verdicts["served"]["verdict"] == Verdict.VERIFIED
     assert verdicts["served"]["cache_misses"] == 0 and verdicts["served"]["cache_hits"] >= 1
     assert verdicts["served"]["new_entries"] == []
-    assert verdicts["fast"]["verdict"] == REPLAY_ONLY  # aot_eager: nothing on disk to prove
+    assert verdicts["fast"]["verdict"] == Verdict.REPLAY_ONLY  # aot_eager: nothing on disk to prove
     assert list_entries(cache, "inductor") == on_disk
     with Registry.open(db) as registry:
         assert sorted((r.model_name, r.status) for r in registry.rows()) == [("fast", "compiled"), ("served", "verified"), ("served", "verified")]
@@ -76,17 +63,73 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(wr
     code, result, err = cli("verify", str(path), "--db", db, "--cache-dir", str(tmp_path / "empty-cache"))
     assert code == 1
     served_verdict = next(s for s in result["specs"] if s["spec"].startswith("served/"))
-    assert served_verdict["verdict"] == RECOMPILED and served_verdict["cache_misses"] >= 1, err
+    assert served_verdict["verdict"] == Verdict.RECOMPILED and served_verdict["cache_misses"] >= 1, err
     with Registry.open(db) as registry:
         row = registry.rows(model="served")[0]
     assert row.status == "failed" and row.error and row.error.startswith("verify: ")
 
 
 def test_judge_needs_zero_misses_and_no_new_entries() -> None:
-    clean = {"graphs": 1, "cache_hits": 1, "cache_misses": 0, "new_entries": [], "persistent_cache": True}
-    assert judge("i", "d", clean).verdict == VERIFIED
-    assert judge("i", "d", clean | {"new_entries": ["fxgraph/ab/fabc"]}).verdict == RECOMPILED
-    assert judge("i", "d", clean | {"cache_misses": 1}).verdict == RECOMPILED
-    assert judge("i", "d", clean | {"persistent_cache": False}).verdict == REPLAY_ONLY
-    assert judge("i", "d", {"error": "RuntimeError: boom"}).verdict == REPLAY_FAILED
-    assert judge("i", "d", None).verdict == REPLAY_FAILED
+    clean = ReplayResult("i", graphs=1, cache_hits=1, cache_misses=0, new_entries=(), persistent_cache=True)
+    assert judge("i", "d", clean).verdict == Verdict.VERIFIED
+    assert judge("i", "d", replace(clean, new_entries=("fxgraph/ab/fabc",))).verdict == Verdict.RECOMPILED
+    assert judge("i", "d", replace(clean, cache_misses=1)).verdict == Verdict.RECOMPILED
+    assert judge("i", "d", replace(clean, persistent_cache=False)).verdict == Verdict.REPLAY_ONLY
+    assert judge("i", "d", replace(clean, precompiled_error="artifact rejected")).verdict == Verdict.REPLAY_FAILED
+    assert judge("i", "d", ReplayResult("i", error="RuntimeError: boom")).verdict == Verdict.REPLAY_FAILED
+    assert judge("i", "d", ReplayResult("i", recompiled="guard failed at step 2")).verdict == Verdict.RECOMPILED
+    assert judge("i", "d", None).verdict == Verdict.REPLAY_FAILED
+
+
+def test_sharded_replays_merge_into_one_result_naming_the_failing_rank() -> None:
+    ok = ReplayResult("i", 1.0, graphs=1, cache_hits=2, new_entries=("a",), persistent_cache=True)
+    merged = merge_ranks([ok, replace(ok, seconds=2.0, cache_misses=1, new_entries=("b",))])
+    assert (merged.seconds, merged.cache_hits, merged.cache_misses, merged.new_entries) == (2.0, 4, 1, ("a", "b"))
+    assert merge_ranks([replace(ok, recompiled="step 2"), replace(ok, error="OOM")]).error == "rank 1: OOM"
+    assert merge_ranks([ok, replace(ok, recompiled="step 2")]).recompiled == "rank 1: step 2"
+
+
+#: A replay process that reports its first spec, then dies (or refuses at once): the protocol's real files, no torch.
+_STOPPING_REPLAY = """
+import os, sys
+from warmcache.errors import RegistryError
+from warmcache.warmup.child import ReportWriter, read_request
+from warmcache.warmup.verify import ReplayRequest, ReplayResult
+
+with ReportWriter(sys.argv[-1]) as reports, reports.failures_reported():
+    request = read_request(sys.argv[-2], [ReplayRequest])
+    if os.environ["HOW"] == "refuse":
+        raise RegistryError("registry x: unreachable")
+    reports.send(ReplayResult(request.identities[0], 0.5, graphs=1, persistent_cache=False))
+    os._exit(7)
+"""
+
+
+@pytest.mark.parametrize("how", ["crash", "refuse"])
+def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_cli_query import _compile_all
+
+    from warmcache.manifest import load_manifest
+    from warmcache.warmup import distributed
+    from warmcache.warmup.child import ChildError
+    from warmcache.warmup.verify import run_verify
+
+    path = write_manifest(manifest(model("m", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 3])])))
+    db = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    _compile_all(db, path)
+    script = tmp_path / "stopping_replay.py"
+    script.write_text(_STOPPING_REPLAY)
+    monkeypatch.setenv("HOW", how)
+    monkeypatch.setattr(distributed, "child_command", lambda nproc: [sys.executable, str(script)])
+    if how == "refuse":  # nothing replayed: verify stops with the child's own error and exit code
+        with pytest.raises(ChildError, match=r"^verify's replay \(1 rank\): registry x: unreachable$") as refused:
+            run_verify(load_manifest(path), db)
+        assert refused.value.exit_code == 3
+        return
+    summary = run_verify(load_manifest(path), db)
+    first, *rest = summary.verdicts
+    assert first.verdict == Verdict.REPLAY_ONLY and first.graphs == 1
+    assert [v.verdict for v in rest] == [Verdict.REPLAY_FAILED, Verdict.REPLAY_FAILED]
+    assert all(v.reason == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after 1 result(s); see its output above" for v in rest)
+    with Registry.open(db) as registry:
+        assert {r.status for r in registry.rows(model="m")} == {"compiled"}  # a replay that proved nothing demotes nothing

@@ -90,7 +90,7 @@ def prepare(root: Path, archs: Sequence[str]) -> Prepared:
             for arch in archs:
                 mine = [v for v in verdicts if v.description.startswith(f"{arch}/")]
                 prepared.verified[arch] = [v.verdict for v in mine]
-                failures[arch] += [f"verify: {v.reason}" for v in mine if v.reason and v.verdict not in ("verified", "replay-only")]
+                failures[arch] += [f"verify: {v.reason}" for v in mine if v.failed]
     return prepared
 
 

@@ -14,8 +14,7 @@ from contextlib import contextmanager
 import click
 from tqdm import tqdm
 
-from warmcache.statuses import Status
-from warmcache.warmup.progress import Progress, SpecOutcome
+from warmcache.warmup.progress import Finished, Progress
 
 
 class LineProgress:
@@ -25,9 +24,9 @@ class LineProgress:
         self.total = total
         self.done = 0
 
-    def advance(self, outcome: SpecOutcome) -> None:
+    def advance(self, finished: Finished) -> None:
         self.done += 1
-        click.echo(f"[{self.done}/{self.total}] {outcome.description}: {outcome.message()}", err=True)
+        click.echo(f"[{self.done}/{self.total}] {finished.description}: {finished.message()}", err=True)
 
     def close(self) -> None:
         pass
@@ -36,22 +35,22 @@ class LineProgress:
 class BarProgress:
     """A bar naming the last finished spec; failures are written above it."""
 
-    def __init__(self, total: int) -> None:
-        self._bar = tqdm(total=total, desc="warmup", unit="spec", file=sys.stderr, dynamic_ncols=True)
+    def __init__(self, total: int, label: str) -> None:
+        self._bar = tqdm(total=total, desc=label, unit="spec", file=sys.stderr, dynamic_ncols=True)
 
-    def advance(self, outcome: SpecOutcome) -> None:
-        if outcome.status == Status.FAILED:
-            self._bar.write(f"{outcome.description}: {outcome.message()}", file=sys.stderr)
-        self._bar.set_postfix_str(f"{outcome.description}: {outcome.status} {outcome.seconds:.1f}s", refresh=False)
+    def advance(self, finished: Finished) -> None:
+        if finished.failed:
+            self._bar.write(f"{finished.description}: {finished.message()}", file=sys.stderr)
+        self._bar.set_postfix_str(f"{finished.description}: {finished.message()}", refresh=False)
         self._bar.update(1)
 
     def close(self) -> None:
         self._bar.close()
 
 
-def spec_progress(total: int, *, terminal: bool) -> Progress:
-    """What a warmup reports each finished spec to."""
-    return BarProgress(total) if terminal else LineProgress(total)
+def spec_progress(total: int, *, terminal: bool, label: str) -> Progress[Finished]:
+    """What a warmup or verify reports each finished spec to."""
+    return BarProgress(total, label) if terminal else LineProgress(total)
 
 
 @contextmanager

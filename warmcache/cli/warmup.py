@@ -85,7 +85,7 @@ def warmup(
         store = resolve_store(store_url, endpoint_url, parsed)
         publisher = ShapePublisher(parsed, options.registry_url, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal), publisher)
+    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal, label="warmup"), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json, publisher)
@@ -98,8 +98,10 @@ def warmup(
 @json_option
 def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
+    from warmcache.cli.progress import spec_progress
     from warmcache.warmup.verify import run_verify
 
     parsed = load_manifest(manifest)
-    summary = run_verify(parsed, registry_url(db_url, parsed), cache_dir)
+    terminal = is_terminal()
+    summary = run_verify(parsed, registry_url(db_url, parsed), cache_dir, lambda total: spec_progress(total, terminal=terminal, label="verify"))
     _finish(summary, as_json)

@@ -40,18 +40,16 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from warmcache.errors import UsageError, WarmcacheError, error_line
+from warmcache.errors import UsageError, error_line
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.warmup.progress import SpecOutcome
+from warmcache.warmup.child import CHILD_MODULE
 from warmcache.warmup.summary import WarmupOptions, WarmupPlan, WarmupSummary
 
 if TYPE_CHECKING:
@@ -97,9 +95,9 @@ def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
 
 
-def launch_torchrun(argv: Sequence[str], nproc: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``warmcache ARGV`` under torchrun with ``nproc`` ranks; its stdout is captured, stderr passes through."""
-    return subprocess.run(torchrun_command(argv, nproc), stdout=subprocess.PIPE, text=True, env=env, check=False)
+def child_command(nproc: int) -> list[str]:
+    """The command of a warmcache child process (:mod:`warmcache.warmup.child`): one process, or ``nproc`` ranks under torchrun."""
+    return [sys.executable, "-m", CHILD_MODULE] if nproc == 1 else torchrun_command([], nproc, module=CHILD_MODULE)
 
 
 def for_this_launch(planned: Sequence[PlannedShape]) -> list[PlannedShape]:
@@ -126,43 +124,6 @@ def split_by_world_size(todo: Sequence[PlannedShape]) -> tuple[list[PlannedShape
         if p.model.world_size != here:
             others.setdefault(p.model.world_size, []).append(p)
     return mine, others
-
-
-def warm_under_torchrun(options: WarmupOptions, manifest: Manifest, nproc: int) -> list[SpecOutcome]:
-    """Warm the manifest's ``nproc``-rank models in a torchrun child; return what its rank 0 compiled.
-
-    The registry URL and cache folder travel in the environment, not on the
-    command line, so a database password never shows in ``ps``.
-    """
-    argv = ["warmup", str(manifest.path), "--json"]
-    if options.lease_seconds:
-        argv += ["--lease", str(options.lease_seconds)]
-    if options.shard:
-        argv += ["--shard", f"{options.shard.index}/{options.shard.count}"]
-    if options.retry_failed:
-        argv.append("--retry-failed")
-    env = {**os.environ, "WARMCACHE_DB": options.registry_url}
-    if options.cache_dir:
-        env["WARMCACHE_CACHE_DIR"] = str(options.cache_dir)
-    done = launch_torchrun(argv, nproc, env)
-    try:
-        specs = json.loads(done.stdout)["specs"]
-    except (ValueError, KeyError, TypeError):
-        models = ", ".join(sorted({m.name for m in manifest.models if m.world_size == nproc}))
-        raise WarmcacheError(f"torchrun warmup of {models} ({nproc} ranks) exited with code {done.returncode} before reporting; see its output above") from None
-    return [
-        SpecOutcome(
-            identity=s["identity"],
-            description=s["spec"],
-            status=s["status"],
-            seconds=s["seconds"],
-            graphs=s["graphs"],
-            padded_graphs=s["padded_graphs"],
-            artifacts=s["artifacts"],
-            error=s["error"],
-        )
-        for s in specs
-    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""What a warmup reports about each finished spec, and the callback it reports to.
+"""What warmup and verify report about each finished spec, and the callback they report to.
 
 The library only reports; ``warmcache.cli.progress`` renders (a bar on a terminal,
 plain lines otherwise).
@@ -7,7 +7,7 @@ plain lines otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from warmcache.statuses import Status
 
@@ -25,8 +25,12 @@ class SpecOutcome:
     artifacts: int = 0
     error: str | None = None
 
+    @property
+    def failed(self) -> bool:
+        return self.status == Status.FAILED
+
     def message(self) -> str:
-        if self.status == Status.FAILED:
+        if self.failed:
             return f"FAILED after {self.seconds:.1f}s: {self.error}"
         graphs = f"{self.graphs} graph{'s' if self.graphs != 1 else ''}"
         if self.padded_graphs:
@@ -49,7 +53,24 @@ class SpecOutcome:
         }
 
 
-class Progress(Protocol):
-    def advance(self, outcome: SpecOutcome) -> None: ...
+class Finished(Protocol):
+    """One finished spec, as progress shows it: a warmup's :class:`SpecOutcome`, a verify's verdict."""
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    def message(self) -> str: ...
+
+
+F_contra = TypeVar("F_contra", bound=Finished, contravariant=True)
+
+
+class Progress(Protocol[F_contra]):
+    """What a run reports each finished spec to (``warmcache.cli.progress`` renders any :class:`Finished`)."""
+
+    def advance(self, finished: F_contra) -> None: ...
 
     def close(self) -> None: ...

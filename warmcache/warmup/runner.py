@@ -19,9 +19,7 @@ Order of work, and why:
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
 import signal
 import threading
 import time
@@ -29,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from warmcache.errors import UsageError, WarmcacheError, error_line
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
@@ -40,8 +37,9 @@ from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.support import check_supported
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
+from warmcache.warmup.child import Launch, raise_first_error, run_children
 from warmcache.warmup.progress import Progress, SpecOutcome
-from warmcache.warmup.summary import Shard, WarmupOptions, WarmupPlan, WarmupSummary
+from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import SpecRun, Worker, lock_path
 
 Report = Callable[[SpecOutcome], None]
@@ -59,7 +57,9 @@ def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None =
     return WarmupPlan(registry.plan_status(distributed.for_this_launch(planned)), retry_failed)
 
 
-def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None = None) -> WarmupSummary:
+def run_warmup(
+    manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None = None
+) -> WarmupSummary:
     """Warm every spec the manifest declares that is not yet compiled for this toolchain.
 
     ``on_compiled(identity)`` runs in this process as soon as each spec is recorded
@@ -75,7 +75,7 @@ def run_warmup(manifest: Manifest, options: WarmupOptions, progress: Callable[[i
     return _warm(manifest, options, progress, on_compiled)
 
 
-def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
+def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
     start = time.perf_counter()
     with Registry.open(options.registry_url) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
@@ -93,20 +93,19 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         if options.retry_failed:
             registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
         lease = options.lease_seconds or manifest.lease_seconds
-        todo, sharded = distributed.split_by_world_size(todo)
+        here, sharded = distributed.split_by_world_size(todo)
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
             with _interrupt_on_sigterm():
-                if todo and options.jobs > 1:
-                    _run_jobs(manifest, options, todo, lease, report)
-                elif todo:
-                    claim_loop(registry, worker, todo, lease, report, distributed.coordination())
+                if here and options.jobs > 1:
+                    _run_jobs(manifest, options, here, lease, report)
+                elif here:
+                    claim_loop(registry, worker, here, lease, report, distributed.coordination())
+                for nproc in sorted(sharded):
+                    _warm_under_torchrun(manifest, options, nproc, report)
         finally:
             bar.close()
-        for nproc in sorted(sharded):
-            for outcome in distributed.warm_under_torchrun(options, manifest, nproc):
-                _collecting(summary.outcomes, lambda _: None, on_compiled)(outcome)
         summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
     summary.seconds = time.perf_counter() - start
     return summary
@@ -292,52 +291,48 @@ def _interrupt_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-# ------------------------------------------------------------------ --jobs N
+# ------------------------------------------------------------------ child processes
 
 
 def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, report: Report) -> None:
-    """N spawned worker processes, each claiming from the registry; outcomes come back on a queue."""
-    context = multiprocessing.get_context("spawn")
-    outcomes: Any = context.Queue()
-    identities = [p.identity for p in todo]
-    jobs = [context.Process(target=_job_main, args=(str(manifest.path), options, identities, lease, outcomes), name=f"warmcache-job-{i}") for i in range(options.jobs)]
-    for job in jobs:
-        job.start()
-    try:
-        while any(job.is_alive() for job in jobs) or not outcomes.empty():
-            try:
-                report(outcomes.get(timeout=0.2))
-            except queue.Empty:
-                continue
-    except BaseException:
-        for job in jobs:
-            if job.is_alive():
-                job.terminate()  # SIGTERM: each job gives its claim back
-        for job in jobs:
-            job.join()
-        raise
-    for job in jobs:
-        job.join()
-    crashed = [f"{job.name} (exit code {job.exitcode})" for job in jobs if job.exitcode]
-    if crashed:
-        raise WarmcacheError(f"warmup worker process(es) stopped abnormally: {', '.join(crashed)}; their claims are retaken after the lease")
-
-
-def _job_main(manifest_path: str, options: WarmupOptions, identities: list[str], lease: float, outcomes: Any) -> None:
-    """Entry point of one ``--jobs`` worker process."""
+    """N worker processes, each claiming from the registry; their outcomes arrive as they finish."""
+    request = ClaimRequest(str(manifest.path), options.registry_url, options.cache_dir, tuple(p.identity for p in todo), lease)
     # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
     # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
-    # Set before torch is imported in this fresh (spawned) process; a user's own setting wins.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, options.jobs))))
+    # Set before torch is imported in the fresh process; a user's own setting wins.
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // options.jobs)), **os.environ}
+    launches = [Launch(f"warmup worker {i}", distributed.child_command(1), request, env) for i in range(1, options.jobs + 1)]
+    # A worker that stopped abnormally held at most one spec: it is claimed again once its lease expires.
+    raise_first_error(run_children(launches, [SpecOutcome], report))
+
+
+def _warm_under_torchrun(manifest: Manifest, options: WarmupOptions, nproc: int, report: Report) -> None:
+    """Warm the manifest's ``nproc``-rank models in a torchrun child; its rank 0 reports each outcome as it finishes."""
+    models = ", ".join(sorted({m.name for m in manifest.models if m.world_size == nproc}))
+    launch = Launch(f"torchrun warmup of {models} ({nproc} ranks)", distributed.child_command(nproc), WarmupRequest.of(str(manifest.path), options))
+    raise_first_error(run_children([launch], [SpecOutcome], report))
+
+
+def claim_as_worker(request: ClaimRequest, report: Report) -> None:
+    """The ``--jobs`` worker process: claim and run the request's specs, reporting each outcome."""
     with _interrupt_on_sigterm():
-        try:
-            manifest = load_manifest(manifest_path)
-            wanted = set(identities)
-            todo = [p for p in plan_manifest(manifest) if p.identity in wanted]
-            with Registry.open(options.registry_url) as registry:
-                claim_loop(registry, Worker(manifest, options.cache_dir), todo, lease, outcomes.put)
-        except KeyboardInterrupt:
-            raise SystemExit(130) from None
-        except WarmcacheError as exc:
-            print(f"warmcache: error: {exc}", flush=True)
-            raise SystemExit(exc.exit_code) from None
+        manifest = load_manifest(request.manifest)
+        wanted = set(request.identities)
+        todo = [p for p in plan_manifest(manifest) if p.identity in wanted]
+        with Registry.open(request.registry_url) as registry:
+            claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report)
+
+
+class _Forward:
+    """The progress of a torchrun child: each outcome goes to the parent, which renders it."""
+
+    def __init__(self, report: Report) -> None:
+        self.advance = report
+
+    def close(self) -> None:
+        pass
+
+
+def warm_as_torchrun_child(request: WarmupRequest, report: Report) -> None:
+    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` reaches the parent."""
+    run_warmup(load_manifest(request.manifest), request.options(), lambda total: _Forward(report))

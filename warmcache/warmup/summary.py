@@ -52,6 +52,38 @@ class WarmupOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What one ``--jobs`` worker process is asked: claim and run these specs of the manifest until none is left."""
+
+    manifest: str
+    registry_url: str
+    cache_dir: str | None
+    identities: tuple[str, ...]
+    lease_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupRequest:
+    """What a torchrun child is asked: warm the manifest's models of its world size, as ``warmcache warmup`` would."""
+
+    manifest: str
+    registry_url: str
+    cache_dir: str | None
+    lease_seconds: float | None
+    shard: str | None
+    retry_failed: bool
+
+    @classmethod
+    def of(cls, manifest: str, options: WarmupOptions) -> WarmupRequest:
+        shard = f"{options.shard.index}/{options.shard.count}" if options.shard else None
+        return cls(manifest, options.registry_url, options.cache_dir, options.lease_seconds, shard, options.retry_failed)
+
+    def options(self) -> WarmupOptions:
+        shard = Shard.parse(self.shard) if self.shard else None
+        return WarmupOptions(self.registry_url, self.cache_dir, self.lease_seconds, shard=shard, retry_failed=self.retry_failed)
+
+
+@dataclass(frozen=True, slots=True)
 class WarmupPlan:
     """What a run will do with each planned spec."""
 

@@ -1,0 +1,137 @@
+"""The child-process protocol (warmcache.warmup.child): real child processes, real report files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from warmcache.errors import UsageError, WarmcacheError
+from warmcache.warmup.child import ChildError, ChildFailure, Launch, ReportReader, ReportWriter, decode, encode, raise_first_error, run_children
+from warmcache.warmup.progress import SpecOutcome
+from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupRequest
+from warmcache.warmup.verify import ReplayResult
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A message these tests' children send."""
+
+    index: int
+    text: str
+
+
+def test_messages_round_trip_with_tuples_and_only_into_the_kinds_named() -> None:
+    result = ReplayResult("abc", 1.5, graphs=1, new_entries=("fxgraph/a", "fxgraph/b"), persistent_cache=True)
+    assert decode(encode(result), [ReplayResult]) == result
+    outcome = SpecOutcome("abc", "m generate batch=1 seq=8", "compiled", 2.0, graphs=1)
+    assert decode(encode(outcome), [ReplayResult, SpecOutcome]) == outcome
+    with pytest.raises(WarmcacheError, match="a 'SpecOutcome', expected ReplayResult") as refused:
+        decode(encode(outcome), [ReplayResult])
+    assert "\n" not in str(refused.value)
+    for line in ("not json", "[]", json.dumps({"type": "Note", "index": 1}), json.dumps({"type": "Note", "index": 1, "text": "t", "extra": 2})):
+        with pytest.raises(WarmcacheError, match="malformed message from a warmcache child process"):
+            decode(line, [Note])
+    with pytest.raises(TypeError):
+        encode({"not": "a dataclass"})
+
+
+def test_a_torchrun_request_carries_the_options_the_child_needs() -> None:
+    options = WarmupOptions("postgresql://u:secret@db/x", "/cache", 30.0, jobs=1, shard=Shard(2, 3), retry_failed=True)
+    request = decode(encode(WarmupRequest.of("m.toml", options)), [ClaimRequest, WarmupRequest])
+    assert isinstance(request, WarmupRequest) and request.options() == options
+
+
+def test_the_reader_waits_for_a_line_to_end_and_keeps_the_childs_failure(tmp_path: Path) -> None:
+    report = tmp_path / "report.jsonl"
+    reader = ReportReader(report, [Note])
+    assert reader.new_messages() == []  # the child has not created its file yet
+    line = encode(Note(1, "first"))
+    report.write_text(line[:10])
+    assert reader.new_messages() == []
+    with report.open("a") as out:
+        out.write(line[10:] + "\n" + encode(ChildFailure("registry x: unreachable", 3)) + "\n" + encode(Note(2, "cut")))
+    assert reader.new_messages() == [Note(1, "first")]
+    assert reader.failure == ChildFailure("registry x: unreachable", 3) and reader.received == 1
+
+
+_CHILD = """
+import os, sys, time
+from warmcache.errors import UsageError
+from warmcache.warmup.child import ReportWriter, read_request
+from test_child import Note
+
+request_path, report_path = sys.argv[-2:]
+with ReportWriter(report_path) as reports, reports.failures_reported():
+    plan = read_request(request_path, [Note])
+    if plan.text == "hang":  # before the first message: the parent may terminate us as soon as it reads it
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: (open(os.environ["TERMINATED_MARK"], "w").close(), sys.exit(143)))
+    for i in range(plan.index):
+        reports.send(Note(i, "working"))
+    if plan.text == "usage":
+        raise UsageError("manifest m.toml: model[0].path: no such folder")
+    if plan.text == "crash":
+        raise SystemExit(7)
+    if plan.text == "hang":
+        time.sleep(60)
+"""
+
+
+def _launch(tmp_path: Path, name: str, count: int, then: str) -> Launch:
+    script = tmp_path / "child_script.py"
+    script.write_text(textwrap.dedent(_CHILD))
+    env = {"PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin", "TERMINATED_MARK": str(tmp_path / "terminated")}
+    return Launch(name, [sys.executable, str(script)], Note(count, then), env)
+
+
+def test_results_arrive_and_each_child_says_how_it_ended(tmp_path: Path) -> None:
+    got: list[tuple[int, str]] = []
+    exits = run_children(
+        [_launch(tmp_path, "clean", 2, ""), _launch(tmp_path, "refused", 1, "usage"), _launch(tmp_path, "crashed", 3, "crash")],
+        [Note],
+        lambda note: got.append((note.index, note.text)),
+    )
+    assert sorted(got) == [(0, "working"), (0, "working"), (0, "working"), (1, "working"), (1, "working"), (2, "working")]
+    clean, refused, crashed = exits
+    assert (clean.returncode, clean.messages, clean.error()) == (0, 2, None)
+    error = refused.error()
+    assert isinstance(error, ChildError) and error.exit_code == UsageError.exit_code == refused.returncode
+    assert str(error) == "refused: manifest m.toml: model[0].path: no such folder"
+    assert str(crashed.error()) == "crashed exited with code 7 after 3 result(s); see its output above"
+    with pytest.raises(ChildError, match="^refused: "):
+        raise_first_error(exits)
+
+
+def test_an_interrupted_parent_terminates_its_children_and_waits_for_them(tmp_path: Path) -> None:
+    def interrupt(note: Note) -> None:
+        raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_children([_launch(tmp_path, "hanging", 1, "hang")], [Note], interrupt)
+    assert time.monotonic() - started < 30  # not the child's 60 s sleep
+    # The child ran its SIGTERM handler (a warmup worker gives its claim back there) before the parent went on.
+    assert (tmp_path / "terminated").exists()
+
+
+def test_the_child_entry_point_reports_a_malformed_request_as_one_failure(tmp_path: Path) -> None:
+    request, report = tmp_path / "request.json", tmp_path / "report.jsonl"
+    request.write_text(encode(Note(1, "not a request warmcache knows")))
+    done = subprocess.run([sys.executable, "-m", "warmcache.warmup", str(request), str(report)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    reader = ReportReader(report, [ReplayResult])
+    assert reader.new_messages() == []
+    assert reader.failure is not None and "a 'Note', expected ClaimRequest or WarmupRequest or ReplayRequest" in reader.failure.message
+
+
+def test_a_writer_for_no_one_sends_nothing(tmp_path: Path) -> None:
+    with ReportWriter(None) as quiet:
+        quiet.send(Note(1, "dropped"))  # a torchrun follower: rank 0 reports for the group
+    assert list(tmp_path.iterdir()) == []
