@@ -428,3 +428,31 @@ def test_doctor_forgets_only_rows_compiled_into_the_folder_it_examines(neuron_ma
     [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(cache_a), "--db", url, "--fix", "--json").output)
     assert [f["shape"] for f in plan["forget"]] == ["neuron-m generate batch=1 seq=16 (compiled)"]
     assert statuses(url) == {}
+
+
+def test_a_scan_survives_work_folders_vanishing_under_it(tmp_path: Path) -> None:
+    """A concurrent prune or unpack removes its work folder while a scan sizes it: skip it, never crash."""
+    import threading
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    stop = threading.Event()
+
+    def churn() -> None:  # a real file system race, bounded by the scans below
+        n = 0
+        while not stop.is_set():
+            folder = root / f"{TRASH_PREFIX}{n % 8}"
+            (folder / "0").mkdir(parents=True, exist_ok=True)
+            (folder / "0" / "model.neff").write_bytes(b"x")
+            shutil.rmtree(folder, ignore_errors=True)
+            n += 1
+
+    worker = threading.Thread(target=churn, daemon=True)
+    worker.start()
+    try:
+        for _ in range(3000):
+            info = scan_cache(CacheLocation(root, "neuron", "test"))
+            assert all(w.path.startswith(TRASH_PREFIX) for w in info.work_dirs)
+    finally:
+        stop.set()
+        worker.join()

@@ -13,6 +13,7 @@ artifact a row names that the cache lacks is *missing* (that row's claim is fals
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -274,11 +275,14 @@ def _files(folder: Path) -> Iterable[Path]:
 
 
 def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
+    """Trash and staging folders left in the cache; one that a concurrent prune or unpack removes mid-scan is skipped."""
     if not root.is_dir():
         return ()
     out = []
     for child in sorted(root.iterdir()):
-        if child.name.startswith((TRASH_PREFIX, STAGING_PREFIX)):
-            size = sum(p.lstat().st_size for p in _files(child)) if child.is_dir() else child.lstat().st_size
-            out.append(WorkDir(child.name, size, max(0.0, now - child.lstat().st_mtime)))
+        if not child.name.startswith((TRASH_PREFIX, STAGING_PREFIX)) or (folder := _lstat_or_none(child)) is None:
+            continue
+        files = _files(child) if stat.S_ISDIR(folder.st_mode) else (child,)
+        size = sum(s.st_size for s in map(_lstat_or_none, files) if s is not None)
+        out.append(WorkDir(child.name, size, max(0.0, now - folder.st_mtime)))
     return tuple(out)
