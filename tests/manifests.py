@@ -2,7 +2,7 @@
 
 Most tests need "a model or two with a few shapes". Writing that out as TOML in
 every file repeated the same dozen lines with small changes, and hid the one line
-that mattered to the test. ``manifest(model(...), ...)`` writes the TOML that
+that mattered to the test. ``manifest_toml(model(...), ...)`` writes the TOML that
 ``warmcache.manifest`` parses; ``"{qwen3}"``/``"{llama}"`` paths are filled in by
 conftest's ``write_manifest``. Tests of the manifest *parser* keep their literal
 TOML: there the text itself is under test.
@@ -32,7 +32,7 @@ def model(name: str, path: str = "{qwen3}", *, generate: Sequence[Table] = (), t
     return {"name": name, "path": path, **keys, "generate": list(generate), "train": list(train)}
 
 
-def manifest(*models: Table, **tables: Mapping[str, Any]) -> str:
+def manifest_toml(*models: Table, **tables: Mapping[str, Any]) -> str:
     """The manifest's TOML: top-level ``tables`` (``registry={"url": ...}``, ``cache={"dir": ...}``), then the models."""
     lines: list[str] = []
     for table, settings in tables.items():

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, model
-from manifests import manifest as manifest_text
+from manifests import generate, manifest_toml, model
 from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, SLIDING_WINDOW, Prepared, prepare, serve
 
 from warmcache.cli import main
@@ -52,7 +51,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
     # Only config.json is read at plan time: no weights needed.
     Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
     manifest = tmp_path / "m.toml"
-    manifest.write_text(manifest_text(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
+    manifest.write_text(manifest_toml(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
     for command in ("plan", "warmup"):
         result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
         assert result.exit_code == 2, result.output
@@ -75,5 +74,5 @@ def prepared_configs(tmp_path: Path) -> Path:
         build_config(arch).save_pretrained(tmp_path / arch)
         tables.append(model(arch, str(tmp_path / arch), generate=[generate(max_cache_len=32)]))
     manifest = tmp_path / "m.toml"
-    manifest.write_text(manifest_text(*tables))
+    manifest.write_text(manifest_toml(*tables))
     return manifest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
@@ -23,7 +23,7 @@ def test_every_benchmark_has_a_quick_mode() -> None:
 def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) -> None:
     from bench_guard import compiled_record
 
-    path = write_manifest(manifest(model("m", generate=[generate()])))
+    path = write_manifest(manifest_toml(model("m", generate=[generate()])))
     planned = plan_manifest(load_manifest(path))[0]
     record = compiled_record(planned, 7)
     assert isinstance(record, ShapeRecord)

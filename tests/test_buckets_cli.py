@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from manifests import manifest, model
+from manifests import manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.registry import MissEvent, Registry
@@ -104,7 +104,7 @@ def test_missing_file_and_missing_source(tmp_path: Path) -> None:
     assert nothing.exit_code == 2 and "give exactly one source of lengths" in nothing.output
 
 
-MANIFEST_HEAD = manifest(model("tiny", backend="aot_eager"))  # the snippet under test adds the shapes
+MANIFEST_HEAD = manifest_toml(model("tiny", backend="aot_eager"))  # the snippet under test adds the shapes
 
 
 @pytest.mark.parametrize("workload", ["generate", "train"])

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.registry import Registry
 
-MANIFEST = manifest(model("tiny-qwen3", backend="inductor", generate=[generate(batch_sizes=[1, 2])]), cache={"dir": "{cache}"})
+MANIFEST = manifest_toml(model("tiny-qwen3", backend="inductor", generate=[generate(batch_sizes=[1, 2])]), cache={"dir": "{cache}"})
 
 
 def warmcache(*args: str, ok_codes: tuple[int, ...] = (0,)) -> Any:

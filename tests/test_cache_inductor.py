@@ -12,7 +12,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 from test_cache_neuron import cli  # noqa: E402
 
 from warmcache.manifest import load_manifest
@@ -20,7 +20,7 @@ from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
 
-MANIFEST = manifest(model("m", backend="inductor", generate=[generate(batch_sizes=[1, 2])]))
+MANIFEST = manifest_toml(model("m", backend="inductor", generate=[generate(batch_sizes=[1, 2])]))
 
 
 def write(root: Path, path: str, size: int = 1000, age: float = 7200) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.cache.inventory import scan_cache
 from warmcache.cache.layout import TRASH_PREFIX
@@ -37,7 +37,7 @@ from warmcache.registry.records import ArtifactRef
 VERSION = "2.15.128.0+56dc5a86"
 HOUR = 3600.0
 
-NEURON_MANIFEST = manifest(model("neuron-m", device="neuron", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16], max_cache_len=64)]))
+NEURON_MANIFEST = manifest_toml(model("neuron-m", device="neuron", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16], max_cache_len=64)]))
 
 
 def module(root: Path, name: str, files: dict[str, bytes], age: float = 2 * HOUR, version: str = VERSION) -> str:

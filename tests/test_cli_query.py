@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest, model, train
+from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
@@ -18,7 +18,7 @@ from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
 MODEL = model("m", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16, 32], max_cache_len=64)], train=[train(seq_lengths=[32])])
-MANIFEST = manifest(MODEL)
+MANIFEST = manifest_toml(MODEL)
 
 
 def _compile_all(url: str, manifest_path: Path, keep=lambda p: True) -> None:
@@ -92,7 +92,7 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
     in_manifest = tmp_path / "from-manifest.sqlite"
-    path = write_manifest(manifest(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
+    path = write_manifest(manifest_toml(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
     runner = CliRunner()
     runner.invoke(main, ["plan", str(path)])
     assert in_manifest.exists()

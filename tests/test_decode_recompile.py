@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.registry import Registry
@@ -49,7 +49,7 @@ AutoConfig.register("step-counting-llama", StepCountingConfig)
 AutoModelForCausalLM.register(StepCountingConfig, StepCountingLlama)
 """
 
-MANIFEST = manifest(model("counting", "{path}", backend="eager", generate=[generate(prompt_lengths=[4], max_cache_len=12)]))
+MANIFEST = manifest_toml(model("counting", "{path}", backend="eager", generate=[generate(prompt_lengths=[4], max_cache_len=12)]))
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.manifest import load_manifest
 from warmcache.warmup import distributed, sharding
 
-MANIFEST = manifest(
+MANIFEST = manifest_toml(
     model("single", backend="eager", generate=[generate()]),
     model("sharded", backend="eager", distributed={"tp_size": 2}, generate=[generate()]),
 )

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest, model, train
+from manifests import generate, manifest_toml, model, train
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
@@ -17,14 +17,14 @@ from warmcache.registry import Registry
 
 pytestmark = pytest.mark.slow
 
-TWO_RANKS = manifest(
+TWO_RANKS = manifest_toml(
     model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[1, 2])]),
     model("fsdp", "{llama}", backend="aot_eager", distributed={"fsdp_size": 2}, train=[train()]),
 )
 
-TP_ONE_SHAPE = manifest(model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])]))
+TP_ONE_SHAPE = manifest_toml(model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])]))
 
-MIXED = manifest(
+MIXED = manifest_toml(
     model("solo", "{llama}", backend="eager", generate=[generate()]),
     model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])], train=[train()]),
 )

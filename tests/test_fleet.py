@@ -18,13 +18,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
-MANIFEST = manifest(
+MANIFEST = manifest_toml(
     model("q", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]),
     model("l", "{llama}", backend="eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]),
 )

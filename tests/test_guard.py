@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest, model, train
+from manifests import generate, manifest_toml, model, train
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.cli import main
@@ -25,7 +25,7 @@ from warmcache.runtime.telemetry import MissTelemetry
 
 def _manifest_of_m(path: str = "{qwen3}", batch_sizes: Sequence[int] = (1, 2, 4), prompt_lengths: Sequence[int] = (16, 32), max_cache_len: int = 64) -> str:
     """Model ``m``'s manifest; tests vary its checkpoint and generate shapes."""
-    return manifest(model("m", path, backend="aot_eager", generate=[generate(batch_sizes, prompt_lengths, max_cache_len)], train=[train(seq_lengths=[32])]))
+    return manifest_toml(model("m", path, backend="aot_eager", generate=[generate(batch_sizes, prompt_lengths, max_cache_len)], train=[train(seq_lengths=[32])]))
 
 
 MANIFEST = _manifest_of_m()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED, entry_of
 from warmcache.cache.precompiled import Fingerprint, Header, read_checked, write_artifact
@@ -19,7 +19,7 @@ from warmcache.errors import CacheError
 from warmcache.registry import Registry
 
 MAX_CACHE_LEN = 32
-MANIFEST = manifest(
+MANIFEST = manifest_toml(
     model("m", "{path}", backend="aot_eager", precompile=True, generate=[generate(batch_sizes=[1, 2], max_cache_len=MAX_CACHE_LEN)]),
     registry={"url": "sqlite:///{root}/registry.sqlite"},
     cache={"dir": "{root}/cache"},
@@ -243,6 +243,6 @@ def test_manifest_refuses_precompile_where_it_cannot_be_saved(target: dict[str, 
     from warmcache.errors import ManifestError
     from warmcache.manifest import load_manifest
 
-    path = write_manifest(manifest(model("m", **target, precompile=True, generate=[generate(max_cache_len=32)])))
+    path = write_manifest(manifest_toml(model("m", **target, precompile=True, generate=[generate(max_cache_len=32)])))
     with pytest.raises(ManifestError, match=r"model\[0\]\.precompile"):
         load_manifest(path)

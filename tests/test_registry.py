@@ -11,7 +11,7 @@ import typing
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import SchemaOutOfDateError
@@ -22,7 +22,7 @@ from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
 from warmcache.statuses import Status
 
-MANIFEST = manifest(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
+MANIFEST = manifest_toml(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.compile_counter import CompileCounter
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 BATCH_SIZES = (1, 2, 4, 8)
 PROMPT_LENGTHS = (8, 16)
 MAX_CACHE_LEN = 32
-MANIFEST = manifest(model("m", "{path}", backend="aot_eager", generate=[generate(BATCH_SIZES, PROMPT_LENGTHS, MAX_CACHE_LEN)]))
+MANIFEST = manifest_toml(model("m", "{path}", backend="aot_eager", generate=[generate(BATCH_SIZES, PROMPT_LENGTHS, MAX_CACHE_LEN)]))
 WORDS = "the a compile cache warm shape batch token neuron graph model train serve guard pad bucket fast slow".split()
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from manifests import manifest, model, train
+from manifests import manifest_toml, model, train
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
 from warmcache.errors import UnseenShapeError
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.training import IGNORE_INDEX
 
-MANIFEST = manifest(model("m", "{llama}", backend="aot_eager", train=[train(seq_lengths=[16, 32])]))
+MANIFEST = manifest_toml(model("m", "{llama}", backend="aot_eager", train=[train(seq_lengths=[16, 32])]))
 WORDS = "the a compile cache warm shape batch token neuron graph model train serve guard pad bucket".split()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest, model, train
+from manifests import generate, manifest_toml, model, train
 
 from warmcache.cli import main
 from warmcache.manifest import load_manifest
@@ -16,7 +16,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.status import format_duration, warmup_status
 
-MANIFEST = manifest(
+MANIFEST = manifest_toml(
     model("gen", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[8, 16], max_cache_len=32)]),
     model("tp", "{llama}", backend="eager", distributed={"tp_size": 2}, train=[train(seq_lengths=[16, 32])]),
 )

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 from moto_server import DUMMY_CREDENTIALS, create_bucket
 from test_bundle_inductor import warmcache
 
 #: The bundle round trip's manifest, cut to one shape.
-MANIFEST = manifest(model("tiny-qwen3", backend="inductor", generate=[generate()]), cache={"dir": "{cache}"})
+MANIFEST = manifest_toml(model("tiny-qwen3", backend="inductor", generate=[generate()]), cache={"dir": "{cache}"})
 
 
 @pytest.fixture(scope="module")

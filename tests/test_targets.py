@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import UsageError
@@ -18,7 +18,7 @@ from warmcache.targets.inductor import inductor_default_cache_dir
 from warmcache.warmup.summary import Shard
 
 MODEL = model("m", backend="aot_eager", generate=[generate()])
-MANIFEST = manifest(MODEL, cache={"dir": "from-manifest"})
+MANIFEST = manifest_toml(MODEL, cache={"dir": "from-manifest"})
 
 
 def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,7 +32,7 @@ def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytes
     monkeypatch.delenv("WARMCACHE_CACHE_DIR")
     assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-manifest").resolve(), True)
 
-    bare = load_manifest(write_manifest(manifest(MODEL), name="bare.toml"))
+    bare = load_manifest(write_manifest(manifest_toml(MODEL), name="bare.toml"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-env"))
     assert resolve_cache_dir(target, None, bare) == (tmp_path / "inductor-env", False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
@@ -70,7 +70,7 @@ def test_neuron_cache_dir_from_flags_then_url(tmp_path: Path, monkeypatch: pytes
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is not None, reason="torch_neuronx is installed here")
 def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_path: Path) -> None:
-    path = write_manifest(manifest(model("m", device="neuron", generate=[generate()])))
+    path = write_manifest(manifest_toml(model("m", device="neuron", generate=[generate()])))
     db = f"sqlite:///{tmp_path / 'r.sqlite'}"
     result = CliRunner().invoke(main, ["warmup", str(path), "--db", db])
     assert result.exit_code == 4, result.output
@@ -83,7 +83,7 @@ def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_pat
 def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
     from warmcache.plan import plan_manifest
 
-    parsed = load_manifest(write_manifest(manifest(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))]))))
+    parsed = load_manifest(write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))]))))
     planned = plan_manifest(parsed)
     shards = [Shard.parse(f"{i}/3").select(planned) for i in (1, 2, 3)]
     ids = [p.identity for shard in shards for p in shard]

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model
+from manifests import generate, manifest_toml, model
 
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.registry import Registry
 from warmcache.warmup.verify import ReplayResult, Verdict, judge, merge_ranks
 
-MANIFEST = manifest(
+MANIFEST = manifest_toml(
     model("served", backend="inductor", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])]),
     model("fast", "{llama}", backend="aot_eager", generate=[generate()]),
 )
@@ -114,7 +114,7 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_ma
     from warmcache.warmup.child import ChildError
     from warmcache.warmup.verify import run_verify
 
-    path = write_manifest(manifest(model("m", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 3])])))
+    path = write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 3])])))
     db = f"sqlite:///{tmp_path / 'r.sqlite'}"
     _compile_all(db, path)
     script = tmp_path / "stopping_replay.py"

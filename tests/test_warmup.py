@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest, model, train
+from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.manifest import load_manifest
@@ -43,7 +43,7 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'registry.sqlite'}"
 
 
-BOTH_ARCHS = manifest(
+BOTH_ARCHS = manifest_toml(
     model("qwen3", backend="aot_eager", generate=[generate(batch_sizes=[1, 2])], train=[train()]),
     model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])], train=[train(seq_lengths=[8, 12])]),
 )
@@ -82,7 +82,7 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
 
 
 def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_manifest, sqlite_url: str) -> None:
-    path = write_manifest(manifest(model("big", generate=[generate(range(1, 11), range(8, 408, 4), max_cache_len=512)])))
+    path = write_manifest(manifest_toml(model("big", generate=[generate(range(1, 11), range(8, 408, 4), max_cache_len=512)])))
     planned = plan_manifest(load_manifest(path))
     assert len(planned) == 1000
     mark_all_compiled(sqlite_url, planned)
@@ -119,7 +119,9 @@ def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url
     broken = tmp_path / "broken-model"
     broken.mkdir()
     shutil.copy(tiny_models["qwen3"] / "config.json", broken / "config.json")  # no weights
-    path = write_manifest(manifest(model("broken", str(broken), backend="eager", generate=[generate()]), model("good", "{llama}", backend="eager", generate=[generate()])))
+    path = write_manifest(
+        manifest_toml(model("broken", str(broken), backend="eager", generate=[generate()]), model("good", "{llama}", backend="eager", generate=[generate()]))
+    )
     first = warmup(str(path), "--db", sqlite_url)
     assert first.returncode == 1
     report = summary(first.stdout)
@@ -141,7 +143,7 @@ def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url
     assert {(r.model_name, r.status) for r in rows(sqlite_url)} == {("broken", "compiled"), ("good", "compiled")}
 
 
-FOUR_SPECS = manifest(model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]))
+FOUR_SPECS = manifest_toml(model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[1, 2, 3, 4])]))
 
 
 @pytest.mark.slow
