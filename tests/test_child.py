@@ -14,7 +14,7 @@ import pytest
 
 from warmcache.errors import UsageError, WarmcacheError
 from warmcache.warmup.child import ChildError, ChildFailure, Launch, ReportReader, ReportWriter, decode, encode, raise_first_error, run_children
-from warmcache.warmup.progress import SpecOutcome
+from warmcache.warmup.progress import Outcome, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupRequest
 from warmcache.warmup.verify import ReplayResult
 
@@ -30,8 +30,11 @@ class Note:
 def test_messages_round_trip_with_tuples_and_only_into_the_kinds_named() -> None:
     result = ReplayResult("abc", 1.5, graphs=1, new_entries=("fxgraph/a", "fxgraph/b"), persistent_cache=True)
     assert decode(encode(result), [ReplayResult]) == result
-    outcome = SpecOutcome("abc", "m generate batch=1 seq=8", "compiled", 2.0, graphs=1)
+    outcome = SpecOutcome("abc", "m generate batch=1 seq=8", Outcome.COMPILED, 2.0, graphs=1)
     assert decode(encode(outcome), [ReplayResult, SpecOutcome]) == outcome
+    assert decode(encode(outcome), [SpecOutcome]).status is Outcome.COMPILED  # the enum, not the JSON text
+    with pytest.raises(WarmcacheError, match="malformed message"):
+        decode(encode(outcome).replace('"compiled"', '"half-done"'), [SpecOutcome])
     with pytest.raises(WarmcacheError, match="a 'SpecOutcome', expected ReplayResult") as refused:
         decode(encode(outcome), [ReplayResult])
     assert "\n" not in str(refused.value)

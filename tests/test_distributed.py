@@ -85,7 +85,7 @@ def test_ranks_share_rank0_claims_and_fail_together(tmp_path: Path) -> None:
 _WAIT_PROBE = """
 import datetime as dt, json, sys, time
 from types import SimpleNamespace
-from warmcache.warmup import distributed, runner
+from warmcache.warmup import claims, distributed
 
 # Collectives time out after 4 s here, yet rank 0 waits about 8 s for a spec "another host" holds.
 distributed.COLLECTIVE_TIMEOUT = dt.timedelta(seconds=4)
@@ -114,7 +114,7 @@ class NoWork:
 
 start = time.monotonic()
 if distributed.is_registry_writer():
-    runner.claim_loop(Elsewhere(), None, [SimpleNamespace(identity="held-elsewhere")], 1.5, print, distributed.coordination())
+    claims.claim_loop(Elsewhere(), None, [SimpleNamespace(identity="held-elsewhere")], 1.5, print, distributed.coordination())
     distributed.broadcast_from_writer(None)
 else:
     distributed.follow_writer(NoWork(), [])

@@ -7,9 +7,17 @@ plain lines otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from warmcache.statuses import Status
+
+class Outcome(StrEnum):
+    """How this run finished one claimed spec (what it *did*; the row's state is a :class:`~warmcache.statuses.Status`)."""
+
+    COMPILED = "compiled"
+    FAILED = "failed"
+    LOST = "lost"
+    """Compiled, but the claim had expired and another worker took the spec: not recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +26,20 @@ class SpecOutcome:
 
     identity: str
     description: str
-    status: str  # compiled | failed | lost (the claim expired and another worker took the spec)
+    status: Outcome
     seconds: float
     graphs: int = 0
     padded_graphs: int = 0
     artifacts: int = 0
     error: str | None = None
 
+    def __post_init__(self) -> None:
+        # A child process's message carries the status as text: an unknown one is an error here, not a silent miscount.
+        object.__setattr__(self, "status", Outcome(self.status))
+
     @property
     def failed(self) -> bool:
-        return self.status == Status.FAILED
+        return self.status == Outcome.FAILED
 
     def message(self) -> str:
         if self.failed:
@@ -36,7 +48,7 @@ class SpecOutcome:
         if self.padded_graphs:
             graphs += f", {self.padded_graphs} for the padded mask"
         text = f"compiled in {self.seconds:.1f}s ({graphs}, {self.artifacts} cache entries)"
-        if self.status == "lost":
+        if self.status == Outcome.LOST:
             text += "; claim lost to another worker, not recorded"
         return text
 

@@ -14,7 +14,7 @@ from warmcache.errors import UsageError
 from warmcache.plan import PlannedShape
 from warmcache.registry.registry import PlanStatus
 from warmcache.statuses import DONE_STATUSES, Status
-from warmcache.warmup.progress import SpecOutcome
+from warmcache.warmup.progress import Outcome, SpecOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +123,14 @@ class WarmupSummary:
 
     @property
     def failed(self) -> list[SpecOutcome]:
-        return [o for o in self.outcomes if o.status == Status.FAILED]
+        return [o for o in self.outcomes if o.failed]
 
     @property
     def exit_code(self) -> int:
         """Non-zero while any planned spec is failed: the manifest is not fully warm."""
         return 1 if self.failed or self.plan.failed_kept or self.unfinished else 0
 
-    def count(self, status: str) -> int:
+    def count(self, status: Outcome) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
 
     def as_json(self) -> dict[str, Any]:
@@ -140,9 +140,9 @@ class WarmupSummary:
             "already_compiled": len(self.plan.done),
             "failed_before": len(self.plan.failed_kept),
             "to_compile": len(self.plan.todo),
-            "compiled": count(Status.COMPILED),
-            "failed": count(Status.FAILED),
-            "lost": count("lost"),
+            "compiled": count(Outcome.COMPILED),
+            "failed": count(Outcome.FAILED),
+            "lost": count(Outcome.LOST),
             "unfinished_elsewhere": self.unfinished,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
