@@ -84,6 +84,11 @@ with ReportWriter(report_path) as reports, reports.failures_reported():
         raise SystemExit(7)
     if plan.text == "hang":
         time.sleep(60)
+    if plan.text == "stubborn":  # ignores SIGTERM: only a kill stops it
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        reports.send(Note(os.getpid(), "pid"))
+        time.sleep(120)
 """
 
 
@@ -110,6 +115,8 @@ def test_results_arrive_and_each_child_says_how_it_ended(tmp_path: Path) -> None
     assert str(crashed.error()) == "crashed exited with code 7 after 3 result(s); see its output above"
     with pytest.raises(ChildError, match="^refused: "):
         raise_first_error(exits)
+    with pytest.raises(ChildError, match="^refused: "):  # a child's own error (and exit code) wins over a crash listed before it
+        raise_first_error([crashed, refused])
 
 
 def test_an_interrupted_parent_terminates_its_children_and_waits_for_them(tmp_path: Path) -> None:
@@ -138,3 +145,42 @@ def test_a_writer_for_no_one_sends_nothing(tmp_path: Path) -> None:
     with ReportWriter(None) as quiet:
         quiet.send(Note(1, "dropped"))  # a torchrun follower: rank 0 reports for the group
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_interrupt_kills_children_that_ignore_the_first(tmp_path: Path) -> None:
+    """Ctrl-C twice: no child outlives the parent, none is left writing into the deleted temp folder."""
+    import os
+    import signal
+
+    pids: list[int] = []
+
+    def interrupt_once_the_child_is_stubborn(note: Note) -> None:
+        if note.text == "pid":
+            pids.append(note.index)
+            signal.setitimer(signal.ITIMER_REAL, 1.0)  # the second Ctrl-C, while the parent waits out the grace
+            raise KeyboardInterrupt
+
+    def second_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, second_interrupt)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_children([_launch(tmp_path, "stubborn", 0, "stubborn")], [Note], interrupt_once_the_child_is_stubborn)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30  # not the 60 s grace, nor the child's 120 s sleep
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pids[0], 0)
+
+
+def test_children_import_the_warmcache_their_parent_runs() -> None:
+    import os
+
+    import warmcache
+    from warmcache.warmup.child import _importing_this_warmcache
+
+    first, *rest = _importing_this_warmcache({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].split(os.pathsep)
+    assert Path(first, "warmcache", "__init__.py").resolve() == Path(warmcache.__file__).resolve() and rest == ["/elsewhere"]

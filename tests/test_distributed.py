@@ -32,6 +32,14 @@ def test_in_torchrun_needs_all_three_variables(monkeypatch: pytest.MonkeyPatch) 
     assert (distributed.rank(), distributed.world_size(), distributed.is_registry_writer()) == (1, 2, False)
 
 
+def test_a_rank_outside_torchrun_still_writes_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kubeflow PyTorchJob pod sets RANK and WORLD_SIZE, not LOCAL_RANK: no process group, so this process speaks for itself."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert not distributed.in_torchrun() and distributed.is_registry_writer()
+
+
 def test_torchrun_command_reruns_warmcache_on_a_free_port() -> None:
     command = distributed.torchrun_command(["warmup", "m.toml", "--model", "x"], 4)
     assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "warmcache", "warmup", "m.toml", "--model", "x"]

@@ -217,3 +217,27 @@ def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
         assert column.nullable == (type(None) in members), f"{column.name}: the annotation and the column disagree on NULL"
         mapped[column.name] = (typing.get_origin(kind) or kind, bool(column.nullable))
     assert mapped == COLUMNS
+
+
+def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release(registry_url: str, planned: list[PlannedShape]) -> None:
+    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: the row must not stay 'compiling'."""
+    from warmcache.warmup.claims import _give_back
+
+    class InterruptedOnce:
+        def __init__(self, registry: Registry) -> None:
+            self.registry, self.calls = registry, 0
+
+        def release(self, row_id: int, worker: str) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt("signal 15")
+            self.registry.release(row_id, worker)
+
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        claimed = registry.claim([p.identity for p in planned], "w1", lease_seconds=600)
+        assert claimed is not None
+        interrupted = InterruptedOnce(registry)
+        _give_back(interrupted, claimed.id, "w1")  # type: ignore[arg-type]
+        (row,) = registry.rows(identities=[claimed.identity])
+        assert (interrupted.calls, row.status, row.claimed_by) == (2, "pending", None)

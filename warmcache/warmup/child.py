@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import site
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import IO, Any, Generic, TypeVar
 
 from warmcache.errors import WarmcacheError, first_line, shown
@@ -46,7 +50,11 @@ CHILD_MODULE = "warmcache.warmup"
 #: How often the parent looks for new messages while its children run.
 POLL_SECONDS = 0.2
 #: How long an interrupted parent waits for a terminated child to give its claim back.
-TERMINATE_GRACE_SECONDS = 30.0
+#: Longer than torchrun's own 30 s shutdown of its ranks (each in a session of its own):
+#: killing the agent first would leave rank 0 running, renewing its lease.
+TERMINATE_GRACE_SECONDS = 60.0
+#: Where the ``warmcache`` package the parent runs lives: children import the same one.
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: Children write to the parent's stderr: the parent's stdout may be ``--json`` output.
 _STDERR_FD = 2
 
@@ -145,8 +153,8 @@ class ReportReader(Generic[M]):
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for its end
         self._offset += len(complete)
         messages: list[M] = []
-        for line in complete.decode("utf-8").splitlines():
-            message = decode(line, self._kinds)
+        for line in complete.split(b"\n")[:-1]:
+            message = decode(line.decode("utf-8"), self._kinds)
             if isinstance(message, ChildFailure):
                 self.failure = message
             else:
@@ -197,7 +205,7 @@ def run_children(launches: Sequence[Launch], kinds: Sequence[type[M]], on_messag
             for index, launch in enumerate(launches):
                 request, report = Path(tmp) / f"request-{index}.json", Path(tmp) / f"report-{index}.jsonl"
                 request.write_text(encode(launch.request), encoding="utf-8")
-                process = subprocess.Popen([*launch.command, str(request), str(report)], stdout=_STDERR_FD, env=launch.env)
+                process = subprocess.Popen([*launch.command, str(request), str(report)], stdout=_STDERR_FD, env=_importing_this_warmcache(launch.env))
                 started.append((launch, process, ReportReader(report, kinds)))
             while True:
                 running = any(process.poll() is None for _, process, _ in started)
@@ -214,20 +222,58 @@ def run_children(launches: Sequence[Launch], kinds: Sequence[type[M]], on_messag
 
 
 def raise_first_error(exits: Sequence[ChildExit]) -> None:
-    """Raise the first child's failure or abnormal exit; every child's own output is above."""
-    for ended in exits:
+    """Raise a child's failure (with its exit code) before an abnormal exit; every child's own output is above."""
+    for ended in sorted(exits, key=lambda e: e.failure is None):
         if (error := ended.error()) is not None:
             raise error
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C inside the block, so a claim in hand is given back and children are stopped."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _importing_this_warmcache(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` (or ours), where a child imports the warmcache its parent runs.
+
+    An installed warmcache is found by any interpreter of this environment; one
+    run from a source folder (a checkout on ``sys.path``) is put on ``PYTHONPATH``.
+    A site-packages folder is never added there: it would come before the standard library.
+    """
+    env = dict(os.environ if env is None else env)
+    if _PACKAGE_PARENT not in {str(Path(folder).resolve()) for folder in site.getsitepackages()}:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def _stop(processes: Iterator[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every live child and wait for each to give its claim back; kill what outlasts the grace, or all of them on a second Ctrl-C."""
     alive = [p for p in processes if p.poll() is None]
     for process in alive:
         process.terminate()
     deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
-    for process in alive:
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
+    try:
+        for process in alive:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    except KeyboardInterrupt:  # impatient: no child outlives us, nor writes into a deleted folder
+        for process in alive:
+            if process.poll() is None:
+                process.kill()
             process.wait()
+        raise

@@ -31,6 +31,8 @@ Report = Callable[[SpecOutcome], None]
 
 #: How often a worker with nothing to claim looks again at specs other workers hold.
 LEASE_POLL_SECONDS = 5.0
+#: Interrupts a claim's release outlasts (Ctrl-C, then the parent's SIGTERM, then a spare).
+_GIVE_BACK_TRIES = 3
 
 
 def claim_loop(
@@ -98,7 +100,7 @@ def run_claimed(
             cache_root=str(run.cache_root) if run.persistent_cache else None,
         )
     except BaseException:
-        registry.release(row_id, me)
+        _give_back(registry, row_id, me)
         raise
     return SpecOutcome(
         planned.identity,
@@ -109,6 +111,22 @@ def run_claimed(
         padded_graphs=run.padded_graphs,
         artifacts=len(artifacts),
     )
+
+
+def _give_back(registry: Registry, row_id: int, me: str) -> None:
+    """Release the claim even if another interrupt lands meanwhile.
+
+    Ctrl-C on a terminal reaches every ``--jobs`` worker and their parent at once,
+    and the parent then SIGTERMs the workers: a second ``KeyboardInterrupt`` inside
+    the release would leave the row ``compiling`` until its lease ran out.
+    Releasing twice is harmless (the row is only ours once).
+    """
+    for _ in range(_GIVE_BACK_TRIES):
+        try:
+            registry.release(row_id, me)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _run_locked(worker: Worker, planned: PlannedShape) -> tuple[SpecRun | None, str | None]:

@@ -82,8 +82,13 @@ def world_size() -> int:
 
 
 def is_registry_writer() -> bool:
-    """Rank 0 claims, renews leases and records results; the other ranks only compile."""
-    return rank() == 0
+    """Rank 0 claims, renews leases and records results; the other ranks only compile.
+
+    Outside a torchrun every process writes, whatever ``RANK`` says: a Kubeflow
+    PyTorchJob pod sets ``RANK`` and ``WORLD_SIZE`` (not ``LOCAL_RANK``) for jobs
+    that never start a process group.
+    """
+    return not in_torchrun() or rank() == 0
 
 
 def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache") -> list[str]:

@@ -21,12 +21,8 @@ Order of work, and why:
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable, Iterable, Sequence
 
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
@@ -36,7 +32,7 @@ from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.support import check_supported
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
-from warmcache.warmup.child import Launch, raise_first_error, run_children
+from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt
 from warmcache.warmup.claims import Report, claim_loop
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
@@ -92,7 +88,7 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
-            with _interrupt_on_sigterm():
+            with sigterm_as_interrupt():
                 if here and options.jobs > 1:
                     _run_jobs(manifest, options, here, lease, report)
                 elif here:
@@ -146,23 +142,6 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
     return report
 
 
-@contextmanager
-def _interrupt_on_sigterm() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C, so the claim in hand is given back before exiting."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 # ------------------------------------------------------------------ child processes
 
 
@@ -187,7 +166,7 @@ def _warm_under_torchrun(manifest: Manifest, options: WarmupOptions, nproc: int,
 
 def claim_as_worker(request: ClaimRequest, report: Report) -> None:
     """The ``--jobs`` worker process: claim and run the request's specs, reporting each outcome."""
-    with _interrupt_on_sigterm():
+    with sigterm_as_interrupt():
         manifest = load_manifest(request.manifest)
         wanted = set(request.identities)
         todo = [p for p in plan_manifest(manifest) if p.identity in wanted]

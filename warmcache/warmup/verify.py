@@ -34,7 +34,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.statuses import DONE_STATUSES
 from warmcache.warmup import distributed
-from warmcache.warmup.child import Launch, run_children
+from warmcache.warmup.child import Launch, run_children, sigterm_as_interrupt
 from warmcache.warmup.progress import Progress
 
 if TYPE_CHECKING:
@@ -189,7 +189,8 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
                         bar.advance(verdicts[result.identity])
 
             try:
-                _replay_in_fresh_processes(manifest, compiled, cache_dir, registry_url, record)
+                with sigterm_as_interrupt():  # a cancelled CI job stops the replay (a torchrun too), not just us
+                    _replay_in_fresh_processes(manifest, compiled, cache_dir, registry_url, record)
             finally:
                 if bar:
                     bar.close()
