@@ -72,6 +72,7 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(wr
 def test_judge_needs_zero_misses_and_no_new_entries() -> None:
     clean = ReplayResult("i", graphs=1, cache_hits=1, cache_misses=0, new_entries=(), persistent_cache=True)
     assert judge("i", "d", clean).verdict == Verdict.VERIFIED
+    assert judge("i", "d", clean).message() == "verified (0 cache misses, 1 hits, 1 graph traced in 0.0s)"  # the progress line
     assert judge("i", "d", replace(clean, new_entries=("fxgraph/ab/fabc",))).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, cache_misses=1)).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, persistent_cache=False)).verdict == Verdict.REPLAY_ONLY

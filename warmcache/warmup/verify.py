@@ -107,7 +107,7 @@ class SpecVerdict:
         """The progress line's text: the verdict and why, or what the replay measured."""
         if self.reason and self.verdict != Verdict.REPLAY_ONLY:
             return f"{self.verdict}: {self.reason}"
-        measured = f"{self.cache_misses} cache misses, {self.cache_hits} hits, {self.graphs} graphs traced in {self.seconds:.1f}s"
+        measured = f"{self.cache_misses} cache misses, {self.cache_hits} hits, {self.graphs} graph{'s' if self.graphs != 1 else ''} traced in {self.seconds:.1f}s"
         return f"{self.verdict} ({measured})"
 
     def as_json(self) -> dict[str, Any]:
