@@ -1,4 +1,4 @@
-"""Human sizes and ages for cache commands: ``--max-size 20G``, ``--older-than 7d``, ``1.4 MiB``.
+"""Human sizes, ages and counts: ``--max-size 20G``, ``--older-than 7d``, ``1.4 MiB``, ``1 graph``.
 
 Sizes are binary (``K`` = 1024) because disks and ``du -h`` report them that way;
 the suffix may be spelled ``G``, ``GB`` or ``GiB``.
@@ -44,6 +44,11 @@ def format_size(size: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def format_count(count: int, noun: str) -> str:
+    """``"1 graph"``, ``"3 graphs"``: a count with its noun, plural unless it is one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def format_age(seconds: float) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from warmcache.buckets.suggest import Suggestion
 from warmcache.errors import UsageError
 from warmcache.shapes import Workload
+from warmcache.units import format_count
 
 PLOT_INSTALL_HINT = "pip install 'warmcache[plot]'"
 
@@ -19,7 +20,7 @@ def objective_text(suggestion: Suggestion) -> str:
     padded = "E[bucket(L)] - E[L] padded tokens per request" if n == 1 else f"E[bucket(M)] - E[L] padded tokens per request, M = longest of {n} (P(M <= x) = F(x)^{n})"
     if suggestion.compile_cost is None:
         count = len(suggestion.buckets)
-        return f"minimise {padded}, with at most {count} bucket{'s' if count != 1 else ''}"
+        return f"minimise {padded}, with at most {format_count(count, 'bucket')}"
     return f"minimise {suggestion.expected_requests} requests x ({padded}) + {suggestion.compile_cost:g} tokens x buckets"
 
 

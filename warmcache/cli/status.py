@@ -10,6 +10,7 @@ from warmcache.cli._common import db_option, format_table, json_option, open_reg
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.status import STATUS_ORDER, WarmupStatus, format_duration, warmup_status
+from warmcache.units import format_count
 
 
 @click.command("status")
@@ -76,7 +77,7 @@ def render(report: WarmupStatus) -> str:
     workers = len(report.live_workers)
     parts.append(
         f"\n{remaining} of {sum(g.total for g in report.groups)} shapes left; "
-        f"{workers} live worker{'s' if workers != 1 else ''}; eta {format_duration(report.eta_seconds()) if remaining else 'done'}"
+        f"{format_count(workers, 'live worker')}; eta {format_duration(report.eta_seconds()) if remaining else 'done'}"
     )
     return "\n".join(parts)
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
+from warmcache.units import format_count
+
 
 class Outcome(StrEnum):
     """How this run finished one claimed spec (what it *did*; the row's state is a :class:`~warmcache.statuses.Status`)."""
@@ -44,7 +46,7 @@ class SpecOutcome:
     def message(self) -> str:
         if self.failed:
             return f"FAILED after {self.seconds:.1f}s: {self.error}"
-        graphs = f"{self.graphs} graph{'s' if self.graphs != 1 else ''}"
+        graphs = format_count(self.graphs, "graph")
         if self.padded_graphs:
             graphs += f", {self.padded_graphs} for the padded mask"
         text = f"compiled in {self.seconds:.1f}s ({graphs}, {self.artifacts} cache entries)"

@@ -33,6 +33,7 @@ from warmcache.manifest import Manifest, load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.statuses import DONE_STATUSES
+from warmcache.units import format_count
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, run_children, sigterm_as_interrupt
 from warmcache.warmup.progress import Progress
@@ -107,7 +108,7 @@ class SpecVerdict:
         """The progress line's text: the verdict and why, or what the replay measured."""
         if self.reason and self.verdict != Verdict.REPLAY_ONLY:
             return f"{self.verdict}: {self.reason}"
-        measured = f"{self.cache_misses} cache misses, {self.cache_hits} hits, {self.graphs} graph{'s' if self.graphs != 1 else ''} traced in {self.seconds:.1f}s"
+        measured = f"{self.cache_misses} cache misses, {self.cache_hits} hits, {format_count(self.graphs, 'graph')} traced in {self.seconds:.1f}s"
         return f"{self.verdict} ({measured})"
 
     def as_json(self) -> dict[str, Any]:
@@ -248,7 +249,7 @@ def _replay_in_fresh_processes(manifest: Manifest, compiled: list[PlannedShape],
         if not group:
             continue
         request = ReplayRequest(str(manifest.path), tuple(p.identity for p in group), cache_dir, registry_url)
-        (ended,) = run_children([Launch(f"verify's replay ({nproc} rank{'s' if nproc > 1 else ''})", distributed.child_command(nproc), request)], [ReplayResult], receive)
+        (ended,) = run_children([Launch(f"verify's replay ({format_count(nproc, 'rank')})", distributed.child_command(nproc), request)], [ReplayResult], receive)
         if (error := ended.error()) is not None:
             stopped.append((group, error))
     if stopped and not replayed:
