@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, selectinload
 
-from warmcache.errors import RegistryError, first_line
+from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
@@ -55,16 +55,18 @@ class Registry:
         self.clock: Callable[[], dt.datetime] = utcnow
 
     @classmethod
-    def open(cls, url: str, *, check_schema: bool = True, create: bool = True) -> Registry:
+    def open(cls, url: str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
         """Open a registry; an empty database is initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
         empty database is refused instead of created, and no schema is ever migrated.
+        ``hold_connections=False`` (warmup workers) holds a PostgreSQL connection
+        only while a transaction runs.
         """
         url = normalise_url(url)
         if not create:
             _refuse_missing_sqlite_file(url)
-        engine = create_registry_engine(url)
+        engine = create_registry_engine(url, hold_connections=hold_connections)
         try:
             if check_schema and not create and schema.is_empty(engine):
                 raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
@@ -72,11 +74,22 @@ class Registry:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
             engine.dispose()
-            raise RegistryError(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
+            kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
+            raise kind(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, url)
+        registry = cls(engine, url)
+        registry.holds_connections = hold_connections
+        return registry
+
+    #: ``False``: :meth:`drop_connections` closes idle connections (see ``Registry.open``).
+    holds_connections = True
+
+    def drop_connections(self) -> None:
+        """Close the idle pooled connections, unless opened to hold them: the caller will not need one for a while."""
+        if not self.holds_connections:
+            self.engine.pool.dispose()
 
     @property
     def display_url(self) -> str:
@@ -105,7 +118,8 @@ class Registry:
         except DBAPIError as exc:
             # Any driver error (connection lost, not a database, permission denied) is the
             # registry's, reported in one line; callers never see a driver traceback.
-            raise RegistryError(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
+            kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
+            raise kind(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
 
@@ -132,44 +146,44 @@ class Registry:
         *,
         retry_failed: bool = False,
     ) -> ShapeRecord | None:
-        """Take one claimable row among ``identities`` for ``worker``, or ``None`` if none is left.
+        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is left.
 
         Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
         and with ``retry_failed`` also ``failed``. The final update re-checks the
         condition, so two claimers racing for one row cannot both win; PostgreSQL
-        additionally skips rows another transaction has locked.
+        additionally skips rows another transaction has locked. The order is the
+        caller's (a warmup passes its longest shapes first); a claimer working
+        through thousands keeps its place with :class:`warmcache.warmup.claim_queue.ClaimQueue`.
         """
         if not identities:
             return None
-        for chunk in _chunks(list(identities), 2000):
-            while True:
-                now = self.clock()
-                claimable = _claimable(now, retry_failed)
-                with self.session() as session:
-                    query = select(CompiledShape.id).where(CompiledShape.identity.in_(chunk), claimable).order_by(CompiledShape.id).limit(1)
-                    if self.dialect == "postgresql":
-                        query = query.with_for_update(skip_locked=True)
-                    candidate = session.scalar(query)
-                    if candidate is None:
-                        break
-                    won = _rows_changed(
-                        session,
-                        update(CompiledShape)
-                        .where(CompiledShape.id == candidate, claimable)
-                        .values(
-                            status=Status.COMPILING,
-                            claimed_by=worker,
-                            lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
-                            attempts=CompiledShape.attempts + 1,
-                            error=None,
-                            updated_at=now,
-                        )
-                        .execution_options(synchronize_session=False),
-                    )
-                    if won:
-                        row = session.get(CompiledShape, candidate, populate_existing=True)
-                        assert row is not None
-                        return ShapeRecord.from_row(row)
+        for chunk in _chunks(list(identities), _CLAIM_CHUNK):
+            now = self.clock()
+            claimable = _claimable(now, retry_failed)
+            position = case({identity: i for i, identity in enumerate(chunk)}, value=CompiledShape.identity)
+            candidate = select(CompiledShape.id).where(CompiledShape.identity.in_(chunk), claimable).order_by(position).limit(1)
+            if self.dialect == "postgresql":
+                candidate = candidate.with_for_update(skip_locked=True)
+            # One statement: the candidate row is locked (PostgreSQL) or the database is
+            # (SQLite's write transaction), and the update re-checks it is still claimable.
+            claim = (
+                update(CompiledShape)
+                .where(CompiledShape.id == candidate.scalar_subquery(), claimable)
+                .values(
+                    status=Status.COMPILING,
+                    claimed_by=worker,
+                    lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+                    attempts=CompiledShape.attempts + 1,
+                    error=None,
+                    updated_at=now,
+                )
+                .returning(CompiledShape)
+                .execution_options(synchronize_session=False)
+            )
+            with self.session() as session:
+                row = session.scalars(claim).first()
+                if row is not None:
+                    return ShapeRecord.from_row(row)
         return None
 
     def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
@@ -418,6 +432,11 @@ def _refuse_missing_sqlite_file(url: str) -> None:
         raise RegistryError(f"registry {display_url(url)} does not exist; check the URL (a read never creates a registry)")
 
 
+def _unavailable(exc: DBAPIError) -> bool:
+    """The database went away or refused a connection, as opposed to refusing the request itself."""
+    return isinstance(exc, OperationalError) or exc.connection_invalidated
+
+
 def _rows_changed(session: Session, statement: Executable) -> int:
     """The rows an UPDATE or DELETE matched (``Session.execute`` is typed as returning a plain ``Result``)."""
     result = session.execute(statement)
@@ -464,6 +483,10 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "created_at": now,
         "updated_at": now,
     }
+
+
+#: Identities one claim statement looks at, in the caller's order (a ``CASE`` ranks them).
+_CLAIM_CHUNK = 128
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
