@@ -17,12 +17,14 @@ import sqlalchemy as sa
 from fleet_faults import OutageProxy
 from manifests import generate, manifest_toml, model
 
+from warmcache.cli.status import render
 from warmcache.errors import RegistryUnavailableError
 from warmcache.manifest import load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.engine import normalise_url
 from warmcache.registry.patience import patiently
+from warmcache.status import warmup_status
 from warmcache.warmup.claim_queue import WINDOW, ClaimQueue
 from warmcache.warmup.ordering import longest_first
 
@@ -67,6 +69,9 @@ def test_claims_follow_the_given_order_across_windows(registry_url: str, tmp_pat
         for record in claimed:
             registry.mark_compiled(record.id, "w:1", compile_seconds=1, graphs_compiled=1)
         assert not queue.narrow(), "every spec is compiled: nothing is left to wait for"
+        report = warmup_status(registry, planned)
+    assert report.groups[0].reclaimed == 1, "status says one spec was claimed twice"
+    assert "1 shape claimed more than once" in render(report)
 
 
 def test_longest_first_goes_by_own_history_then_the_group_median_then_size(registry_url: str, tmp_path: Path) -> None:
