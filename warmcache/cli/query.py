@@ -6,7 +6,7 @@ from collections import Counter
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json, print_json_array
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import check_request, effective_status, plan_json, shape_json
@@ -24,9 +24,12 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)  # first: a model path that is not there is named by its key
-    check_supported(parsed)
     with open_registry(db_url, parsed) as registry:
         statuses = registry.plan_status(planned)
+    # A model with a row for every shape under this config and toolchain passed this check when it was
+    # warmed; checking it again would import transformers (and torch: seconds) to plan a warm manifest.
+    unwarmed = {s.planned.model.name for s in statuses if s.status in (Status.MISSING, Status.STALE)}
+    check_supported(parsed, [m for m in parsed.models if m.name in unwarmed])
     if as_json:
         print_json([plan_json(s) for s in statuses])
         return
@@ -56,14 +59,17 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 @json_option
 def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:
     """List the shapes in the registry (rows of another toolchain show as stale)."""
+    if as_json:
+        # Streamed: a registry of 100,000 rows is listed without holding every row in memory.
+        with open_registry(db_url) as registry:
+            records = (r for r in registry.iter_rows(model=model_name, workload=workload) if status is None or effective_status(r) == status)
+            print_json_array(shape_json(r) for r in records)
+        return
     with open_registry(db_url) as registry:
         records = registry.rows(model=model_name, workload=workload)
     listed = [(r, effective_status(r)) for r in records]
     if status is not None:
         listed = [(r, s) for r, s in listed if s == status]
-    if as_json:
-        print_json([shape_json(r) for r, _ in listed])
-        return
     rows = [
         (
             r.model_name,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, case, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, Select, and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -308,18 +308,7 @@ class Registry:
         with_artifacts: bool = False,
     ) -> list[ShapeRecord]:
         """Registry rows matching every filter given, in a stable order."""
-        conditions: list[ColumnElement[bool]] = []
-        if model is not None:
-            conditions.append(CompiledShape.model_name == model)
-        if workload is not None:
-            conditions.append(CompiledShape.workload == workload)
-        if statuses is not None:
-            conditions.append(CompiledShape.status.in_(list(statuses)))
-        query = (
-            select(CompiledShape)
-            .where(*conditions)
-            .order_by(CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
-        )
+        query = _rows_query(model, workload, statuses)
         if with_artifacts:
             query = query.options(selectinload(CompiledShape.artifacts))
         keys = [(CompiledShape.identity, identities), (CompiledShape.shape_hash, shape_hashes)]
@@ -333,6 +322,12 @@ class Registry:
                 for chunk in _chunks(list(values), 2000):
                     out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
             return out
+
+    def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
+        """:meth:`rows` one at a time, fetched in batches: a 100,000-row registry is listed without holding it all."""
+        with self.session() as session:
+            for row in session.scalars(_rows_query(model, workload, None).execution_options(yield_per=1000)):
+                yield ShapeRecord.from_row(row)
 
     def done_artifact_paths(self, identities: Sequence[str]) -> dict[str, list[str]]:
         """``{identity: artifact paths}`` of the compiled/verified rows among ``identities``.
@@ -442,6 +437,19 @@ def _rows_changed(session: Session, statement: Executable) -> int:
     result = session.execute(statement)
     assert isinstance(result, CursorResult)
     return result.rowcount
+
+
+def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str] | None) -> Select[tuple[CompiledShape]]:
+    """Rows matching the filters given, in :meth:`Registry.rows`' stable order."""
+    conditions: list[ColumnElement[bool]] = []
+    if model is not None:
+        conditions.append(CompiledShape.model_name == model)
+    if workload is not None:
+        conditions.append(CompiledShape.workload == workload)
+    if statuses is not None:
+        conditions.append(CompiledShape.status.in_(list(statuses)))
+    order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
+    return select(CompiledShape).where(*conditions).order_by(*order)
 
 
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
