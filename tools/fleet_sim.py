@@ -56,6 +56,8 @@ from warmcache.warmup.progress import SpecOutcome
 from warmcache.warmup.worker import SpecRun
 
 ORDERS = ("identity", "longest")
+#: Workers opening the registry (schema check) at once, before the gate.
+_OPENING_AT_ONCE = 16
 #: Workers start within this many seconds of the gate (at most 2 % of the ideal makespan): 256 connections in one instant would exceed
 #: PostgreSQL's default 100 (they would be retried, but the benchmark shares its server with others).
 _START_SPREAD_SECONDS = 2.0
@@ -238,9 +240,10 @@ class SleepingCompile:
         return SpecRun(seconds, graphs=1, padded_graphs=0, cache_hits=0, cache_misses=1, new_entries={}, cache_root=self.root, persistent_cache=False)
 
 
-def _worker(url: str, todo: Sequence[PlannedShape], seconds: dict[str, float], lease: float, work: Path, index: int, gate: Any, spread: float) -> None:
+def _worker(url: str, todo: Sequence[PlannedShape], seconds: dict[str, float], lease: float, work: Path, index: int, gate: Any, spread: float, opening: Any) -> None:
     with open(work / f"worker-{index}.log", "w", buffering=1) as log:
-        registry = patiently(lambda: _CountingRegistry.open(url, hold_connections=False), 120)
+        with opening:  # a few at a time: the server (shared with others) must never run out of connections
+            registry = patiently(lambda: _CountingRegistry.open(url, hold_connections=False), 120)
         statements = Counter[str]()
         sa.event.listen(registry.engine, "before_cursor_execute", lambda *args: statements.update(["n"]))
         registry.log = log
@@ -296,6 +299,7 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
             proxy.start()
         context = multiprocessing.get_context("fork")
         gate = context.Event()
+        opening = context.Semaphore(_OPENING_AT_ONCE)
         gc.collect()
         gc.freeze()  # forked workers share the parent's imported code instead of copying it page by page
         processes = []
@@ -304,7 +308,7 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
         for i in range(setup.workers):
             name = f"{prefix}-{i}"
             port = proxy.port if proxy and i == setup.workers - 1 else None
-            process = context.Process(target=_worker, args=(worker_url(url, name, port), todo, seconds, setup.lease_seconds, run_dir, i, gate, spread), daemon=True)
+            process = context.Process(target=_worker, args=(worker_url(url, name, port), todo, seconds, setup.lease_seconds, run_dir, i, gate, spread, opening), daemon=True)
             process.start()
             processes.append(process)
         gc.unfreeze()

@@ -81,6 +81,7 @@ class Registry:
             raise
         registry = cls(engine, url)
         registry.holds_connections = hold_connections
+        registry.drop_connections()  # the schema check's connection: a fleet's worker may wait a while before its first claim
         return registry
 
     #: ``False``: :meth:`drop_connections` closes idle connections (see ``Registry.open``).
