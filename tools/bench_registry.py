@@ -41,8 +41,15 @@ from warmcache.statuses import Status  # noqa: E402
 
 PLAN_GOAL_SECONDS = 3.0
 
-#: Prefixed to each measured program: it reports its own peak memory when it exits.
-REPORT_RSS = "import atexit, resource, sys; atexit.register(lambda: sys.stderr.write(f'\\nmaxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n'))\n"
+#: Prefixed to each measured program: it reports its own peak memory when it exits. Not ru_maxrss:
+#: Linux carries that over fork and exec, so a child would report at least its parent's peak.
+REPORT_RSS = (
+    "import atexit, sys\n"
+    "def _peak():\n"
+    "    hwm = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')]\n"
+    "    sys.stderr.write(f'\\nmaxrss {hwm[0]}\\n')\n"
+    "atexit.register(_peak)\n"
+)
 #: ``warmcache ARGS...`` as a program for ``python -c``.
 CLI = "import sys; sys.argv[0] = 'warmcache'; from warmcache.cli import main; main()"
 #: Each measurement, run by ``python -c`` in a fresh process: argv[1] is the registry URL.
