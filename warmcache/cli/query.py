@@ -62,8 +62,8 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
     if as_json:
         # Streamed: a registry of 100,000 rows is listed without holding every row in memory.
         with open_registry(db_url) as registry:
-            records = (r for r in registry.iter_rows(model=model_name, workload=workload) if status is None or effective_status(r) == status)
-            print_json_array(shape_json(r) for r in records)
+            streamed = (r for r in registry.iter_rows(model=model_name, workload=workload) if status is None or effective_status(r) == status)
+            print_json_array(shape_json(r) for r in streamed)
         return
     with open_registry(db_url) as registry:
         records = registry.rows(model=model_name, workload=workload)

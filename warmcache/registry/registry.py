@@ -440,7 +440,7 @@ def _rows_changed(session: Session, statement: Executable) -> int:
     return result.rowcount
 
 
-def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str] | None) -> Select[tuple[CompiledShape]]:
+def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str] | None) -> Select[CompiledShape]:
     """Rows matching the filters given, in :meth:`Registry.rows`' stable order."""
     conditions: list[ColumnElement[bool]] = []
     if model is not None:
