@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fleet_faults import OutageProxy
+from fleet_sim import worker_url
 from manifests import generate, manifest_toml, model
 
 from warmcache.cli.status import render
@@ -97,13 +98,6 @@ def test_longest_first_goes_by_own_history_then_the_group_median_then_size(regis
     ]
 
 
-def _app_url(url: str, name: str, port: int | None = None) -> str:
-    parsed = sa.make_url(normalise_url(url)).update_query_dict({"application_name": name})
-    if port is not None:
-        parsed = parsed.set(host="127.0.0.1", port=port)
-    return parsed.render_as_string(hide_password=False)
-
-
 def _connections(url: str, name: str) -> int:
     engine = sa.create_engine(normalise_url(url))
     try:
@@ -117,7 +111,7 @@ def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str
     """256 workers fit PostgreSQL's default 100 connections only if a compiling worker holds none."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2])]))
     name = f"wc-budget-{time.time_ns()}"
-    with Registry.open(_app_url(postgres_url, name), hold_connections=False) as registry:
+    with Registry.open(worker_url(postgres_url, name), hold_connections=False) as registry:
         registry.ensure_pending(planned)
         row = registry.claim([p.identity for p in planned], "w:1", 60)
         assert row is not None
@@ -136,7 +130,7 @@ def test_a_terminated_backend_and_an_outage_are_waited_out(postgres_url: str, tm
     proxy.start()
     name = f"wc-outage-{time.time_ns()}"
     try:
-        with Registry.open(_app_url(postgres_url, name, proxy.port), hold_connections=False) as registry:
+        with Registry.open(worker_url(postgres_url, name, proxy.port), hold_connections=False) as registry:
             registry.ensure_pending(planned)
             row = registry.claim([planned[0].identity], "w:1", 60)
             assert row is not None
