@@ -24,7 +24,7 @@ identity order and longest-first side by side, and ``--faults`` adds a run that
 kills workers, terminates their database connections and cuts one off for a while:
 
     python tools/bench_fleet.py --simulate --workers 256 --specs 10000 --faults
-    python tools/bench_fleet.py --simulate --quick   # 8 workers x 200 specs, faults included, ~30 s
+    python tools/bench_fleet.py --simulate --quick   # 8 workers x 200 specs, faults included, ~45 s
 """
 
 from __future__ import annotations
