@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import INDUCTOR_PRECOMPILED
+from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import read_checked
 from warmcache.errors import CacheError, first_line
 from warmcache.targets.inductor import CACHE_ENV
@@ -79,7 +79,20 @@ def expected_fingerprint(record: ShapeRecord) -> dict[str, Any]:
 
 
 def precompiled_entries(record: ShapeRecord) -> list[str]:
-    return [a.path for a in record.artifacts if a.kind == INDUCTOR_PRECOMPILED]
+    """The row's decode artifacts of either route: ``aot_compile`` artifacts and AOTInductor packages."""
+    return [a.path for a in record.artifacts if a.kind in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)]
+
+
+def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
+    """Check and load one artifact of either route (told apart by its folder, as ``cache scan`` tells them)."""
+    from warmcache.cache.layout import entry_of
+
+    found = entry_of("inductor", entry)
+    if found is not None and found[0] == AOTINDUCTOR:
+        from warmcache.runtime.aotinductor import load_package
+
+        return load_package(root, entry, expected_fingerprint(record), model)
+    return load_decode(root, entry, record)
 
 
 def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:
@@ -149,7 +162,7 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
             try:
                 if root is None:
                     raise CacheError(f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir=")
-                signature, function = load_decode(root, entry, record)
+                signature, function = load_any(root, entry, record, model)
             except CacheError as exc:
                 if strict:
                     raise
