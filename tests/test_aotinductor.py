@@ -41,7 +41,7 @@ SERVE = textwrap.dedent(
     start = time.perf_counter()
     report = guard.prime(model)
     prime_seconds = time.perf_counter() - start
-    results = []
+    results, seconds = [], []
     for batch, lengths in ((1, [5]), (3, [8, 3, 6]), (4, [2, 8, 7, 4]), (4, [8, 8, 8, 8])):
         ids = torch.randint(5, 300, (batch, max(lengths)), generator=torch.Generator().manual_seed(batch * 100 + sum(lengths)))
         mask = torch.zeros_like(ids)
@@ -50,7 +50,9 @@ SERVE = textwrap.dedent(
             ids[row, :-length] = 0
         ids, mask = ids.to(device), mask.to(device)
         new = %(max_cache_len)d - %(prompt)d + 1  # decode to the full cache of the bucket
+        begin = time.perf_counter()
         out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
+        seconds.append(time.perf_counter() - begin)
         eager = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, disable_compile=True, pad_token_id=0)
         results.append({"same": out.tolist() == eager.tolist(), "new_tokens": eager[:, ids.shape[1]:].flatten().tolist()})
     from torch._dynamo.utils import counters
@@ -59,6 +61,8 @@ SERVE = textwrap.dedent(
         "artifacts_loaded": report.artifacts_loaded,
         "artifact_errors": report.artifact_errors,
         "prime_seconds": prime_seconds,
+        "package_load_seconds": report.artifact_load_seconds,
+        "request_seconds": seconds,
         "graphs": int(counters["stats"]["unique_graphs"]),
         "frames": sum(counters["frames"].values()),
         "package_calls": decoder.calls,
@@ -206,7 +210,9 @@ def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], work
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device on this machine (CI has none); runs on a GPU host")
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = _warm(tmp_path, tiny_models["llama"], "cuda")
-    _assert_served_by_packages(_serve(root, tiny_models["llama"], "cuda"))
+    served = _serve(root, tiny_models["llama"], "cuda")
+    print(json.dumps({k: v for k, v in served.items() if k != "results"}))  # the figures tools/cuda_aoti_check.sh collects
+    _assert_served_by_packages(served)
     shutil.rmtree(root / "cache", ignore_errors=True)
 
 
