@@ -92,6 +92,8 @@ class ShapeGuard:
         self._load = load
         self._config_hash: str | None = None
         self._records: list[ShapeRecord] = []
+        #: The rows of the last load, so narrowing to one model config needs no second read of the registry.
+        self._loaded: list[ShapeRecord] = []
         self._table = BucketTable()
         self.family = self._reload()
         self.telemetry = MissTelemetry(self.family, telemetry_url, interval=telemetry_interval)
@@ -148,11 +150,13 @@ class ShapeGuard:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
         self._reload(expect=self.family)
 
-    def _reload(self, expect: ShapeFamily | None = None) -> ShapeFamily:
+    def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
         dtype, max_cache_len, backend = self._filters
+        if not reuse:
+            self._loaded = self._load()
         rows = [
             r
-            for r in usable_records(self._load())
+            for r in usable_records(self._loaded)
             if (dtype is None or r.dtype == dtype)
             and (max_cache_len is None or r.max_cache_len == max_cache_len)
             and (backend is None or r.backend == backend)
@@ -207,7 +211,7 @@ class ShapeGuard:
         if digest not in known:
             raise UsageError(f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {', '.join(known)})")
         self._config_hash = digest
-        self._reload()
+        self._reload(reuse=True)
 
     # ------------------------------------------------------------ the hot path
 

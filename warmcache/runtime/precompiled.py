@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import read_checked
 from warmcache.errors import CacheError, first_line
+from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
 from warmcache.targets.inductor import CACHE_ENV
 
 if TYPE_CHECKING:
@@ -89,8 +90,6 @@ def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[S
 
     found = entry_of("inductor", entry)
     if found is not None and found[0] == AOTINDUCTOR:
-        from warmcache.runtime.aotinductor import load_package
-
         return load_package(root, entry, expected_fingerprint(record), model)
     return load_decode(root, entry, record)
 
@@ -143,6 +142,8 @@ class LoadReport:
 
     loaded: dict[str, Signature] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: Batch sizes an AOTInductor package serves: loaded and bound, nothing left to warm by running it.
+    package_batches: set[int] = field(default_factory=set)
 
 
 def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
@@ -158,6 +159,8 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
         root = root_override or (Path(record.cache_root) if record.cache_root else None)
         for entry in precompiled_entries(record):
             if entry in report.loaded:
+                if isinstance(decoder.by_signature[report.loaded[entry]], PackagedDecodeStep):
+                    report.package_batches.add(record.batch_size)
                 continue
             try:
                 if root is None:
@@ -171,6 +174,8 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
                 continue
             decoder.by_signature[signature] = function
             report.loaded[entry] = signature
+            if isinstance(function, PackagedDecodeStep):
+                report.package_batches.add(record.batch_size)
 
     def get_compiled_call(config: Any) -> Any:
         return decoder if config is compile_config else original(config)
