@@ -109,6 +109,17 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
+def guarded_request_seconds(guard: Any, model: Any, ids: Any) -> float:
+    """Seconds of one guarded ``generate()`` of ``DECODE_TOKENS`` new tokens (the request every scenario times)."""
+    import torch
+
+    from warmcache.warmup.workloads import DECODE_TOKENS
+
+    begin = time.perf_counter()
+    guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+    return time.perf_counter() - begin
+
+
 def precompiled_child(args: argparse.Namespace) -> None:
     """One fresh production process: import, load, prime from precompiled artifacts, serve one request."""
     started = time.perf_counter()
@@ -116,7 +127,7 @@ def precompiled_child(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from warmcache.runtime.guard import ShapeGuard
-    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+    from warmcache.warmup.workloads import token_ids
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -130,14 +141,8 @@ def precompiled_child(args: argparse.Namespace) -> None:
     report = guard.prime(model)
     primed = time.perf_counter()
     ids = token_ids(model, args.batch, args.prompt)
-
-    def generate() -> float:
-        begin = time.perf_counter()
-        guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
-        return time.perf_counter() - begin
-
-    first = generate()
-    second = generate()
+    first = guarded_request_seconds(guard, model, ids)
+    second = guarded_request_seconds(guard, model, ids)
     from torch._dynamo.utils import counters
 
     print(
@@ -166,7 +171,7 @@ def aotinductor_child(args: argparse.Namespace) -> None:
 
     from warmcache.runtime.aotinductor import PackagedDecodeStep
     from warmcache.runtime.guard import ShapeGuard
-    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+    from warmcache.warmup.workloads import token_ids
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -187,14 +192,8 @@ def aotinductor_child(args: argparse.Namespace) -> None:
     report = guard.prime(model)
     primed = time.perf_counter()
     ids = token_ids(model, args.batch, args.prompt)
-
-    def generate() -> float:
-        begin = time.perf_counter()
-        guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
-        return time.perf_counter() - begin
-
-    first = generate()
-    steady = sorted(generate() for _ in range(7))[3]
+    first = guarded_request_seconds(guard, model, ids)
+    steady = sorted(guarded_request_seconds(guard, model, ids) for _ in range(7))[3]
     from torch._dynamo.utils import counters
 
     compiler = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
