@@ -21,7 +21,7 @@ from warmcache.bounds import MAX_BYTES, MAX_COUNT
 from warmcache.errors import CacheError, shown
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
-from warmcache.registry.records import COLUMNS
+from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
 from warmcache.statuses import DONE_STATUSES, Status
 
 #: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
@@ -70,7 +70,7 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
         at = f"{where}: rows[{index}]"
         if not isinstance(row, dict):
             raise CacheError(f"{at} must be an object")
-        missing = [name for name in (*_FIELDS, "artifacts") if name not in row]
+        missing = [name for name in (*_FIELDS, "artifacts") if name not in row and name not in ADDED_COLUMNS]
         if missing:
             raise CacheError(f"{at} lacks {', '.join(missing)}")
         _check_types(row, _TYPES, at)
@@ -141,7 +141,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
 
 def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
     """The row's column values, timestamps parsed (naive ones read as UTC)."""
-    values = {name: data[name] for name in _FIELDS}
+    values = {name: data.get(name, ADDED_COLUMNS.get(name)) for name in _FIELDS}
     for name in _TIMES:
         if values[name] is not None:
             try:
