@@ -227,7 +227,7 @@ class Toolchain:
 def current_toolchain(device: str, backend: str, mode: str = "default") -> Toolchain:
     """The toolchain this process would compile with for a target."""
     driver = None
-    names = _TOOLCHAIN_PACKAGES
+    names: tuple[str, ...] = _TOOLCHAIN_PACKAGES
     if device == "neuron":
         plat = f"neuron:{_neuron_platform()}"
         flags = normalise_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS"))

@@ -70,7 +70,9 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
         at = f"{where}: rows[{index}]"
         if not isinstance(row, dict):
             raise CacheError(f"{at} must be an object")
-        missing = [name for name in (*_FIELDS, "artifacts") if name not in row and name not in ADDED_COLUMNS]
+        for name, default in ADDED_COLUMNS.items():  # a bundle packed before the column existed
+            row.setdefault(name, default)
+        missing = [name for name in (*_FIELDS, "artifacts") if name not in row]
         if missing:
             raise CacheError(f"{at} lacks {', '.join(missing)}")
         _check_types(row, _TYPES, at)
@@ -141,7 +143,7 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
 
 def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
     """The row's column values, timestamps parsed (naive ones read as UTC)."""
-    values = {name: data.get(name, ADDED_COLUMNS.get(name)) for name in _FIELDS}
+    values = {name: data[name] for name in _FIELDS}
     for name in _TIMES:
         if values[name] is not None:
             try:
