@@ -21,7 +21,7 @@ from warmcache.cli import main
 from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
 from warmcache.errors import UsageError
 from warmcache.explain import toolchain_differences
-from warmcache.fingerprint import current_toolchain
+from warmcache.fingerprint import current_toolchain, nvidia_driver_version
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import local_toolchain_hash
@@ -75,6 +75,12 @@ def test_toolchain_hash_without_compiler_variables_is_what_it_was(monkeypatch: p
     assert current_toolchain("cpu", "aot_eager").hash == dataclasses.replace(frozen, backend="aot_eager", compile_env=()).hash
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "7")  # how many workers, not what they compile
     assert current_toolchain("cpu", "inductor").hash == frozen.hash
+
+
+def test_the_nvidia_driver_version_is_read_from_either_module_wording() -> None:
+    assert nvidia_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \nGCC") == "580.159.04"
+    assert nvidia_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:15:33 UTC 2024") == "550.54.15"
+    assert nvidia_driver_version("") == "unknown"
 
 
 def test_toolchain_differences_name_each_part() -> None:

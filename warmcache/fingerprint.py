@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,15 +161,20 @@ def _neuron_platform() -> str:
     return product.split(".", 1)[0] or "unknown"
 
 
+def nvidia_driver_version(proc_text: str) -> str:
+    """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's wording)."""
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..." or
+    # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (seen on an H200)
+    version = re.search(r"\s(\d+\.\d+(?:\.\d+)*)\s", proc_text.split("\n", 1)[0] + " ")
+    return version.group(1) if version else "unknown"
+
+
 def _cuda_driver() -> str:
     """The NVIDIA kernel driver's version, from ``/proc`` (no torch, no subprocess)."""
     try:
-        line = Path("/proc/driver/nvidia/version").read_text().split("\n", 1)[0]
+        return nvidia_driver_version(Path("/proc/driver/nvidia/version").read_text())
     except OSError:
         return "unknown"
-    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
-    words = line.split("Kernel Module", 1)[-1].split()
-    return words[0] if words else "unknown"
 
 
 def _cuda_capability() -> str:
