@@ -36,7 +36,7 @@ _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
 _STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size", "sign_key")
 _TRUST_KEYS = ("keys",)
-_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "precompile", "distributed", "generate", "train")
+_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "attn_implementation", "precompile", "distributed", "generate", "train")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
@@ -106,6 +106,9 @@ class ModelSpec:
     mode: str = "default"
     tp_size: int = 1
     fsdp_size: int = 1
+    #: ``from_pretrained(attn_implementation=...)`` at every load (warmup, verify, the guard's check);
+    #: ``None``: whatever transformers picks. Part of each shape's identity.
+    attn_implementation: str | None = None
     #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
     precompile: bool = False
     generate: tuple[GenerateWorkload, ...] = ()
@@ -466,6 +469,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
     mode = check.choice(entry, "mode", where, MODES, "default")
+    attn_implementation = check.string(entry, "attn_implementation", where)
     precompile = check.boolean(entry, "precompile", where, False)
     if precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
         check.problem(
@@ -494,6 +498,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         device=device,
         backend=backend,
         mode=mode,
+        attn_implementation=attn_implementation,
         precompile=precompile,
         tp_size=tp,
         fsdp_size=fsdp,
