@@ -36,7 +36,7 @@ _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
 _STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size", "sign_key")
 _TRUST_KEYS = ("keys",)
-_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "precompile", "distributed", "generate", "train")
+_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "attn_implementation", "precompile", "distributed", "generate", "train")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
 #: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
@@ -108,6 +108,9 @@ class ModelSpec:
     mode: str = "default"
     tp_size: int = 1
     fsdp_size: int = 1
+    #: ``from_pretrained(attn_implementation=...)`` at every load (warmup, verify, the guard's check);
+    #: ``None``: whatever transformers picks. Part of each shape's identity.
+    attn_implementation: str | None = None
     #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
     precompile: bool = False
     #: ...as an AOTInductor package (``precompile = "aotinductor"``) instead of an ``aot_compile`` artifact.
@@ -470,6 +473,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
     mode = check.choice(entry, "mode", where, MODES, "default")
+    attn_implementation = check.string(entry, "attn_implementation", where)
     aotinductor = entry.get("precompile") == AOTINDUCTOR
     if isinstance(entry.get("precompile"), str) and not aotinductor:
         check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {_show(entry['precompile'])}")
@@ -510,6 +514,7 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         device=device,
         backend=backend,
         mode=mode,
+        attn_implementation=attn_implementation,
         precompile=precompile,
         aotinductor=aotinductor,
         tp_size=tp,

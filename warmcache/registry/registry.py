@@ -446,6 +446,7 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "model_path": model.path,
         "model_revision": model.revision,
         "config_hash": p.config_hash,
+        "attn_implementation": model.attn_implementation,
         "toolchain_hash": p.toolchain.hash,
         "toolchain": p.toolchain.as_dict(),
         "workload": family.workload,

@@ -134,7 +134,7 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
     if check_config:
-        guard.check_model_config(model.config.to_diff_dict())
+        guard.check_model_config(model.config.to_diff_dict(), getattr(model.config, "_attn_implementation", None))
     buckets = guard.buckets
     reserve_recompile_room(len(buckets))
     token = model.config.bos_token_id if model.config.bos_token_id is not None else 1

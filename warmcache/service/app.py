@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from warmcache.errors import UsageError
+from warmcache.explain import explain_plan
 from warmcache.fingerprint import package_version
 from warmcache.manifest import load_manifest, parse_manifest
 from warmcache.plan import plan_manifest
@@ -122,8 +123,8 @@ def create_app(config: ServiceConfig) -> CheckRoute:
             planned = plan_manifest(parse_manifest(raw, Path("request-body.toml")), request.query_params.get("model"))
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
-        statuses = await in_registry(lambda registry: registry.plan_status(planned))
-        return json_response([plan_json(s) for s in statuses])
+        explained = await in_registry(lambda registry: explain_plan(registry, planned))
+        return json_response([plan_json(e.status, e.reason) for e in explained])
 
     async def status(request: Request) -> Response:
         if config.manifest is None:

@@ -175,14 +175,16 @@ class Worker:
 
 
 def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrainedModel:
-    """``from_pretrained`` onto the target's device in the manifest's dtype."""
+    """``from_pretrained`` onto the target's device in the manifest's dtype and declared attention implementation."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    attention = {"attn_implementation": model_spec.attn_implementation} if model_spec.attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(
         model_spec.path,
         revision=model_spec.revision,
         dtype=getattr(torch, model_spec.dtype),
+        **attention,
         **sharded_load_kwargs(model_spec, target.load_kwargs()),
     )
     return model.train() if train else model.eval()
