@@ -232,3 +232,43 @@ def test_packages_run_the_weights_of_the_model_that_loads_them(packaged: Path, t
     eager = other.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
     original = _model(tiny_models["llama"]).generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
     assert out.tolist() == eager.tolist() != original.tolist()
+
+
+@pytest.mark.slow
+def test_bundle_and_cache_scan_carry_the_packages(packaged: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from warmcache.cli import main
+
+    bundle = tmp_path / "b.tar"
+    packed = CliRunner().invoke(main, ["bundle", "pack", str(packaged / "manifest.toml"), "-o", str(bundle)])
+    assert packed.exit_code == 0, packed.output
+    target_db = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    unpacked = CliRunner().invoke(main, ["bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "cache"), "--db", target_db])
+    assert unpacked.exit_code == 0, unpacked.output
+    for row in _rows(packaged).values():
+        assert (tmp_path / "cache" / _package(row)).read_bytes() == (packaged / "cache" / _package(row)).read_bytes()
+    scan = CliRunner().invoke(main, ["cache", "scan", "--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"])
+    assert scan.exit_code == 0, scan.output
+    assert f'"{AOTINDUCTOR}"' in scan.output
+    # The rows reference their packages: an orphan prune keeps them, the doctor finds nothing missing.
+    where = ["--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"]
+    pruned = CliRunner().invoke(main, ["cache", "prune", "--orphans", "--grace", "0s", "--dry-run", *where])
+    doctor = CliRunner().invoke(main, ["cache", "doctor", *where])
+    assert pruned.exit_code == 0 and doctor.exit_code == 0, pruned.output + doctor.output
+    assert not any(_package(row) in pruned.output + doctor.output for row in _rows(packaged).values())
+
+
+def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
+    """The AOTInductor runner checks nothing itself: a non-contiguous cache would give wrong logits, silently."""
+    import torch
+
+    from warmcache.runtime.aotinductor import PackagedDecodeStep
+
+    step = PackagedDecodeStep(loader=None, inputs=[("cache.layers[0].keys", (1, 2, 4, 8), "torch.float32")], fixed={}, device="cpu", where="pkg")
+    step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {})
+    for bad in (torch.zeros(1, 2, 8, 4).transpose(2, 3), torch.zeros(2, 2, 4, 8), torch.zeros(1, 2, 4, 8, dtype=torch.float16)):
+        with pytest.raises(UsageError, match="differs from the package's"):
+            step._check(["cache.layers[0].keys"], [bad], {})
+    with pytest.raises(UsageError, match="is not the one the package was built for"):
+        step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {"logits_to_keep": 2})
