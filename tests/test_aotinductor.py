@@ -240,23 +240,24 @@ def test_bundle_and_cache_scan_carry_the_packages(packaged: Path, tmp_path: Path
 
     from warmcache.cli import main
 
-    bundle = tmp_path / "b.tar"
-    packed = CliRunner().invoke(main, ["bundle", "pack", str(packaged / "manifest.toml"), "-o", str(bundle)])
-    assert packed.exit_code == 0, packed.output
-    target_db = f"sqlite:///{tmp_path / 'other.sqlite'}"
-    unpacked = CliRunner().invoke(main, ["bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "cache"), "--db", target_db])
-    assert unpacked.exit_code == 0, unpacked.output
-    for row in _rows(packaged).values():
-        assert (tmp_path / "cache" / _package(row)).read_bytes() == (packaged / "cache" / _package(row)).read_bytes()
-    scan = CliRunner().invoke(main, ["cache", "scan", "--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"])
-    assert scan.exit_code == 0, scan.output
-    assert f'"{AOTINDUCTOR}"' in scan.output
-    # The rows reference their packages: an orphan prune keeps them, the doctor finds nothing missing.
-    where = ["--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"]
-    pruned = CliRunner().invoke(main, ["cache", "prune", "--orphans", "--grace", "0s", "--dry-run", *where])
-    doctor = CliRunner().invoke(main, ["cache", "doctor", *where])
-    assert pruned.exit_code == 0 and doctor.exit_code == 0, pruned.output + doctor.output
-    assert not any(_package(row) in pruned.output + doctor.output for row in _rows(packaged).values())
+    bundle, cache = tmp_path / "b.tar", tmp_path / "cache"
+    where = ["--cache-dir", str(cache), "--db", f"sqlite:///{tmp_path / 'other.sqlite'}"]
+    outputs = {}
+    for name, command in {
+        "pack": ["bundle", "pack", str(packaged / "manifest.toml"), "-o", str(bundle)],
+        "unpack": ["bundle", "unpack", str(bundle), *where],
+        "scan": ["cache", "scan", *where, "--json"],
+        # The rows reference their packages: an orphan prune keeps them, the doctor finds nothing missing.
+        "prune": ["cache", "prune", "--orphans", "--grace", "0s", "--dry-run", *where, "--json"],
+        "doctor": ["cache", "doctor", *where, "--json"],
+    }.items():
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 0, f"{name}: {result.output}"
+        outputs[name] = result.output
+    entries = [_package(row) for row in _rows(packaged).values()]
+    assert all((cache / entry).read_bytes() == (packaged / "cache" / entry).read_bytes() for entry in entries)
+    assert f'"{AOTINDUCTOR}"' in outputs["scan"]
+    assert not any(entry in outputs["prune"] + outputs["doctor"] for entry in entries)
 
 
 def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
