@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.cache.precompiled import read_checked
 from warmcache.decode_inputs import flatten, scalars
 from warmcache.errors import CacheError, UsageError, first_line
@@ -125,6 +126,5 @@ def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[s
 
 
 def package_entries(record: ShapeRecord) -> list[str]:
-    from warmcache.cache.layout import AOTINDUCTOR
-
+    """The row's AOTInductor packages (verify's reference for them is eager ``generate()``)."""
     return [a.path for a in record.artifacts if a.kind == AOTINDUCTOR]
