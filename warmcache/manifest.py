@@ -39,6 +39,8 @@ _TRUST_KEYS = ("keys",)
 _MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "attn_implementation", "precompile", "distributed", "generate", "train")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
+#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
+AOTINDUCTOR = "aotinductor"
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
 _GENERATE_KEYS = (
     "batch_sizes",
@@ -111,6 +113,8 @@ class ModelSpec:
     attn_implementation: str | None = None
     #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
     precompile: bool = False
+    #: ...as an AOTInductor package (``precompile = "aotinductor"``) instead of an ``aot_compile`` artifact.
+    aotinductor: bool = False
     generate: tuple[GenerateWorkload, ...] = ()
     train: tuple[TrainWorkload, ...] = ()
 
@@ -470,8 +474,18 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
     mode = check.choice(entry, "mode", where, MODES, "default")
     attn_implementation = check.string(entry, "attn_implementation", where)
-    precompile = check.boolean(entry, "precompile", where, False)
-    if precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+    aotinductor = entry.get("precompile") == AOTINDUCTOR
+    if isinstance(entry.get("precompile"), str) and not aotinductor:
+        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {_show(entry['precompile'])}")
+        precompile = False
+    else:
+        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
+    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
+        check.problem(
+            f"{where}.precompile",
+            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+        )
+    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
         check.problem(
             f"{where}.precompile",
             f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
@@ -484,6 +498,8 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
 
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
+    if aotinductor:
+        _check_aotinductor(check, where, tp * fsdp, generate)
     if not generate and not train and len(check.problems) == before:
         check.problem(where, f"model {shown(name)} declares no workload: add [[model.generate]] or [[model.train]]")
 
@@ -500,11 +516,26 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         mode=mode,
         attn_implementation=attn_implementation,
         precompile=precompile,
+        aotinductor=aotinductor,
         tp_size=tp,
         fsdp_size=fsdp,
         generate=tuple(generate),
         train=tuple(train),
     )
+
+
+def _check_aotinductor(check: _Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:
+    """What an AOTInductor decode package cannot serve, refused at plan time with the reason."""
+    if world_size > 1:
+        check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
+    for i, workload in enumerate(generate):
+        if workload.prefill_chunk_size:
+            check.problem(
+                f"{where}.generate[{i}].prefill_chunk_size",
+                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
+            )
+        if workload.num_beams > 1:
+            check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
 
 
 def _parse_each(check: _Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[_Checker, dict[str, Any], str], Any]) -> list[Any]:

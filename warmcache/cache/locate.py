@@ -27,7 +27,8 @@ from warmcache.targets.neuron import remote_cache_url
 FLAVORS: tuple[str, ...] = get_args(CacheFlavor)
 
 #: Which cache layout holds artifacts of each registry artifact kind prefix.
-_KIND_FLAVOR = (("inductor-", "inductor"), ("neuron-module", "neuron"), ("neuron-neff", "neuron-native"))
+#: AOTInductor packages (``aotinductor/<sha256>``) live in the Inductor cache folder of the model that warmed them.
+_KIND_FLAVOR = (("inductor-", "inductor"), ("aotinductor", "inductor"), ("neuron-module", "neuron"), ("neuron-neff", "neuron-native"))
 
 
 @dataclass(frozen=True, slots=True)

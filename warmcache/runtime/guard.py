@@ -94,6 +94,8 @@ class ShapeGuard:
         self._config_hash: str | None = None
         self._attn_implementation: str | None = None
         self._records: list[ShapeRecord] = []
+        #: The rows of the last load, so narrowing to one model config needs no second read of the registry.
+        self._loaded: list[ShapeRecord] = []
         self._table = BucketTable()
         self.family = self._reload()
         self.telemetry = MissTelemetry(self.family, telemetry_url, interval=telemetry_interval)
@@ -150,11 +152,13 @@ class ShapeGuard:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
         self._reload(expect=self.family)
 
-    def _reload(self, expect: ShapeFamily | None = None) -> ShapeFamily:
+    def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
         dtype, max_cache_len, backend = self._filters
+        if not reuse:
+            self._loaded = self._load()
         loaded = [
             r
-            for r in self._load()
+            for r in self._loaded
             if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len) and (backend is None or r.backend == backend)
         ]
         rows = [
@@ -222,7 +226,7 @@ class ShapeGuard:
             )
         self._config_hash = digest
         self._attn_implementation = attn_implementation if declared else None
-        self._reload()
+        self._reload(reuse=True)
 
     # ------------------------------------------------------------ the hot path
 
