@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import click
 
 from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
+from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
 from warmcache.store import resolve_store
@@ -48,6 +49,7 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @store_options
 @db_option
 @json_option
+@verbose_option
 def warmup(
     manifest: str,
     jobs: int,
@@ -62,8 +64,10 @@ def warmup(
     endpoint_url: str | None,
     db_url: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress
     from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.runner import run_warmup
@@ -96,8 +100,10 @@ def warmup(
 @click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
 @db_option
 @json_option
-def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
+@verbose_option
+def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bool, verbose: bool) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
+    quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress
     from warmcache.warmup.verify import run_verify
 
