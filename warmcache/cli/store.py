@@ -12,6 +12,7 @@ from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
     byte_progress,
+    cache_folder,
     db_option,
     format_table,
     json_option,
@@ -20,6 +21,7 @@ from warmcache.cli._common import (
     trust_option,
 )
 from warmcache.manifest import Manifest, load_manifest
+from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
@@ -67,7 +69,7 @@ def store_options(func: F) -> F:
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
 @sign_option
 @store_options
 @db_option
@@ -76,7 +78,7 @@ def push(
     manifest: str,
     model_name: str | None,
     verified_only: bool,
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     sign_key: str | None,
     store_url: str | None,
     endpoint_url: str | None,
@@ -103,7 +105,7 @@ def push(
 @click.command("pull")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
 @click.option(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
@@ -115,7 +117,7 @@ def push(
 def pull(
     manifest: str,
     model_name: str | None,
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     max_size: str | None,
     trust: tuple[str, ...],
     store_url: str | None,
