@@ -7,18 +7,17 @@ from pathlib import Path
 import click
 
 from warmcache.cache.bundle import pack_bundle
-from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
 from warmcache.cli._common import (
     byte_progress,
     cache_folder,
     db_option,
     json_option,
-    open_registry,
     print_json,
     registry_location,
     trust_option,
 )
+from warmcache.cli.shipping import Shipment
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
@@ -51,10 +50,11 @@ def pack(
 ) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     signing_key = SigningKey.load(sign_key) if sign_key else None
-    parsed = load_manifest(manifest)
-    location = single_location(parsed, cache_dir, model_name)
-    with open_registry(db_url, parsed) as registry, byte_progress("packing") as progress:
-        result = pack_bundle(parsed, registry, location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    with shipment.opened("packing") as (registry, progress):
+        result = pack_bundle(
+            shipment.manifest, registry, shipment.location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return

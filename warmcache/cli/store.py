@@ -8,18 +8,16 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
-    byte_progress,
     cache_folder,
     db_option,
     format_table,
     json_option,
-    open_registry,
     print_json,
     trust_option,
 )
+from warmcache.cli.shipping import Shipment
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
@@ -86,12 +84,11 @@ def push(
     as_json: bool,
 ) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
-    parsed = load_manifest(manifest)
-    key = signing_key(sign_key, parsed)
-    location = single_location(parsed, cache_dir, model_name)
-    store = resolve_store(store_url, endpoint_url, parsed)
-    with open_registry(db_url, parsed) as registry, byte_progress("pushing") as progress:
-        result = push_manifest(parsed, registry, location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    key = signing_key(sign_key, shipment.manifest)
+    store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    with shipment.opened("pushing") as (registry, progress):
+        result = push_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -126,13 +123,12 @@ def pull(
     as_json: bool,
 ) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
-    parsed = load_manifest(manifest)
-    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys)
-    location = single_location(parsed, cache_dir, model_name)
-    store = resolve_store(store_url, endpoint_url, parsed)
-    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    with open_registry(db_url, parsed) as registry, byte_progress("pulling") as progress:
-        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
+    store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
+    with shipment.opened("pulling") as (registry, progress):
+        result = pull_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:
