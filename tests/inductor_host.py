@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: The one real Inductor warmup of the suite's round trips: tiny Qwen3, batch 1 and 2, one prompt length.
+from manifests import Table, generate, manifest_toml, model
+
+#: The one real Inductor warmup of the suite: tiny Qwen3, batch 1 and 2 (two decode graphs), prompts of 8 and 12 (sharing them).
 INDUCTOR_MODEL = "tiny-qwen3"
+BATCH_SIZES = (1, 2)
+PROMPT_LENGTHS = (8, 12)
 INDUCTOR_BUCKET = "fleet-cache"
 
 
@@ -44,6 +48,15 @@ class InductorWarmup:
     @property
     def db(self) -> str:
         return f"sqlite:///{self.root / 'registry.sqlite'}"
+
+    def model(self, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS) -> Table:
+        """The warmed model's ``[[model]]`` over some of its shapes: a manifest of it plans identities the build holds."""
+        return model(INDUCTOR_MODEL, str(self.model_path), backend="inductor", generate=[generate(batch_sizes, prompt_lengths)])
+
+    def manifest_for(self, path: Path, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS) -> Path:
+        """Write a manifest of some of the build's shapes, naming its cache folder, to ``path``."""
+        path.write_text(manifest_toml(self.model(batch_sizes, prompt_lengths), cache={"dir": str(self.cache)}))
+        return path
 
     def copy(self, target: Path) -> InductorWarmup:
         """The build copied under ``target``, its manifest naming the copy's cache."""

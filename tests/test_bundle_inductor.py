@@ -1,8 +1,8 @@
 """End to end on a real Inductor cache: warmup → scan → prune → pack → unpack elsewhere → verify.
 
-The suite's one real Inductor warmup of two shapes (conftest's ``inductor_warmup``),
-copied, then every step in a subprocess exactly as a deployment pipeline runs the
-commands. The second shape's graph loads kernel files that only the first shape's
+The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen
+through a manifest of two of its shapes (batch 1 and 2), then every step in a subprocess
+exactly as a deployment pipeline runs the commands. The second shape's graph loads kernel files that only the first shape's
 row records; after the first row is forgotten and its entries pruned, the second
 must still verify from a bundle with zero cache misses and no new entries.
 """
@@ -22,9 +22,10 @@ from warmcache.registry import Registry
 @pytest.mark.slow
 def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(inductor_warmup: InductorWarmup, tmp_path: Path) -> None:
     warmup = inductor_warmup.report
-    assert warmup["compiled"] == 2 and warmup["ok"], warmup
+    assert warmup["compiled"] == 4 and warmup["ok"], warmup
     build = inductor_warmup.copy(tmp_path / "build")
-    manifest, build_cache, build_db = build.manifest, build.cache, build.db
+    manifest = build.manifest_for(tmp_path / "manifest.toml", prompt_lengths=(8,))  # two of its shapes: batch 1 and 2
+    build_cache, build_db = build.cache, build.db
 
     # The warmup's cache, cross-referenced with its registry rows.
     [info] = warmcache("cache", "scan", "--manifest", str(manifest), "--db", build_db)

@@ -13,19 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inductor_host import INDUCTOR_MODEL, InductorWarmup
+from inductor_host import InductorWarmup
 from inductor_host import warmcache_json as warmcache
-from manifests import generate, manifest_toml, model
 
 
 @pytest.fixture(scope="module")
 def host_a(inductor_warmup: InductorWarmup, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Host A's build seen through a manifest of one of its shapes (batch 1): what B and C pull and verify."""
+    """Host A's build seen through a manifest of one of its shapes (batch 1, prompt 8): what B and C pull and verify."""
     warmed = inductor_warmup.report
-    assert warmed["compiled"] == 2 and warmed["ok"] and warmed["push"] == {**warmed["push"], "pushed": 2, "failures": []}, warmed
-    manifest = tmp_path_factory.mktemp("host-a") / "manifest.toml"
-    one_shape = model(INDUCTOR_MODEL, str(inductor_warmup.model_path), backend="inductor", generate=[generate()])
-    manifest.write_text(manifest_toml(one_shape, cache={"dir": str(inductor_warmup.cache)}))
+    assert warmed["compiled"] == 4 and warmed["ok"] and warmed["push"] == {**warmed["push"], "pushed": 4, "failures": []}, warmed
+    manifest = inductor_warmup.manifest_for(tmp_path_factory.mktemp("host-a") / "manifest.toml", batch_sizes=(1,), prompt_lengths=(8,))
     return {"manifest": manifest, "db": inductor_warmup.db, "cache": str(inductor_warmup.cache), "s3": list(inductor_warmup.s3_store)}
 
 

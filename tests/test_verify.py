@@ -1,4 +1,4 @@
-"""``warmcache verify``: a real Inductor warmup, then a fresh process that must not compile."""
+"""``warmcache verify``: a real Inductor warmup (the suite's shared one), then a fresh process that must not compile."""
 
 from __future__ import annotations
 
@@ -10,16 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inductor_host import INDUCTOR_MODEL, InductorWarmup
 from manifests import generate, manifest_toml, model
 
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.warmup.verify import ReplayResult, Verdict, judge, merge_ranks
-
-MANIFEST = manifest_toml(
-    model("served", backend="inductor", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])]),
-    model("fast", "{llama}", backend="aot_eager", generate=[generate()]),
-)
 
 
 def cli(*args: str) -> tuple[int, dict[str, Any], str]:
@@ -28,18 +26,22 @@ def cli(*args: str) -> tuple[int, dict[str, Any], str]:
 
 
 @pytest.mark.slow
-def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(write_manifest, tmp_path: Path) -> None:
-    path = write_manifest(MANIFEST)
-    db, cache = f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "cache"
+def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(inductor_warmup: InductorWarmup, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    # The suite's real Inductor warmup (its batch-2 shapes: prompts 8 and 12) plus an aot_eager model warmed here.
+    build = inductor_warmup.copy(tmp_path / "build")
+    path = tmp_path / "manifest.toml"
+    path.write_text(manifest_toml(build.model(batch_sizes=(2,)), model("fast", str(tiny_models["llama"]), backend="aot_eager", generate=[generate()])))
+    db, cache = build.db, build.cache
+    served_name = INDUCTOR_MODEL
 
     code, report, err = cli("warmup", str(path), "--db", db, "--cache-dir", str(cache))
-    assert code == 0 and report["compiled"] == 3, err
+    assert code == 0 and (report["compiled"], report["already_compiled"]) == (1, 2), err
     with Registry.open(db) as registry:
-        served, reuser = registry.rows(model="served", with_artifacts=True)
+        served, reuser = [r for r in registry.rows(model=served_name, with_artifacts=True) if r.batch_size == 2]
     # Both prompt lengths share one decode graph: the spec that reused it names its entries too.
     shared = {a.path for a in served.artifacts if a.kind == INDUCTOR_FXGRAPH} & {a.path for a in reuser.artifacts}
     assert shared, (served.artifacts, reuser.artifacts)
-    assert served.cache_root is not None and Path(served.cache_root).resolve() == cache.resolve()
+    assert served.cache_root is not None and Path(served.cache_root).resolve() == inductor_warmup.cache.resolve()  # where it was compiled
     # The artifacts are the Inductor cache entries this spec wrote, and they exist on disk.
     kinds = {a.kind for a in served.artifacts}
     assert INDUCTOR_FXGRAPH in kinds
@@ -51,21 +53,22 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(wr
     assert code == 0, err
     verdicts = {s["spec"].split("/")[0]: s for s in result["specs"]}
     assert sum(s["verdict"] == Verdict.VERIFIED for s in result["specs"]) == 2
-    assert verdicts["served"]["verdict"] == Verdict.VERIFIED
-    assert verdicts["served"]["cache_misses"] == 0 and verdicts["served"]["cache_hits"] >= 1
-    assert verdicts["served"]["new_entries"] == []
+    assert verdicts[served_name]["verdict"] == Verdict.VERIFIED
+    assert verdicts[served_name]["cache_misses"] == 0 and verdicts[served_name]["cache_hits"] >= 1
+    assert verdicts[served_name]["new_entries"] == []
     assert verdicts["fast"]["verdict"] == Verdict.REPLAY_ONLY  # aot_eager: nothing on disk to prove
     assert list_entries(cache, "inductor") == on_disk
+    identities = [p.identity for p in plan_manifest(load_manifest(path))]
     with Registry.open(db) as registry:
-        assert sorted((r.model_name, r.status) for r in registry.rows()) == [("fast", "compiled"), ("served", "verified"), ("served", "verified")]
+        assert sorted((r.model_name, r.status) for r in registry.rows(identities=identities)) == [("fast", "compiled"), (served_name, "verified"), (served_name, "verified")]
 
     # An empty cache folder: the same replay now compiles, so verify must say so and demote the row.
     code, result, err = cli("verify", str(path), "--db", db, "--cache-dir", str(tmp_path / "empty-cache"))
     assert code == 1
-    served_verdict = next(s for s in result["specs"] if s["spec"].startswith("served/"))
+    served_verdict = next(s for s in result["specs"] if s["spec"].startswith(f"{served_name}/"))
     assert served_verdict["verdict"] == Verdict.RECOMPILED and served_verdict["cache_misses"] >= 1, err
     with Registry.open(db) as registry:
-        row = registry.rows(model="served")[0]
+        [row] = registry.rows(identities=[served_verdict["identity"]])
     assert row.status == "failed" and row.error and row.error.startswith("verify: ")
 
 
@@ -110,7 +113,6 @@ with ReportWriter(sys.argv[-1]) as reports, reports.failures_reported():
 def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_cli_query import _compile_all
 
-    from warmcache.manifest import load_manifest
     from warmcache.warmup import distributed
     from warmcache.warmup.child import ChildError
     from warmcache.warmup.verify import run_verify
