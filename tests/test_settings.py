@@ -56,6 +56,8 @@ def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
 def test_errors_name_the_source_of_the_bad_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UsageError, match=r"^\$WARMCACHE_DB 'not-a-url' is neither a database URL nor a file path"):
         resolve_registry(None, None, {"WARMCACHE_DB": "not-a-url"})
+    with pytest.raises(UsageError, match=r"^--db 'postgresql://db:port/x' is not a database URL \(invalid literal"):
+        RegistryLocation.parse("postgresql://db:port/x", "--db")  # checked once, so no later reading of it fails
     with pytest.raises(UsageError, match=r"^--cache-dir is empty"):
         resolve_cache_folder("", {})
     monkeypatch.setenv("WARMCACHE_CACHE_DIR", " ")

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmcache.dburl import normalise_url
-from warmcache.errors import UsageError
+from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.errors import UsageError, shown
 
 DEFAULT = "default"
 
@@ -85,7 +85,15 @@ class RegistryLocation:
     @classmethod
     def parse(cls, text: str, source: str = "registry URL", base: Path | None = None) -> RegistryLocation:
         """Check ``text`` (a URL or a file path; a relative SQLite path anchors at ``base``) and normalise it."""
-        return cls(normalise_url(text, source, base), source)
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        url = normalise_url(text, source, base)
+        try:
+            make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
+        except (ArgumentError, ValueError) as exc:
+            raise UsageError(f"{source} {shown(text)} is not a database URL ({exc}); give {ACCEPTED_FORMS}") from None
+        return cls(url, source)
 
     @classmethod
     def of(cls, location: RegistryLocation | str) -> RegistryLocation:
