@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
-from warmcache.dburl import normalise_url
+from warmcache.bounds import MAX_COUNT, MAX_KEY_DOTS, MAX_NESTING, path_problem, toml_nesting
 from warmcache.errors import MAX_SHOWN_CHARS, ManifestError, UsageError, shown
+from warmcache.settings import REGISTRY, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
@@ -175,7 +175,7 @@ class Manifest:
 
     path: Path
     models: tuple[ModelSpec, ...]
-    registry_url: str | None = None
+    registry: RegistryLocation | None = None  # [registry] url, normalised (relative paths against the manifest's folder)
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     cache_dir: Path | None = None
     store: StoreSettings = field(default_factory=lambda: StoreSettings())
@@ -310,27 +310,41 @@ def _close_match(value: str, choices: tuple[str, ...]) -> str | None:
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest; raise :class:`ManifestError` listing every problem.
-
-    Size and nesting are bounded before tomllib sees the text: it recurses once per
-    nesting level and is slow on megabytes, so a hostile manifest would otherwise
-    end in a ``RecursionError`` or take minutes.
-    """
+    """Read and validate a manifest file; raise :class:`ManifestError` listing every problem (see :func:`loads`)."""
     file = Path(path)
     try:
         with open(file, "rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
-        text = data.decode("utf-8")
-        depth = toml_nesting(text)
-        if depth > MAX_NESTING:
-            raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
-        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ManifestError(f"{file}: manifest not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
+    return loads(data, file)
+
+
+def loads(text: str | bytes, source: str | Path) -> Manifest:
+    """Parse and validate manifest text from anywhere (a file, a request body): the one front door.
+
+    ``source`` names it in messages and anchors its relative paths. Size, nesting and
+    dotted keys are bounded before tomllib sees the text: it recurses once per nesting
+    level and builds a table per key part, so a hostile manifest would otherwise end
+    in a ``RecursionError`` or take minutes.
+    """
+    file = Path(source)
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
+    depth, dots = toml_nesting(decoded)
+    if depth > MAX_NESTING:
+        raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
+    if dots > MAX_KEY_DOTS:
+        raise ManifestError(f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer than {MAX_KEY_DOTS}; refused")
+    try:
+        raw = tomllib.loads(decoded)
     except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: an integer of thousands of digits
         raise ManifestError(f"{file}: invalid TOML: {exc}") from None
     return parse_manifest(raw, file)
@@ -345,12 +359,12 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     registry = check.table(raw, "registry", "registry")
     check.unknown_keys(registry, _REGISTRY_KEYS, "registry")
     url = check.string(registry, "url", "registry")
+    location = None
     if url is not None:
         try:
-            normalise_url(url, "")
+            location = RegistryLocation.parse(url, REGISTRY.sources(file)[2], base)
         except UsageError as exc:
-            check.problem("registry.url", str(exc).lstrip())
-            url = None
+            check.problem("registry.url", str(exc).removeprefix(REGISTRY.sources(file)[2]).lstrip())
     lease = check.positive_int(registry, "lease_seconds", "registry", default=DEFAULT_LEASE_SECONDS)
 
     cache = check.table(raw, "cache", "cache")
@@ -381,7 +395,7 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     return Manifest(
         path=file,
         models=tuple(models),
-        registry_url=resolve_registry_url(url, base) if url else None,
+        registry=location,
         lease_seconds=lease or DEFAULT_LEASE_SECONDS,
         cache_dir=(base / os.path.expanduser(cache_dir)).resolve() if cache_dir else None,
         store=store,
@@ -426,16 +440,6 @@ def _parse_trust(check: _Checker, trust: dict[str, Any], base: Path) -> TrustedK
     except UsageError as exc:
         check.problems.append(str(exc))
         return TrustedKeys()
-
-
-def resolve_registry_url(url: str, base: Path) -> str:
-    """Anchor a relative SQLite path (or plain file path) at ``base``; other URLs pass through unchanged."""
-    if "://" not in url:
-        return f"sqlite:///{(base / os.path.expanduser(url)).resolve()}"
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-        return prefix + str((base / url[len(prefix) :]).resolve())
-    return url
 
 
 def _resolve_model_path(path: str, base: Path) -> str:

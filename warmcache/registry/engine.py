@@ -8,7 +8,6 @@ PostgreSQL (the fleet registry) is reached through psycopg 3.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.dburl import ACCEPTED_FORMS
 from warmcache.errors import RegistryError, UsageError, shown
+from warmcache.settings import RegistryLocation
 
 BUSY_TIMEOUT_MS = 30_000
-
-
-def default_registry_url() -> str:
-    """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}"
 
 
 def display_url(url: str) -> str:
@@ -35,8 +29,8 @@ def display_url(url: str) -> str:
         return url
 
 
-def create_registry_engine(url: str) -> Engine:
-    url = normalise_url(url)
+def create_registry_engine(location: RegistryLocation | str) -> Engine:
+    url = RegistryLocation.of(location).url
     try:
         parsed = make_url(url)
     except ArgumentError:

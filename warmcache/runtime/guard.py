@@ -106,16 +106,18 @@ class ShapeGuard:
     def from_registry(cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
-        from warmcache.registry.engine import display_url, normalise_url
         from warmcache.registry.registry import Registry
+        from warmcache.settings import RegistryLocation
+
+        location = RegistryLocation.of(registry_url)  # checked once, here at the library's edge
 
         def load() -> list[ShapeRecord]:
             # A read path: never creates or migrates a schema (a typo in the URL is an error, not a new registry).
-            with Registry.open(registry_url, create=False) as registry:
+            with Registry.open(location, create=False) as registry:
                 # Artifacts too: the precompiled ones are what prime() loads.
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
-        source = display_url(normalise_url(registry_url))
+        source = location.display
         return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)
 
     @classmethod
