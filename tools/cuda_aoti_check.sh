@@ -13,6 +13,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
+# Run from the checkout, not an install: the wheel maps migrations/ to warmcache._migrations, so link it the same way.
+[ -e warmcache/_migrations ] || ln -s ../migrations warmcache/_migrations
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 {
     nvidia-smi -L
