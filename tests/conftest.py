@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+from inductor_host import INDUCTOR_BUCKET, InductorWarmup, warmcache_json  # noqa: E402
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
@@ -93,3 +95,19 @@ def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest
     bucket = f"t{abs(hash(request.node.nodeid)) % 10**12}-{os.getpid()}"
     create_bucket(s3_endpoint, bucket)
     return bucket
+
+
+@pytest.fixture(scope="session")
+def inductor_warmup(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], s3_endpoint: str) -> InductorWarmup:
+    """The suite's one real Inductor warmup (four shapes, two graphs, ≈45 s cold on 2 cores), pushed to S3 as it compiled.
+
+    verify, bundle and store tests start from it (or a copy) instead of each compiling the same graphs cold.
+    """
+    root = tmp_path_factory.mktemp("inductor-host")
+    warmed = InductorWarmup(root, tiny_models["qwen3"], {}, ("--store", f"s3://{INDUCTOR_BUCKET}/prod", "--endpoint-url", s3_endpoint))
+    warmed.manifest_for(warmed.manifest)
+    os.environ.update(DUMMY_CREDENTIALS)  # for boto3 here and in the CLI processes (moto takes any key)
+    create_bucket(s3_endpoint, INDUCTOR_BUCKET)
+    # Flags, not the environment: a session fixture runs before the per-test isolation of WARMCACHE_*.
+    report = warmcache_json("warmup", str(warmed.manifest), "--db", warmed.db, "--cache-dir", str(warmed.cache), "--push", *warmed.s3_store)
+    return dataclasses.replace(warmed, report=report)

@@ -1,43 +1,31 @@
 """End to end on a real Inductor cache: warmup → scan → prune → pack → unpack elsewhere → verify.
 
-One real Inductor warmup of two shapes (≈45 s cold on 2 cores), in subprocesses
-exactly as a deployment pipeline runs the commands. The second shape's graph
-loads kernel files that only the first shape's row records; after the first
-row is forgotten and its entries pruned, the second must still verify from a
-bundle with zero cache misses and no new entries.
+The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen
+through a manifest of two of its shapes (batch 1 and 2), then every step in a subprocess
+exactly as a deployment pipeline runs the commands. The second shape's graph loads kernel files that only the first shape's
+row records; after the first row is forgotten and its entries pruned, the second
+must still verify from a bundle with zero cache misses and no new entries.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
+from inductor_host import InductorWarmup
+from inductor_host import warmcache_json as warmcache
 
 from warmcache.registry import Registry
 
-MANIFEST = manifest_toml(model("tiny-qwen3", backend="inductor", generate=[generate(batch_sizes=[1, 2])]), cache={"dir": "{cache}"})
-
-
-def warmcache(*args: str, ok_codes: tuple[int, ...] = (0,)) -> Any:
-    """Run the CLI in a fresh process (as a pipeline would) and parse its --json output."""
-    result = subprocess.run([sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600)
-    assert result.returncode in ok_codes, f"warmcache {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr[-3000:]}"
-    return json.loads(result.stdout)
-
 
 @pytest.mark.slow
-def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(tmp_path: Path, write_manifest) -> None:
-    build_cache = tmp_path / "build-cache"
-    manifest = write_manifest(MANIFEST.replace("{cache}", str(build_cache)))
-    build_db = f"sqlite:///{tmp_path / 'build.sqlite'}"
-    warmup = warmcache("warmup", str(manifest), "--db", build_db)
-    assert warmup["compiled"] == 2 and warmup["ok"], warmup
+def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(inductor_warmup: InductorWarmup, tmp_path: Path) -> None:
+    warmup = inductor_warmup.report
+    assert warmup["compiled"] == 4 and warmup["ok"], warmup
+    build = inductor_warmup.copy(tmp_path / "build")
+    manifest = build.manifest_for(tmp_path / "manifest.toml", prompt_lengths=(8,))  # two of its shapes: batch 1 and 2
+    build_cache, build_db = build.cache, build.db
 
     # The warmup's cache, cross-referenced with its registry rows.
     [info] = warmcache("cache", "scan", "--manifest", str(manifest), "--db", build_db)

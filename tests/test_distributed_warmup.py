@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,12 +37,29 @@ def _run(command: list[str], url: str, cache: Path) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_torchrun_warms_tensor_and_fully_sharded_models(tmp_path: Path, write_manifest) -> None:
-    """``torchrun --nproc_per_node=2 -m warmcache warmup``: TP generate and an FSDP Trainer step, one registry writer."""
-    manifest = write_manifest(TWO_RANKS)
-    url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+@dataclass(frozen=True)
+class TwoRanks:
+    """One ``torchrun --nproc_per_node=2 -m warmcache warmup`` of TWO_RANKS: its manifest, registry, cache and result."""
+
+    manifest: Path
+    url: str
+    cache: Path
+    done: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> TwoRanks:
+    root = tmp_path_factory.mktemp("two-ranks")
+    manifest = root / "manifest.toml"
+    manifest.write_text(TWO_RANKS.replace("{qwen3}", str(tiny_models["qwen3"])).replace("{llama}", str(tiny_models["llama"])))
+    url = f"sqlite:///{root / 'registry.sqlite'}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "warmcache", "warmup", str(manifest), "--json"]
-    done = _run(command, url, tmp_path / "cache")
+    return TwoRanks(manifest, url, root / "cache", _run(command, url, root / "cache"))
+
+
+def test_torchrun_warms_tensor_and_fully_sharded_models(two_ranks: TwoRanks) -> None:
+    """``torchrun --nproc_per_node=2 -m warmcache warmup``: TP generate and an FSDP Trainer step, one registry writer."""
+    manifest, url, done = two_ranks.manifest, two_ranks.url, two_ranks.done
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)  # rank 0 alone reports: stdout is one JSON document
     assert (summary["compiled"], summary["failed"]) == (3, 0)
@@ -81,18 +100,18 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
 
 
-def test_verify_replays_sharded_specs_under_torchrun(tmp_path: Path, write_manifest) -> None:
+def test_verify_replays_sharded_specs_under_torchrun(two_ranks: TwoRanks, tmp_path: Path, write_manifest) -> None:
     """A sharded spec is replayed by as many ranks as it was warmed with, not failed for lack of them."""
-    manifest = write_manifest(TP_ONE_SHAPE)
+    assert two_ranks.done.returncode == 0, two_ranks.done.stderr[-4000:]
+    manifest = write_manifest(TP_ONE_SHAPE)  # one of the TP shapes the module's torchrun warmup compiled
+    shutil.copy(two_ranks.url.removeprefix("sqlite:///"), tmp_path / "registry.sqlite")
     url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
-    warm = _run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], url, tmp_path / "cache")
-    assert warm.returncode == 0, warm.stderr[-4000:]
-    done = _run([sys.executable, "-m", "warmcache", "verify", str(manifest), "--json"], url, tmp_path / "cache")
+    done = _run([sys.executable, "-m", "warmcache", "verify", str(manifest), "--json"], url, two_ranks.cache)
     assert done.returncode == 0, done.stderr[-4000:]
     (spec,) = json.loads(done.stdout)["specs"]
     # aot_eager keeps no persistent cache: the proof is a replay without error on both ranks.
     assert (spec["verdict"], spec["reason"]) == ("replay-only", "backend keeps no persistent cache")
     assert spec["graphs_traced"] >= 1
     with Registry.open(url) as registry:
-        (row,) = registry.rows()
+        (row,) = [r for r in registry.rows(model="tp") if r.batch_size == 2]
     assert (row.tp_size, row.status) == (2, "compiled")

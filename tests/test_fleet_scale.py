@@ -19,11 +19,11 @@ from fleet_sim import worker_url
 from manifests import generate, manifest_toml, model
 
 from warmcache.cli.status import render
+from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
 from warmcache.manifest import load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.registry.engine import normalise_url
 from warmcache.registry.patience import patiently
 from warmcache.status import warmup_status
 from warmcache.warmup.claim_queue import WINDOW, ClaimQueue

@@ -232,7 +232,7 @@ def test_a_model_of_another_config_is_refused(compiled: str, tiny_models: dict[s
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     config = json.loads((tiny_models["qwen3"] / "config.json").read_text())
     guard.check_model_config({**config, "_name_or_path": "elsewhere", "eos_token_id": 7})  # graph-irrelevant keys may differ
-    with pytest.raises(UsageError, match="model config hash .* of 'm' matches no compiled rows"):
+    with pytest.raises(UsageError, match="model 'm': config_hash .* matches no compiled rows"):
         guard.check_model_config({**config, "num_hidden_layers": 3})
     guard.refresh()
     assert len(guard.buckets) == 6

@@ -69,7 +69,21 @@ def test_deeply_nested_arrays_are_refused_before_parsing(tmp_path: Path) -> None
     one_line_error(plan(tmp_path, manifest), 2, str(manifest), "nests 100001 levels deep")
     dotted = write(tmp_path, "a" + ".b" * 100_000 + " = 1\n" + manifest_text())
     one_line_error(plan(tmp_path, dotted), 2, "nests 100001 levels deep")
+    # Each key within the nesting bound, thousands of them: tomllib would build a table per part for seconds.
+    many = write(tmp_path, "\n".join(f"k{i}" + ".a" * 62 + " = 1" for i in range(1500)) + "\n" + manifest_text())
+    one_line_error(plan(tmp_path, many), 2, str(many), "dotted keys (a.b.c = ...) joined by 93001 dots")
     assert not (tmp_path / "reg.sqlite").exists()
+
+
+def test_manifest_text_from_anywhere_meets_the_same_bounds() -> None:
+    """``manifest.loads``: the front door the CLI's file and the service's request body share."""
+    from warmcache.errors import ManifestError
+    from warmcache.manifest import loads
+
+    assert loads(manifest_text(), "inline.toml").models[0].name == "m"
+    for text, problem in (("a = " + "[" * 100 + "]" * 100, "nests 100 levels deep"), (b"\xff", "cannot read manifest"), ("x" * (2 << 20), "larger than")):
+        with pytest.raises(ManifestError, match=f"^inline.toml: .*{problem}"):
+            loads(text, "inline.toml")
 
 
 @pytest.mark.parametrize("value", [2**63, 2**31, 10**30])

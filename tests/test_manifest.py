@@ -64,13 +64,14 @@ def test_defaults_per_device_and_relative_paths(write_manifest, tmp_path: Path) 
     model = manifest.models[0]
     assert model.backend == "neuron" and model.dtype == "bfloat16"
     assert model.path == str(tmp_path / "not-downloaded")
-    assert manifest.registry_url == f"sqlite:///{tmp_path / 'reg.sqlite'}"
+    assert manifest.registry and manifest.registry.url == f"sqlite:///{tmp_path / 'reg.sqlite'}"
     assert manifest.cache_dir == tmp_path / "cache"
 
 
 def test_a_plain_registry_path_resolves_against_the_manifest_folder(write_manifest, tmp_path: Path) -> None:
     path = write_manifest('[registry]\nurl = "reg.sqlite"\n' + GOOD)
-    assert load_manifest(path).registry_url == f"sqlite:///{tmp_path / 'reg.sqlite'}"
+    registry = load_manifest(path).registry
+    assert registry and (registry.url, registry.source) == (f"sqlite:///{tmp_path / 'reg.sqlite'}", f"{path} [registry] url")
 
 
 def test_hub_ids_stay_hub_ids(write_manifest) -> None:

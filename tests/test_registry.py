@@ -20,6 +20,7 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import ArtifactRef, MissEvent, Registry
 from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
+from warmcache.registry.registry import pending_row_values
 from warmcache.statuses import Status
 
 MANIFEST = manifest_toml(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
@@ -66,17 +67,18 @@ def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_ur
     from warmcache.registry import schema
 
     engine = create_registry_engine(registry_url)
-    schema.upgrade(engine, "0001")  # a registry written by the first release
+    schema.upgrade(engine, "0001")  # a registry written by the first release, with the rows it could hold
+    with engine.begin() as conn:
+        table = sa.Table("compiled_shapes", sa.MetaData(), autoload_with=conn)
+        conn.execute(table.insert(), [{k: v for k, v in pending_row_values(p).items() if k in table.c} for p in planned])
     engine.dispose()
-    with Registry.open(registry_url, check_schema=False) as old:
-        assert old.ensure_pending(planned) == 4
-    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0003; run: warmcache db upgrade --db"):
+    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0004; run: warmcache db upgrade --db"):
         Registry.open(registry_url)
     shapes = CliRunner().invoke(main, ["shapes", "--db", registry_url])
     assert shapes.exit_code == 3 and "warmcache db upgrade" in shapes.stderr
 
     upgraded = CliRunner().invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert upgraded.exit_code == 0 and "0001 -> 0003" in upgraded.output
+    assert upgraded.exit_code == 0 and "0001 -> 0004" in upgraded.output
     with Registry.open(registry_url) as registry:
         rows = registry.rows()
         _assert_status_is_checked(registry)
@@ -101,9 +103,9 @@ def test_db_upgrade_and_current(registry_url: str) -> None:
     result = runner.invoke(main, ["db", "current", "--db", registry_url, "--json"])
     assert result.exit_code == 0 and '"revision": null' in result.output
     result = runner.invoke(main, ["db", "upgrade", "--db", registry_url])
-    assert result.exit_code == 0 and "empty -> 0003" in result.output
+    assert result.exit_code == 0 and "empty -> 0004" in result.output
     result = runner.invoke(main, ["db", "current", "--db", registry_url])
-    assert "schema 0003 (up to date)" in result.output
+    assert "schema 0004 (up to date)" in result.output
 
 
 def test_ensure_pending_is_idempotent(registry_url: str, planned: list[PlannedShape]) -> None:

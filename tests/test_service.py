@@ -118,6 +118,7 @@ def test_reads_match_the_cli_json(service: str, compiled: str, manifest: Path) -
     assert report["groups"][1]["failures"][0]["error"] == "RuntimeError: out of memory"
     status, planned, _ = call(f"{service}/v1/plan", "POST", manifest.read_bytes(), {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and planned == cli_json("plan", str(manifest), "--db", compiled)
+    assert {p["reason"].split(":")[0] for p in planned if p["reason"]} == {"pending", "failed"}  # each unusable shape says why
 
 
 def test_misses_round_trip_and_show_in_metrics(service: str, compiled: str) -> None:
@@ -265,3 +266,29 @@ def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None: 
         assert status == 503 and time.monotonic() - start < 10
         assert "warmcache_registry_up 0.0" in call(f"{base}/metrics")[1]
         assert "registry unavailable" in call(f"{base}/")[1]
+
+
+#: Hostile manifests as ``POST /v1/plan`` bodies (about 200 KB each): each must be refused by the manifest's own bounds.
+MANIFEST_BOMBS = {
+    "nesting": (b"a = " + b"[" * 100_000 + b"]" * 100_000, "nests 100000 levels deep"),
+    "one dotted key": (b"a" + b".a" * 100_000 + b" = 1\n", "nests 100001 levels deep"),
+    "many dotted keys": (b"\n".join(b"k%d" % i + b".a" * 62 + b" = 1" for i in range(1500)), "joined by 93000 dots"),
+}
+
+
+@pytest.mark.parametrize("bomb", MANIFEST_BOMBS)
+def test_manifest_bombs_are_refused_naming_the_problem_while_healthz_answers(service: str, bomb: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    body, problem = MANIFEST_BOMBS[bomb]
+    with ThreadPoolExecutor(1) as pool:
+        posted = pool.submit(call, f"{service}/v1/plan", "POST", body, {"Authorization": f"Bearer {TOKEN}"})
+        latencies = []
+        while not latencies or not posted.done():  # at least once, and for as long as the plan is being worked on
+            started = time.perf_counter()
+            assert call(f"{service}/healthz")[:2] == (200, {"ok": True})
+            latencies.append(time.perf_counter() - started)
+        status, answer, _ = posted.result()
+    assert status == 400 and answer["error"]["field"] == "body" and problem in answer["error"]["message"], answer
+    assert answer["error"]["message"].startswith("request-body.toml: ")
+    assert max(latencies) < 1.0, latencies

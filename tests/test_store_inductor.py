@@ -2,40 +2,28 @@
 with empty caches and empty registries, pull it (B from moto's S3 server, C from a file:// store)
 and ``warmcache verify`` passes there with zero cache misses and no new cache entries.
 
-One warmup (one shape, ≈30–45 s cold on 2 cores) serves both round trips; every step runs the
-CLI in a fresh process, as a deployment pipeline does.
+Host A is the suite's one real Inductor warmup (conftest's ``inductor_warmup``, which pushed
+to S3 as it compiled); its manifest is cut to one shape here. Every step runs the CLI in a
+fresh process, as a deployment pipeline does.
 """
 
 from __future__ import annotations
 
-import os
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
-from moto_server import DUMMY_CREDENTIALS, create_bucket
-from test_bundle_inductor import warmcache
-
-#: The bundle round trip's manifest, cut to one shape.
-MANIFEST = manifest_toml(model("tiny-qwen3", backend="inductor", generate=[generate()]), cache={"dir": "{cache}"})
+from inductor_host import InductorWarmup
+from inductor_host import warmcache_json as warmcache
 
 
 @pytest.fixture(scope="module")
-def host_a(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], s3_endpoint: str) -> dict[str, Any]:
-    """Host A: a real Inductor warmup that publishes its shape to S3 as soon as it is compiled."""
-    root = tmp_path_factory.mktemp("host-a")
-    manifest = root / "manifest.toml"
-    manifest.write_text(textwrap.dedent(MANIFEST).replace("{cache}", str(root / "cache")).replace("{qwen3}", str(tiny_models["qwen3"])))
-    os.environ.update(DUMMY_CREDENTIALS)  # for boto3 here and in the CLI processes (moto takes any key)
-    create_bucket(s3_endpoint, "fleet-cache")
-    store = ["--store", "s3://fleet-cache/prod", "--endpoint-url", s3_endpoint]
-    db = f"sqlite:///{root / 'a.sqlite'}"
-    # Flags, not the environment: a module fixture runs before the per-test isolation of WARMCACHE_*.
-    warmed = warmcache("warmup", str(manifest), "--db", db, "--cache-dir", str(root / "cache"), "--push", *store)
-    assert warmed["compiled"] == 1 and warmed["ok"] and warmed["push"] == {**warmed["push"], "pushed": 1, "failures": []}, warmed
-    return {"manifest": manifest, "db": db, "cache": str(root / "cache"), "s3": store}
+def host_a(inductor_warmup: InductorWarmup, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Host A's build seen through a manifest of one of its shapes (batch 1, prompt 8): what B and C pull and verify."""
+    warmed = inductor_warmup.report
+    assert warmed["compiled"] == 4 and warmed["ok"] and warmed["push"] == {**warmed["push"], "pushed": 4, "failures": []}, warmed
+    manifest = inductor_warmup.manifest_for(tmp_path_factory.mktemp("host-a") / "manifest.toml", batch_sizes=(1,), prompt_lengths=(8,))
+    return {"manifest": manifest, "db": inductor_warmup.db, "cache": str(inductor_warmup.cache), "s3": list(inductor_warmup.s3_store)}
 
 
 def pull_and_verify(host_a: dict[str, Any], store: list[str], host: Path) -> None:

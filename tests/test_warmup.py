@@ -58,6 +58,9 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
     assert (report["planned"], report["compiled"], report["failed"]) == (7, 7, 0)
     # Not a tty: one plain progress line per spec on stderr.
     assert result.stderr.count("compiled in") == 7 and "[7/7]" in result.stderr
+    # Quiet without --verbose: no weight-loading bars, Trainer metric dicts or warnings from warmcache's own calls.
+    for noise in ("Loading weights", "'train_runtime'", "FutureWarning", "[transformers]"):
+        assert noise not in result.stderr + result.stdout, noise
 
     records = rows(sqlite_url)
     assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {(m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")}

@@ -3,6 +3,9 @@
     python tools/bench_coldstart.py [--model DIR] [--batches 1,4] [--layers 4] [--prompt 8] [--max-cache-len 32]
     python tools/bench_coldstart.py --quick      # CI: aot_eager, batch 1, 2 layers; checks it runs, not its figures
 
+Every child runs with ``OMP_NUM_THREADS`` set (``--threads``, default 1): on a shared
+machine two OpenMP threads made decode steps jump from 0.3 ms to 130-300 ms.
+
 Each measurement is a fresh Python process (``--child``), so nothing of an earlier
 compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
 
@@ -15,6 +18,13 @@ compile survives in memory, on a tiny model on CPU with Inductor. Scenarios:
   Its "first token" is prime (artifact load + the first decode call) plus the first
   guarded request, broken down into importing Dynamo, the artifact load (with the
   imports deserialising needs), and the first call.
+* ``aotinductor``: ``precompile = "aotinductor"``, served through ``ShapeGuard.prime()``
+  from an empty Inductor cache folder: each bucket's AOTInductor package is loaded by
+  the C++ loader and the model's weights are bound to it. Broken down into imports,
+  model load, the registry read, package load + weight binding, prime, the first
+  request and its first decode step; then a "compile overhead" line: the first request (prime included)
+  against a steady-state request of the same process. Skipped by ``--quick`` (each
+  package is a 20-40 s Inductor compile; ``tests/test_aotinductor.py`` covers it).
 
 For each it prints the first ``generate()`` latency, the steady-state latency of
 the next call, and where the first call's time went according to Dynamo's
@@ -99,6 +109,17 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
+def guarded_request_seconds(guard: Any, model: Any, ids: Any) -> float:
+    """Seconds of one guarded ``generate()`` of ``DECODE_TOKENS`` new tokens (the request every scenario times)."""
+    import torch
+
+    from warmcache.warmup.workloads import DECODE_TOKENS
+
+    begin = time.perf_counter()
+    guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+    return time.perf_counter() - begin
+
+
 def precompiled_child(args: argparse.Namespace) -> None:
     """One fresh production process: import, load, prime from precompiled artifacts, serve one request."""
     started = time.perf_counter()
@@ -106,7 +127,7 @@ def precompiled_child(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from warmcache.runtime.guard import ShapeGuard
-    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+    from warmcache.warmup.workloads import token_ids
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -120,14 +141,8 @@ def precompiled_child(args: argparse.Namespace) -> None:
     report = guard.prime(model)
     primed = time.perf_counter()
     ids = token_ids(model, args.batch, args.prompt)
-
-    def generate() -> float:
-        begin = time.perf_counter()
-        guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
-        return time.perf_counter() - begin
-
-    first = generate()
-    second = generate()
+    first = guarded_request_seconds(guard, model, ids)
+    second = guarded_request_seconds(guard, model, ids)
     from torch._dynamo.utils import counters
 
     print(
@@ -148,8 +163,62 @@ def precompiled_child(args: argparse.Namespace) -> None:
     )
 
 
+def aotinductor_child(args: argparse.Namespace) -> None:
+    """One fresh production process served by AOTInductor packages: import, load, prime, serve."""
+    started = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.runtime.aotinductor import PackagedDecodeStep
+    from warmcache.runtime.guard import ShapeGuard
+    from warmcache.warmup.workloads import token_ids
+
+    imported = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    loaded = time.perf_counter()
+    guard = ShapeGuard.from_registry(args.registry, "bench", telemetry=False)
+    registry_read = time.perf_counter()
+    first_step: list[float] = []
+    step = PackagedDecodeStep.__call__
+
+    def timed_step(self: PackagedDecodeStep, model: Any, /, **kwargs: Any) -> Any:
+        begin = time.perf_counter()
+        out = step(self, model, **kwargs)
+        if not first_step:
+            first_step.append(time.perf_counter() - begin)
+        return out
+
+    PackagedDecodeStep.__call__ = timed_step  # type: ignore[method-assign]  # timing only: the first package call
+    report = guard.prime(model)
+    primed = time.perf_counter()
+    ids = token_ids(model, args.batch, args.prompt)
+    first = guarded_request_seconds(guard, model, ids)
+    steady = sorted(guarded_request_seconds(guard, model, ids) for _ in range(7))[3]
+    from torch._dynamo.utils import counters
+
+    compiler = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+    print(
+        json.dumps(
+            {
+                "import_s": imported - started,
+                "load_s": loaded - imported,
+                "package_load_s": report.artifact_load_seconds,
+                "packages": report.artifacts_loaded,
+                "first_step_s": first_step[0] if first_step else float("nan"),
+                "registry_s": registry_read - loaded,
+                "prime_s": primed - registry_read,
+                "first_generate_s": first,
+                "first_request_s": (primed - registry_read) + first,
+                "steady_s": steady,
+                "dynamo_frames": sum(counters["frames"].values()),
+                "compiler_modules": [m for m in compiler if m in sys.modules],
+            }
+        )
+    )
+
+
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": str(args.threads)}
     command = [
         sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt),
         "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra,
@@ -158,14 +227,29 @@ def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str,
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path) -> None:
-    manifest = work / "bench.toml"
+def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path, registry: str = "registry.sqlite", backend: str = "", precompile: str = "true") -> None:
+    manifest = work / f"bench-{registry}.toml"
     manifest.write_text(
-        f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{args.backend}"\nprecompile = true\n'
+        f'[registry]\nurl = "sqlite:///{work / registry}"\n[cache]\ndir = "{cache_dir}"\n'
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{backend or args.backend}"\nprecompile = {precompile}\n'
         f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
+
+
+def show_aotinductor(r: dict[str, Any], cold: dict[str, Any]) -> None:
+    compiler = ", ".join(r["compiler_modules"]) or "none"
+    print(
+        f"aoti  first request {r['first_request_s']:6.3f}s after model load  (package load + bind {r['package_load_s'] * 1000:.1f} ms for {r['packages']}, "
+        f"first decode step {r['first_step_s'] * 1000:.1f} ms, prime {r['prime_s']:.3f}s, first request {r['first_generate_s']:.3f}s; "
+        f"{r['dynamo_frames']} Dynamo frames, compiler modules imported: {compiler})  steady request {r['steady_s']:.3f}s  "
+        f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s, registry read {r['registry_s']:.2f}s]"
+    )
+    print(
+        f"cold/aotinductor first request (after model load, prime included): {cold['first_generate_s'] / r['first_request_s']:.0f}x; "
+        f"compile overhead: first request (prime included) / steady request {r['first_request_s'] / r['steady_s']:.1f}x "
+        f"(first request alone {r['first_generate_s'] / r['steady_s']:.1f}x)"
+    )
 
 
 def show(name: str, r: dict[str, Any]) -> None:
@@ -194,7 +278,9 @@ def main() -> None:
     parser.add_argument("--max-cache-len", type=int, default=32)
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     parser.add_argument("--quick", action="store_true", help="CI mode: aot_eager, batch 1, 2 layers, no mega-cache.")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--aotinductor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--precompiled", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--registry", help=argparse.SUPPRESS)
@@ -204,7 +290,7 @@ def main() -> None:
     if args.quick:
         args.backend = "eager"
     if args.child:
-        child(args)
+        aotinductor_child(args) if args.aotinductor else child(args)
         return
     if args.quick:
         args.backend, args.batches, args.layers = "aot_eager", "1", 2
@@ -222,7 +308,12 @@ def main() -> None:
             args.batch = batch
             colds[batch] = measure(args, work / f"cold-cache-{batch}")
         warm_with_warmcache(args, work, work / "warm-cache")
-        print(f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU ({os.cpu_count()} cores)")
+        if not args.quick:
+            warm_with_warmcache(args, work, work / "aoti-cache", "aoti-registry.sqlite", "inductor", '"aotinductor"')
+        print(
+            f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU "
+            f"({os.cpu_count()} cores, OMP_NUM_THREADS={args.threads})"
+        )
         for batch in args.batches:
             args.batch, cold = batch, colds[batch]
             warm = measure(args, work / "warm-cache", "--save-mega", str(work / "mega.bin"))
@@ -240,6 +331,11 @@ def main() -> None:
             print(ratios)
             if pre["dynamo_frames"]:
                 raise SystemExit(f"precompiled scenario compiled {pre['dynamo_frames']} Dynamo frames; expected none")
+            if not args.quick:
+                aoti = measure(args, work / f"aoti-empty-cache-{batch}", "--aotinductor", "--registry", f"sqlite:///{work / 'aoti-registry.sqlite'}")
+                show_aotinductor(aoti, cold)
+                if aoti["dynamo_frames"] or aoti["compiler_modules"]:
+                    raise SystemExit(f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported {aoti['compiler_modules']}; expected none")
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ import sqlalchemy as sa
 from fleet_faults import BackendTerminator, Killer, OutageProxy
 from postgres_schema import temporary_schema
 
+from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
 from warmcache.plan import PlannedShape
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.engine import normalise_url
 from warmcache.registry.models import CompiledShape
 from warmcache.registry.patience import patiently
 from warmcache.statuses import Status

@@ -16,9 +16,9 @@ def temporary_schema(url: str, prefix: str = "wc") -> Iterator[str]:
     """Yield ``url`` pointed at a fresh schema; drop the schema (and all in it) afterwards."""
     import sqlalchemy as sa
 
-    from warmcache.registry.engine import normalise_url
+    from warmcache.settings import RegistryLocation
 
-    base = normalise_url(url)
+    base = RegistryLocation.parse(url).url
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(base)
     with admin.begin() as conn:

@@ -16,6 +16,10 @@ from itertools import accumulate
 
 #: No real manifest or bundle metadata nests deeper than a handful of levels.
 MAX_NESTING = 64
+#: Dotted-key parts in a whole TOML document (``a.b = 1`` has one; ``[[model.generate]]`` one):
+#: a real manifest has a few per model. Each builds a table, so thousands of lines of
+#: 60-part keys, each within the nesting bound, would still keep tomllib busy for seconds.
+MAX_KEY_DOTS = 4096
 #: Registry counts (batch size, lengths, attempts) are ``Integer`` columns: 32-bit on PostgreSQL.
 MAX_COUNT = 2**31 - 1
 #: Byte sizes are ``BigInteger`` columns and torch sizes: int64.
@@ -37,12 +41,16 @@ def json_nesting(data: bytes) -> int:
     return _bracket_depth(_JSON_STRING.sub(b'""', data).translate(None, _NOT_BRACKETS))
 
 
-def toml_nesting(text: str) -> int:
-    """How deep a TOML document nests: inline arrays and tables, or the parts of one dotted key."""
+def toml_nesting(text: str) -> tuple[int, int]:
+    """``(depth, dots)`` of a TOML document, measured without parsing it.
+
+    ``depth``: how deep inline arrays and tables, or the parts of one dotted key, nest;
+    ``dots``: how many dots join key parts in the whole document.
+    """
     bare = _TOML_STRING_OR_COMMENT.sub('""', text)
     brackets = _bracket_depth(bare.encode("utf-8", "replace").translate(None, _NOT_BRACKETS))
-    dotted = max((len(_KEY_DOT.findall(line)) + 1 for line in bare.splitlines()), default=0)
-    return max(brackets, dotted)
+    dots_per_line = [len(_KEY_DOT.findall(line)) for line in bare.splitlines()]
+    return max(brackets, max(dots_per_line, default=-1) + 1), sum(dots_per_line)
 
 
 def _bracket_depth(brackets: bytes) -> int:

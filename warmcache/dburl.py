@@ -19,32 +19,35 @@ _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 _SCHEMES = ("sqlite", "postgresql", "postgres")
 
 
-def normalise_url(url: str, source: str = "registry URL") -> str:
-    """Check a registry location and make it a SQLAlchemy URL (psycopg 3 for PostgreSQL).
+def normalise_url(url: str, source: str = "registry URL", base: Path | None = None) -> str:
+    """Check a registry location and make it a SQLAlchemy URL (psycopg 3 for PostgreSQL, absolute SQLite paths).
 
     ``source`` names where the value came from (``--db``, ``$WARMCACHE_DB``) in the
-    error. A bare word is refused rather than taken as a file name: ``--db
-    not-a-url`` would otherwise create a database named ``not-a-url`` in the
+    error; a relative SQLite path anchors at ``base`` (a manifest's folder), else at
+    the current folder. A bare word is refused rather than taken as a file name:
+    ``--db not-a-url`` would otherwise create a database named ``not-a-url`` in the
     current folder, and an empty value would silently mean the default registry.
+    Only :meth:`warmcache.settings.RegistryLocation.parse` calls this.
     """
     if not url.strip():
         raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
     if "://" not in url:
         if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
             raise UsageError(f"{source} {shown(url)} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
-        return f"sqlite:///{_checked_file(url, source)}"
+        return f"sqlite:///{_checked_file(url, source, base)}"
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
         raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
     if scheme in ("postgresql", "postgres"):
         return "postgresql+psycopg://" + rest
     if scheme == "sqlite" and rest.startswith("/") and rest != "/:memory:":
-        _checked_file(rest[1:], source)
+        path, mark, query = rest[1:].partition("?")
+        return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
     return url
 
 
-def _checked_file(path: str, source: str) -> Path:
+def _checked_file(path: str, source: str, base: Path | None) -> Path:
     problem = path_problem(path)
     if problem:
         raise UsageError(f"{source} {shown(path)} {problem}")
-    return Path(os.path.expanduser(path)).resolve()
+    return ((base or Path.cwd()) / os.path.expanduser(path)).resolve()

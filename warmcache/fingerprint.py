@@ -4,6 +4,10 @@ Both fingerprints are computed without importing torch or transformers (package
 versions come from their metadata), so planning and skipping a fully warm
 manifest stays fast. The one exception is a CUDA target, whose compute
 capability only torch can tell.
+
+Nothing host-specific enters either fingerprint: no host name, user, address,
+working directory or cache location, so every host of a fleet computes the same
+identity for the same manifest and toolchain (a test runs two "hosts").
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmcache.compile_env import compile_env
 from warmcache.errors import UsageError, first_line
 from warmcache.shapes import short_hash
 
@@ -46,6 +52,8 @@ _CACHE_ONLY_NEURON_FLAGS = ("--cache_dir", "--retry_failed_compilation")
 
 #: Packages whose version changes what a compile produces.
 _TOOLCHAIN_PACKAGES = ("torch", "transformers", "torch-neuronx", "neuronx-cc", "torch-xla")
+#: Triton generates every CUDA kernel Inductor compiles (the wheel is ``pytorch-triton`` on nightlies).
+_CUDA_PACKAGES = ("triton", "pytorch-triton")
 
 
 @functools.cache
@@ -153,6 +161,22 @@ def _neuron_platform() -> str:
     return product.split(".", 1)[0] or "unknown"
 
 
+def nvidia_driver_version(proc_text: str) -> str:
+    """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's wording)."""
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..." or
+    # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (seen on an H200)
+    version = re.search(r"\s(\d+\.\d+(?:\.\d+)*)\s", proc_text.split("\n", 1)[0] + " ")
+    return version.group(1) if version else "unknown"
+
+
+def _cuda_driver() -> str:
+    """The NVIDIA kernel driver's version, from ``/proc`` (no torch, no subprocess)."""
+    try:
+        return nvidia_driver_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return "unknown"
+
+
 def _cuda_capability() -> str:
     import torch
 
@@ -172,9 +196,18 @@ class Toolchain:
     packages: tuple[tuple[str, str | None], ...]
     platform: str
     neuron_cc_flags: str
+    #: The graph-changing compiler variables set (see :mod:`warmcache.compile_env`).
+    compile_env: tuple[tuple[str, str], ...] = ()
+    #: The NVIDIA driver on a CUDA target (``None`` elsewhere).
+    cuda_driver: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The fingerprint's parts, as stored with each registry row (``warmcache explain`` compares them).
+
+        The newer parts appear only when they say something, so a toolchain with no
+        compiler variables set hashes as it did before they were fingerprinted.
+        """
+        out: dict[str, Any] = {
             "device": self.device,
             "backend": self.backend,
             "mode": self.mode,
@@ -182,6 +215,11 @@ class Toolchain:
             "platform": self.platform,
             "neuron_cc_flags": self.neuron_cc_flags,
         }
+        if self.compile_env:
+            out["compile_env"] = dict(self.compile_env)
+        if self.cuda_driver is not None:
+            out["cuda_driver"] = self.cuda_driver
+        return out
 
     @property
     def hash(self) -> str:
@@ -194,14 +232,19 @@ class Toolchain:
 
 def current_toolchain(device: str, backend: str, mode: str = "default") -> Toolchain:
     """The toolchain this process would compile with for a target."""
+    driver = None
+    names: tuple[str, ...] = _TOOLCHAIN_PACKAGES
     if device == "neuron":
         plat = f"neuron:{_neuron_platform()}"
         flags = normalise_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS"))
     elif device == "cuda":
         plat = f"cuda:{_cuda_capability()}"
         flags = ""
+        driver = _cuda_driver()
+        names += _CUDA_PACKAGES
     else:
         plat = f"cpu:{platform.machine()}:{_cpu_isa()}"
         flags = ""
-    packages = tuple((name, package_version(name)) for name in _TOOLCHAIN_PACKAGES)
-    return Toolchain(device=device, backend=backend, mode=mode, packages=packages, platform=plat, neuron_cc_flags=flags)
+    packages = tuple((name, package_version(name)) for name in names)
+    env = compile_env(device, backend)
+    return Toolchain(device=device, backend=backend, mode=mode, packages=packages, platform=plat, neuron_cc_flags=flags, compile_env=env, cuda_driver=driver)

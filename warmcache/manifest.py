@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.bounds import MAX_COUNT, MAX_NESTING, path_problem, toml_nesting
-from warmcache.dburl import normalise_url
+from warmcache.bounds import MAX_COUNT, MAX_KEY_DOTS, MAX_NESTING, path_problem, toml_nesting
 from warmcache.errors import MAX_SHOWN_CHARS, ManifestError, UsageError, shown
+from warmcache.settings import REGISTRY, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, SettingValue, ShapeFamily, ShapeSpec
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
@@ -36,9 +36,11 @@ _REGISTRY_KEYS = ("url", "lease_seconds")
 _CACHE_KEYS = ("dir",)
 _STORE_KEYS = ("url", "endpoint_url", "push", "max_pull_size", "sign_key")
 _TRUST_KEYS = ("keys",)
-_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "precompile", "distributed", "generate", "train")
+_MODEL_KEYS = ("name", "path", "revision", "dtype", "device", "backend", "mode", "attn_implementation", "precompile", "distributed", "generate", "train")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
+#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
+AOTINDUCTOR = "aotinductor"
 _DISTRIBUTED_KEYS = ("tp_size", "fsdp_size")
 _GENERATE_KEYS = (
     "batch_sizes",
@@ -106,8 +108,13 @@ class ModelSpec:
     mode: str = "default"
     tp_size: int = 1
     fsdp_size: int = 1
+    #: ``from_pretrained(attn_implementation=...)`` at every load (warmup, verify, the guard's check);
+    #: ``None``: whatever transformers picks. Part of each shape's identity.
+    attn_implementation: str | None = None
     #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
     precompile: bool = False
+    #: ...as an AOTInductor package (``precompile = "aotinductor"``) instead of an ``aot_compile`` artifact.
+    aotinductor: bool = False
     generate: tuple[GenerateWorkload, ...] = ()
     train: tuple[TrainWorkload, ...] = ()
 
@@ -168,7 +175,7 @@ class Manifest:
 
     path: Path
     models: tuple[ModelSpec, ...]
-    registry_url: str | None = None
+    registry: RegistryLocation | None = None  # [registry] url, normalised (relative paths against the manifest's folder)
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     cache_dir: Path | None = None
     store: StoreSettings = field(default_factory=lambda: StoreSettings())
@@ -303,27 +310,41 @@ def _close_match(value: str, choices: tuple[str, ...]) -> str | None:
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest; raise :class:`ManifestError` listing every problem.
-
-    Size and nesting are bounded before tomllib sees the text: it recurses once per
-    nesting level and is slow on megabytes, so a hostile manifest would otherwise
-    end in a ``RecursionError`` or take minutes.
-    """
+    """Read and validate a manifest file; raise :class:`ManifestError` listing every problem (see :func:`loads`)."""
     file = Path(path)
     try:
         with open(file, "rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
-        text = data.decode("utf-8")
-        depth = toml_nesting(text)
-        if depth > MAX_NESTING:
-            raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
-        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ManifestError(f"{file}: manifest not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
+    return loads(data, file)
+
+
+def loads(text: str | bytes, source: str | Path) -> Manifest:
+    """Parse and validate manifest text from anywhere (a file, a request body): the one front door.
+
+    ``source`` names it in messages and anchors its relative paths. Size, nesting and
+    dotted keys are bounded before tomllib sees the text: it recurses once per nesting
+    level and builds a table per key part, so a hostile manifest would otherwise end
+    in a ``RecursionError`` or take minutes.
+    """
+    file = Path(source)
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
+    depth, dots = toml_nesting(decoded)
+    if depth > MAX_NESTING:
+        raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
+    if dots > MAX_KEY_DOTS:
+        raise ManifestError(f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer than {MAX_KEY_DOTS}; refused")
+    try:
+        raw = tomllib.loads(decoded)
     except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: an integer of thousands of digits
         raise ManifestError(f"{file}: invalid TOML: {exc}") from None
     return parse_manifest(raw, file)
@@ -338,12 +359,12 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     registry = check.table(raw, "registry", "registry")
     check.unknown_keys(registry, _REGISTRY_KEYS, "registry")
     url = check.string(registry, "url", "registry")
+    location = None
     if url is not None:
         try:
-            normalise_url(url, "")
+            location = RegistryLocation.parse(url, REGISTRY.sources(file)[2], base)
         except UsageError as exc:
-            check.problem("registry.url", str(exc).lstrip())
-            url = None
+            check.problem("registry.url", str(exc).removeprefix(REGISTRY.sources(file)[2]).lstrip())
     lease = check.positive_int(registry, "lease_seconds", "registry", default=DEFAULT_LEASE_SECONDS)
 
     cache = check.table(raw, "cache", "cache")
@@ -374,7 +395,7 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
     return Manifest(
         path=file,
         models=tuple(models),
-        registry_url=resolve_registry_url(url, base) if url else None,
+        registry=location,
         lease_seconds=lease or DEFAULT_LEASE_SECONDS,
         cache_dir=(base / os.path.expanduser(cache_dir)).resolve() if cache_dir else None,
         store=store,
@@ -421,16 +442,6 @@ def _parse_trust(check: _Checker, trust: dict[str, Any], base: Path) -> TrustedK
         return TrustedKeys()
 
 
-def resolve_registry_url(url: str, base: Path) -> str:
-    """Anchor a relative SQLite path (or plain file path) at ``base``; other URLs pass through unchanged."""
-    if "://" not in url:
-        return f"sqlite:///{(base / os.path.expanduser(url)).resolve()}"
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-        return prefix + str((base / url[len(prefix) :]).resolve())
-    return url
-
-
 def _resolve_model_path(path: str, base: Path) -> str:
     """Local folders resolve against the manifest's folder; anything else is a hub id."""
     expanded = Path(os.path.expanduser(path))
@@ -466,8 +477,19 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
     mode = check.choice(entry, "mode", where, MODES, "default")
-    precompile = check.boolean(entry, "precompile", where, False)
-    if precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+    attn_implementation = check.string(entry, "attn_implementation", where)
+    aotinductor = entry.get("precompile") == AOTINDUCTOR
+    if isinstance(entry.get("precompile"), str) and not aotinductor:
+        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {_show(entry['precompile'])}")
+        precompile = False
+    else:
+        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
+    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
+        check.problem(
+            f"{where}.precompile",
+            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+        )
+    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
         check.problem(
             f"{where}.precompile",
             f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
@@ -480,6 +502,8 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
 
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
+    if aotinductor:
+        _check_aotinductor(check, where, tp * fsdp, generate)
     if not generate and not train and len(check.problems) == before:
         check.problem(where, f"model {shown(name)} declares no workload: add [[model.generate]] or [[model.train]]")
 
@@ -494,12 +518,28 @@ def _parse_model(check: _Checker, entry: dict[str, Any], where: str, base: Path)
         device=device,
         backend=backend,
         mode=mode,
+        attn_implementation=attn_implementation,
         precompile=precompile,
+        aotinductor=aotinductor,
         tp_size=tp,
         fsdp_size=fsdp,
         generate=tuple(generate),
         train=tuple(train),
     )
+
+
+def _check_aotinductor(check: _Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:
+    """What an AOTInductor decode package cannot serve, refused at plan time with the reason."""
+    if world_size > 1:
+        check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
+    for i, workload in enumerate(generate):
+        if workload.prefill_chunk_size:
+            check.problem(
+                f"{where}.generate[{i}].prefill_chunk_size",
+                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
+            )
+        if workload.num_beams > 1:
+            check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
 
 
 def _parse_each(check: _Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[_Checker, dict[str, Any], str], Any]) -> list[Any]:

@@ -15,8 +15,15 @@ from warmcache.manifest import Manifest, ModelSpec
 from warmcache.shapes import ShapeSpec, short_hash
 
 
-def shape_identity(shape_hash: str, config_hash: str, toolchain_hash: str) -> str:
-    return short_hash({"shape": shape_hash, "config": config_hash, "toolchain": toolchain_hash}, length=32)
+def shape_identity(shape_hash: str, config_hash: str, toolchain_hash: str, attn_implementation: str | None = None) -> str:
+    """A row's key: the declared shape, the model (config and attention implementation) and the toolchain.
+
+    An undeclared attention implementation adds nothing, so rows recorded before it was a part keep their identity.
+    """
+    parts = {"shape": shape_hash, "config": config_hash, "toolchain": toolchain_hash}
+    if attn_implementation is not None:
+        parts["attn_implementation"] = attn_implementation
+    return short_hash(parts, length=32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +41,7 @@ class PlannedShape:
 
     @property
     def identity(self) -> str:
-        return shape_identity(self.spec.shape_hash, self.config_hash, self.toolchain.hash)
+        return shape_identity(self.spec.shape_hash, self.config_hash, self.toolchain.hash, self.model.attn_implementation)
 
 
 def plan_model(model: ModelSpec) -> list[PlannedShape]:

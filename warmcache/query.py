@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from warmcache.explain import describe, stale_differences
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
@@ -31,6 +32,11 @@ def effective_status(record: ShapeRecord) -> str:
     if record.toolchain_hash != local_toolchain_hash(record.device, record.backend, record.mode):
         return Status.STALE
     return record.status
+
+
+def stale_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
+    """Rows compiled (or verified) for another toolchain: what ``warmcache explain`` compares against this one."""
+    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) == Status.STALE]
 
 
 def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
@@ -131,7 +137,9 @@ class RequestChecker:
         if not tables:
             counts = Counter(effective_status(r) for r in self.records)
             found = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-            reason = f"no usable compiled {self.workload} shape on this machine (registry rows: {found})"
+            stale = stale_records(self.records)
+            why = f"; stale: {describe(stale_differences(stale))}" if stale else ""
+            reason = f"no usable compiled {self.workload} shape on this machine (registry rows: {found}){why}"
             return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
         ranked = BucketTable.from_pairs(set(nearest)).nearest(batch_size, seq_len)
         return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
@@ -163,8 +171,8 @@ def shape_json(record: ShapeRecord) -> dict[str, Any]:
     return {**record.as_json(), "status": effective_status(record), "stored_status": record.status}
 
 
-def plan_json(status: PlanStatus) -> dict[str, Any]:
-    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it."""
+def plan_json(status: PlanStatus, reason: str | None = None) -> dict[str, Any]:
+    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable (see :mod:`warmcache.explain`)."""
     planned, family = status.planned, status.planned.spec.family
     record = status.record
     return {
@@ -180,6 +188,7 @@ def plan_json(status: PlanStatus) -> dict[str, Any]:
         "device": planned.model.device,
         "backend": planned.model.backend,
         "status": status.status,
+        "reason": reason,
         "identity": planned.identity,
         "compile_seconds": record.compile_seconds if record and status.status != Status.STALE else None,
     }

@@ -31,10 +31,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from warmcache.errors import TrustError, UsageError, shown
+from warmcache.settings import TRUSTED_KEYS, choose
 
 KEY_PREFIX = "ed25519:"
 SIGNATURE_MEMBER = "signature"
-TRUSTED_KEYS_ENV = "WARMCACHE_TRUSTED_KEYS"
+TRUSTED_KEYS_ENV = TRUSTED_KEYS.env
 #: A key file is one line; a larger file is not a key (and is not read whole).
 _MAX_KEY_FILE_BYTES = 16 * 1024
 
@@ -175,13 +176,13 @@ class TrustedKeys:
         A variable that is set but empty is an error: it would silently turn checking off.
         """
         if flag_values:
-            return cls.load(flag_values, "--trust")
-        from_env = os.environ.get(TRUSTED_KEYS_ENV)
+            return cls.load(flag_values, TRUSTED_KEYS.flag)
+        from_env = choose(TRUSTED_KEYS, None)
         if from_env is not None:
-            entries = [e for e in from_env.split(",") if e.strip()]
+            entries = [e for e in from_env.text.split(",") if e.strip()]
             if not entries:
-                raise UsageError(f"${TRUSTED_KEYS_ENV} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub files, comma-separated)")
-            return cls.load(entries, f"${TRUSTED_KEYS_ENV}")
+                raise UsageError(f"{from_env.source} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub files, comma-separated)")
+            return cls.load(entries, from_env.source)
         return fallback or cls()
 
     def check_document(self, document: dict[str, Any], what: str) -> SignatureCheck:

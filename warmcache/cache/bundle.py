@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -117,12 +117,26 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def compiled_records(registry: Registry, manifest: Manifest, model_name: str | None, statuses: tuple[str, ...]) -> tuple[list[ShapeRecord], int]:
-    """This toolchain's rows in ``statuses`` for the manifest, and how many declared shapes lack one."""
+def records_to_ship(
+    registry: Registry, manifest: Manifest, model_name: str | None, verified_only: bool, identities: Iterable[str] | None = None
+) -> tuple[list[ShapeRecord], int]:
+    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how many declared shapes lack one.
+
+    ``identities`` narrows the choice (warmup --push ships each shape as it compiles).
+    Nothing to ship is an error naming the registry and the command that fills it.
+    """
+    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
     planned = registry.plan_status(plan_manifest(manifest, model_name))
     done = [s.planned.identity for s in planned if s.status in statuses]
     records = [r for r in registry.rows(identities=done, with_artifacts=True) if r.status in statuses]
-    return records, len(planned) - len(records)
+    not_compiled = len(planned) - len(records)
+    if identities is not None:
+        wanted = set(identities)
+        records = [r for r in records if r.identity in wanted]
+    if not records:
+        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
+        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+    return records, not_compiled
 
 
 def pack_bundle(
@@ -145,11 +159,7 @@ def pack_bundle(
     was not altered since.
     """
     mode = write_mode(output)
-    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
-    records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
-    if not records:
-        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+    records, not_compiled = records_to_ship(registry, manifest, model_name, verified_only)
     try:
         entries = sorted(set(entries_needed(records, location)) | shared_kernels(location))
         files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in entry_files(location.root, entries)]

@@ -21,7 +21,7 @@ from warmcache.bounds import MAX_BYTES, MAX_COUNT
 from warmcache.errors import CacheError, shown
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
-from warmcache.registry.records import COLUMNS
+from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
 from warmcache.statuses import DONE_STATUSES, Status
 
 #: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
@@ -70,6 +70,8 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
         at = f"{where}: rows[{index}]"
         if not isinstance(row, dict):
             raise CacheError(f"{at} must be an object")
+        for name, default in ADDED_COLUMNS.items():  # a bundle packed before the column existed
+            row.setdefault(name, default)
         missing = [name for name in (*_FIELDS, "artifacts") if name not in row]
         if missing:
             raise CacheError(f"{at} lacks {', '.join(missing)}")

@@ -11,6 +11,8 @@ Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
     triton/<device>/<hash>          Triton kernels (CUDA)           kind inductor-triton
     precompiled/<sha256>            a bucket's precompiled decode   kind inductor-precompiled
                                     graph (warmcache's own, see ``cache.precompiled``)
+    aotinductor/<sha256>            a bucket's AOTInductor decode   kind aotinductor
+                                    package (same file format)
     locks/                          transient locks                 (not an entry)
 
 Neuron persistent cache (torch-xla era; ``--cache_dir``)::
@@ -29,7 +31,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmcache.cache.precompiled import PRECOMPILED_DIR
+from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR
 from warmcache.flavors import CacheFlavor
 
 INDUCTOR_FXGRAPH = "inductor-fxgraph"
@@ -37,6 +39,7 @@ INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"
 INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
 INDUCTOR_PRECOMPILED = "inductor-precompiled"
+AOTINDUCTOR = "aotinductor"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 
@@ -84,7 +87,9 @@ def _inductor_entry(parts: list[str]) -> tuple[str, str] | None:
         return INDUCTOR_TRITON, "/".join(parts[:3])
     if head == PRECOMPILED_DIR and len(parts) == 2:
         return INDUCTOR_PRECOMPILED, "/".join(parts)
-    if head in ("locks", "fxgraph", "aotautograd", "triton", PRECOMPILED_DIR):
+    if head == AOTINDUCTOR_DIR and len(parts) == 2:
+        return AOTINDUCTOR, "/".join(parts)
+    if head in ("locks", "fxgraph", "aotautograd", "triton", PRECOMPILED_DIR, AOTINDUCTOR_DIR):
         return None
     if len(parts) == 2:
         return INDUCTOR_CODE, "/".join(parts)

@@ -13,7 +13,6 @@ instead; it cannot be pruned from here.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
@@ -21,13 +20,15 @@ from typing import get_args
 from warmcache.cache.layout import CacheFlavor
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec
-from warmcache.targets import CACHE_DIR_ENV, InductorTarget, NeuronTarget, Target, resolve_cache_dir, target_for
+from warmcache.settings import CACHE_DIR, CacheFolder
+from warmcache.targets import InductorTarget, NeuronTarget, Target, resolve_cache_dir, target_for
 from warmcache.targets.neuron import remote_cache_url
 
 FLAVORS: tuple[str, ...] = get_args(CacheFlavor)
 
 #: Which cache layout holds artifacts of each registry artifact kind prefix.
-_KIND_FLAVOR = (("inductor-", "inductor"), ("neuron-module", "neuron"), ("neuron-neff", "neuron-native"))
+#: AOTInductor packages (``aotinductor/<sha256>``) live in the Inductor cache folder of the model that warmed them.
+_KIND_FLAVOR = (("inductor-", "inductor"), ("aotinductor", "inductor"), ("neuron-module", "neuron"), ("neuron-neff", "neuron-native"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ def detect_flavor(root: Path) -> CacheFlavor:
     return "inductor"
 
 
-def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavor: str | None = None) -> list[CacheLocation]:
+def locate_caches(cache_dir: CacheFolder | None, manifest: Manifest | None = None, flavor: str | None = None) -> list[CacheLocation]:
     """The cache folders to inspect, deduplicated, in a stable order.
 
     With a manifest, each model's target resolves its folder and knows its layout;
@@ -72,10 +73,8 @@ def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavo
     """
     if flavor is not None and flavor not in FLAVORS:
         raise UsageError(f"--flavor: unknown layout {flavor!r} (allowed: {', '.join(FLAVORS)})")
-    explicit = cache_dir or os.environ.get(CACHE_DIR_ENV)
-    if manifest is None and explicit:
-        root = Path(explicit).expanduser().resolve()
-        return [CacheLocation(root, flavor or detect_flavor(root), _source(cache_dir, manifest))]  # type: ignore[arg-type]
+    if manifest is None and cache_dir is not None:
+        return [CacheLocation(cache_dir.path, flavor or detect_flavor(cache_dir.path), cache_dir.source)]  # type: ignore[arg-type]
     # Without a manifest the defaults are looked at; an s3:// Neuron cache is listed through the store instead.
     defaults: list[tuple[Target, CacheFlavor | None]] = [(InductorTarget("cpu", "inductor"), "inductor")]
     if not remote_cache_url():
@@ -85,7 +84,7 @@ def locate_caches(cache_dir: str | None, manifest: Manifest | None = None, flavo
     for target, layout in targets:
         if layout is None or (manifest is None and flavor is not None and layout != flavor):
             continue  # eager/aot_eager keep no cache; without a manifest, --flavor picks the default to look at
-        root, chosen = resolve_cache_dir(target, cache_dir, manifest)
+        root, chosen = resolve_cache_dir(target, cache_dir.path if cache_dir else None, manifest)
         source = _source(cache_dir, manifest) if chosen else f"{target.describe()} default"
         out.setdefault(root, CacheLocation(root, flavor or layout, source))  # type: ignore[arg-type]
     return list(out.values())
@@ -97,16 +96,12 @@ def _flavor_of_model(model: ModelSpec) -> CacheFlavor | None:
     return "inductor" if flavor is None and model.precompile else flavor
 
 
-def _source(cache_dir: str | None, manifest: Manifest | None) -> str:
+def _source(cache_dir: CacheFolder | None, manifest: Manifest | None) -> str:
     """Which setting chose the folder, for the user to see (the precedence itself is resolve_cache_dir's)."""
-    if cache_dir:
-        return "--cache-dir"
-    if os.environ.get(CACHE_DIR_ENV):
-        return f"${CACHE_DIR_ENV}"
-    return f"{manifest.path if manifest else 'manifest'} [cache] dir"
+    return cache_dir.source if cache_dir else CACHE_DIR.sources(manifest.path if manifest else None)[2]
 
 
-def single_location(manifest: Manifest, cache_dir: str | None, model_name: str | None = None) -> CacheLocation:
+def single_location(manifest: Manifest, cache_dir: CacheFolder | None, model_name: str | None = None) -> CacheLocation:
     """The one cache folder of ``manifest``'s models (or of ``model_name``), for pack, push and pull.
 
     A bundle or a push describes one folder in one layout; a manifest whose models

@@ -27,6 +27,8 @@ from warmcache.errors import CacheError
 
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
 PRECOMPILED_DIR = "precompiled"
+#: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see ``runtime.aotinductor``).
+AOTINDUCTOR_DIR = "aotinductor"
 MAGIC = b"warmcache-precompiled-v1\n"
 
 
@@ -56,21 +58,23 @@ class Header:
     fingerprint: Fingerprint
     #: Dynamo names its module references ``___module_<name>_<id>_c<n>``; a fresh process binds them to these modules.
     module_globals: dict[str, str]
+    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aotinductor.package_decode``); ``None`` otherwise.
+    aotinductor: dict[str, Any] | None = None
 
 
-def artifact_path(sha256: str) -> str:
+def artifact_path(sha256: str, folder: str = PRECOMPILED_DIR) -> str:
     """The entry path (relative to the cache root) of the artifact with this content hash."""
-    return f"{PRECOMPILED_DIR}/{sha256}"
+    return f"{folder}/{sha256}"
 
 
 def encode(header: Header, payload: bytes) -> bytes:
     return MAGIC + json.dumps(asdict(header), sort_keys=True).encode() + b"\n" + payload
 
 
-def write_artifact(root: Path, header: Header, payload: bytes) -> str:
+def write_artifact(root: Path, header: Header, payload: bytes, folder: str = PRECOMPILED_DIR) -> str:
     """Write atomically under ``root``; returns the entry path (content-addressed, so rewriting is harmless)."""
     data = encode(header, payload)
-    path = artifact_path(hashlib.sha256(data).hexdigest())
+    path = artifact_path(hashlib.sha256(data).hexdigest(), folder)
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.parent / f".{target.name}.partial"
@@ -101,7 +105,7 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
     end = data.find(b"\n", len(MAGIC))
     try:
         raw = json.loads(data[len(MAGIC) : end])
-        header = Header(Fingerprint.from_json(raw["fingerprint"]), {str(k): str(v) for k, v in raw["module_globals"].items()})
+        header = Header(Fingerprint.from_json(raw["fingerprint"]), {str(k): str(v) for k, v in raw["module_globals"].items()}, raw.get("aotinductor"))
     except (ValueError, KeyError, TypeError) as exc:
         raise CacheError(f"{path}: precompiled artifact header unreadable ({exc})") from None
     differing = {f: v for f, v in expected.items() if getattr(header.fingerprint, f) != v}

@@ -60,6 +60,7 @@ from warmcache.cache.locate import (
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
+from warmcache.settings import CacheFolder
 from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys
 from warmcache.units import format_size
 
@@ -111,7 +112,7 @@ def unpack_bundle(
     bundle: Path,
     open_registry: Callable[[], Registry],
     *,
-    cache_dir: str | None = None,
+    cache_dir: CacheFolder | None = None,
     force: bool = False,
     trusted: TrustedKeys = NOT_CONFIGURED,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
@@ -307,7 +308,7 @@ def _in_archive_order(members: dict[str, tarfile.TarInfo]) -> list[tuple[str, ta
     return sorted(members.items(), key=lambda item: item[1].offset_data)
 
 
-def _target(cache_dir: str | None, flavor: CacheFlavor) -> CacheLocation:
+def _target(cache_dir: CacheFolder | None, flavor: CacheFlavor) -> CacheLocation:
     locations = locate_caches(cache_dir, None, flavor)
     if not locations:
         raise UsageError(f"no default {flavor} cache folder on this machine; pass --cache-dir DIR")

@@ -17,7 +17,7 @@ from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
 from warmcache.cli.keys import keys_group
-from warmcache.cli.query import check, plan, shapes
+from warmcache.cli.query import check, explain, plan, shapes
 from warmcache.cli.serve import serve
 from warmcache.cli.status import status
 from warmcache.cli.store import pull, push, store_group
@@ -50,6 +50,7 @@ def main() -> None:
 
 for _command in (
     plan,
+    explain,
     shapes,
     check,
     status,

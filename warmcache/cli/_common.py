@@ -13,12 +13,12 @@ import click
 
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
-from warmcache.registry.engine import default_registry_url, normalise_url
+from warmcache.settings import REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
 from warmcache.units import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DB_HELP = "Registry database URL (default: $WARMCACHE_DB, then the manifest's [registry] url, then ~/.cache/warmcache/registry.sqlite)."
+DB_HELP = f"Registry database URL (default: ${REGISTRY.env}, then the manifest's {REGISTRY.manifest_key}, then {REGISTRY.default})."
 
 
 def db_option(func: F) -> F:
@@ -29,22 +29,18 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text.")(func)
 
 
-def registry_url(db_url: str | None, manifest: Manifest | None = None) -> str:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default.
+def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default (:func:`warmcache.settings.resolve_registry`)."""
+    return resolve_registry(db_url, manifest.registry if manifest else None)
 
-    A value that is given but empty is an error, not a reason to fall back: ``--db
-    "$UNSET_VARIABLE"`` must not quietly write to the default registry.
-    """
-    if db_url is not None:
-        return normalise_url(db_url, "--db")
-    from_env = os.environ.get("WARMCACHE_DB")
-    if from_env is not None:
-        return normalise_url(from_env, "$WARMCACHE_DB")
-    return (manifest.registry_url if manifest else None) or default_registry_url()
+
+def cache_folder(_context: click.Context, _parameter: click.Parameter, value: str | None) -> CacheFolder | None:
+    """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes after, per model)."""
+    return resolve_cache_folder(value)
 
 
 def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Registry:
-    return Registry.open(registry_url(db_url, manifest))
+    return Registry.open(registry_location(db_url, manifest))
 
 
 def print_json(data: Any) -> None:

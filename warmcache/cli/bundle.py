@@ -7,19 +7,20 @@ from pathlib import Path
 import click
 
 from warmcache.cache.bundle import pack_bundle
-from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
 from warmcache.cli._common import (
     byte_progress,
+    cache_folder,
     db_option,
     json_option,
-    open_registry,
     print_json,
-    registry_url,
+    registry_location,
     trust_option,
 )
+from warmcache.cli.shipping import Shipment
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
+from warmcache.settings import CacheFolder
 from warmcache.trust import SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_size
 
@@ -34,17 +35,26 @@ def bundle_group() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default).")
+@click.option(
+    "--cache-dir",
+    callback=cache_folder,
+    metavar="DIR",
+    default=None,
+    help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default).",
+)
 @click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
 @db_option
 @json_option
-def pack(manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: str | None, sign_key: str | None, db_url: str | None, as_json: bool) -> None:
+def pack(
+    manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: CacheFolder | None, sign_key: str | None, db_url: str | None, as_json: bool
+) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     signing_key = SigningKey.load(sign_key) if sign_key else None
-    parsed = load_manifest(manifest)
-    location = single_location(parsed, cache_dir, model_name)
-    with open_registry(db_url, parsed) as registry, byte_progress("packing") as progress:
-        result = pack_bundle(parsed, registry, location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    with shipment.opened("packing") as (registry, progress):
+        result = pack_bundle(
+            shipment.manifest, registry, shipment.location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
@@ -57,7 +67,7 @@ def pack(manifest: str, output: Path, model_name: str | None, verified_only: boo
 
 @bundle_group.command("unpack")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cache-dir", metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
+@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
 @trust_option
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
@@ -67,14 +77,16 @@ def pack(manifest: str, output: Path, model_name: str | None, verified_only: boo
 )  # fmt: skip
 @db_option
 @json_option
-def unpack(bundle: Path, cache_dir: str | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool) -> None:
+def unpack(
+    bundle: Path, cache_dir: CacheFolder | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool
+) -> None:
     """Check every file of BUNDLE, install its cache entries and merge its registry rows."""
     parsed = load_manifest(manifest) if manifest else None
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else TrustedKeys())
-    url = registry_url(db_url, parsed)  # checked now; the database is opened only once the bundle passed
+    location = registry_location(db_url, parsed)  # checked now; the database is opened only once the bundle passed
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else DEFAULT_MAX_UNPACK_BYTES
     with byte_progress("unpacking") as progress:
-        result = unpack_bundle(bundle, lambda: Registry.open(url), cache_dir=cache_dir, force=force, trusted=trusted, max_bytes=max_bytes, progress=progress)
+        result = unpack_bundle(bundle, lambda: Registry.open(location), cache_dir=cache_dir, force=force, trusted=trusted, max_bytes=max_bytes, progress=progress)
     if as_json:
         print_json(result.as_json())
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,12 +14,12 @@ from warmcache.cache.inventory import CacheInfo, scan_cache
 from warmcache.cache.locate import FLAVORS, locate_caches
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.prune import PruneRules, plan_prune
-from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import cache_folder, db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
+from warmcache.settings import CacheFolder
 from warmcache.store import open_store
 from warmcache.store.neuron_remote import RemoteCacheInfo, scan_remote_neuron
-from warmcache.targets import CACHE_DIR_ENV
 from warmcache.targets.neuron import CACHE_URL_ENV, remote_cache_url
 from warmcache.units import format_age, format_size, parse_age, parse_size
 
@@ -32,7 +31,11 @@ def cache_options(func: F) -> F:
     for option in reversed(
         (
             click.option(
-                "--cache-dir", metavar="DIR", default=None, help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."
+                "--cache-dir",
+                callback=cache_folder,
+                metavar="DIR",
+                default=None,
+                help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default).",
             ),
             click.option("--flavor", type=click.Choice(FLAVORS), default=None, help="Cache layout (default: detected from the folder)."),
             click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the cache folder and registry from this manifest."),
@@ -51,15 +54,15 @@ def _grace_option(func: F) -> F:
     )(func)  # fmt: skip
 
 
-def _scan_all(registry: Registry, cache_dir: str | None, flavor: str | None, manifest: Manifest | None) -> list[CacheInfo]:
+def _scan_all(registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None) -> list[CacheInfo]:
     records = registry.rows(with_artifacts=True)
     return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
 
 
-def _remote_neuron(cache_dir: str | None, manifest: Manifest | None) -> RemoteCacheInfo | None:
+def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> RemoteCacheInfo | None:
     """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
     url = remote_cache_url()
-    if url is None or cache_dir or manifest is not None or os.environ.get(CACHE_DIR_ENV):
+    if url is None or cache_dir is not None or manifest is not None:
         return None
     return scan_remote_neuron(open_store(url))
 
@@ -88,7 +91,7 @@ def cache_group() -> None:
 @cache_group.command("scan")
 @cache_options
 @click.option("--entries", "show_entries", is_flag=True, help="List every entry, not just the summary.")
-def scan(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, show_entries: bool) -> None:
+def scan(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, show_entries: bool) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
     remote = _remote_neuron(cache_dir, manifest)
@@ -138,7 +141,7 @@ def _describe(info: CacheInfo) -> str:
 @_grace_option
 @click.option("--fix", is_flag=True, help="Apply the repairs (default: only say what would be done).")
 @click.option("--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries.")
-def doctor(cache_dir: str | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool) -> None:
+def doctor(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
     manifest = _manifest(manifest_path)
@@ -161,7 +164,7 @@ def doctor(cache_dir: str | None, flavor: str | None, manifest_path: str | None,
 @click.option("--include-referenced", is_flag=True, help="Also delete entries current compiled/verified shapes need (those rows are forgotten).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 def prune(
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     flavor: str | None,
     manifest_path: str | None,
     db_url: str | None,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from warmcache.cli._common import db_option, json_option, print_json, registry_url
+from warmcache.cli._common import db_option, json_option, print_json, registry_location
 from warmcache.registry import schema
-from warmcache.registry.engine import create_registry_engine, display_url
+from warmcache.registry.engine import create_registry_engine
 
 
 @click.group("db")
@@ -19,15 +19,15 @@ def db_group() -> None:
 @click.option("--revision", default="head", show_default=True, help="Target schema revision.")
 def upgrade(db_url: str | None, revision: str) -> None:
     """Bring the registry database to the newest schema revision."""
-    url = registry_url(db_url)
-    engine = create_registry_engine(url)
+    location = registry_location(db_url)
+    engine = create_registry_engine(location)
     try:
         before = schema.current_revision(engine)
         schema.upgrade(engine, revision)
         after = schema.current_revision(engine)
     finally:
         engine.dispose()
-    click.echo(f"{display_url(url)}: schema {before or 'empty'} -> {after}")
+    click.echo(f"{location.display}: schema {before or 'empty'} -> {after}")
 
 
 @db_group.command("current")
@@ -35,15 +35,15 @@ def upgrade(db_url: str | None, revision: str) -> None:
 @json_option
 def current(db_url: str | None, as_json: bool) -> None:
     """Show the registry's schema revision and whether it is up to date."""
-    url = registry_url(db_url)
-    engine = create_registry_engine(url)
+    location = registry_location(db_url)
+    engine = create_registry_engine(location)
     try:
         revision = schema.current_revision(engine)
         head = schema.head_revision(engine)
     finally:
         engine.dispose()
     if as_json:
-        print_json({"url": display_url(url), "revision": revision, "head": head, "up_to_date": revision == head})
+        print_json({"url": location.display, "revision": revision, "head": head, "up_to_date": revision == head})
         return
     state = "up to date" if revision == head else f"needs upgrade to {head} (warmcache db upgrade)"
-    click.echo(f"{display_url(url)}: schema {revision or 'empty'} ({state})")
+    click.echo(f"{location.display}: schema {revision or 'empty'} ({state})")

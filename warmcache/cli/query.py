@@ -7,6 +7,7 @@ from collections import Counter
 import click
 
 from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json, print_json_array
+from warmcache.explain import explain_plan
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import check_request, effective_status, plan_json, shape_json
@@ -25,13 +26,14 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)  # first: a model path that is not there is named by its key
     with open_registry(db_url, parsed) as registry:
-        statuses = registry.plan_status(planned)
+        explained = explain_plan(registry, planned)
+    statuses = [e.status for e in explained]
     # A model with a row for every shape under this config and toolchain passed this check when it was
     # warmed; checking it again would import transformers (and torch: seconds) to plan a warm manifest.
     unwarmed = {s.planned.model.name for s in statuses if s.status in (Status.MISSING, Status.STALE)}
     check_supported(parsed, [m for m in parsed.models if m.name in unwarmed])
     if as_json:
-        print_json([plan_json(s) for s in statuses])
+        print_json([plan_json(e.status, e.reason) for e in explained])
         return
     rows = [
         (
@@ -49,6 +51,26 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     counts = Counter(s.status for s in statuses)
     summary = ", ".join(f"{counts[k]} {k}" for k in PLAN_STATUSES if counts[k])
     click.echo(f"{len(statuses)} shapes: {summary or 'none'}")
+
+
+@click.command("explain")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--model", "model_name", default=None, help="Only this model.")
+@db_option
+@json_option
+def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
+    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what differs."""
+    parsed = load_manifest(manifest)
+    planned = plan_manifest(parsed, model_name)
+    check_supported(parsed)
+    with open_registry(db_url, parsed) as registry:
+        unusable = [e for e in explain_plan(registry, planned) if e.reason is not None]
+    if as_json:
+        print_json([e.as_json() for e in unusable])
+        return
+    for e in unusable:
+        click.echo(f"{e.status.planned.spec.describe()}: {e.reason}")
+    click.echo(f"{len(unusable)} of {len(planned)} shapes not usable here")
 
 
 @click.command("shapes")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, registry_url
+from warmcache.cli._common import db_option, registry_location
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 
@@ -32,7 +32,7 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
         from warmcache.service.auth import load_token
     except ImportError as exc:
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
-    url = registry_url(db_url, load_manifest(manifest) if manifest else None)
+    url = registry_location(db_url, load_manifest(manifest) if manifest else None).url
     token = load_token(token_file)
     app = create_app(ServiceConfig(url, token=token, manifest=manifest, refresh_interval=refresh_interval))
     click.echo(f"warmcache serve: dashboard http://{host}:{port}/ ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)

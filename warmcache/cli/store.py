@@ -8,18 +8,18 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.locate import single_location
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
-    byte_progress,
+    cache_folder,
     db_option,
     format_table,
     json_option,
-    open_registry,
     print_json,
     trust_option,
 )
+from warmcache.cli.shipping import Shipment
 from warmcache.manifest import Manifest, load_manifest
+from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
@@ -67,7 +67,7 @@ def store_options(func: F) -> F:
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
 @sign_option
 @store_options
 @db_option
@@ -76,7 +76,7 @@ def push(
     manifest: str,
     model_name: str | None,
     verified_only: bool,
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     sign_key: str | None,
     store_url: str | None,
     endpoint_url: str | None,
@@ -84,12 +84,11 @@ def push(
     as_json: bool,
 ) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
-    parsed = load_manifest(manifest)
-    key = signing_key(sign_key, parsed)
-    location = single_location(parsed, cache_dir, model_name)
-    store = resolve_store(store_url, endpoint_url, parsed)
-    with open_registry(db_url, parsed) as registry, byte_progress("pushing") as progress:
-        result = push_manifest(parsed, registry, location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    key = signing_key(sign_key, shipment.manifest)
+    store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    with shipment.opened("pushing") as (registry, progress):
+        result = push_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -103,7 +102,7 @@ def push(
 @click.command("pull")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@click.option("--cache-dir", metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
 @click.option(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
@@ -115,7 +114,7 @@ def push(
 def pull(
     manifest: str,
     model_name: str | None,
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     max_size: str | None,
     trust: tuple[str, ...],
     store_url: str | None,
@@ -124,13 +123,12 @@ def pull(
     as_json: bool,
 ) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
-    parsed = load_manifest(manifest)
-    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys)
-    location = single_location(parsed, cache_dir, model_name)
-    store = resolve_store(store_url, endpoint_url, parsed)
-    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    with open_registry(db_url, parsed) as registry, byte_progress("pulling") as progress:
-        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
+    trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
+    store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
+    with shipment.opened("pulling") as (registry, progress):
+        result = pull_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:

@@ -6,9 +6,11 @@ from typing import Any, Protocol
 
 import click
 
-from warmcache.cli._common import db_option, is_terminal, json_option, print_json, registry_url
+from warmcache.cli._common import cache_folder, db_option, is_terminal, json_option, print_json, registry_location
+from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
+from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.publish import ShapePublisher
 
@@ -41,20 +43,21 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @click.option("--shard", metavar="I/N", default=None, help="Only the I-th of N deterministic slices of the manifest (1-based), for a fleet of machines.")
 @click.option("--retry-failed", is_flag=True, help="Compile specs that failed in an earlier run again.")
 @click.option("--dry-run", is_flag=True, help="Print what would be compiled and skipped; compile nothing.")
-@click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
+@click.option("--cache-dir", callback=cache_folder, default=None, metavar="DIR", help=CACHE_HELP)
 @click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
 @click.option("--push/--no-push", "push", default=None, help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).")
 @sign_option
 @store_options
 @db_option
 @json_option
+@verbose_option
 def warmup(
     manifest: str,
     jobs: int,
     shard: str | None,
     retry_failed: bool,
     dry_run: bool,
-    cache_dir: str | None,
+    cache_dir: CacheFolder | None,
     lease_seconds: float | None,
     push: bool | None,
     sign_key: str | None,
@@ -62,8 +65,10 @@ def warmup(
     endpoint_url: str | None,
     db_url: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
+    quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress
     from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.runner import run_warmup
@@ -71,8 +76,8 @@ def warmup(
 
     parsed = load_manifest(manifest)
     options = WarmupOptions(
-        registry_url=registry_url(db_url, parsed),
-        cache_dir=cache_dir,
+        registry_url=registry_location(db_url, parsed).url,
+        cache_dir=str(cache_dir) if cache_dir else None,
         lease_seconds=lease_seconds,
         jobs=jobs,
         shard=Shard.parse(shard) if shard else None,
@@ -93,15 +98,19 @@ def warmup(
 
 @click.command("verify")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--cache-dir", default=None, metavar="DIR", help=CACHE_HELP)
+@click.option("--cache-dir", callback=cache_folder, default=None, metavar="DIR", help=CACHE_HELP)
 @db_option
 @json_option
-def verify(manifest: str, cache_dir: str | None, db_url: str | None, as_json: bool) -> None:
+@verbose_option
+def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, as_json: bool, verbose: bool) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
+    quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress
     from warmcache.warmup.verify import run_verify
 
     parsed = load_manifest(manifest)
     terminal = is_terminal()
-    summary = run_verify(parsed, registry_url(db_url, parsed), cache_dir, lambda total: spec_progress(total, terminal=terminal, label="verify"))
+    summary = run_verify(
+        parsed, registry_location(db_url, parsed).url, str(cache_dir) if cache_dir else None, lambda total: spec_progress(total, terminal=terminal, label="verify")
+    )
     _finish(summary, as_json)

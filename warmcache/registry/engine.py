@@ -8,7 +8,6 @@ PostgreSQL (the fleet registry) is reached through psycopg 3.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.dburl import ACCEPTED_FORMS
 from warmcache.errors import RegistryError, UsageError, shown
+from warmcache.settings import RegistryLocation
 
 BUSY_TIMEOUT_MS = 30_000
-
-
-def default_registry_url() -> str:
-    """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}"
 
 
 def display_url(url: str) -> str:
@@ -35,7 +29,7 @@ def display_url(url: str) -> str:
         return url
 
 
-def create_registry_engine(url: str, *, hold_connections: bool = True) -> Engine:
+def create_registry_engine(location: RegistryLocation | str, *, hold_connections: bool = True) -> Engine:
     """An engine for ``url``; ``hold_connections=False`` pools at most one PostgreSQL connection.
 
     A warmup worker touches the database for milliseconds between compiles that take
@@ -45,7 +39,7 @@ def create_registry_engine(url: str, *, hold_connections: bool = True) -> Engine
     ``max_connections`` of 100). A connection lost in between is reported as
     unavailable and retried, so no ping precedes each use.
     """
-    url = normalise_url(url)
+    url = RegistryLocation.of(location).url
     try:
         parsed = make_url(url)
     except ArgumentError:

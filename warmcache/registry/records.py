@@ -60,6 +60,7 @@ class ShapeRecord:
     model_path: str
     model_revision: str | None
     config_hash: str
+    attn_implementation: str | None
     toolchain_hash: str
     toolchain: dict[str, Any]
     workload: str
@@ -137,6 +138,10 @@ def _columns() -> dict[str, tuple[type, bool]]:
         columns[field.name] = (typing.get_origin(kind) or kind, type(None) in members)
     return columns
 
+
+#: Columns added after bundles and guard snapshots were first written, with the value a document
+#: written before them means (NULL attention implementation: transformers' default, migration 0004).
+ADDED_COLUMNS: dict[str, Any] = {"attn_implementation": None}
 
 #: The registry row's columns, in order, derived from :class:`ShapeRecord`: what ``from_row`` copies,
 #: what bundles carry and check (``cache/bundle_rows.py``). The ORM model must match it (a test checks).

@@ -13,7 +13,6 @@ import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, Select, and_, case, delete, func, or_, select, update
@@ -25,9 +24,10 @@ from sqlalchemy.orm import Session, selectinload
 from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
-from warmcache.registry.engine import create_registry_engine, display_url, normalise_url
+from warmcache.registry.engine import create_registry_engine, display_url
 from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
 from warmcache.registry.records import ArtifactRef, MissEvent, ShapeRecord
+from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES, Status
 
 
@@ -55,18 +55,19 @@ class Registry:
         self.clock: Callable[[], dt.datetime] = utcnow
 
     @classmethod
-    def open(cls, url: str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
-        """Open a registry; an empty database is initialised, an out-of-date one refused.
+    def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
+        """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
         empty database is refused instead of created, and no schema is ever migrated.
         ``hold_connections=False`` (warmup workers) holds a PostgreSQL connection
         only while a transaction runs.
         """
-        url = normalise_url(url)
+        location = RegistryLocation.of(location)
+        url = location.url
         if not create:
-            _refuse_missing_sqlite_file(url)
-        engine = create_registry_engine(url, hold_connections=hold_connections)
+            _refuse_missing_sqlite_file(location)
+        engine = create_registry_engine(location, hold_connections=hold_connections)
         try:
             if check_schema and not create and schema.is_empty(engine):
                 raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
@@ -421,11 +422,10 @@ class Registry:
         ]
 
 
-def _refuse_missing_sqlite_file(url: str) -> None:
+def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
     """A read path must not create a SQLite file (connecting would)."""
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and url != prefix + ":memory:" and not Path(url[len(prefix) :]).is_file():
-        raise RegistryError(f"registry {display_url(url)} does not exist; check the URL (a read never creates a registry)")
+    if location.sqlite_file is not None and not location.sqlite_file.is_file():
+        raise RegistryError(f"registry {location.display} does not exist; check the URL (a read never creates a registry)")
 
 
 def _unavailable(exc: DBAPIError) -> bool:
@@ -474,6 +474,7 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "model_path": model.path,
         "model_revision": model.revision,
         "config_hash": p.config_hash,
+        "attn_implementation": model.attn_implementation,
         "toolchain_hash": p.toolchain.hash,
         "toolchain": p.toolchain.as_dict(),
         "workload": family.workload,

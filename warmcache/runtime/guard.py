@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.explain import UNSET, describe, stale_differences
 from warmcache.fingerprint import config_hash
-from warmcache.query import bucket_tables, usable_records
+from warmcache.query import bucket_tables, stale_records, usable_records
 from warmcache.registry.records import MissEvent, ShapeRecord
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot
@@ -91,7 +92,10 @@ class ShapeGuard:
         self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
         self._load = load
         self._config_hash: str | None = None
+        self._attn_implementation: str | None = None
         self._records: list[ShapeRecord] = []
+        #: The rows of the last load, so narrowing to one model config needs no second read of the registry.
+        self._loaded: list[ShapeRecord] = []
         self._table = BucketTable()
         self.family = self._reload()
         self.telemetry = MissTelemetry(self.family, telemetry_url, interval=telemetry_interval)
@@ -102,16 +106,18 @@ class ShapeGuard:
     def from_registry(cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
-        from warmcache.registry.engine import display_url, normalise_url
         from warmcache.registry.registry import Registry
+        from warmcache.settings import RegistryLocation
+
+        location = RegistryLocation.of(registry_url)  # checked once, here at the library's edge
 
         def load() -> list[ShapeRecord]:
             # A read path: never creates or migrates a schema (a typo in the URL is an error, not a new registry).
-            with Registry.open(registry_url, create=False) as registry:
+            with Registry.open(location, create=False) as registry:
                 # Artifacts too: the precompiled ones are what prime() loads.
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
-        source = display_url(normalise_url(registry_url))
+        source = location.display
         return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)
 
     @classmethod
@@ -148,20 +154,26 @@ class ShapeGuard:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
         self._reload(expect=self.family)
 
-    def _reload(self, expect: ShapeFamily | None = None) -> ShapeFamily:
+    def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
         dtype, max_cache_len, backend = self._filters
+        if not reuse:
+            self._loaded = self._load()
+        loaded = [
+            r
+            for r in self._loaded
+            if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len) and (backend is None or r.backend == backend)
+        ]
         rows = [
             r
-            for r in usable_records(self._load())
-            if (dtype is None or r.dtype == dtype)
-            and (max_cache_len is None or r.max_cache_len == max_cache_len)
-            and (backend is None or r.backend == backend)
-            and (self._config_hash is None or r.config_hash == self._config_hash)
+            for r in usable_records(loaded)
+            if (self._config_hash is None or r.config_hash == self._config_hash) and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
         ]
         wanted = f"model {self.model_name!r} {self.workload}"
         tables = bucket_tables(_compiled_for_every_config(rows))
         if not tables:
-            raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain (see `warmcache shapes`)")
+            stale = stale_records(loaded)
+            why = f"; its compiled rows are stale here: {describe(stale_differences(stale))}" if stale and not rows else ""
+            raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} (see `warmcache explain`)")
         targets = {(r.device, r.backend, r.mode) for r in rows}
         if len(tables) > 1 or len(targets) > 1:
             options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
@@ -195,19 +207,28 @@ class ShapeGuard:
     def settings(self) -> dict[str, Any]:
         return self.family.settings_dict()
 
-    def check_model_config(self, config: dict[str, Any]) -> None:
-        """Refuse a model whose config differs from the one the buckets were compiled for.
+    def check_model_config(self, config: dict[str, Any], attn_implementation: str | None = None) -> None:
+        """Refuse a model whose config or attention implementation differs from what the buckets were compiled for.
 
         Weights are graph inputs, so any checkpoint of the same config shares the
-        graphs; a different config (layers, heads, vocabulary) would compile anew.
-        When rows of several configs exist, the table narrows to this config's rows.
+        graphs; a different config (layers, heads, vocabulary) or attention
+        implementation (eager, sdpa, flash) would compile anew. Rows recorded
+        without a declared implementation (transformers' default) accept any.
+        When rows of several configs exist, the table narrows to this model's rows.
         """
         digest = config_hash(config)
         known = sorted({r.config_hash for r in self._records})
         if digest not in known:
-            raise UsageError(f"{self.source}: model config hash {digest} of {self.model_name!r} matches no compiled rows (compiled for {', '.join(known)})")
+            raise UsageError(f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows (compiled for config_hash {', '.join(known)})")
+        declared = sorted({r.attn_implementation for r in self._records if r.config_hash == digest and r.attn_implementation is not None})
+        if declared and attn_implementation not in declared:
+            raise UsageError(
+                f"{self.source}: model {self.model_name!r}: attn_implementation {attn_implementation or UNSET!r} matches no compiled rows "
+                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it with attn_implementation={declared[0]!r}"
+            )
         self._config_hash = digest
-        self._reload()
+        self._attn_implementation = attn_implementation if declared else None
+        self._reload(reuse=True)
 
     # ------------------------------------------------------------ the hot path
 
@@ -317,9 +338,9 @@ def _compiled_for_every_config(rows: list[ShapeRecord]) -> list[ShapeRecord]:
     """While no model config is chosen (:meth:`ShapeGuard.check_model_config`), keep only
     the buckets compiled for every config among ``rows``: padding onto a bucket that only
     another checkpoint config compiled would compile in production."""
-    by_config: dict[str, set[tuple[int, int]]] = {}
+    by_config: dict[tuple[str, str | None], set[tuple[int, int]]] = {}
     for r in rows:
-        by_config.setdefault(r.config_hash, set()).add((r.batch_size, r.seq_len))
+        by_config.setdefault((r.config_hash, r.attn_implementation), set()).add((r.batch_size, r.seq_len))
     if len(by_config) < 2:
         return rows
     common = set.intersection(*by_config.values())

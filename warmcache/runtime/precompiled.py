@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import INDUCTOR_PRECOMPILED
+from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import read_checked
 from warmcache.errors import CacheError, first_line
+from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
 from warmcache.targets.inductor import CACHE_ENV
 
 if TYPE_CHECKING:
@@ -79,7 +80,18 @@ def expected_fingerprint(record: ShapeRecord) -> dict[str, Any]:
 
 
 def precompiled_entries(record: ShapeRecord) -> list[str]:
-    return [a.path for a in record.artifacts if a.kind == INDUCTOR_PRECOMPILED]
+    """The row's decode artifacts of either route: ``aot_compile`` artifacts and AOTInductor packages."""
+    return [a.path for a in record.artifacts if a.kind in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)]
+
+
+def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
+    """Check and load one artifact of either route (told apart by its folder, as ``cache scan`` tells them)."""
+    from warmcache.cache.layout import entry_of
+
+    found = entry_of("inductor", entry)
+    if found is not None and found[0] == AOTINDUCTOR:
+        return load_package(root, entry, expected_fingerprint(record), model)
+    return load_decode(root, entry, record)
 
 
 def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:
@@ -130,6 +142,8 @@ class LoadReport:
 
     loaded: dict[str, Signature] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: Batch sizes an AOTInductor package serves: loaded and bound, nothing left to warm by running it.
+    package_batches: set[int] = field(default_factory=set)
 
 
 def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
@@ -145,11 +159,13 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
         root = root_override or (Path(record.cache_root) if record.cache_root else None)
         for entry in precompiled_entries(record):
             if entry in report.loaded:
+                if isinstance(decoder.by_signature[report.loaded[entry]], PackagedDecodeStep):
+                    report.package_batches.add(record.batch_size)
                 continue
             try:
                 if root is None:
                     raise CacheError(f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir=")
-                signature, function = load_decode(root, entry, record)
+                signature, function = load_any(root, entry, record, model)
             except CacheError as exc:
                 if strict:
                     raise
@@ -158,6 +174,8 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
                 continue
             decoder.by_signature[signature] = function
             report.loaded[entry] = signature
+            if isinstance(function, PackagedDecodeStep):
+                report.package_batches.add(record.batch_size)
 
     def get_compiled_call(config: Any) -> Any:
         return decoder if config is compile_config else original(config)

@@ -127,24 +127,27 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     ``fail_on_recompile_limit_hit`` so a bucket that would still run eager is an
     error, not a slow surprise. Synthetic prompts are forced to two new tokens:
     the first comes from the eager prefill, the second from the compiled decode
-    step being loaded.
+    step being loaded. A bucket an AOTInductor package serves is not run: loading
+    and binding the package is all its start-up needs (no trace, no cache to warm).
     """
     import torch
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
     if check_config:
-        guard.check_model_config(model.config.to_diff_dict())
+        guard.check_model_config(model.config.to_diff_dict(), getattr(model.config, "_attn_implementation", None))
     buckets = guard.buckets
     reserve_recompile_room(len(buckets))
     token = model.config.bos_token_id if model.config.bos_token_id is not None else 1
     max_cache_len = guard.family.max_cache_len or 0
     report = PrimeReport(buckets)
     start = time.perf_counter()
-    if precompiled:
-        _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None)
+    # Buckets an AOTInductor package serves are ready once bound: running them would warm nothing.
+    packaged = _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
+            if batch in packaged:
+                continue
             t0 = time.perf_counter()
             ids = torch.full((batch, length), int(token), dtype=torch.long)
             new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
@@ -163,14 +166,16 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     return report
 
 
-def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> None:
+def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> set[int]:
+    """Load the rows' artifacts into ``report``; returns the batch sizes AOTInductor packages serve."""
     from warmcache.runtime.precompiled import install, precompiled_entries
 
     if not any(precompiled_entries(r) for r in guard.records):
-        return
+        return set()
     device, backend, mode = guard.target
     start = time.perf_counter()
     _, loaded = install(model, compile_config(backend, mode, device), guard.records, root_override=cache_dir, strict=guard.policy != "warn")
     report.artifact_load_seconds = time.perf_counter() - start
     report.artifacts_loaded = len(loaded.loaded)
     report.artifact_errors = loaded.errors
+    return loaded.package_batches

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import UsageError
-from warmcache.registry.records import ArtifactRef, ShapeRecord
+from warmcache.registry.records import ADDED_COLUMNS, ArtifactRef, ShapeRecord
 
 SNAPSHOT_FORMAT = "warmcache-guard-snapshot"
 SNAPSHOT_VERSION = 1
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ShapeRecord)}
 _DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" in str(f.type))
-_REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING)
+_REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and name not in ADDED_COLUMNS)
 
 
 def snapshot_document(records: Sequence[ShapeRecord], source: str) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def _record(source: str, index: int, item: Any) -> ShapeRecord:
     missing = sorted(_REQUIRED - item.keys())
     if missing:
         raise UsageError(f"{where}: missing key(s) {', '.join(missing)}")
-    values = {k: v for k, v in item.items() if k in _FIELDS}
+    values = {**ADDED_COLUMNS, **{k: v for k, v in item.items() if k in _FIELDS}}
     try:
         for name in _DATETIME_FIELDS:
             if values.get(name) is not None:

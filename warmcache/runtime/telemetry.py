@@ -193,13 +193,8 @@ def open_sink(url: str) -> MissSink:
 
         return ServiceMisses(url, timeout=CONNECT_TIMEOUT_S)
     from warmcache.registry.registry import Registry  # the database layer loads on the first flush
+    from warmcache.settings import RegistryLocation
 
     # Never creates or migrates a schema: a typo in the URL must not grow a new registry.
-    return Registry.open(with_connect_timeout(url, CONNECT_TIMEOUT_S), create=False)
-
-
-def with_connect_timeout(url: str, seconds: int) -> str:
-    """Bound how long a PostgreSQL connect may hang (libpq waits forever by default)."""
-    if not url.startswith(("postgresql", "postgres:")) or "connect_timeout=" in url:
-        return url
-    return f"{url}{'&' if '?' in url else '?'}connect_timeout={seconds}"
+    # A PostgreSQL connect is bounded: libpq waits forever by default.
+    return Registry.open(RegistryLocation.of(url).bounded(CONNECT_TIMEOUT_S), create=False)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import tomllib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -18,9 +18,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from warmcache import manifest as manifests
 from warmcache.errors import UsageError
+from warmcache.explain import explain_plan
 from warmcache.fingerprint import package_version
-from warmcache.manifest import load_manifest, parse_manifest
+from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.query import effective_status, plan_json, shape_json
 from warmcache.registry import Registry
@@ -40,6 +42,8 @@ T = TypeVar("T")
 
 #: Largest request body accepted (a manifest or a batch of misses).
 MAX_BODY_BYTES = 1 << 20
+#: Seconds ``POST /v1/plan`` may spend parsing and planning a manifest (in a worker thread) before it answers 503.
+PLAN_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +118,16 @@ def create_app(config: ServiceConfig) -> CheckRoute:
 
     async def plan(request: Request) -> Response:
         body = await write_body(request)
+        model = request.query_params.get("model")
         try:
-            raw = tomllib.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ApiError(400, f"body is not a TOML manifest: {exc}", "body") from None
-        try:
-            planned = plan_manifest(parse_manifest(raw, Path("request-body.toml")), request.query_params.get("model"))
+            # The manifest front door with all its bounds, off the event loop (it reads model configs too), in bounded time.
+            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_manifest(manifests.loads(body, "request-body.toml"), model)), PLAN_TIMEOUT_S)
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
-        statuses = await in_registry(lambda registry: registry.plan_status(planned))
-        return json_response([plan_json(s) for s in statuses])
+        except TimeoutError:
+            raise ApiError(503, f"planning the manifest took more than {PLAN_TIMEOUT_S:g}s; refused", "body") from None
+        explained = await in_registry(lambda registry: explain_plan(registry, planned))
+        return json_response([plan_json(e.status, e.reason) for e in explained])
 
     async def status(request: Request) -> Response:
         if config.manifest is None:

@@ -8,7 +8,7 @@ memoised on that state and vanish with it.
 
 A registry outage is recorded, not raised: :meth:`RegistryView.current` then refuses with
 a 503 (every data endpoint does), ``/readyz`` reports it, and the next refresh retries.
-PostgreSQL connects and statements are bounded (:func:`bounded_url`), so a hung
+PostgreSQL connects and statements are bounded (:meth:`RegistryLocation.bounded`), so a hung
 database costs one refresh interval, never a hung worker.
 """
 
@@ -22,17 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from warmcache.errors import WarmcacheError, first_line
 from warmcache.query import RequestChecker
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.engine import display_url, normalise_url
 from warmcache.registry.models import utcnow
-from warmcache.runtime.telemetry import with_connect_timeout
 from warmcache.service.http import ApiError, dumps
+from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES
 
 log = logging.getLogger("warmcache.service")
@@ -45,23 +43,6 @@ STATEMENT_TIMEOUT_MS = 5000
 MEMO_LIMIT = 65536
 
 T = TypeVar("T")
-
-
-def bounded_url(url: str) -> str:
-    """``url`` with a PostgreSQL connect timeout and statement timeout (libpq waits forever by default).
-
-    The statement timeout joins libpq's ``options`` (which may already set a ``search_path``).
-    """
-    url = normalise_url(url)
-    if not url.startswith("postgresql"):
-        return url
-    parts = urlsplit(with_connect_timeout(url.replace("postgresql+psycopg://", "postgresql://", 1), CONNECT_TIMEOUT_S))
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    options = " ".join(v for k, v in query if k == "options")
-    if "statement_timeout" not in options:
-        options = f"{options} -c statement_timeout={STATEMENT_TIMEOUT_MS}".strip()
-    query = [(k, v) for k, v in query if k != "options"] + [("options", options)]
-    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 @dataclass(slots=True)
@@ -100,8 +81,9 @@ class RegistryView:
     """The registry at ``url`` as a refreshed :class:`RegistryState`, plus a connection for the few direct queries."""
 
     def __init__(self, url: str, *, interval: float = 5.0) -> None:
-        self.url = bounded_url(url)
-        self.display_url = display_url(normalise_url(url))
+        location = RegistryLocation.of(url)
+        self.url = location.bounded(CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS)  # libpq waits forever by default
+        self.display_url = location.display
         self.interval = interval
         self.state: RegistryState | None = None
         self.error: str | None = None

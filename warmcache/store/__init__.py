@@ -8,21 +8,20 @@ what a manifest needs, :mod:`.maintenance` lists and garbage-collects.
 
 from __future__ import annotations
 
-import os
-
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
+from warmcache.settings import STORE, choose
 from warmcache.store.backends import ObjectStore, open_store
 
-STORE_ENV = "WARMCACHE_STORE"
+STORE_ENV = STORE.env
 
 
 def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
-    url = cli_url or os.environ.get(STORE_ENV) or (manifest.store.url if manifest else None)
-    if not url:
+    chosen = choose(STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None)
+    if chosen is None or not chosen.text:
         raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path), set ${STORE_ENV}, or add [store] url to the manifest")
-    return url
+    return chosen.text
 
 
 def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> ObjectStore:

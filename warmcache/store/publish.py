@@ -16,6 +16,7 @@ from warmcache.cache.locate import single_location
 from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
+from warmcache.settings import CacheFolder
 from warmcache.store.backends import ObjectStore
 from warmcache.store.push import push_manifest
 from warmcache.trust import SigningKey
@@ -28,7 +29,7 @@ class ShapePublisher:
     manifest: Manifest
     registry_url: str
     store: ObjectStore
-    cache_dir: str | None = None
+    cache_dir: CacheFolder | None = None
     signing_key: SigningKey | None = None
     pushed: int = 0
     bytes_uploaded: int = 0

@@ -22,9 +22,9 @@ from typing import Any
 from warmcache.cache.bundle import (
     BundleFile,
     Progress,
-    compiled_records,
     entries_needed,
     entry_files,
+    records_to_ship,
     sha256_of,
     shared_kernels,
 )
@@ -32,7 +32,6 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
@@ -89,14 +88,7 @@ def push_manifest(
     sha256 included), so a puller that trusts the key can tell a tampered index.
     Ed25519 signatures are deterministic: a signed re-push still writes nothing.
     """
-    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
-    records, not_compiled = compiled_records(registry, manifest, model_name, statuses)
-    if identities is not None:
-        wanted = set(identities)
-        records = [r for r in records if r.identity in wanted]
-    if not records:
-        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+    records, not_compiled = records_to_ship(registry, manifest, model_name, verified_only, identities)
     try:
         shapes = _files_per_shape(records, location)
     except OSError as exc:

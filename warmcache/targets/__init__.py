@@ -1,22 +1,19 @@
 """Compile targets: which device/backend a model compiles for and where its cache lives.
 
 :func:`target_for` picks the target of a manifest model; :func:`resolve_cache_dir`
-applies the one precedence rule for the cache folder: ``--cache-dir``, then
-``$WARMCACHE_CACHE_DIR``, then the manifest's ``[cache] dir``, then the target's
-own environment variable or default.
+applies the one precedence rule for the cache folder: the folder resolved at the edge
+(``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``: :func:`warmcache.settings.resolve_cache_folder`),
+then the manifest's ``[cache] dir``, then the target's own environment variable or default.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.targets.base import Target
 from warmcache.targets.inductor import InductorTarget
 from warmcache.targets.neuron import NeuronTarget
-
-CACHE_DIR_ENV = "WARMCACHE_CACHE_DIR"
 
 
 def target_for(model: ModelSpec) -> Target:
@@ -27,10 +24,10 @@ def target_for(model: ModelSpec) -> Target:
 
 def resolve_cache_dir(target: Target, cli_dir: str | Path | None, manifest: Manifest | None) -> tuple[Path, bool]:
     """The cache root for ``target`` and whether warmcache chose it (so the compiler must be pointed at it)."""
-    chosen = cli_dir or os.environ.get(CACHE_DIR_ENV) or (manifest.cache_dir if manifest else None)
+    chosen = cli_dir or (manifest.cache_dir if manifest else None)  # $WARMCACHE_CACHE_DIR is folded into cli_dir at the edge
     if chosen:
         return Path(chosen).expanduser().resolve(), True
     return target.default_cache_dir(), False
 
 
-__all__ = ["CACHE_DIR_ENV", "InductorTarget", "NeuronTarget", "Target", "resolve_cache_dir", "target_for"]
+__all__ = ["InductorTarget", "NeuronTarget", "Target", "resolve_cache_dir", "target_for"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.precompiled import Fingerprint, Header, write_artifact
+from warmcache.cache.precompiled import AOTINDUCTOR_DIR, Fingerprint, Header, write_artifact
 from warmcache.errors import UsageError
 from warmcache.manifest import PRECOMPILE_BACKENDS
 from warmcache.runtime.precompiled import decode_signature
@@ -34,13 +34,17 @@ def _drop_every_guard(guards: Any) -> list[bool]:
 
 
 @contextlib.contextmanager
-def capture_decode_call(model: PreTrainedModel) -> Iterator[dict[str, Any]]:
-    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward."""
+def capture_decode_call(model: PreTrainedModel, *, eager: bool = False) -> Iterator[dict[str, Any]]:
+    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward.
+
+    ``eager``: serve that call with the model's own forward instead of compiling it
+    (an AOTInductor model's reference path: its production never runs ``torch.compile``).
+    """
     captured: dict[str, Any] = {}
     original = model.get_compiled_call
 
     def spying_get_compiled_call(compile_config: Any) -> Any:
-        compiled = original(compile_config)
+        compiled = model.__call__ if eager else original(compile_config)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             ids = kwargs.get("input_ids")
@@ -80,3 +84,12 @@ def save_precompiled(root: Path, compiled: Any, decode_kwargs: dict[str, Any], f
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     payload = type(compiled).serialize(compiled).serialized_data
     return write_artifact(root, Header(fingerprint, modules), payload)
+
+
+def save_package(root: Path, model: PreTrainedModel, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]) -> str:
+    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
+    from warmcache.warmup.aotinductor import package_decode
+
+    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"])
+    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
+    return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)

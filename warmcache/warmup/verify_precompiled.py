@@ -8,13 +8,16 @@ through it: it must trace no Dynamo frame and produce the traced path's tokens.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.compile_counter import CompileCounter
 from warmcache.errors import first_line
 from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.runtime.aotinductor import package_entries
 from warmcache.runtime.precompiled import install, precompiled_entries
+from warmcache.warmup.precompile import capture_decode_call
 from warmcache.warmup.workloads import DECODE_TOKENS, pad_token_id, token_ids
 
 if TYPE_CHECKING:
@@ -45,7 +48,10 @@ def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), **kwargs)
         return [list(map(int, row)) for row in out]
 
-    traced = generate()
+    # An AOTInductor row's production never traces: its reference is the eager decode (see the worker).
+    reference: contextlib.AbstractContextManager[dict[str, Any]] = capture_decode_call(model, eager=True) if package_entries(record) else contextlib.nullcontext({})
+    with reference:
+        traced = generate()
     try:
         decoder, _ = install(model, config, [record], root_override=root, strict=True)
         with CompileCounter() as counter:

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.layout import INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
+from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
 from warmcache.targets import Target, resolve_cache_dir, target_for
-from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_precompiled
+from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
 
@@ -101,10 +101,14 @@ class Worker:
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
         precompile = self.precompile and model_spec.precompile and spec.workload == "generate"
+        # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify alike.
+        eager_decode = model_spec.aotinductor and spec.workload == "generate"
         # The Trainer prints its metrics to stdout; keep stdout for --json output.
         with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
             if spec.workload == "generate":
-                capturing: contextlib.AbstractContextManager[dict[str, Any]] = capture_decode_call(model) if precompile else contextlib.nullcontext({})
+                capturing: contextlib.AbstractContextManager[dict[str, Any]] = (
+                    capture_decode_call(model, eager=eager_decode) if precompile or eager_decode else contextlib.nullcontext({})
+                )
                 with capturing as decode_kwargs:
                     result = run_generate(model, spec, target.compile_config(), target.input_device())
             else:
@@ -116,7 +120,7 @@ class Worker:
         new = {e: k for e, k in after.items() if e not in before}
         reused = {e: k for e, k in lookups.entries.items() if e in after and e not in new}
         if precompile:
-            (new if entry not in before else reused)[entry] = INDUCTOR_PRECOMPILED
+            (new if entry not in before else reused)[entry] = AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
         return SpecRun(
             seconds=seconds,
             graphs=counter.graphs,
@@ -139,7 +143,6 @@ class Worker:
         if not decode_kwargs:
             raise UsageError(f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)")
         assert spec.family.max_cache_len is not None
-        compiled = precompile_decode(model, decode_kwargs, model_spec.backend)
         fields = {
             "config_hash": planned.config_hash,
             "toolchain_hash": planned.toolchain.hash,
@@ -149,7 +152,11 @@ class Worker:
             "backend": model_spec.backend,
             "mode": model_spec.mode,
         }
-        entry = self._precompiled[key] = save_precompiled(root, compiled, decode_kwargs, fields)
+        if model_spec.aotinductor:
+            entry = save_package(root, model, decode_kwargs, fields)
+        else:
+            entry = save_precompiled(root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields)
+        self._precompiled[key] = entry
         return entry
 
     def model_for(self, planned: PlannedShape) -> tuple[PreTrainedModel, Target]:
@@ -168,14 +175,16 @@ class Worker:
 
 
 def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrainedModel:
-    """``from_pretrained`` onto the target's device in the manifest's dtype."""
+    """``from_pretrained`` onto the target's device in the manifest's dtype and declared attention implementation."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    attention = {"attn_implementation": model_spec.attn_implementation} if model_spec.attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(
         model_spec.path,
         revision=model_spec.revision,
         dtype=getattr(torch, model_spec.dtype),
+        **attention,
         **sharded_load_kwargs(model_spec, target.load_kwargs()),
     )
     return model.train() if train else model.eval()

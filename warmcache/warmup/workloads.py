@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import DecodeRecompileError
@@ -163,7 +163,8 @@ def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[
 
 def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str) -> WorkloadResult:
     """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+    from transformers.utils import logging as transformers_logging
 
     settings = spec.family.settings_dict()
     # accelerate compiles with dynamic=None (automatic dynamic shapes) unless told:
@@ -178,6 +179,7 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
     rows = training_rows(model, spec.batch_size, spec.seq_len)
     with tempfile.TemporaryDirectory(prefix="warmcache-train-") as out:
         extra: dict[str, Any] = {"use_cpu": True} if device == "cpu" else {}
+        extra[_checkpointing_argument(TrainingArguments)] = bool(settings.get("gradient_checkpointing", False))
         if backend == "inductor" and mode != "default":
             extra["torch_compile_mode"] = mode
         args = TrainingArguments(
@@ -189,7 +191,6 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             max_steps=TRAIN_STEPS,
             per_device_train_batch_size=spec.batch_size,
             bf16=bool(settings.get("bf16", False)),
-            gradient_checkpointing=bool(settings.get("gradient_checkpointing", False)),
             report_to=[],
             save_strategy="no",
             logging_strategy="no",
@@ -197,8 +198,17 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             **extra,
         )
         steps = _StepGraphs()
-        Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback()]).train()
+        trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback()])
+        if transformers_logging.get_verbosity() > transformers_logging.WARNING:  # quiet (warmup without --verbose): no metrics dict
+            trainer.remove_callback(PrinterCallback)
+        trainer.train()
     return WorkloadResult(padded_graphs=steps.padded_graphs)
+
+
+def _checkpointing_argument(arguments: type) -> str:
+    """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else ``gradient_checkpointing``."""
+    names = {field.name for field in fields(arguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 class _StepGraphs:

@@ -1,0 +1,130 @@
+"""Load a bucket's AOTInductor decode package with the C++ loader and bind the loaded model's weights to it.
+
+Nothing here imports Inductor's compiler: the package is compiled code, loaded by
+``torch._C._aoti.AOTIModelPackageLoader`` (milliseconds) instead of the Python
+wrapper ``torch._inductor.aoti_load_package`` (which imports the compiler, 3-11 s).
+
+The package holds no weights (``warmup.aotinductor``). Before its first call every
+constant it lists is bound to the model's own tensor, without a copy: a
+weights-less package that runs before binding kills the process (SIGSEGV,
+measured), and the loader accepts a constant of the wrong shape or dtype silently,
+so each is checked against the header first. The runner checks none of its inputs
+either (a wrong batch runs, a non-contiguous cache gives wrong logits), so
+:class:`PackagedDecodeStep` checks every input's shape, dtype, device and
+contiguity on every call.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.layout import AOTINDUCTOR
+from warmcache.cache.precompiled import read_checked
+from warmcache.decode_inputs import flatten, scalars
+from warmcache.errors import CacheError, UsageError, first_line
+
+if TYPE_CHECKING:
+    from warmcache.registry import ShapeRecord
+
+#: x86 vector ISAs from narrowest to widest (``torch.backends.cpu.get_cpu_capability()`` names).
+_X86_CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
+
+
+def cpu_can_run(built_for: str, here: str) -> bool:
+    """Whether code generated for the ``built_for`` ISA runs on a CPU whose best is ``here``."""
+    if built_for == here:
+        return True
+    return built_for in _X86_CAPABILITIES and here in _X86_CAPABILITIES and _X86_CAPABILITIES.index(here) >= _X86_CAPABILITIES.index(built_for)
+
+
+@dataclass
+class PackagedDecodeStep:
+    """One bucket's decode step: the loaded package, called with generate()'s decode arguments."""
+
+    loader: Any
+    inputs: list[tuple[str, tuple[int, ...], str]]
+    fixed: dict[str, Any]
+    device: str
+    where: str
+
+    def __call__(self, model: Any, /, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        names, tensors = flatten(kwargs)
+        self._check(names, tensors, scalars(kwargs))
+        (logits,) = self.loader.run(tensors)
+        return CausalLMOutputWithPast(logits=logits, cache=kwargs["cache"])
+
+    def _check(self, names: list[str], tensors: list[Any], fixed: dict[str, Any]) -> None:
+        if fixed != self.fixed or len(names) != len(self.inputs):
+            raise UsageError(f"{self.where}: decode call {names} {fixed} is not the one the package was built for")
+        for name, tensor, (expected_name, shape, dtype) in zip(names, tensors, self.inputs):
+            if name != expected_name or tuple(tensor.shape) != shape or str(tensor.dtype) != dtype or tensor.device.type != self.device or not tensor.is_contiguous():
+                got = f"{name} {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
+                raise UsageError(f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} {dtype} on {self.device}")
+
+
+def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
+    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound method).
+
+    Every check that can be made before the package's code is loaded is made first:
+    sha256 and header (``read_checked``), device, CPU capability, and each constant's
+    presence, shape and dtype in the model.
+    """
+    import torch
+
+    header, payload = read_checked(root, entry, expected)
+    path = root / entry
+    info = header.aotinductor
+    if info is None:
+        raise CacheError(f"{path}: not an AOTInductor package (no package header)")
+    device = _model_device(model)
+    if info["device"] != device:
+        raise CacheError(f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on {device!r}; refusing to load it")
+    here = torch.backends.cpu.get_cpu_capability().upper()
+    if device == "cpu" and not cpu_can_run(info["cpu_capability"], here):
+        raise CacheError(f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it")
+    constants = _constants_to_bind(path, model, info["constants"])
+    try:
+        with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
+            # The checked bytes, not the file again: what runs is what was hashed.
+            package = Path(work) / "decode.pt2"
+            package.write_bytes(payload)
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        listed = set(loader.get_constant_fqns())
+        if listed != set(constants):
+            raise CacheError(f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it")
+        loader.load_constants(constants, False, True, True)  # use_inactive=False, check_full_update=True, user_managed=True (no copy)
+    except CacheError:
+        raise
+    except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
+        raise CacheError(f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})") from None
+    inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
+    step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path))
+    return header.fingerprint.signature, step
+
+
+def _model_device(model: Any) -> str:
+    return str(next(model.parameters()).device.type)
+
+
+def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[str, Any]:
+    """``{fqn: tensor}`` of the model's own tensors for every constant the header lists, each checked."""
+    own = {f"model.{name}": tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
+    bound: dict[str, Any] = {}
+    for fqn, (shape, dtype) in listed.items():
+        tensor = own.get(fqn)
+        if tensor is None:
+            raise CacheError(f"{path}: AOTInductor package needs constant {fqn} the model does not have; refusing to load it")
+        if list(tensor.shape) != list(shape) or str(tensor.dtype) != dtype or not tensor.is_contiguous():
+            raise CacheError(f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it")
+        bound[fqn] = tensor
+    return bound
+
+
+def package_entries(record: ShapeRecord) -> list[str]:
+    """The row's AOTInductor packages (verify's reference for them is eager ``generate()``)."""
+    return [a.path for a in record.artifacts if a.kind == AOTINDUCTOR]

@@ -1,0 +1,180 @@
+"""Settings resolved once, at the edge: each a typed value that remembers where it came from.
+
+The commands (``cli/``) and the service take a setting from its flag, then its
+environment variable, then the manifest, then the default, in this one module;
+the code below them is handed the result and never reads the environment or
+edits a URL as text. The precedence of every setting is the one table
+:data:`SETTINGS`, and an error about a value names its source (``--db``,
+``$WARMCACHE_DB``, ``m.toml [registry] url``), so the user knows which to fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.errors import UsageError, shown
+
+DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of the precedence table: where a value may come from, first to last."""
+
+    name: str
+    flag: str
+    env: str
+    manifest_key: str  # the manifest's table and key, e.g. "[registry] url"
+    default: str  # what applies when none is given, in words
+
+    def sources(self, manifest_path: Path | str | None = None) -> tuple[str, str, str, str]:
+        """The four sources in precedence order, named as errors name them."""
+        return (self.flag, f"${self.env}", f"{manifest_path or 'manifest'} {self.manifest_key}", DEFAULT)
+
+
+REGISTRY = Setting("registry", "--db", "WARMCACHE_DB", "[registry] url", "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)")
+CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
+STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
+TRUSTED_KEYS = Setting("trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked")
+
+#: Every setting warmcache resolves from flag, environment, manifest and default, in that order.
+SETTINGS = (REGISTRY, CACHE_DIR, STORE, TRUSTED_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """A setting's raw text and the source it came from (``--db``, ``$WARMCACHE_DB``, ``m.toml [registry] url``)."""
+
+    text: str
+    source: str
+
+
+def choose(
+    setting: Setting, flag: str | None, manifest_value: str | None = None, manifest_path: Path | str | None = None, environ: Mapping[str, str] | None = None
+) -> Chosen | None:
+    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the default.
+
+    A flag or variable that is given but empty is chosen all the same (and refused by
+    the setting's parser, naming it), not a reason to fall back: ``--db
+    "$UNSET_VARIABLE"`` must not quietly mean the default registry.
+    """
+    environ = os.environ if environ is None else environ
+    flag_source, env_source, manifest_source, _ = setting.sources(manifest_path)
+    for text, source in ((flag, flag_source), (environ.get(setting.env), env_source), (manifest_value, manifest_source)):
+        if text is not None:
+            return Chosen(text, source)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryLocation:
+    """A registry database, normalised once into a SQLAlchemy URL (psycopg 3 for PostgreSQL, an absolute SQLite path).
+
+    Everything below the edge takes this value; :meth:`parse` is the one place a
+    registry URL is checked and rewritten, and the helpers here are the only
+    edits made to it afterwards (on the parsed URL, never on its text).
+    """
+
+    url: str
+    source: str = "registry URL"
+
+    @classmethod
+    def parse(cls, text: str, source: str = "registry URL", base: Path | None = None) -> RegistryLocation:
+        """Check ``text`` (a URL or a file path; a relative SQLite path anchors at ``base``) and normalise it."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        url = normalise_url(text, source, base)
+        try:
+            make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
+        except (ArgumentError, ValueError) as exc:
+            raise UsageError(f"{source} {shown(text)} is not a database URL ({exc}); give {ACCEPTED_FORMS}") from None
+        return cls(url, source)
+
+    @classmethod
+    def of(cls, location: RegistryLocation | str) -> RegistryLocation:
+        """A location as it is, or a library caller's URL text parsed."""
+        return location if isinstance(location, RegistryLocation) else cls.parse(location)
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.url.startswith("postgresql")
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        """The SQLite database file; ``None`` for PostgreSQL and in-memory databases."""
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(self.url)
+        database = parsed.database
+        return Path(database) if parsed.get_backend_name() == "sqlite" and database and database != ":memory:" else None
+
+    @property
+    def display(self) -> str:
+        """The URL with any password hidden, for messages."""
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def bounded(self, connect_timeout_s: int, statement_timeout_ms: int | None = None) -> RegistryLocation:
+        """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by default).
+
+        A value the URL already sets wins; the statement timeout joins libpq's
+        ``options`` (which may already set a ``search_path``). SQLite is returned as is.
+        """
+        if not self.is_postgresql:
+            return self
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(self.url)
+        query = {key: value for key, value in parsed.query.items()}
+        query.setdefault("connect_timeout", str(connect_timeout_s))
+        if statement_timeout_ms is not None:
+            options = query.get("options", "")
+            options = " ".join(options) if isinstance(options, tuple) else options
+            if "statement_timeout" not in options:
+                query["options"] = f"{options} -c statement_timeout={statement_timeout_ms}".strip()
+        return RegistryLocation(parsed.set(query=query).render_as_string(hide_password=False), self.source)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocation:
+    """``$XDG_CACHE_HOME/warmcache/registry.sqlite`` (``~/.cache/...`` when unset)."""
+    environ = os.environ if environ is None else environ
+    base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return RegistryLocation(f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}", DEFAULT)
+
+
+def resolve_registry(flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None) -> RegistryLocation:
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then the default."""
+    chosen = choose(REGISTRY, flag, environ=environ)
+    if chosen is not None:
+        return RegistryLocation.parse(chosen.text, chosen.source)
+    return manifest_location or default_registry(environ)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFolder:
+    """A cache folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (the manifest's and the target's own are resolved per model)."""
+
+    path: Path
+    source: str
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def resolve_cache_folder(flag: str | None, environ: Mapping[str, str] | None = None) -> CacheFolder | None:
+    """``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``; ``None`` leaves the choice to the manifest, then the target's default."""
+    chosen = choose(CACHE_DIR, flag, environ=environ)
+    if chosen is None:
+        return None
+    if not chosen.text.strip():
+        raise UsageError(f"{chosen.source} is empty; unset it or name a folder")
+    return CacheFolder(Path(chosen.text).expanduser().resolve(), chosen.source)

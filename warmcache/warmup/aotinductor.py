@@ -1,0 +1,112 @@
+"""Export a bucket's decode step and compile it into an AOTInductor package, weights left out.
+
+The step is the call generate() makes to its compiled forward (captured during
+warmup's real generate(), see :func:`warmcache.warmup.precompile.capture_decode_call`),
+with the static cache taken apart into plain tensor inputs
+(:mod:`warmcache.decode_inputs`). Inside the step a
+:class:`~warmcache.kv_cache.PositionTensorCache` is built around those tensors, so
+the model runs its own attention and mask code unchanged; the exported graph keeps
+the cache's in-place updates, and AOTInductor writes them back into the caller's
+tensors (measured, torch 2.13).
+
+``aot_inductor.package_constants_in_so=False``: the package holds code, not weights.
+Production binds the loaded model's own parameters to it (one copy of the weights
+for every bucket, and a package of ~2 MB instead of the model's size).
+
+This module imports the compiler: only warmup processes load it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.decode_inputs import flatten, input_signature, scalars
+from warmcache.kv_cache import PositionTensorCache
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+#: Inductor options of every package: weights stay with the model that loads it.
+INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+
+
+def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int) -> torch.nn.Module:
+    """A module whose forward takes the flat decode tensors and returns the logits."""
+    import torch
+
+    class DecodeStep(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            given = dict(zip(names, tensors))
+            mask: Any = {kind: given.get(f"attention_mask.{kind}") for kind in mask_kinds} if mask_kinds is not None else given.get("attention_mask")
+            cache = PositionTensorCache(self.model.config, max_cache_len)
+            for index, layer in enumerate(cache.layers):
+                keys = given.get(f"cache.layers[{index}].keys")
+                if keys is None:
+                    continue
+                _fill_layer(layer, keys, given[f"cache.layers[{index}].values"], given[f"cache.layers[{index}].cumulative_length"])
+            out = self.model(input_ids=given["input_ids"], position_ids=given.get("position_ids"), attention_mask=mask, cache=cache, **fixed)
+            return out.logits
+
+    return DecodeStep().eval()
+
+
+def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> None:
+    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export cannot trace it)."""
+    layer.keys, layer.values, layer.cumulative_length = keys, values, position
+    layer.device = keys.device
+    layer.batch_size, layer.num_heads = keys.shape[:2]
+    layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
+    layer.is_initialized = True
+
+
+def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int) -> tuple[bytes, dict[str, Any]]:
+    """Export and package the decode step of exactly these arguments.
+
+    Returns the package bytes and the header fields production checks before
+    loading it: the input signature, the mask layout, the fixed scalars, the
+    constants (``{fqn: [shape, dtype]}``) to bind, and the CPU capability the
+    code was generated for.
+    """
+    import torch
+
+    names, tensors = flatten(decode_kwargs)
+    mask = decode_kwargs.get("attention_mask")
+    mask_kinds = sorted(mask) if isinstance(mask, dict) else None
+    fixed = scalars(decode_kwargs)
+    step = _step_module(model, names, mask_kinds, fixed, max_cache_len)
+    # Warmup captured inference tensors (generate() runs under inference_mode); export wants plain ones.
+    example = tuple(t.clone() for t in tensors)
+    with torch.no_grad():
+        program = torch.export.export(step, example, strict=False)
+        with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
+            path = Path(work) / "decode.pt2"
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS)
+            payload = path.read_bytes()
+            # The package's own list: tied weights appear once, folded buffers not at all.
+            listed = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).get_constant_fqns()
+    state = dict(step.state_dict(keep_vars=True))
+    constants = {fqn: [list(state[fqn].shape), str(state[fqn].dtype)] for fqn in sorted(listed)}
+    header = {
+        "inputs": input_signature(names, tensors),
+        "mask_kinds": mask_kinds,
+        "scalars": fixed,
+        "constants": constants,
+        "device": str(tensors[0].device.type),
+        "cpu_capability": cpu_capability(),
+    }
+    return payload, header
+
+
+def cpu_capability() -> str:
+    """The vector ISA Inductor generates CPU code for: ``ATEN_CPU_CAPABILITY`` if set, else this CPU's best."""
+    import torch
+
+    return (os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability()).upper()
