@@ -31,6 +31,7 @@ from warmcache.service.http import ApiError, choice, dumps
 from warmcache.service.metrics import metrics_registry
 from warmcache.service.misses import parse_misses
 from warmcache.service.openapi import openapi_document
+from warmcache.service.plan_request import plan_request
 from warmcache.service.view import RegistryView, guard_document
 from warmcache.shapes import WORKLOADS
 from warmcache.status import warmup_status
@@ -119,9 +120,10 @@ def create_app(config: ServiceConfig) -> CheckRoute:
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ApiError(400, f"body is not a TOML manifest: {exc}", "body") from None
         try:
-            planned = plan_manifest(parse_manifest(raw, Path("request-body.toml")), request.query_params.get("model"))
+            manifest = parse_manifest(raw, Path("request-body.toml"))
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
+        planned = plan_request(manifest, request.query_params.get("model"))
         statuses = await in_registry(lambda registry: registry.plan_status(planned))
         return json_response([plan_json(s) for s in statuses])
 
