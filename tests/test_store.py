@@ -167,8 +167,7 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     push(built, ["--store", (tmp_path / "store").as_uri()])
     flaky = _FlakyStore(tmp_path / "store")
     manifest = load_manifest(built.manifest)
-    with Registry.open(f"sqlite:///{tmp_path / 'b.sqlite'}") as registry:
-        result = pull_manifest(manifest, registry, CacheLocation(tmp_path / "b", "neuron", "test"), flaky)
+    result = pull_manifest(manifest, f"sqlite:///{tmp_path / 'b.sqlite'}", CacheLocation(tmp_path / "b", "neuron", "test"), flaky)
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
     assert result.pulled == 2 and sorted(flaky.reads.values()) == [1, 2, 2, 2, 2]
 
@@ -193,8 +192,8 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
     push(built, ["--store", (tmp_path / "store").as_uri()])
     manifest, cache, db = load_manifest(built.manifest), tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     location = CacheLocation(cache, "neuron", "test")
-    with Registry.open(db) as registry, pytest.raises(StoreError, match="connection reset"):
-        pull_manifest(manifest, registry, location, _DyingStore(tmp_path / "store", allowed=3))
+    with pytest.raises(StoreError, match="connection reset"):
+        pull_manifest(manifest, db, location, _DyingStore(tmp_path / "store", allowed=3))
     assert rows(db) == []
     assert {p.relative_to(cache).parts[0] for p in cache.iterdir()} == {BLOB_FOLDER}  # no entry, only checked blobs
     kept = len(list((cache / BLOB_FOLDER).iterdir()))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -17,18 +19,22 @@ from warmcache.cli._common import (
     json_option,
     open_registry,
     print_json,
+    registry_url,
     trust_option,
 )
+from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.store import resolve_store
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
+    MIN_SAFE_GRACE_SECONDS,
     execute_gc,
     list_store,
     plan_gc,
 )
 from warmcache.store.pull import pull_manifest
 from warmcache.store.push import push_manifest
+from warmcache.store.scrub import check_store, repair_store
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 
@@ -129,8 +135,9 @@ def pull(
     location = single_location(parsed, cache_dir, model_name)
     store = resolve_store(store_url, endpoint_url, parsed)
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    with open_registry(db_url, parsed) as registry, byte_progress("pulling") as progress:
-        result = pull_manifest(parsed, registry, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+    url = registry_url(db_url, parsed)  # checked now; the database is created only once the pull passed its checks
+    with byte_progress("pulling") as progress:
+        result = pull_manifest(parsed, url, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:
@@ -190,7 +197,10 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:
     """Delete blobs no index references; a dry run unless --apply."""
     store = resolve_store(store_url, endpoint_url, _manifest(manifest_path))
-    plan = plan_gc(store, parse_age(grace, option="--grace"))
+    grace_seconds = parse_age(grace, option="--grace")
+    if apply and grace_seconds < MIN_SAFE_GRACE_SECONDS:
+        click.echo(f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name", err=True)
+    plan = plan_gc(store, grace_seconds)
     deleted = execute_gc(store, plan) if apply else None
     if as_json:
         print_json({**plan.as_json(), "applied": apply, "deleted": deleted})
@@ -201,3 +211,43 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
     if plan.kept_young:
         summary += f", {plan.kept_young} younger than {grace} kept"
     click.echo(summary + ("" if apply or not plan.removals else "; run again with --apply to delete"))
+
+
+@store_group.command("check")
+@store_options
+@_manifest_option
+@trust_option
+@click.option("--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds.")
+@click.option("--cache-dir", metavar="DIR", default=None, help="The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).")
+@json_option
+def check(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, trust: tuple[str, ...], repair: bool, cache_dir: str | None, as_json: bool) -> None:
+    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with --trust); exit 5 while anything is wrong."""
+    parsed = _manifest(manifest_path)
+    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else None)
+    store = resolve_store(store_url, endpoint_url, parsed)
+    with byte_progress("checking") as progress:
+        report, named = check_store(store, trusted, progress)
+    if repair and report.problems:
+        report = repair_store(store, report, named, repair_root(cache_dir, parsed))
+    if as_json:
+        print_json(report.as_json())
+    else:
+        for key in report.repaired:
+            click.echo(f"  repaired {key}")
+        for problem in report.problems:
+            click.echo(f"  {problem.problem}: {problem.key}: {problem.detail}")
+        state = (
+            "ok"
+            if not report.problems
+            else f"{len(report.problems)} problems" + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
+        )
+        click.echo(f"{report.url}: {report.indexes} indexes, {report.blobs} blobs checked; {state}")
+    raise SystemExit(report.exit_code)
+
+
+def repair_root(cache_dir: str | None, manifest: Manifest | None) -> Path:
+    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR``, then the manifest's ``[cache] dir``: where a repair finds the blobs' bytes."""
+    chosen = cache_dir or os.environ.get("WARMCACHE_CACHE_DIR") or (manifest.cache_dir if manifest else None)
+    if not chosen:
+        raise UsageError("store check --repair: name the cache that holds the entries (--cache-dir DIR)")
+    return Path(chosen)

@@ -17,6 +17,8 @@ the store and the cause.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from warmcache.errors import StoreError, UsageError, first_line
+from warmcache.errors import CacheError, StoreError, UsageError, first_line
 
 #: Default attempts per request (botocore ``standard`` retry mode, exponential backoff with jitter).
 DEFAULT_ATTEMPTS = 5
@@ -53,14 +55,27 @@ class ObjectStore(Protocol):
     def size_of(self, key: str) -> int | None:
         """The object's size, or ``None`` when there is none."""
 
+    def stat(self, key: str) -> StoredObject | None:
+        """The object's size and last write, or ``None`` when there is none."""
+
+    def sha256_of(self, key: str) -> str | None:
+        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when there is none."""
+
+    def touch(self, key: str) -> None:
+        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs)."""
+
     def read(self, key: str, max_bytes: int) -> bytes | None:
         """The whole object (refused above ``max_bytes``), or ``None`` when there is none."""
 
     def write(self, key: str, data: bytes) -> None:
         """Create or replace the object atomically."""
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
-        """Create or replace the object with a file's bytes (atomically); ``progress(bytes)`` as they go."""
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
+        """Create or replace the object with a file's bytes (atomically); ``progress(bytes)`` as they go.
+
+        The bytes are hashed as they are sent: if they are not ``sha256`` (the file changed
+        since it was hashed) nothing stays under ``key`` and :class:`CacheError` names the file.
+        """
 
     def blocks(self, key: str) -> Iterator[bytes]:
         """The object's bytes as a stream of blocks; :class:`StoreError` if it is gone."""
@@ -104,8 +119,28 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"{self.url}/{key}: {exc.strerror or exc}") from None
 
+    def stat(self, key: str) -> StoredObject | None:
+        try:
+            found = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"{self.url}/{key}: {exc.strerror or exc}") from None
+        return StoredObject(key, found.st_size, found.st_mtime)
+
+    def sha256_of(self, key: str) -> str | None:
+        return _hash_blocks(self.blocks(key)) if self.stat(key) is not None else None
+
+    def touch(self, key: str) -> None:
+        try:
+            os.utime(self._path(key))
+        except OSError as exc:
+            raise StoreError(f"{self.url}/{key}: cannot refresh ({exc.strerror or exc})") from None
+
     def read(self, key: str, max_bytes: int) -> bytes | None:
         path = self._path(key)
+        if not self.root.is_dir():  # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+            raise StoreError(f"{self.url}: store folder does not exist")
         try:
             with path.open("rb") as handle:
                 data = handle.read(max_bytes + 1)
@@ -120,13 +155,17 @@ class FileStore:
     def write(self, key: str, data: bytes) -> None:
         self._replace(key, lambda handle: handle.write(data))
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
         def copy(handle: Any) -> None:
+            digest = hashlib.sha256()
             with path.open("rb") as source:
                 for block in iter(lambda: source.read(_BLOCK), b""):
+                    digest.update(block)
                     handle.write(block)
                     if progress:
                         progress(len(block))
+            if digest.hexdigest() != sha256:  # raised before the rename: nothing lands under the key
+                raise CacheError(changed_under_push(path, sha256))
 
         self._replace(key, copy)
 
@@ -208,6 +247,25 @@ class S3Store:
             return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
         return None
 
+    def stat(self, key: str) -> StoredObject | None:
+        with self._errors(key, absent_ok=True):
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return StoredObject(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return None
+
+    def sha256_of(self, key: str) -> str | None:
+        with self._errors(key, absent_ok=True):
+            checksum = self.client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED").get("ChecksumSHA256")
+            if checksum and "-" not in checksum:  # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+                return base64.b64decode(checksum).hex()
+            return _hash_blocks(self.blocks(key))  # written without a checksum (another tool, an older warmcache): read it
+        return None
+
+    def touch(self, key: str) -> None:
+        with self._errors(key):
+            source = {"Bucket": self.bucket, "Key": self._key(key)}
+            self.client.copy_object(Bucket=self.bucket, Key=self._key(key), CopySource=source, MetadataDirective="REPLACE", ChecksumAlgorithm="SHA256")
+
     def read(self, key: str, max_bytes: int) -> bytes | None:
         with self._errors(key, absent_ok=True):
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
@@ -219,11 +277,16 @@ class S3Store:
 
     def write(self, key: str, data: bytes) -> None:
         with self._errors(key):
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ChecksumAlgorithm="SHA256")
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
-        with self._errors(key):
-            self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer, Callback=progress)
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
+        with self._errors(key), path.open("rb") as source:
+            reader = _HashingReader(source)  # read in order (not seekable), so the hash is of exactly what was sent
+            extra = {"ChecksumAlgorithm": "SHA256"}
+            self.client.upload_fileobj(reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress)
+            if reader.digest.hexdigest() != sha256:
+                self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+                raise CacheError(changed_under_push(path, sha256))
 
     def blocks(self, key: str) -> Iterator[bytes]:
         with self._errors(key):
@@ -246,6 +309,29 @@ class S3Store:
 
     def _errors(self, key: str, absent_ok: bool = False) -> _S3Errors:
         return _S3Errors(self, key, absent_ok)
+
+
+class _HashingReader:
+    """A file's bytes read once, in order, hashed on the way (deliberately not seekable)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.digest = source, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.source.read(size)
+        self.digest.update(block)
+        return bytes(block)
+
+
+def changed_under_push(path: Path, sha256: str) -> str:
+    return f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); nothing stored under that key, push refused"
+
+
+def _hash_blocks(blocks: Iterator[bytes]) -> str:
+    digest = hashlib.sha256()
+    for block in blocks:
+        digest.update(block)
+    return digest.hexdigest()
 
 
 class _S3Errors:

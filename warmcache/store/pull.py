@@ -20,13 +20,13 @@ leaves no partial entry and no row naming a missing file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,7 @@ class PullResult:
 
 def pull_manifest(
     manifest: Manifest,
-    registry: Registry,
+    registry_url: str,
     location: CacheLocation,
     store: ObjectStore,
     *,
@@ -117,11 +117,13 @@ def pull_manifest(
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
 
     Every index is validated (and, with ``trusted`` keys, its signature verified)
-    before the first byte is downloaded or written.
+    before the first byte is downloaded or written. The registry at ``registry_url``
+    is created only once everything is checked: a refused pull leaves no new, empty
+    registry file (and no cache folder) behind.
     """
     planned = plan_manifest(manifest, model_name)
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
-    present = {identity for identity, paths in registry.done_artifact_paths(identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
+    present = {identity for identity, paths in _done_artifact_paths(registry_url, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
     found = _read_indexes(store, wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
@@ -140,9 +142,16 @@ def pull_manifest(
         return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
     folder = location.root / BLOB_FOLDER
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
+    created = [p for p in (location.root, *location.root.parents) if not p.exists()]
     try:
         downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
-        result = install_staged(meta, location, lambda: nullcontext(registry), lambda staging: _link_files(files, folder, staging))
+        result = install_staged(meta, location, lambda: Registry.open(registry_url), lambda staging: _link_files(files, folder, staging))
+    except CacheError:  # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+        shutil.rmtree(folder, ignore_errors=True)
+        for path in created:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
     except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
     shutil.rmtree(folder, ignore_errors=True)
@@ -155,6 +164,15 @@ def pull_manifest(
         bytes_reused=reused,
         rows=result.rows,
     )
+
+
+def _done_artifact_paths(registry_url: str, identities: list[str]) -> dict[str, list[str]]:
+    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records nothing (and is not created)."""
+    prefix = "sqlite:///"
+    if registry_url.startswith(prefix) and registry_url != prefix + ":memory:" and not os.path.exists(registry_url[len(prefix) :]):
+        return {}
+    with Registry.open(registry_url) as registry:
+        return registry.done_artifact_paths(identities)
 
 
 def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
@@ -214,9 +232,13 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
             return
         for attempt in range(1, FETCH_ATTEMPTS + 1):
             partial = folder / f"{sha256}.part-{uuid.uuid4().hex[:8]}"
+            counted = [0]
             try:
-                write_checked(_counted(store.blocks(blob_key(sha256)), advance), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}")
+                write_checked(
+                    _counted(store.blocks(blob_key(sha256)), advance, counted), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}"
+                )
             except CacheError as exc:
+                advance(-counted[0])  # the bytes of a refused fetch count again when they are fetched again, not twice
                 partial.unlink(missing_ok=True)
                 if attempt == FETCH_ATTEMPTS:
                     raise CacheError(f"{exc} (fetched {FETCH_ATTEMPTS} times)") from None
@@ -235,9 +257,10 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
     return counts["downloaded"], counts["reused"]
 
 
-def _counted(blocks: Iterator[bytes], advance: Any) -> Iterator[bytes]:
+def _counted(blocks: Iterator[bytes], advance: Any, counted: list[int]) -> Iterator[bytes]:
     for block in blocks:
         advance(len(block))
+        counted[0] += len(block)
         yield block
 
 
