@@ -5,16 +5,21 @@ changed under a push never lands under the old key, and refused pulls leave noth
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 import test_bundle
 import test_store
+from moto_server import DUMMY_CREDENTIALS
 from test_bundle import Built
 from test_store import _FlakyStore, error_lines, object_store, pull_args, push, run
 
+import warmcache.store.deadline as deadline
 import warmcache.store.push as push_module
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
@@ -183,3 +188,46 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
     location = CacheLocation(tmp_path / "b", "neuron", "test")
     pull_manifest(load_manifest(built.manifest), f"sqlite:///{tmp_path / 'b.sqlite'}", location, _FlakyStore(tmp_path / "store"), progress=lambda d, t: seen.append((d, t)))
     assert seen and all(done <= total for done, total in seen) and seen[-1][0] == seen[-1][1]
+
+
+@pytest.fixture(params=["trickle", "silent"])
+def slow_endpoint(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An S3 endpoint that accepts and then sends one byte every 0.5 s forever (``trickle``), or nothing (``silent``)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(connection: socket.socket) -> None:
+        with connection:
+            while not stop.wait(0.5):
+                if request.param == "trickle":
+                    try:
+                        connection.sendall(b"H")
+                    except OSError:
+                        return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    server.close()
+
+
+def test_a_trickling_or_silent_endpoint_cannot_hold_a_pull_past_its_timeout(built: Built, slow_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    store = ["--store", "s3://bucket/p", "--endpoint-url", slow_endpoint]
+    code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"), "--timeout", "3s")
+    assert code == 6 and time.monotonic() - started < 15, err
+    assert len(error_lines(err)) == 1 and "the command's deadline" in err and "--timeout" in err and nothing_left(tmp_path), err
+    monkeypatch.setattr(deadline, "REQUEST_SECONDS", 2.0)  # without --timeout, each request has its own deadline (60 s)
+    started = time.monotonic()
+    code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    assert code == 6 and time.monotonic() - started < 15 and "the per-request deadline" in err and nothing_left(tmp_path), err

@@ -25,6 +25,7 @@ from warmcache.cli._common import (
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.store import resolve_store
+from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
     MIN_SAFE_GRACE_SECONDS,
@@ -63,8 +64,16 @@ def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
     return SigningKey.load(path) if path else None
 
 
+def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    set_command_timeout(parse_age(value, option="--timeout") if value is not None else DEFAULT_COMMAND_SECONDS)
+
+
 def store_options(func: F) -> F:
-    """Which store: shared by push, pull, store ls|gc and warmup --push."""
+    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
+    func = click.option(
+        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar="WARMCACHE_STORE_TIMEOUT",
+        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default {int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+    )(func)  # fmt: skip
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 

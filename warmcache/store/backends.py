@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from warmcache.errors import CacheError, StoreError, UsageError, first_line
+from warmcache.store.deadline import Deadline
 
 #: Default attempts per request (botocore ``standard`` retry mode, exponential backoff with jitter).
 DEFAULT_ATTEMPTS = 5
@@ -232,7 +233,9 @@ class S3Store:
         retries: dict[str, Any] = {"mode": "standard"}
         if not os.environ.get("AWS_MAX_ATTEMPTS"):
             retries["total_max_attempts"] = DEFAULT_ATTEMPTS
-        config = Config(retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32)
+        # Socket-level limits; the request and command deadlines on top are :class:`Deadline`'s.
+        config = Config(retries=retries, connect_timeout=5, read_timeout=20, max_pool_connections=32)
+        self.deadline = Deadline(self.url)
         try:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         except (BotoCoreError, ValueError) as exc:  # a bad region or endpoint URL
@@ -242,20 +245,24 @@ class S3Store:
     def _key(self, key: str) -> str:
         return self.prefix + key
 
+    def _call(self, operation: str, key: str, nbytes: int = 0, **params: Any) -> Any:
+        """One S3 request on this store's key, under the deadlines (:mod:`warmcache.store.deadline`)."""
+        method = getattr(self.client, operation)
+        return self.deadline.run(lambda: method(Bucket=self.bucket, Key=self._key(key), **params), f"{operation} {key}", nbytes)
+
     def size_of(self, key: str) -> int | None:
-        with self._errors(key, absent_ok=True):
-            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
-        return None
+        found = self.stat(key)
+        return found.size if found else None
 
     def stat(self, key: str) -> StoredObject | None:
         with self._errors(key, absent_ok=True):
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self._call("head_object", key)
             return StoredObject(key, int(head["ContentLength"]), head["LastModified"].timestamp())
         return None
 
     def sha256_of(self, key: str) -> str | None:
         with self._errors(key, absent_ok=True):
-            checksum = self.client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED").get("ChecksumSHA256")
+            checksum = self._call("head_object", key, ChecksumMode="ENABLED").get("ChecksumSHA256")
             if checksum and "-" not in checksum:  # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
                 return base64.b64decode(checksum).hex()
             return _hash_blocks(self.blocks(key))  # written without a checksum (another tool, an older warmcache): read it
@@ -264,48 +271,53 @@ class S3Store:
     def touch(self, key: str) -> None:
         with self._errors(key):
             source = {"Bucket": self.bucket, "Key": self._key(key)}
-            self.client.copy_object(Bucket=self.bucket, Key=self._key(key), CopySource=source, MetadataDirective="REPLACE", ChecksumAlgorithm="SHA256")
+            self._call("copy_object", key, CopySource=source, MetadataDirective="REPLACE", ChecksumAlgorithm="SHA256")
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         with self._errors(key, absent_ok=True):
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self._call("get_object", key)
             if int(response["ContentLength"]) > max_bytes:
                 response["Body"].close()
                 raise StoreError(f"{self.url}/{key}: larger than {max_bytes} bytes; refused")
-            return bytes(response["Body"].read())
+            return b"".join(self.deadline.blocks(response["Body"].iter_chunks(_BLOCK), f"reading {key}"))
         return None
 
     def write(self, key: str, data: bytes) -> None:
         with self._errors(key):
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ChecksumAlgorithm="SHA256")
+            self._call("put_object", key, len(data), Body=data, ChecksumAlgorithm="SHA256")
 
     def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
         with self._errors(key), path.open("rb") as source:
             reader = _HashingReader(source)  # read in order (not seekable), so the hash is of exactly what was sent
             extra = {"ChecksumAlgorithm": "SHA256"}
-            self.client.upload_fileobj(reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress)
+
+            def send() -> None:
+                self.client.upload_fileobj(reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress)
+
+            self.deadline.run(send, f"uploading {key}", os.fstat(source.fileno()).st_size)
             if reader.digest.hexdigest() != sha256:
-                self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+                self._call("delete_object", key)
                 raise CacheError(changed_under_push(path, sha256))
 
     def blocks(self, key: str) -> Iterator[bytes]:
         with self._errors(key):
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            body = self._call("get_object", key)["Body"]
             try:
-                yield from body.iter_chunks(_BLOCK)
+                yield from self.deadline.blocks(body.iter_chunks(_BLOCK), f"downloading {key}")
             finally:
                 body.close()
 
     def list(self, prefix: str) -> Iterator[StoredObject]:
         with self._errors(prefix):
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
-            for page in pages:
+            pages = iter(self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+            done: dict[str, Any] = {}
+            while (page := self.deadline.run(lambda: next(pages, done), f"listing {prefix}")) is not done:
                 for item in page.get("Contents", ()):
                     yield StoredObject(item["Key"][len(self.prefix) :], int(item["Size"]), item["LastModified"].timestamp())
 
     def delete(self, key: str) -> None:
         with self._errors(key):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            self._call("delete_object", key)
 
     def _errors(self, key: str, absent_ok: bool = False) -> _S3Errors:
         return _S3Errors(self, key, absent_ok)
