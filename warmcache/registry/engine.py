@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError
 
 from warmcache.dburl import ACCEPTED_FORMS, normalise_url
 from warmcache.errors import RegistryError, UsageError, shown
+from warmcache.registry.readonly import in_read_only_folder, read_only_sqlite_engine
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -50,6 +51,8 @@ def create_registry_engine(url: str) -> Engine:
 
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:" and in_read_only_folder(database):
+        return read_only_sqlite_engine(database, BUSY_TIMEOUT_MS / 1000)
     if database and database != ":memory:":
         folder = Path(database).parent
         try:
