@@ -4,13 +4,19 @@ questions about the server's disk. Each is a 4xx naming the field, and none mark
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from moto_server import free_port
 from test_service import TOKEN, call, compiled, manifest, service  # noqa: F401 - fixtures
 
 from warmcache.bounds import MAX_COUNT
+from warmcache.cli import main
 from warmcache.service.http import ApiError
 from warmcache.service.misses import parse_misses
 
@@ -66,3 +72,32 @@ def test_plan_answers_are_the_same_for_a_missing_and_an_existing_server_path(ser
         body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
         answers.add(json.dumps(call(f"{service}/v1/plan", "POST", body, AUTH)[1]).replace(path, "PATH"))
     assert len(answers) == 1, answers
+
+
+def test_serve_refuses_a_short_token_without_quoting_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WARMCACHE_TOKEN", "x")
+    result = CliRunner().invoke(main, ["serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--host", "0.0.0.0"])
+    assert result.exit_code == 2 and "fewer than 16" in result.output and "'x'" not in result.output
+
+
+@pytest.mark.parametrize(("host", "shown", "warned"), [("::", "http://[::]:", True), ("0.0.0.0", "http://0.0.0.0:", True), ("127.0.0.1", "http://127.0.0.1:", False)])
+def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path, host: str, shown: str, warned: bool) -> None:
+    env = {**os.environ, "WARMCACHE_TOKEN": "a-long-enough-secret-token"}
+    command = [
+        sys.executable,
+        "-c",
+        "from warmcache.cli import main; main()",
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path / 'r.sqlite'}",
+        "--host",
+        host,
+        "--port",
+        str(free_port()),
+    ]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as server:
+        assert server.stderr is not None
+        lines = [server.stderr.readline(), server.stderr.readline() if warned else ""]
+        server.terminate()
+    assert shown in lines[0], lines
+    assert ("reachable beyond this machine" in lines[1]) is warned, lines
