@@ -8,11 +8,15 @@ import stat
 from pathlib import Path
 
 import pytest
+import test_bundle
+from test_bundle import Built
 from test_cache_neuron import cli
-from test_hostile_input import unpack
+from test_hostile_input import nothing_written, unpack
 
 from warmcache.errors import UsageError
 from warmcache.trust import SigningKey, generate_key
+
+built = test_bundle.built  # the build machine: two compiled Neuron shapes (a fixture)
 
 
 def test_a_private_key_given_as_a_trusted_key_is_named_never_quoted(tmp_path: Path) -> None:
@@ -51,3 +55,27 @@ def test_keys_generate_writes_the_public_key_0644_whatever_the_umask(tmp_path: P
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "signer.pub").st_mode) == 0o644
     assert stat.S_IMODE(os.stat(tmp_path / "signer").st_mode) == 0o600
+
+
+def test_an_unsigned_bundle_is_not_installed_without_trust_unless_allowed(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert test_bundle.pack(built, tmp_path / "warm.tar").exit_code == 0
+    base = ("bundle", "unpack", str(tmp_path / "warm.tar"), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}")
+    refused = cli(*base)
+    assert refused.exit_code == 5 and "no trusted keys configured" in refused.stderr and "--allow-unsigned" in refused.stderr
+    assert nothing_written(tmp_path)
+    allowed = cli(*base, "--allow-unsigned")
+    assert allowed.exit_code == 0, allowed.output
+    assert allowed.stderr.count("--allow-unsigned: installing compiled code whose origin nobody verified") == 1
+    monkeypatch.setenv("WARMCACHE_ALLOW_UNSIGNED", "1")  # a CI image may opt out once, in its environment
+    assert cli(*base).exit_code == 0
+
+
+def test_a_pull_without_trust_is_refused_before_the_store_is_read_unless_allowed(built: Built, tmp_path: Path) -> None:
+    store = ["--store", (tmp_path / "store").as_uri()]
+    assert cli("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store).exit_code == 0
+    base = ("pull", str(built.manifest), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}", *store)
+    refused = cli(*base)
+    assert refused.exit_code == 5 and "no trusted keys configured" in refused.stderr and nothing_written(tmp_path)
+    allowed = cli(*base, "--allow-unsigned")
+    assert allowed.exit_code == 1 and "installing compiled code whose origin nobody verified" in allowed.stderr, allowed.output  # 1: a shape nobody compiled
+    assert (tmp_path / "prod").is_dir()

@@ -213,8 +213,22 @@ class TrustedKeys:
         return SignatureCheck(True, signer.key_id)
 
 
-#: No trusted keys: signatures are not checked (the default of every reader).
+#: No trusted keys: signatures are not checked (readers that only need a document's structure: gc, store check).
 NOT_CONFIGURED = TrustedKeys()
+ALLOW_UNSIGNED_ENV = "WARMCACHE_ALLOW_UNSIGNED"
+
+
+def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None:
+    """Refuse to install ``what`` (a compile cache: code) unless its signature will be checked or the caller opted out.
+
+    Without trusted keys no signature can be checked (anyone can sign), so installing
+    is refused by default, whether the source is signed or not.
+    """
+    if not trusted.configured and not allow_unsigned:
+        raise TrustError(
+            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and a compile cache is code; refused: "
+            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or --allow-unsigned to install it unverified"
+        )
 
 
 def load_public_key(entry: str, source: str, base: Path | None = None) -> PublicKey:

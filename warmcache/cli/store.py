@@ -22,6 +22,7 @@ from warmcache.cli._common import (
     registry_url,
     trust_option,
 )
+from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.store import resolve_store
@@ -124,6 +125,7 @@ def push(
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
 )  # fmt: skip
 @trust_option
+@allow_unsigned_option
 @store_options
 @db_option
 @json_option
@@ -133,6 +135,7 @@ def pull(
     cache_dir: str | None,
     max_size: str | None,
     trust: tuple[str, ...],
+    allow_unsigned: bool,
     store_url: str | None,
     endpoint_url: str | None,
     db_url: str | None,
@@ -145,8 +148,9 @@ def pull(
     store = resolve_store(store_url, endpoint_url, parsed)
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else parsed.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
     url = registry_url(db_url, parsed)  # checked now; the database is created only once the pull passed its checks
+    warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
-        result = pull_manifest(parsed, url, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+        result = pull_manifest(parsed, url, location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, allow_unsigned=allow_unsigned, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:

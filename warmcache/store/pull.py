@@ -56,7 +56,7 @@ from warmcache.store.index import (
     parse_index,
 )
 from warmcache.store.push import TRANSFER_THREADS
-from warmcache.trust import NOT_CONFIGURED, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
@@ -112,15 +112,18 @@ def pull_manifest(
     model_name: str | None = None,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     trusted: TrustedKeys = NOT_CONFIGURED,
+    allow_unsigned: bool = False,
     progress: Progress | None = None,
 ) -> PullResult:
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
 
     Every index is validated (and, with ``trusted`` keys, its signature verified)
-    before the first byte is downloaded or written. The registry at ``registry_url``
+    before the first byte is downloaded or written; without trusted keys nothing is
+    pulled unless ``allow_unsigned``. The registry at ``registry_url``
     is created only once everything is checked: a refused pull leaves no new, empty
     registry file (and no cache folder) behind.
     """
+    require_trust(trusted, allow_unsigned, f"pull from {store.url}")
     planned = plan_manifest(manifest, model_name)
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in _done_artifact_paths(registry_url, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
