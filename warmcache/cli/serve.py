@@ -36,9 +36,9 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
     url = registry_url(db_url, load_manifest(manifest) if manifest else None)
     token = load_token(token_file)
     app = create_app(ServiceConfig(url, token=token, manifest=manifest, refresh_interval=refresh_interval))
-    click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
     if not is_loopback(host):
         click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
+    click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False)
 
