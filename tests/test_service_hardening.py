@@ -11,12 +11,10 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from moto_server import free_port
 from test_service import TOKEN, call, compiled, manifest, service  # noqa: F401 - fixtures
 
 from warmcache.bounds import MAX_COUNT
-from warmcache.cli import main
 from warmcache.service.http import ApiError
 from warmcache.service.misses import parse_misses
 
@@ -74,27 +72,20 @@ def test_plan_answers_are_the_same_for_a_missing_and_an_existing_server_path(ser
     assert len(answers) == 1, answers
 
 
-def test_serve_refuses_a_short_token_without_quoting_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("WARMCACHE_TOKEN", "x")
-    result = CliRunner().invoke(main, ["serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--host", "0.0.0.0"])
-    assert result.exit_code == 2 and "fewer than 16" in result.output and "'x'" not in result.output
+def serve_command(tmp_path: Path, host: str) -> list[str]:
+    return [sys.executable, "-c", "from warmcache.cli import main; main()", "serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--host", host, "--port", str(free_port())]
+
+
+def test_serve_refuses_a_short_token_without_quoting_it(tmp_path: Path) -> None:
+    env = {**os.environ, "WARMCACHE_TOKEN": "x"}  # a server that started anyway is killed by the timeout, failing the test
+    result = subprocess.run(serve_command(tmp_path, "0.0.0.0"), capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 2 and "fewer than 16" in result.stderr and "'x'" not in result.stderr
 
 
 @pytest.mark.parametrize(("host", "shown", "warned"), [("::", "http://[::]:", True), ("0.0.0.0", "http://0.0.0.0:", True), ("127.0.0.1", "http://127.0.0.1:", False)])
 def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path, host: str, shown: str, warned: bool) -> None:
     env = {**os.environ, "WARMCACHE_TOKEN": "a-long-enough-secret-token"}
-    command = [
-        sys.executable,
-        "-c",
-        "from warmcache.cli import main; main()",
-        "serve",
-        "--db",
-        f"sqlite:///{tmp_path / 'r.sqlite'}",
-        "--host",
-        host,
-        "--port",
-        str(free_port()),
-    ]
+    command = serve_command(tmp_path, host)
     with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as server:
         assert server.stderr is not None
         lines = [server.stderr.readline()]  # the warning comes before the dashboard line: no second read can block
