@@ -37,12 +37,12 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
         finally:
             engine.dispose()
 
-    threads = [threading.Thread(target=upgrade) for _ in range(4)]
+    threads = [threading.Thread(target=upgrade, daemon=True) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
-    assert failures == []
+        thread.join(60)
+    assert failures == [] and not any(thread.is_alive() for thread in threads)  # racing DDL could also wait on itself forever
     engine = create_registry_engine(postgres_url)
     try:
         assert schema.current_revision(engine) == schema.head_revision(engine)
