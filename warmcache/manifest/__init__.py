@@ -2,43 +2,11 @@
 
 :func:`loads` (text from anywhere) and :func:`load_manifest` (a file) are the front door
 (:mod:`.load`); :mod:`.parse` validates with the :mod:`.checker`, against the values of
-:mod:`.schema`, anchoring relative paths through :mod:`.paths`.
+:mod:`.schema`, anchoring relative paths through :mod:`.paths`. The names here are those
+the rest of warmcache uses; the tables' constants stay in :mod:`.schema`.
 """
 
-from warmcache.manifest.load import MAX_MANIFEST_BYTES, load_manifest, loads
-from warmcache.manifest.parse import parse_manifest
-from warmcache.manifest.schema import (
-    AOTINDUCTOR,
-    BACKENDS,
-    CACHE_IMPLEMENTATIONS,
-    DEFAULT_BACKEND,
-    DEFAULT_LEASE_SECONDS,
-    DEVICES,
-    MODES,
-    PRECOMPILE_BACKENDS,
-    GenerateWorkload,
-    Manifest,
-    ModelSpec,
-    StoreSettings,
-    TrainWorkload,
-)
+from warmcache.manifest.load import load_manifest, loads
+from warmcache.manifest.schema import PRECOMPILE_BACKENDS, GenerateWorkload, Manifest, ModelSpec, StoreSettings, TrainWorkload
 
-__all__ = [
-    "AOTINDUCTOR",
-    "BACKENDS",
-    "CACHE_IMPLEMENTATIONS",
-    "DEFAULT_BACKEND",
-    "DEFAULT_LEASE_SECONDS",
-    "DEVICES",
-    "MAX_MANIFEST_BYTES",
-    "MODES",
-    "PRECOMPILE_BACKENDS",
-    "GenerateWorkload",
-    "Manifest",
-    "ModelSpec",
-    "StoreSettings",
-    "TrainWorkload",
-    "load_manifest",
-    "loads",
-    "parse_manifest",
-]
+__all__ = ["PRECOMPILE_BACKENDS", "GenerateWorkload", "Manifest", "ModelSpec", "StoreSettings", "TrainWorkload", "load_manifest", "loads"]
