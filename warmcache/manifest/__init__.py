@@ -2,7 +2,7 @@
 
 :func:`loads` (text from anywhere) and :func:`load_manifest` (a file) are the front door
 (:mod:`.load`); :mod:`.parse` validates with the :mod:`.checker`, against the values of
-:mod:`.schema`, anchoring relative paths through :mod:`.paths`. The names here are those
+:mod:`.schema`, anchoring relative paths with :class:`warmcache.anchor.Anchor`. The names here are those
 the rest of warmcache uses; the tables' constants stay in :mod:`.schema`.
 """
 

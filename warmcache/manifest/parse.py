@@ -2,19 +2,20 @@
 
 Nothing is written anywhere until a manifest validates. The keys each table accepts come
 from the schema's dataclasses (:func:`~warmcache.manifest.schema.allowed_keys`); every
-relative path is anchored by one :class:`~warmcache.manifest.paths.Anchor`.
+relative path is anchored at the manifest's folder by one :class:`~warmcache.anchor.Anchor`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from warmcache.anchor import Anchor
 from warmcache.errors import ManifestError, UsageError, shown
 from warmcache.manifest.checker import Checker, show
-from warmcache.manifest.paths import Anchor
 from warmcache.manifest.schema import (
     AOTINDUCTOR,
     BACKENDS,
@@ -131,6 +132,13 @@ def _parse_trust(check: Checker, trust: dict[str, Any], anchor: Anchor) -> Trust
         return TrustedKeys()
 
 
+def _model_path(text: str, anchor: Anchor) -> str:
+    """A local model folder is anchored like any path; anything else is a hub id and stays as written."""
+    if os.path.isabs(os.path.expanduser(text)) or text.startswith((".", "~")) or os.path.exists(anchor.base / os.path.expanduser(text)):
+        return str(anchor.path(text))
+    return text
+
+
 def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
     before = len(check.problems)
     check.unknown_keys(entry, allowed_keys(ModelSpec), where)
@@ -192,7 +200,7 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
     assert name is not None and path is not None and dtype is not None and device and backend and mode
     return ModelSpec(
         name=name,
-        path=anchor.model_path(path),
+        path=_model_path(path, anchor),
         revision=revision,
         dtype=dtype,
         device=device,
