@@ -31,6 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from warmcache.anchor import Anchor
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.settings import TRUSTED_KEYS, choose
 
@@ -236,8 +237,7 @@ def load_public_key(entry: str, source: str, base: Path | None = None) -> Public
     """One trust list entry: an inline ``ed25519:...`` key or the path of a ``.pub`` file."""
     if entry.strip().startswith(KEY_PREFIX):
         return PublicKey.parse(entry, source)
-    file = Path(os.path.expanduser(entry.strip()))
-    file = base / file if base is not None and not file.is_absolute() else file
+    file = Anchor(base).path(entry.strip()) if base is not None else Path(os.path.expanduser(entry.strip()))
     try:
         text = _read_small(file).decode("utf-8")
     except (OSError, ValueError) as exc:
