@@ -47,6 +47,11 @@ def pack(built: Built, output: Path) -> Result:
     return cli("bundle", "pack", str(built.manifest), "-o", str(output), "--cache-dir", str(built.root), "--db", built.url)
 
 
+def error_lines(result: Result) -> list[str]:
+    """stderr without warning lines (``--allow-unsigned`` says it installs unverified code)."""
+    return [line for line in result.stderr.strip().splitlines() if not line.startswith("warmcache: warning: ")]
+
+
 def files_under(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -78,7 +83,7 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     assert all(len(f["sha256"]) == 64 for f in meta["files"]) and len(meta["rows"]) == 2 and meta["toolchains"]
 
     target = tmp_path / "prod-cache"
-    first = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json")
+    first = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json")
     assert first.exit_code == 0, first.output
     result = json.loads(first.stdout)
     assert (result["entries_added"], result["rows"]["inserted"]) == (2, 2)
@@ -89,7 +94,7 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     after_first = rows(registry_url)
     assert [r[3] for r in after_first] == [(built.entries[0],), (built.entries[1],)]
 
-    second = json.loads(cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json").stdout)
+    second = json.loads(cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json").stdout)
     assert (second["entries_added"], second["entries_already_present"]) == (0, 2)
     assert (second["rows"]["inserted"], second["rows"]["updated"], second["rows"]["unchanged"]) == (0, 0, 2)
     assert rows(registry_url) == after_first and files_under(target) == expected
@@ -114,7 +119,7 @@ def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built:
     target, url = production_with_a_failed_entry(built, tmp_path)
     with Registry.open(url) as registry:
         registry.ensure_pending([planned_by_batch(built.manifest)[1]])
-    result = json.loads(cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url, "--json").stdout)
+    result = json.loads(cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--json").stdout)
     assert (result["entries_added"], result["entries_replaced"]) == (1, 1)
     assert (result["rows"]["inserted"], result["rows"]["updated"]) == (1, 1)
     broken = target / built.entries[0]
@@ -147,11 +152,11 @@ def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: 
     monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O3")  # this machine compiles differently
     local_toolchain_hash.cache_clear()
     target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    refused = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
+    refused = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert refused.exit_code == 5, refused.output
     assert "another toolchain" in refused.stderr and "neuron_cc_flags: bundle , here --model-type=transformer -O3" in refused.stderr
     assert "--force" in refused.stderr and not target.exists() and rows(url) == []
-    forced = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url, "--force")
+    forced = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--force")
     assert forced.exit_code == 0, forced.output
     assert len(rows(url)) == 2
     shapes = json.loads(cli("shapes", "--db", url, "--json").stdout)
@@ -223,9 +228,9 @@ def test_hostile_bundles_are_refused_and_write_nothing(built: Built, tmp_path: P
     bad = rebuild(good, tmp_path / "bad.tar", change)
     target, url = tmp_path / "sandbox" / "cache", f"sqlite:///{tmp_path / 'prod.sqlite'}"
     before = {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*"))
-    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(target), "--db", url)
+    result = cli("bundle", "unpack", "--allow-unsigned", str(bad), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5, result.output
-    assert message in result.stderr and result.stderr.startswith("warmcache: error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr and error_lines(result) == [error_lines(result)[0]] and error_lines(result)[0].startswith("warmcache: error: ")
     assert not target.exists()  # not even a staging folder is left behind
     assert {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*")) == before  # no registry file either
 
@@ -235,7 +240,7 @@ def test_a_truncated_compressed_bundle_is_refused(built: Built, tmp_path: Path) 
     assert pack(built, good).exit_code == 0
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(tmp_path / "cache"), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    result = cli("bundle", "unpack", "--allow-unsigned", str(bad), "--cache-dir", str(tmp_path / "cache"), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
     assert result.exit_code == 5 and "not a readable bundle archive" in result.stderr
     assert not (tmp_path / "cache").exists()
 
@@ -247,7 +252,7 @@ def test_a_bundle_of_another_layout_is_refused_before_touching_the_cache(built: 
     (inductor_cache / "aotautograd" / "akey").mkdir(parents=True)
     (inductor_cache / "aotautograd" / "akey" / "entry").write_bytes(b"compiled")
     before = files_under(inductor_cache)
-    result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(inductor_cache), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(inductor_cache), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
     assert result.exit_code == 5 and "holds a cache of layout inductor; refused" in result.stderr
     assert files_under(inductor_cache) == before
 
@@ -291,9 +296,10 @@ def test_malformed_rows_are_refused_before_any_entry_moves(built: Built, tmp_pat
     edit, message = MALFORMED_ROWS[case]
     bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _edit_meta(m, edit))
     target, url = production_with_a_failed_entry(built, tmp_path)
-    result = cli("bundle", "unpack", str(bad), "--cache-dir", str(target), "--db", url)
+    result = cli("bundle", "unpack", "--allow-unsigned", str(bad), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5, result.output
-    assert result.stderr.startswith(f"warmcache: error: {bad}: warmcache-bundle.json: ") and len(result.stderr.strip().splitlines()) == 1
+    [line] = error_lines(result)
+    assert line.startswith(f"warmcache: error: {bad}: warmcache-bundle.json: ")
     assert message in result.stderr
     assert files_under(target) == {f"{built.entries[0]}/model.log": b"ERROR: compilation failed\n"}
     assert [p.name for p in target.iterdir()] == [built.entries[0].split("/")[0]] and rows(url) == []
@@ -311,7 +317,7 @@ def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path
         raise CacheError("registry: the database went away")
 
     monkeypatch.setattr("warmcache.cache.unbundle.merge_rows", database_gone)
-    result = cli("bundle", "unpack", str(bundle), "--cache-dir", str(target), "--db", url)
+    result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5 and "the database went away" in result.stderr
     assert {p.relative_to(target) for p in target.rglob("*")} == before  # the added entry is gone, the original back, no work folder left
     assert (target / built.entries[0] / "model.log").read_text() == "ERROR: compilation failed\n"
@@ -346,7 +352,7 @@ def test_a_native_entry_named_like_a_work_folder_is_installed_as_is(built: Built
     for entry, data in ((".replaced", b"old neff"), ("keep", b"unrelated neff")):
         (target / entry).mkdir(parents=True)
         (target / entry / "model.neff").write_bytes(data)
-    result = cli("bundle", "unpack", str(native), "--cache-dir", str(target), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}", "--json")
+    result = cli("bundle", "unpack", "--allow-unsigned", str(native), "--cache-dir", str(target), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}", "--json")
     assert result.exit_code == 0, result.output
     assert (json.loads(result.stdout)["entries_added"], json.loads(result.stdout)["entries_replaced"]) == (1, 1)
     source = files_under(built.root / built.entries[0])

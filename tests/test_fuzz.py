@@ -190,7 +190,7 @@ def _unpack_in_sandbox(bundle_bytes: Callable[[Path], None]) -> None:
         sandbox = Path(folder)
         bundle_bytes(sandbox / "fuzzed.tar")
         before = {p.relative_to(sandbox).as_posix() for p in sandbox.rglob("*")}
-        result = cli("bundle", "unpack", str(sandbox / "fuzzed.tar"), "--cache-dir", str(sandbox / "cache"), "--db", f"sqlite:///{sandbox / 'reg.sqlite'}")
+        result = cli("bundle", "unpack", "--allow-unsigned", str(sandbox / "fuzzed.tar"), "--cache-dir", str(sandbox / "cache"), "--db", f"sqlite:///{sandbox / 'reg.sqlite'}")
         _settled(result, sandbox, {"cache", "reg.sqlite", "reg.sqlite-wal", "reg.sqlite-shm"}, before)
         shutil.rmtree(sandbox / "cache", ignore_errors=True)
 

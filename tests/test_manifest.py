@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from warmcache.cli import main
 from warmcache.errors import ManifestError
-from warmcache.manifest import load_manifest
+from warmcache.manifest import load_manifest, loads
 
 #: Validation reads no model: the folder named here need not exist.
 GOOD = """
@@ -129,6 +129,26 @@ def test_bad_manifest_names_file_key_and_value(case: str, write_manifest, tmp_pa
     assert expected in result.stderr
     assert "Traceback" not in result.output
     assert not db.exists(), "a bad manifest must not touch the registry"
+
+
+def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
+    """The allowed keys come from the schema's fields (a renamed or added field changes these lines)."""
+    text = "zz = 1\n[registry]\nzz = 1\n[cache]\nzz = 1\n[store]\nzz = 1\n[trust]\nzz = 1\n" + GOOD.replace(
+        'name = "m"', 'name = "m"\nzz = 1\ndistributed = { zz = 1 }'
+    ).replace("max_cache_len = 32", "max_cache_len = 32\nzz = 1").replace("seq_lengths = [16]", "seq_lengths = [16]\nzz = 1")
+    with pytest.raises(ManifestError) as info:
+        loads(text, "m.toml")
+    assert info.value.problems == [
+        "m.toml: zz: unknown key (allowed: registry, cache, store, trust, model)",
+        "m.toml: registry.zz: unknown key (allowed: url, lease_seconds)",
+        "m.toml: cache.zz: unknown key (allowed: dir)",
+        "m.toml: trust.zz: unknown key (allowed: keys)",
+        "m.toml: store.zz: unknown key (allowed: url, endpoint_url, push, max_pull_size, sign_key)",
+        "m.toml: model[0].zz: unknown key (allowed: name, path, revision, dtype, device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
+        "m.toml: model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
+        "m.toml: model[0].generate[0].zz: unknown key (allowed: batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, prefill_chunk_size, cache_implementation)",
+        "m.toml: model[0].train[0].zz: unknown key (allowed: batch_sizes, seq_lengths, bf16, gradient_checkpointing)",
+    ]
 
 
 def test_every_problem_is_reported_one_per_line(write_manifest) -> None:

@@ -207,7 +207,10 @@ def test_bundle_carries_the_artifacts(warmed: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bundle", "pack", str(warmed / "manifest.toml"), "-o", str(bundle)])
     assert result.exit_code == 0, result.output
     target_db = f"sqlite:///{tmp_path / 'other.sqlite'}"
-    result = CliRunner().invoke(main, ["bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "cache"), "--db", target_db])
+    unpack = ["bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "cache"), "--db", target_db]
+    refused = CliRunner().invoke(main, unpack)  # a pickled graph from an unverified source is not installed by default
+    assert refused.exit_code == 5 and "--allow-unsigned" in refused.output and not (tmp_path / "cache").exists()
+    result = CliRunner().invoke(main, [*unpack, "--allow-unsigned"])
     assert result.exit_code == 0, result.output
     for entry in _artifacts(warmed).values():
         assert (tmp_path / "cache" / entry).read_bytes() == (warmed / "cache" / entry).read_bytes()

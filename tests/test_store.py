@@ -68,7 +68,7 @@ def push(built: Built, store: list[str], *extra: str) -> dict:
 
 
 def pull_args(built: Built, store: list[str], cache: Path, db: str) -> list[str]:
-    return ["pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, *store]
+    return ["pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--allow-unsigned", *store]
 
 
 def object_store(store: list[str]):
@@ -167,8 +167,7 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     push(built, ["--store", (tmp_path / "store").as_uri()])
     flaky = _FlakyStore(tmp_path / "store")
     manifest = load_manifest(built.manifest)
-    with Registry.open(f"sqlite:///{tmp_path / 'b.sqlite'}") as registry:
-        result = pull_manifest(manifest, registry, CacheLocation(tmp_path / "b", "neuron", "test"), flaky)
+    result = pull_manifest(manifest, f"sqlite:///{tmp_path / 'b.sqlite'}", CacheLocation(tmp_path / "b", "neuron", "test"), flaky, allow_unsigned=True)
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
     assert result.pulled == 2 and sorted(flaky.reads.values()) == [1, 2, 2, 2, 2]
 
@@ -193,14 +192,14 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
     push(built, ["--store", (tmp_path / "store").as_uri()])
     manifest, cache, db = load_manifest(built.manifest), tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     location = CacheLocation(cache, "neuron", "test")
-    with Registry.open(db) as registry, pytest.raises(StoreError, match="connection reset"):
-        pull_manifest(manifest, registry, location, _DyingStore(tmp_path / "store", allowed=3))
+    with pytest.raises(StoreError, match="connection reset"):
+        pull_manifest(manifest, db, location, _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
     assert rows(db) == []
     assert {p.relative_to(cache).parts[0] for p in cache.iterdir()} == {BLOB_FOLDER}  # no entry, only checked blobs
     kept = len(list((cache / BLOB_FOLDER).iterdir()))
     assert kept >= 1
 
-    code, resumed, err = run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--store", (tmp_path / "store").as_uri())
+    code, resumed, err = run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--allow-unsigned", "--store", (tmp_path / "store").as_uri())
     assert code == 1 and resumed is not None, err
     assert resumed["shapes_pulled"] == 2 and resumed["bytes_reused"] > 0 and resumed["entries_added"] == 2
     assert not (cache / BLOB_FOLDER).exists() and len(rows(db)) == 2

@@ -28,12 +28,12 @@ def host_a(inductor_warmup: InductorWarmup, tmp_path_factory: pytest.TempPathFac
 
 def pull_and_verify(host_a: dict[str, Any], store: list[str], host: Path) -> None:
     cache, db = host / "cache", f"sqlite:///{host / 'registry.sqlite'}"
-    pulled = warmcache("pull", str(host_a["manifest"]), "--cache-dir", str(cache), "--db", db, *store)
+    pulled = warmcache("pull", "--allow-unsigned", str(host_a["manifest"]), "--cache-dir", str(cache), "--db", db, *store)
     assert (pulled["shapes_pulled"], pulled["missing_in_store"], pulled["rows"]["inserted"]) == (1, [], 1), pulled
     verify = warmcache("verify", str(host_a["manifest"]), "--cache-dir", str(cache), "--db", db, ok_codes=(0, 1))
     [spec] = verify["specs"]
     assert (spec["verdict"], spec["cache_misses"], spec["new_entries"]) == ("verified", 0, []), spec
-    again = warmcache("pull", str(host_a["manifest"]), "--cache-dir", str(cache), "--db", db, *store)
+    again = warmcache("pull", "--allow-unsigned", str(host_a["manifest"]), "--cache-dir", str(cache), "--db", db, *store)
     assert (again["shapes_already_present"], again["bytes_downloaded"]) == (1, 0)
 
 

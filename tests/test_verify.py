@@ -179,7 +179,7 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_ma
         return
     summary = run_verify(load_manifest(path), db)
     first, *rest = summary.verdicts
-    assert first.verdict == Verdict.REPLAY_ONLY and first.graphs == 1
+    assert first.verdict == Verdict.REPLAY_ONLY and first.measured.graphs == 1
     assert [v.verdict for v in rest] == [Verdict.REPLAY_FAILED, Verdict.REPLAY_FAILED]
     assert all(v.reason == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after 1 result(s); see its output above" for v in rest)
     with Registry.open(db) as registry:

@@ -7,9 +7,9 @@ engine so the manifest checker can use it without importing the registry.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from warmcache.anchor import Anchor
 from warmcache.bounds import path_problem
 from warmcache.errors import UsageError, shown
 
@@ -50,4 +50,4 @@ def _checked_file(path: str, source: str, base: Path | None) -> Path:
     problem = path_problem(path)
     if problem:
         raise UsageError(f"{source} {shown(path)} {problem}")
-    return ((base or Path.cwd()) / os.path.expanduser(path)).resolve()
+    return (Anchor(base) if base else Anchor.here()).path(path)

@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from warmcache.anchor import Anchor
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.settings import TRUSTED_KEYS, choose
 
@@ -81,6 +83,7 @@ class SigningKey:
     def load(cls, path: str | Path) -> SigningKey:
         file = Path(path)
         try:
+            _refuse_readable_by_others(file)
             data = _read_small(file)
             private = serialization.load_pem_private_key(data, password=None)
         except OSError as exc:
@@ -107,10 +110,8 @@ def generate_key(path: str | Path) -> PublicKey:
         if os.path.lexists(existing):
             raise UsageError(f"{existing}: already exists; refusing to overwrite a key")
     try:
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(pem)
-        public_file.write_text(public.text + "\n")
+        _write_new(file, pem, 0o600)
+        _write_new(public_file, (public.text + "\n").encode(), 0o644)
     except OSError as exc:
         raise UsageError(f"{exc.filename or file}: cannot write key: {exc.strerror or exc}") from None
     return public
@@ -214,21 +215,40 @@ class TrustedKeys:
         return SignatureCheck(True, signer.key_id)
 
 
-#: No trusted keys: signatures are not checked (the default of every reader).
+#: No trusted keys: signatures are not checked (readers that only need a document's structure: gc, store check).
 NOT_CONFIGURED = TrustedKeys()
+ALLOW_UNSIGNED_ENV = "WARMCACHE_ALLOW_UNSIGNED"
+
+
+def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None:
+    """Refuse to install ``what`` (a compile cache: code) unless its signature will be checked or the caller opted out.
+
+    Without trusted keys no signature can be checked (anyone can sign), so installing
+    is refused by default, whether the source is signed or not.
+    """
+    if not trusted.configured and not allow_unsigned:
+        raise TrustError(
+            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and a compile cache is code; refused: "
+            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or --allow-unsigned to install it unverified"
+        )
 
 
 def load_public_key(entry: str, source: str, base: Path | None = None) -> PublicKey:
     """One trust list entry: an inline ``ed25519:...`` key or the path of a ``.pub`` file."""
     if entry.strip().startswith(KEY_PREFIX):
         return PublicKey.parse(entry, source)
-    file = Path(os.path.expanduser(entry.strip()))
-    file = base / file if base is not None and not file.is_absolute() else file
+    file = Anchor(base).path(entry.strip()) if base is not None else Path(os.path.expanduser(entry.strip()))
     try:
         text = _read_small(file).decode("utf-8")
     except (OSError, ValueError) as exc:
         raise UsageError(f"{source}: cannot read public key file {shown(str(file))}: {getattr(exc, 'strerror', None) or exc}") from None
-    return PublicKey.parse(text, f"{source}: {file}")
+    # Never quote the file: it may be the private key (or any secret) passed by mistake, and errors land in CI logs.
+    if "PRIVATE KEY" in text:
+        raise UsageError(f"{source}: {shown(str(file))} holds a private key; pass the .pub file")
+    try:
+        return PublicKey.parse(text, f"{source}: {file}")
+    except UsageError:
+        raise UsageError(f"{source}: {shown(str(file))} is not a public key file (expected one line {KEY_PREFIX}<base64>, as warmcache keys generate writes)") from None
 
 
 def _signer_id(signature: Any) -> str | None:
@@ -237,6 +257,21 @@ def _signer_id(signature: Any) -> str | None:
         return PublicKey.parse(signature["key"], "signature").key_id
     except (TypeError, KeyError, AttributeError, UsageError):
         return None
+
+
+def _write_new(file: Path, data: bytes, mode: int) -> None:
+    """Create ``file`` (never over an existing one, never through a link) with exactly ``mode``, whatever the umask."""
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), mode)
+        out.write(data)
+
+
+def _refuse_readable_by_others(file: Path) -> None:
+    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as you."""
+    mode = os.stat(file).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UsageError(f"{file}: private key is readable by others (mode {stat.S_IMODE(mode):o}); refused: run chmod 600 {file}")
 
 
 def _read_small(file: Path) -> bytes:

@@ -15,7 +15,8 @@ It finds, for one cache root:
   another folder or another host of a fleet registry is left alone unless
   ``any_host``. Rows recorded before warmcache kept the folder fall back to "compiled
   on this host";
-- leftover ``.warmcache-*`` work folders of interrupted prunes and unpacks.
+- leftover ``.warmcache-*`` work folders of interrupted prunes and unpacks, and
+  ``precompiled/.<sha256>.partial`` files of interrupted artifact writes.
 
 Removing an entry also forgets every row that references it.
 """
@@ -74,7 +75,7 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
         )
     for work in info.work_dirs:
         if work.age_seconds >= grace_seconds:
-            removals.append(Removal(work.path, work.size_bytes, "leftover work folder of an interrupted prune or unpack", is_entry=False))
+            removals.append(Removal(work.path, work.size_bytes, "leftover of an interrupted prune, unpack or artifact write", is_entry=False))
     return CleanupPlan(info.root, info.location.flavor, tuple(removals), tuple(forgets.values()), tuple(notes))
 
 

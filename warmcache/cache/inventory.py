@@ -24,6 +24,7 @@ from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, SHARED_KINDS, STA
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
+from warmcache.cache.precompiled import PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
 from warmcache.statuses import DONE_STATUSES, Status
@@ -150,7 +151,7 @@ class MissingArtifact:
 
 @dataclass(frozen=True, slots=True)
 class WorkDir:
-    """A prune's trash or an unpack's staging folder at the cache root (a crash leaves them)."""
+    """A prune's trash, an unpack's staging folder or a precompiled artifact's ``.partial`` file (a crash leaves them)."""
 
     path: str
     size_bytes: int
@@ -285,4 +286,13 @@ def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
         files = _files(child) if stat.S_ISDIR(folder.st_mode) else (child,)
         size = sum(s.st_size for s in map(_lstat_or_none, files) if s is not None)
         out.append(WorkDir(child.name, size, max(0.0, now - folder.st_mtime)))
-    return tuple(out)
+    return tuple(out) + _partial_artifacts(root, now)
+
+
+def _partial_artifacts(root: Path, now: float) -> tuple[WorkDir, ...]:
+    """Precompiled artifacts a writer never renamed into place (a full disk, a kill): ``precompiled/.<sha256>.partial``."""
+    folder = root / PRECOMPILED_DIR
+    if not folder.is_dir():
+        return ()
+    found = ((f"{PRECOMPILED_DIR}/{child.name}", _lstat_or_none(child)) for child in sorted(folder.iterdir()) if child.name.endswith(PARTIAL_SUFFIX))
+    return tuple(WorkDir(path, info.st_size, max(0.0, now - info.st_mtime)) for path, info in found if info is not None)

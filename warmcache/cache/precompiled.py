@@ -29,6 +29,8 @@ from warmcache.errors import CacheError
 PRECOMPILED_DIR = "precompiled"
 #: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see ``runtime.aotinductor``).
 AOTINDUCTOR_DIR = "aotinductor"
+#: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor --fix`` removes them).
+PARTIAL_SUFFIX = ".partial"
 MAGIC = b"warmcache-precompiled-v1\n"
 
 
@@ -77,9 +79,13 @@ def write_artifact(root: Path, header: Header, payload: bytes, folder: str = PRE
     path = artifact_path(hashlib.sha256(data).hexdigest(), folder)
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.parent / f".{target.name}.partial"
-    partial.write_bytes(data)
-    partial.replace(target)
+    partial = target.parent / f".{target.name}{PARTIAL_SUFFIX}"
+    try:
+        partial.write_bytes(data)
+        partial.replace(target)
+    except BaseException:  # a full disk must not leave a 1 MB half-file nobody removes
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -61,7 +61,7 @@ from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import current_toolchain
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
-from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, require_trust
 from warmcache.units import format_size
 
 _HEX = frozenset("0123456789abcdef")
@@ -115,6 +115,7 @@ def unpack_bundle(
     cache_dir: CacheFolder | None = None,
     force: bool = False,
     trusted: TrustedKeys = NOT_CONFIGURED,
+    allow_unsigned: bool = False,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     progress: Progress | None = None,
 ) -> UnpackResult:
@@ -123,11 +124,13 @@ def unpack_bundle(
     The registry is opened (``open_registry``) only once every file has been
     checked in staging: a refused bundle must not leave a new, empty registry file
     behind. With ``trusted`` keys configured the metadata's signature is verified
-    before anything else is believed; ``max_bytes`` bounds what the file list may
+    before anything else is believed; without them nothing is installed unless
+    ``allow_unsigned`` (:func:`~warmcache.trust.require_trust`); ``max_bytes`` bounds what the file list may
     ask to write, checked before extraction and again while writing.
     """
     if not bundle.is_file():
         raise UsageError(f"{bundle}: bundle not found")
+    require_trust(trusted, allow_unsigned, str(bundle))
     try:
         with tarfile.open(bundle, "r:*") as tar:
             members = tar.getmembers()

@@ -18,6 +18,7 @@ from warmcache.cli._common import (
     trust_option,
 )
 from warmcache.cli.shipping import Shipment
+from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
@@ -70,6 +71,7 @@ def pack(
 @click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
 @trust_option
+@allow_unsigned_option
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
 @click.option(
     "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
@@ -78,15 +80,27 @@ def pack(
 @db_option
 @json_option
 def unpack(
-    bundle: Path, cache_dir: CacheFolder | None, force: bool, trust: tuple[str, ...], manifest: str | None, max_size: str | None, db_url: str | None, as_json: bool
+    bundle: Path,
+    cache_dir: CacheFolder | None,
+    force: bool,
+    trust: tuple[str, ...],
+    allow_unsigned: bool,
+    manifest: str | None,
+    max_size: str | None,
+    db_url: str | None,
+    as_json: bool,
 ) -> None:
     """Check every file of BUNDLE, install its cache entries and merge its registry rows."""
     parsed = load_manifest(manifest) if manifest else None
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else TrustedKeys())
     location = registry_location(db_url, parsed)  # checked now; the database is opened only once the bundle passed
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else DEFAULT_MAX_UNPACK_BYTES
+    if bundle.is_file():
+        warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("unpacking") as progress:
-        result = unpack_bundle(bundle, lambda: Registry.open(location), cache_dir=cache_dir, force=force, trusted=trusted, max_bytes=max_bytes, progress=progress)
+        result = unpack_bundle(
+            bundle, lambda: Registry.open(location), cache_dir=cache_dir, force=force, trusted=trusted, allow_unsigned=allow_unsigned, max_bytes=max_bytes, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return

@@ -133,6 +133,11 @@ def _describe(info: CacheInfo) -> str:
         f"  used by {len(rows)} registry rows ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
         f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); {len(info.missing)} missing artifacts"
     )
+    if info.work_dirs:
+        names = ", ".join(w.path for w in info.work_dirs[:3]) + (", ..." if len(info.work_dirs) > 3 else "")
+        lines.append(
+            f"  {len(info.work_dirs)} leftovers of interrupted work ({format_size(sum(w.size_bytes for w in info.work_dirs))}: {names}); cache doctor --fix removes them"
+        )
     return "\n".join(lines)
 
 

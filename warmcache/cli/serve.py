@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import click
@@ -35,6 +36,22 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
     url = registry_location(db_url, load_manifest(manifest) if manifest else None).url
     token = load_token(token_file)
     app = create_app(ServiceConfig(url, token=token, manifest=manifest, refresh_interval=refresh_interval))
-    click.echo(f"warmcache serve: dashboard http://{host}:{port}/ ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
+    if not is_loopback(host):
+        click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
+    click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False)
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL a browser takes: an IPv6 address goes in brackets (``http://[::1]:8411/``)."""
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

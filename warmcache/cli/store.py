@@ -4,31 +4,39 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
+    byte_progress,
     cache_folder,
     db_option,
     format_table,
     json_option,
     print_json,
+    registry_location,
     trust_option,
 )
 from warmcache.cli.shipping import Shipment
+from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
+from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
+from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
+    MIN_SAFE_GRACE_SECONDS,
     execute_gc,
     list_store,
     plan_gc,
 )
 from warmcache.store.pull import pull_manifest
 from warmcache.store.push import push_manifest
+from warmcache.store.scrub import check_store, repair_store
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 
@@ -57,8 +65,16 @@ def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
     return SigningKey.load(path) if path else None
 
 
+def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    set_command_timeout(parse_age(value, option="--timeout") if value is not None else DEFAULT_COMMAND_SECONDS)
+
+
 def store_options(func: F) -> F:
-    """Which store: shared by push, pull, store ls|gc and warmup --push."""
+    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
+    func = click.option(
+        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar="WARMCACHE_STORE_TIMEOUT",
+        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default {int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+    )(func)  # fmt: skip
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 
@@ -108,6 +124,7 @@ def push(
     help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
 )  # fmt: skip
 @trust_option
+@allow_unsigned_option
 @store_options
 @db_option
 @json_option
@@ -117,6 +134,7 @@ def pull(
     cache_dir: CacheFolder | None,
     max_size: str | None,
     trust: tuple[str, ...],
+    allow_unsigned: bool,
     store_url: str | None,
     endpoint_url: str | None,
     db_url: str | None,
@@ -127,8 +145,20 @@ def pull(
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    with shipment.opened("pulling") as (registry, progress):
-        result = pull_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, max_bytes=max_bytes, trusted=trusted, progress=progress)
+    registry = registry_location(db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
+    warn_if_unverified(allow_unsigned, trusted)
+    with byte_progress("pulling") as progress:
+        result = pull_manifest(
+            shipment.manifest,
+            registry,
+            shipment.location,
+            store,
+            model_name=model_name,
+            max_bytes=max_bytes,
+            trusted=trusted,
+            allow_unsigned=allow_unsigned,
+            progress=progress,
+        )
     if as_json:
         print_json(result.as_json())
     else:
@@ -188,7 +218,10 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:
     """Delete blobs no index references; a dry run unless --apply."""
     store = resolve_store(store_url, endpoint_url, _manifest(manifest_path))
-    plan = plan_gc(store, parse_age(grace, option="--grace"))
+    grace_seconds = parse_age(grace, option="--grace")
+    if apply and grace_seconds < MIN_SAFE_GRACE_SECONDS:
+        click.echo(f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name", err=True)
+    plan = plan_gc(store, grace_seconds)
     deleted = execute_gc(store, plan) if apply else None
     if as_json:
         print_json({**plan.as_json(), "applied": apply, "deleted": deleted})
@@ -199,3 +232,52 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
     if plan.kept_young:
         summary += f", {plan.kept_young} younger than {grace} kept"
     click.echo(summary + ("" if apply or not plan.removals else "; run again with --apply to delete"))
+
+
+@store_group.command("check")
+@store_options
+@_manifest_option
+@trust_option
+@click.option("--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds.")
+@click.option(
+    "--cache-dir",
+    callback=cache_folder,
+    metavar="DIR",
+    default=None,
+    help="The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).",
+)
+@json_option
+def check(
+    store_url: str | None, endpoint_url: str | None, manifest_path: str | None, trust: tuple[str, ...], repair: bool, cache_dir: CacheFolder | None, as_json: bool
+) -> None:
+    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with --trust); exit 5 while anything is wrong."""
+    parsed = _manifest(manifest_path)
+    trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else None)
+    store = resolve_store(store_url, endpoint_url, parsed)
+    with byte_progress("checking") as progress:
+        report, named = check_store(store, trusted, progress)
+    if repair and report.problems:
+        report = repair_store(store, report, named, repair_root(cache_dir, parsed))
+    if as_json:
+        print_json(report.as_json())
+    else:
+        for key in report.repaired:
+            click.echo(f"  repaired {key}")
+        for problem in report.problems:
+            click.echo(f"  {problem.problem}: {problem.key}: {problem.detail}")
+        state = (
+            "ok"
+            if not report.problems
+            else f"{len(report.problems)} problems" + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
+        )
+        click.echo(f"{report.url}: {report.indexes} indexes, {report.blobs} blobs checked; {state}")
+    raise SystemExit(report.exit_code)
+
+
+def repair_root(cache_dir: CacheFolder | None, manifest: Manifest | None) -> Path:
+    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR`` (resolved by the option), then the manifest's ``[cache] dir``: where a repair finds the blobs' bytes."""
+    if cache_dir is not None:
+        return cache_dir.path
+    if manifest is not None and manifest.cache_dir is not None:
+        return manifest.cache_dir
+    raise UsageError("store check --repair: name the cache that holds the entries (--cache-dir DIR)")

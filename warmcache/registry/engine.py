@@ -17,6 +17,7 @@ from sqlalchemy.exc import ArgumentError
 
 from warmcache.dburl import ACCEPTED_FORMS
 from warmcache.errors import RegistryError, UsageError, shown
+from warmcache.registry.readonly import in_read_only_folder, read_only_sqlite_engine
 from warmcache.settings import RegistryLocation
 
 BUSY_TIMEOUT_MS = 30_000
@@ -55,6 +56,8 @@ def create_registry_engine(location: RegistryLocation | str, *, hold_connections
 
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:" and in_read_only_folder(database):
+        return read_only_sqlite_engine(database, BUSY_TIMEOUT_MS / 1000)
     if database and database != ":memory:":
         folder = Path(database).parent
         try:

@@ -13,6 +13,8 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from warmcache.bounds import MAX_COUNT
+from warmcache.errors import UsageError
 from warmcache.shapes import ShapeFamily, ShapeSpec
 
 if TYPE_CHECKING:
@@ -34,6 +36,13 @@ class MissEvent:
     count: int = 1
     tp_size: int = 1
     fsdp_size: int = 1
+
+    def check_range(self) -> None:
+        """Refuse a count or size outside what an ``Integer`` column holds on both backends (checked before any write)."""
+        for name in ("batch_size", "seq_len", "padded_batch", "padded_seq", "count", "tp_size", "fsdp_size"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_COUNT:
+                raise UsageError(f"miss report {self.model_name}: {name} {value} is outside what the registry holds (0 to {MAX_COUNT}); refused")
 
 
 @dataclass(frozen=True, slots=True)

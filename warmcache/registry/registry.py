@@ -367,6 +367,8 @@ class Registry:
     def record_misses(self, events: Sequence[MissEvent]) -> None:
         if not events:
             return
+        for event in events:
+            event.check_range()
         host = socket.gethostname()
         with self.session() as session:
             session.add_all(

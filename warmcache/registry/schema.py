@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from warmcache.errors import SchemaOutOfDateError, UsageError, shown
 
-#: Serialises first-time initialisation of a PostgreSQL registry ("warm" in ASCII).
+#: Serialises first-time initialisation and ``db upgrade`` of a PostgreSQL registry ("warm" in ASCII).
 _INIT_LOCK_KEY = 0x7761726D
 
 
@@ -53,6 +53,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     override: a PostgreSQL database is shared through a schema of warmcache's own.
     """
     with engine.begin() as conn:
+        _lock_schema(conn)  # as first-use initialisation does: concurrent upgrades run one after another
         if MigrationContext.configure(conn).get_current_revision() is None:
             tables = inspect(conn).get_table_names()
             if tables:
@@ -67,6 +68,12 @@ def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
     config = alembic_config(engine)
     config.attributes["connection"] = conn
     command.upgrade(config, revision)
+
+
+def _lock_schema(conn: Connection) -> None:
+    """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions lock already)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
 
 
 def is_empty(engine: Engine) -> bool:
@@ -93,8 +100,7 @@ def ensure_current(engine: Engine, display_url: str) -> None:
     if current_revision(engine) == head:
         return  # the common case takes no lock
     with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
+        _lock_schema(conn)
         current = MigrationContext.configure(conn).get_current_revision()
         if current == head:
             return

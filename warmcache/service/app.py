@@ -33,6 +33,7 @@ from warmcache.service.http import ApiError, choice, dumps
 from warmcache.service.metrics import metrics_registry
 from warmcache.service.misses import parse_misses
 from warmcache.service.openapi import openapi_document
+from warmcache.service.plan_request import plan_request
 from warmcache.service.view import RegistryView, guard_document
 from warmcache.shapes import WORKLOADS
 from warmcache.status import warmup_status
@@ -120,8 +121,8 @@ def create_app(config: ServiceConfig) -> CheckRoute:
         body = await write_body(request)
         model = request.query_params.get("model")
         try:
-            # The manifest front door with all its bounds, off the event loop (it reads model configs too), in bounded time.
-            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_manifest(manifests.loads(body, "request-body.toml"), model)), PLAN_TIMEOUT_S)
+            # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's disk are never disclosed.
+            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model)), PLAN_TIMEOUT_S)
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
         except TimeoutError:

@@ -17,18 +17,30 @@ from warmcache.service.http import ApiError
 TOKEN_ENV = "WARMCACHE_TOKEN"
 
 
+#: A bearer token shorter than this is guessable by a client that may try as often as it likes.
+MIN_TOKEN_CHARS = 16
+
+
 def load_token(token_file: Path | None = None) -> str | None:
-    """The token from ``token_file`` if given, else ``$WARMCACHE_TOKEN``; ``None`` when neither holds one."""
+    """The token from ``token_file`` if given, else ``$WARMCACHE_TOKEN``; ``None`` when neither holds one.
+
+    A token shorter than :data:`MIN_TOKEN_CHARS` is refused (never quoted: it is a secret).
+    """
     if token_file is not None:
         try:
             text = token_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"{token_file}: cannot read token file: {exc.strerror}") from None
-        token = text.strip()
+        token, source = text.strip(), str(token_file)
         if not token:
             raise UsageError(f"{token_file}: token file is empty")
-        return token
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+    else:
+        token, source = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+    if token and len(token) < MIN_TOKEN_CHARS:
+        raise UsageError(
+            f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused (make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return token or None
 
 
 class WriteAuthorisation:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from warmcache.bounds import MAX_COUNT, MAX_NESTING, json_nesting
+
 JSON_TYPE = b"application/json"
 
 
@@ -30,6 +32,17 @@ def dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), default=str).encode()
 
 
+def json_body(body: bytes) -> Any:
+    """A request body parsed as JSON, its nesting measured first (``json`` recurses once per level), or a 400."""
+    depth = json_nesting(body)
+    if depth > MAX_NESTING:
+        raise ApiError(400, f"body nests {depth} levels deep, more than the {MAX_NESTING} allowed", "body")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"body is not JSON: {exc}", "body") from None
+
+
 def positive_int(params: Mapping[str, str], name: str, *, required: bool = True) -> int | None:
     """A positive integer query parameter, or a 400 naming it."""
     text = params.get(name)
@@ -37,13 +50,10 @@ def positive_int(params: Mapping[str, str], name: str, *, required: bool = True)
         if required:
             raise ApiError(400, f"query parameter {name!r} is required", name)
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, f"query parameter {name!r} must be a positive integer, got {text[:40]!r}", name) from None
-    if value < 1:
-        raise ApiError(400, f"query parameter {name!r} must be a positive integer, got {value}", name)
-    return value
+    # ASCII digits only: int() would also read '1_0', '+1', ' 1' and full-width digits.
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_COUNT:
+        raise ApiError(400, f"query parameter {name!r} must be an integer from 1 to {MAX_COUNT} in ASCII digits, got {text[:40]!r}", name)
+    return int(text)
 
 
 def choice(params: Mapping[str, str], name: str, options: tuple[str, ...] | list[str], default: str | None = None) -> str | None:

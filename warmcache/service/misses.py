@@ -6,11 +6,12 @@ and nothing is written unless the whole batch is valid.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from warmcache.bounds import MAX_COUNT
+from warmcache.errors import shown
 from warmcache.registry.records import MissEvent
-from warmcache.service.http import ApiError
+from warmcache.service.http import ApiError, json_body
 from warmcache.shapes import WORKLOADS
 
 #: Miss reports per request: a guard flushes aggregated counts, so real batches are small.
@@ -23,10 +24,7 @@ _DEFAULT_ONE = ("count", "tp_size", "fsdp_size")
 
 
 def parse_misses(body: bytes) -> list[MissEvent]:
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise ApiError(400, f"body is not JSON: {exc}", "body") from None
+    document = json_body(body)
     items = document.get("misses") if isinstance(document, dict) else None
     if not isinstance(items, list):
         raise ApiError(400, "body must be an object with a list under 'misses'", "misses")
@@ -58,8 +56,8 @@ def _event(where: str, item: Any, problems: list[tuple[str, str]]) -> MissEvent 
         value = item.get(key, 1 if key in _DEFAULT_ONE else None)
         if value is None and key in _OPTIONAL_INT:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append((f"{where}.{key}", f"expected a positive integer, got {value!r}"))
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            problems.append((f"{where}.{key}", f"expected an integer from 1 to {MAX_COUNT} (what the registry holds), got {shown(value)}"))
     if len(problems) > before:
         return None
     return MissEvent(

@@ -17,6 +17,8 @@ the store and the cause.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from warmcache.errors import StoreError, UsageError, first_line
+from warmcache.errors import CacheError, StoreError, UsageError, first_line
+from warmcache.store.deadline import Deadline
 
 #: Default attempts per request (botocore ``standard`` retry mode, exponential backoff with jitter).
 DEFAULT_ATTEMPTS = 5
@@ -53,14 +56,27 @@ class ObjectStore(Protocol):
     def size_of(self, key: str) -> int | None:
         """The object's size, or ``None`` when there is none."""
 
+    def stat(self, key: str) -> StoredObject | None:
+        """The object's size and last write, or ``None`` when there is none."""
+
+    def sha256_of(self, key: str) -> str | None:
+        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when there is none."""
+
+    def touch(self, key: str) -> None:
+        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs)."""
+
     def read(self, key: str, max_bytes: int) -> bytes | None:
         """The whole object (refused above ``max_bytes``), or ``None`` when there is none."""
 
     def write(self, key: str, data: bytes) -> None:
         """Create or replace the object atomically."""
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
-        """Create or replace the object with a file's bytes (atomically); ``progress(bytes)`` as they go."""
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
+        """Create or replace the object with a file's bytes (atomically); ``progress(bytes)`` as they go.
+
+        The bytes are hashed as they are sent: if they are not ``sha256`` (the file changed
+        since it was hashed) nothing stays under ``key`` and :class:`CacheError` names the file.
+        """
 
     def blocks(self, key: str) -> Iterator[bytes]:
         """The object's bytes as a stream of blocks; :class:`StoreError` if it is gone."""
@@ -104,8 +120,28 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"{self.url}/{key}: {exc.strerror or exc}") from None
 
+    def stat(self, key: str) -> StoredObject | None:
+        try:
+            found = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"{self.url}/{key}: {exc.strerror or exc}") from None
+        return StoredObject(key, found.st_size, found.st_mtime)
+
+    def sha256_of(self, key: str) -> str | None:
+        return _hash_blocks(self.blocks(key)) if self.stat(key) is not None else None
+
+    def touch(self, key: str) -> None:
+        try:
+            os.utime(self._path(key))
+        except OSError as exc:
+            raise StoreError(f"{self.url}/{key}: cannot refresh ({exc.strerror or exc})") from None
+
     def read(self, key: str, max_bytes: int) -> bytes | None:
         path = self._path(key)
+        if not self.root.is_dir():  # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+            raise StoreError(f"{self.url}: store folder does not exist")
         try:
             with path.open("rb") as handle:
                 data = handle.read(max_bytes + 1)
@@ -120,13 +156,17 @@ class FileStore:
     def write(self, key: str, data: bytes) -> None:
         self._replace(key, lambda handle: handle.write(data))
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
         def copy(handle: Any) -> None:
+            digest = hashlib.sha256()
             with path.open("rb") as source:
                 for block in iter(lambda: source.read(_BLOCK), b""):
+                    digest.update(block)
                     handle.write(block)
                     if progress:
                         progress(len(block))
+            if digest.hexdigest() != sha256:  # raised before the rename: nothing lands under the key
+                raise CacheError(changed_under_push(path, sha256))
 
         self._replace(key, copy)
 
@@ -193,7 +233,9 @@ class S3Store:
         retries: dict[str, Any] = {"mode": "standard"}
         if not os.environ.get("AWS_MAX_ATTEMPTS"):
             retries["total_max_attempts"] = DEFAULT_ATTEMPTS
-        config = Config(retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32)
+        # Socket-level limits; the request and command deadlines on top are :class:`Deadline`'s.
+        config = Config(retries=retries, connect_timeout=5, read_timeout=20, max_pool_connections=32)
+        self.deadline = Deadline(self.url)
         try:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         except (BotoCoreError, ValueError) as exc:  # a bad region or endpoint URL
@@ -203,49 +245,105 @@ class S3Store:
     def _key(self, key: str) -> str:
         return self.prefix + key
 
+    def _call(self, operation: str, key: str, nbytes: int = 0, **params: Any) -> Any:
+        """One S3 request on this store's key, under the deadlines (:mod:`warmcache.store.deadline`)."""
+        method = getattr(self.client, operation)
+        return self.deadline.run(lambda: method(Bucket=self.bucket, Key=self._key(key), **params), f"{operation} {key}", nbytes)
+
     def size_of(self, key: str) -> int | None:
+        found = self.stat(key)
+        return found.size if found else None
+
+    def stat(self, key: str) -> StoredObject | None:
         with self._errors(key, absent_ok=True):
-            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+            head = self._call("head_object", key)
+            return StoredObject(key, int(head["ContentLength"]), head["LastModified"].timestamp())
         return None
+
+    def sha256_of(self, key: str) -> str | None:
+        with self._errors(key, absent_ok=True):
+            checksum = self._call("head_object", key, ChecksumMode="ENABLED").get("ChecksumSHA256")
+            if checksum and "-" not in checksum:  # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+                return base64.b64decode(checksum).hex()
+            return _hash_blocks(self.blocks(key))  # written without a checksum (another tool, an older warmcache): read it
+        return None
+
+    def touch(self, key: str) -> None:
+        with self._errors(key):
+            source = {"Bucket": self.bucket, "Key": self._key(key)}
+            self._call("copy_object", key, CopySource=source, MetadataDirective="REPLACE", ChecksumAlgorithm="SHA256")
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         with self._errors(key, absent_ok=True):
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self._call("get_object", key)
             if int(response["ContentLength"]) > max_bytes:
                 response["Body"].close()
                 raise StoreError(f"{self.url}/{key}: larger than {max_bytes} bytes; refused")
-            return bytes(response["Body"].read())
+            return b"".join(self.deadline.blocks(response["Body"].iter_chunks(_BLOCK), f"reading {key}"))
         return None
 
     def write(self, key: str, data: bytes) -> None:
         with self._errors(key):
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            self._call("put_object", key, len(data), Body=data, ChecksumAlgorithm="SHA256")
 
-    def upload(self, path: Path, key: str, progress: Callable[[int], None] | None = None) -> None:
-        with self._errors(key):
-            self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer, Callback=progress)
+    def upload(self, path: Path, key: str, sha256: str, progress: Callable[[int], None] | None = None) -> None:
+        with self._errors(key), path.open("rb") as source:
+            reader = _HashingReader(source)  # read in order (not seekable), so the hash is of exactly what was sent
+            extra = {"ChecksumAlgorithm": "SHA256"}
+
+            def send() -> None:
+                self.client.upload_fileobj(reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress)
+
+            self.deadline.run(send, f"uploading {key}", os.fstat(source.fileno()).st_size)
+            if reader.digest.hexdigest() != sha256:
+                self._call("delete_object", key)
+                raise CacheError(changed_under_push(path, sha256))
 
     def blocks(self, key: str) -> Iterator[bytes]:
         with self._errors(key):
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            body = self._call("get_object", key)["Body"]
             try:
-                yield from body.iter_chunks(_BLOCK)
+                yield from self.deadline.blocks(body.iter_chunks(_BLOCK), f"downloading {key}")
             finally:
                 body.close()
 
     def list(self, prefix: str) -> Iterator[StoredObject]:
         with self._errors(prefix):
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
-            for page in pages:
+            pages = iter(self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+            done: dict[str, Any] = {}
+            while (page := self.deadline.run(lambda: next(pages, done), f"listing {prefix}")) is not done:
                 for item in page.get("Contents", ()):
                     yield StoredObject(item["Key"][len(self.prefix) :], int(item["Size"]), item["LastModified"].timestamp())
 
     def delete(self, key: str) -> None:
         with self._errors(key):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            self._call("delete_object", key)
 
     def _errors(self, key: str, absent_ok: bool = False) -> _S3Errors:
         return _S3Errors(self, key, absent_ok)
+
+
+class _HashingReader:
+    """A file's bytes read once, in order, hashed on the way (deliberately not seekable)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.digest = source, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.source.read(size)
+        self.digest.update(block)
+        return bytes(block)
+
+
+def changed_under_push(path: Path, sha256: str) -> str:
+    return f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); nothing stored under that key, push refused"
+
+
+def _hash_blocks(blocks: Iterator[bytes]) -> str:
+    digest = hashlib.sha256()
+    for block in blocks:
+        digest.update(block)
+    return digest.hexdigest()
 
 
 class _S3Errors:

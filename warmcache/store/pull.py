@@ -20,13 +20,13 @@ leaves no partial entry and no row naming a missing file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
@@ -56,7 +57,7 @@ from warmcache.store.index import (
     parse_index,
 )
 from warmcache.store.push import TRANSFER_THREADS
-from warmcache.trust import NOT_CONFIGURED, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
@@ -105,23 +106,29 @@ class PullResult:
 
 def pull_manifest(
     manifest: Manifest,
-    registry: Registry,
+    registry: RegistryLocation | str,
     location: CacheLocation,
     store: ObjectStore,
     *,
     model_name: str | None = None,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     trusted: TrustedKeys = NOT_CONFIGURED,
+    allow_unsigned: bool = False,
     progress: Progress | None = None,
 ) -> PullResult:
     """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
 
     Every index is validated (and, with ``trusted`` keys, its signature verified)
-    before the first byte is downloaded or written.
+    before the first byte is downloaded or written; without trusted keys nothing is
+    pulled unless ``allow_unsigned``. The ``registry``
+    is created only once everything is checked: a refused pull leaves no new, empty
+    registry file (and no cache folder) behind.
     """
+    require_trust(trusted, allow_unsigned, f"pull from {store.url}")
+    registry = RegistryLocation.of(registry)
     planned = plan_manifest(manifest, model_name)
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
-    present = {identity for identity, paths in registry.done_artifact_paths(identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
+    present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
     found = _read_indexes(store, wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
@@ -140,9 +147,16 @@ def pull_manifest(
         return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
     folder = location.root / BLOB_FOLDER
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
+    created = [p for p in (location.root, *location.root.parents) if not p.exists()]
     try:
         downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
-        result = install_staged(meta, location, lambda: nullcontext(registry), lambda staging: _link_files(files, folder, staging))
+        result = install_staged(meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging))
+    except CacheError:  # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+        shutil.rmtree(folder, ignore_errors=True)
+        for path in created:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
     except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
     shutil.rmtree(folder, ignore_errors=True)
@@ -155,6 +169,14 @@ def pull_manifest(
         bytes_reused=reused,
         rows=result.rows,
     )
+
+
+def _done_artifact_paths(location: RegistryLocation, identities: list[str]) -> dict[str, list[str]]:
+    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records nothing (and is not created)."""
+    if location.sqlite_file is not None and not location.sqlite_file.exists():
+        return {}
+    with Registry.open(location) as registry:
+        return registry.done_artifact_paths(identities)
 
 
 def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
@@ -214,9 +236,13 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
             return
         for attempt in range(1, FETCH_ATTEMPTS + 1):
             partial = folder / f"{sha256}.part-{uuid.uuid4().hex[:8]}"
+            counted = [0]
             try:
-                write_checked(_counted(store.blocks(blob_key(sha256)), advance), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}")
+                write_checked(
+                    _counted(store.blocks(blob_key(sha256)), advance, counted), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}"
+                )
             except CacheError as exc:
+                advance(-counted[0])  # the bytes of a refused fetch count again when they are fetched again, not twice
                 partial.unlink(missing_ok=True)
                 if attempt == FETCH_ATTEMPTS:
                     raise CacheError(f"{exc} (fetched {FETCH_ATTEMPTS} times)") from None
@@ -235,9 +261,10 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
     return counts["downloaded"], counts["reused"]
 
 
-def _counted(blocks: Iterator[bytes], advance: Any) -> Iterator[bytes]:
+def _counted(blocks: Iterator[bytes], advance: Any, counted: list[int]) -> Iterator[bytes]:
     for block in blocks:
         advance(len(block))
+        counted[0] += len(block)
         yield block
 
 

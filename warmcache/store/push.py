@@ -14,9 +14,11 @@ blobs already there are skipped.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from warmcache.cache.bundle import (
@@ -40,6 +42,7 @@ from warmcache.store.index import (
     index_bytes,
     index_key,
 )
+from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.trust import SigningKey, sign_document
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
@@ -94,17 +97,50 @@ def push_manifest(
     except OSError as exc:
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
     blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
+    checked_at = time.monotonic()
     uploaded, present, sent = _upload_missing(store, blobs, progress)
-    written = 0
+    indexes = []
     for record in records:
         index = build_index(record, location.flavor, shapes[record.identity])
         if signing_key:
             index = sign_document(index, signing_key)
-        key, data = index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)
+        indexes.append((index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)))
+    late = time.monotonic() - checked_at > REFRESH_AGE_SECONDS  # every check is old now: refresh every re-used blob
+    again = _refresh_reused(store, sorted(sha for sha, modified in present.items() if late or time.time() - modified > REFRESH_AGE_SECONDS), blobs)
+    written = _write_indexes(store, indexes)
+    return PushResult(store.url, len(records), written, len(records) - written, uploaded + again, len(present) - again, sent, not_compiled)
+
+
+def _write_indexes(store: ObjectStore, indexes: list[tuple[str, bytes]]) -> int:
+    """Write each index whose bytes differ from the store's (every blob it names is in place); how many were written."""
+    written = 0
+    for key, data in indexes:
         if store.read(key, MAX_INDEX_BYTES) != data:
             store.write(key, data)
             written += 1
-    return PushResult(store.url, len(records), written, len(records) - written, uploaded, present, sent, not_compiled)
+    return written
+
+
+def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tuple[Path, int]]) -> int:
+    """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to name them.
+
+    The store's consistency rule (:mod:`warmcache.store.maintenance`): gc deletes a blob
+    only if no index named it when its run started and when it decided, and its own
+    ``stat`` of the blob, taken at most :data:`GC_DECISION_SECONDS` before the delete,
+    showed it older than the grace period. So once this refresh is older than that
+    window, a blob that is still there stays there; one deleted by a gc that looked
+    before the refresh is uploaded again. Returns how many had to be uploaded again.
+    """
+    if not reused:
+        return 0
+    for sha256 in reused:
+        store.touch(blob_key(sha256))
+    time.sleep(GC_DECISION_SECONDS)
+    gone = [sha256 for sha256 in reused if store.size_of(blob_key(sha256)) is None]
+    for sha256 in gone:
+        path, _ = blobs[sha256]
+        store.upload(path, blob_key(sha256), sha256)
+    return len(gone)
 
 
 def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
@@ -120,11 +156,16 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
     return {record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))] for record in records}
 
 
-def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Any, int]], progress: Progress | None) -> tuple[int, int, int]:
-    """Upload each blob the store lacks, in parallel; ``(uploaded, already present, bytes sent)``."""
+def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None) -> tuple[int, dict[str, float], int]:
+    """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written}, bytes sent)``.
+
+    A blob of the right size is re-used only if its content is its name (S3's own
+    checksum, or the file store's bytes hashed): a blob damaged in place is replaced.
+    """
     total = sum(size for _, size in blobs.values())
     lock = threading.Lock()
-    state = {"done": 0, "uploaded": 0, "present": 0, "sent": 0}
+    state = {"done": 0, "uploaded": 0, "sent": 0}
+    present: dict[str, float] = {}
 
     def advance(nbytes: int, **counts: int) -> None:
         with lock:
@@ -137,13 +178,16 @@ def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Any, int]], progr
     def one(sha256: str) -> None:
         path, size = blobs[sha256]
         key = blob_key(sha256)
-        if store.size_of(key) == size:
-            advance(size, present=1)
+        held = store.stat(key)
+        if held is not None and held.size == size and store.sha256_of(key) == sha256:
+            with lock:
+                present[sha256] = held.modified
+            advance(size)
             return
-        store.upload(path, key, lambda nbytes: advance(nbytes))
+        store.upload(path, key, sha256, lambda nbytes: advance(nbytes))
         advance(0, uploaded=1, sent=size)
 
     with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
         for future in [pool.submit(one, sha256) for sha256 in sorted(blobs)]:
             future.result()
-    return state["uploaded"], state["present"], state["sent"]
+    return state["uploaded"], present, state["sent"]

@@ -13,7 +13,8 @@ from warmcache.warmup import distributed
 from warmcache.warmup.child import ReportWriter, read_request
 from warmcache.warmup.runner import claim_as_worker, warm_as_torchrun_child
 from warmcache.warmup.summary import ClaimRequest, WarmupRequest
-from warmcache.warmup.verify import ReplayRequest, replay
+from warmcache.warmup.verify.messages import ReplayRequest
+from warmcache.warmup.verify.replayer import replay
 
 
 def main(request_path: str, report_path: str) -> None:

@@ -1,0 +1,96 @@
+"""The service under hostile requests: integers the registry cannot hold, deep JSON, lenient digits,
+questions about the server's disk. Each is a 4xx naming the field, and none marks the registry down."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from moto_server import free_port
+from test_service import TOKEN, call, compiled, manifest, service  # noqa: F401 - fixtures
+
+from warmcache.bounds import MAX_COUNT
+from warmcache.service.http import ApiError
+from warmcache.service.misses import parse_misses
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def miss(**overrides: object) -> bytes:
+    item = {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "pad", **overrides}
+    return json.dumps({"misses": [item]}).encode()
+
+
+@pytest.mark.parametrize(("field", "value"), [("batch_size", 2**31), ("count", 2**63), ("count", 2**62), ("padded_seq", MAX_COUNT + 1)])
+def test_a_miss_report_the_registry_cannot_hold_is_a_400_naming_the_field(field: str, value: int) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_misses(miss(**{field: value}))
+    assert caught.value.status == 400 and caught.value.field == f"misses[0].{field}" and str(MAX_COUNT) in caught.value.message
+    assert parse_misses(miss(**{field: MAX_COUNT}))[0]  # the largest value both backends hold is accepted
+
+
+def test_json_nested_100000_deep_is_a_400_before_parsing() -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_misses(b'{"misses": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert caught.value.status == 400 and "nest" in caught.value.message and caught.value.field == "body"
+
+
+def test_an_oversized_miss_report_never_marks_the_registry_down(service: str, compiled: str) -> None:  # noqa: F811
+    for body in (miss(batch_size=2**31), miss(count=2**62), miss(count=2**62), b'{"misses": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        status, answer, _ = call(f"{service}/v1/misses", "POST", body, AUTH)
+        assert status == 400, answer
+    assert call(f"{service}/v1/refresh", "POST", b"", AUTH)[0] == 200  # a refresh still sums the misses
+    assert call(f"{service}/readyz")[0] == 200 and call(f"{service}/v1/models")[0] == 200
+
+
+@pytest.mark.parametrize("batch", ["1_0", "+1", "\N{FULLWIDTH DIGIT ONE}", " 1", "1.0"])
+def test_query_integers_are_ascii_digits_only(service: str, batch: str) -> None:  # noqa: F811
+    status, answer, _ = call(f"{service}/v1/check?model=m&seq=16&batch={urllib.parse.quote(batch)}")
+    assert status == 400 and answer["error"]["field"] == "batch", answer
+
+
+@pytest.mark.parametrize("path", ["/etc", "/proc/self", "/no/such/folder", "/tmp"])
+def test_plan_does_not_reveal_whether_server_paths_exist(service: str, path: str) -> None:  # noqa: F811
+    body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    status, answer, _ = call(f"{service}/v1/plan", "POST", body, AUTH)
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert "model path not checked by the service" in message and answer["error"]["field"] == "model[0].path"
+    assert "not a folder" not in message and "not found" not in message and "/proc/" not in message and path not in message
+
+
+def test_plan_answers_are_the_same_for_a_missing_and_an_existing_server_path(service: str, tmp_path: Path) -> None:  # noqa: F811
+    answers = set()
+    for path in ("/etc", "/no/such/folder"):
+        body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+        answers.add(json.dumps(call(f"{service}/v1/plan", "POST", body, AUTH)[1]).replace(path, "PATH"))
+    assert len(answers) == 1, answers
+
+
+def serve_command(tmp_path: Path, host: str) -> list[str]:
+    return [sys.executable, "-c", "from warmcache.cli import main; main()", "serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--host", host, "--port", str(free_port())]
+
+
+def test_serve_refuses_a_short_token_without_quoting_it(tmp_path: Path) -> None:
+    env = {**os.environ, "WARMCACHE_TOKEN": "x"}  # a server that started anyway is killed by the timeout, failing the test
+    result = subprocess.run(serve_command(tmp_path, "0.0.0.0"), capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 2 and "fewer than 16" in result.stderr and "'x'" not in result.stderr
+
+
+@pytest.mark.parametrize(("host", "shown", "warned"), [("::", "http://[::]:", True), ("0.0.0.0", "http://0.0.0.0:", True), ("127.0.0.1", "http://127.0.0.1:", False)])
+def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path, host: str, shown: str, warned: bool) -> None:
+    env = {**os.environ, "WARMCACHE_TOKEN": "a-long-enough-secret-token"}
+    command = serve_command(tmp_path, host)
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as server:
+        assert server.stderr is not None
+        lines = [server.stderr.readline()]  # the warning comes before the dashboard line: no second read can block
+        if "dashboard" not in lines[0]:
+            lines.append(server.stderr.readline())
+        server.terminate()
+    assert shown in lines[-1], lines
+    assert any("reachable beyond this machine" in line for line in lines) is warned, lines

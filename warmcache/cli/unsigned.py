@@ -1,0 +1,28 @@
+"""``--allow-unsigned``: the one way to install a compile cache whose signature nobody checks (said once, loudly)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from warmcache.trust import ALLOW_UNSIGNED_ENV, TrustedKeys
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def allow_unsigned_option(func: F) -> F:
+    """Shared by ``pull`` and ``bundle unpack``: without trusted keys they refuse unless given this."""
+    return click.option(
+        "--allow-unsigned",
+        is_flag=True,
+        envvar=ALLOW_UNSIGNED_ENV,
+        help=f"Install even though no trusted key checks who built it (a compile cache is code; default: refuse without --trust). Env: ${ALLOW_UNSIGNED_ENV}=1.",
+    )(func)
+
+
+def warn_if_unverified(allow_unsigned: bool, trusted: TrustedKeys) -> None:
+    """The one loud line an unverified install prints before it starts."""
+    if allow_unsigned and not trusted.configured:
+        click.echo("warmcache: warning: --allow-unsigned: installing compiled code whose origin nobody verified (no trusted keys configured)", err=True)

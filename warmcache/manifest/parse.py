@@ -1,0 +1,277 @@
+"""Parsed TOML → a validated :class:`~warmcache.manifest.schema.Manifest`, collecting every problem before failing.
+
+Nothing is written anywhere until a manifest validates. The keys each table accepts come
+from the schema's dataclasses (:func:`~warmcache.manifest.schema.allowed_keys`); every
+relative path is anchored at the manifest's folder by one :class:`~warmcache.anchor.Anchor`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from warmcache.anchor import Anchor
+from warmcache.errors import ManifestError, UsageError, shown
+from warmcache.manifest.checker import Checker, show
+from warmcache.manifest.schema import (
+    AOTINDUCTOR,
+    BACKENDS,
+    CACHE_IMPLEMENTATIONS,
+    DEFAULT_BACKEND,
+    DEFAULT_LEASE_SECONDS,
+    DEVICES,
+    MODES,
+    PRECOMPILE_BACKENDS,
+    GenerateWorkload,
+    Manifest,
+    ModelSpec,
+    StoreSettings,
+    TrainWorkload,
+    allowed_keys,
+)
+from warmcache.settings import REGISTRY, RegistryLocation
+from warmcache.shapes import DTYPE_ALIASES
+from warmcache.trust import TrustedKeys
+from warmcache.units import parse_size
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
+    """Validate already-parsed TOML; ``file`` names the source in messages and anchors relative paths."""
+    check = Checker(file)
+    anchor = Anchor.of(file)
+    check.unknown_keys(raw, allowed_keys(Manifest), "")
+
+    registry = check.table(raw, "registry", "registry")
+    check.unknown_keys(registry, allowed_keys(Manifest, "registry"), "registry")
+    url = check.string(registry, "url", "registry")
+    location = None
+    if url is not None:
+        try:
+            location = RegistryLocation.parse(url, REGISTRY.sources(file)[2], anchor.base)
+        except UsageError as exc:
+            check.problem("registry.url", str(exc).removeprefix(REGISTRY.sources(file)[2]).lstrip())
+    lease = check.positive_int(registry, "lease_seconds", "registry", default=DEFAULT_LEASE_SECONDS)
+
+    cache = check.table(raw, "cache", "cache")
+    check.unknown_keys(cache, allowed_keys(Manifest, "cache"), "cache")
+    cache_dir = check.file_path(cache, "dir", "cache")
+
+    trusted = _parse_trust(check, check.table(raw, "trust", "trust"), anchor)
+
+    store = _parse_store(check, check.table(raw, "store", "store"), anchor)
+
+    models: list[ModelSpec] = []
+    seen: dict[str, int] = {}
+    entries = check.tables(raw, "model", "model")
+    if not entries and not check.problems:
+        check.problem("model", "no [[model]] entries: declare at least one model")
+    for index, entry in enumerate(entries):
+        model = _parse_model(check, entry, f"model[{index}]", anchor)
+        if model is None:
+            continue
+        if model.name in seen:
+            check.problem(f"model[{index}].name", f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])")
+            continue
+        seen[model.name] = index
+        models.append(model)
+
+    if check.problems:
+        raise ManifestError(check.problems)
+    return Manifest(
+        path=file,
+        models=tuple(models),
+        registry=location,
+        lease_seconds=lease or DEFAULT_LEASE_SECONDS,
+        cache_dir=anchor.path(cache_dir) if cache_dir else None,
+        store=store,
+        trusted_keys=trusted,
+    )
+
+
+def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> StoreSettings:
+    """``[store]``: a plain path is a ``file://`` store relative to the manifest's folder."""
+    check.unknown_keys(table, allowed_keys(StoreSettings), "store")
+    url = check.string(table, "url", "store")
+    if url is not None and "://" not in url:
+        url = anchor.path(url).as_uri()
+    elif url is not None and not url.startswith(("s3://", "file://")):
+        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path or a folder path)")
+    max_size = check.string(table, "max_pull_size", "store")
+    max_bytes = None
+    if max_size is not None:
+        try:
+            max_bytes = parse_size(max_size, option="store.max_pull_size")
+        except UsageError as exc:
+            check.problem("store.max_pull_size", str(exc).split(": ", 1)[-1])
+    sign_key = check.file_path(table, "sign_key", "store")
+    return StoreSettings(
+        url,
+        check.string(table, "endpoint_url", "store"),
+        check.boolean(table, "push", "store", False),
+        max_bytes,
+        anchor.path(sign_key) if sign_key else None,
+    )
+
+
+def _parse_trust(check: Checker, trust: dict[str, Any], anchor: Anchor) -> TrustedKeys:
+    """``[trust] keys``: public keys (``ed25519:...``) or ``.pub`` files relative to the manifest."""
+    check.unknown_keys(trust, allowed_keys(Manifest, "trust"), "trust")
+    entries = trust.get("keys", [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        check.problem("trust.keys", f"must be a list of public keys or key files, got {show(entries)}")
+        return TrustedKeys()
+    try:
+        return TrustedKeys.load(entries, f"{check.file}: trust.keys", anchor.base)
+    except UsageError as exc:
+        check.problems.append(str(exc))
+        return TrustedKeys()
+
+
+def _model_path(text: str, anchor: Anchor) -> str:
+    """A local model folder is anchored like any path; anything else is a hub id and stays as written."""
+    if os.path.isabs(os.path.expanduser(text)) or text.startswith((".", "~")) or os.path.exists(anchor.base / os.path.expanduser(text)):
+        return str(anchor.path(text))
+    return text
+
+
+def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
+    before = len(check.problems)
+    check.unknown_keys(entry, allowed_keys(ModelSpec), where)
+    name = check.string(entry, "name", where, required=True)
+    if name is not None and not _NAME_RE.match(name):
+        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+    path = check.file_path(entry, "path", where, required=True)
+    revision = check.string(entry, "revision", where)
+
+    dtype_raw = check.string(entry, "dtype", where, default="float32")
+    dtype = DTYPE_ALIASES.get(dtype_raw or "")
+    if dtype is None:
+        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
+
+    if entry.get("device") == "auto":
+        check.problem(
+            f"{where}.device",
+            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and compiles nothing; name the device (neuron, cpu or cuda)",
+        )
+        device = None
+    else:
+        device = check.choice(entry, "device", where, DEVICES, "cpu")
+    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
+    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
+        check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
+    mode = check.choice(entry, "mode", where, MODES, "default")
+    attn_implementation = check.string(entry, "attn_implementation", where)
+    aotinductor = entry.get("precompile") == AOTINDUCTOR
+    if isinstance(entry.get("precompile"), str) and not aotinductor:
+        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
+        precompile = False
+    else:
+        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
+    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
+        check.problem(
+            f"{where}.precompile",
+            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+        )
+    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+        check.problem(
+            f"{where}.precompile",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
+        )
+
+    distributed = check.table(entry, "distributed", f"{where}.distributed")
+    check.unknown_keys(distributed, allowed_keys(ModelSpec, "distributed"), f"{where}.distributed")
+    tp = check.positive_int(distributed, "tp_size", f"{where}.distributed", default=1) or 1
+    fsdp = check.positive_int(distributed, "fsdp_size", f"{where}.distributed", default=1) or 1
+
+    generate = _parse_each(check, entry, "generate", where, _parse_generate)
+    train = _parse_each(check, entry, "train", where, _parse_train)
+    if aotinductor:
+        _check_aotinductor(check, where, tp * fsdp, generate)
+    if not generate and not train and len(check.problems) == before:
+        check.problem(where, f"model {shown(name)} declares no workload: add [[model.generate]] or [[model.train]]")
+
+    if len(check.problems) != before:
+        return None
+    assert name is not None and path is not None and dtype is not None and device and backend and mode
+    return ModelSpec(
+        name=name,
+        path=_model_path(path, anchor),
+        revision=revision,
+        dtype=dtype,
+        device=device,
+        backend=backend,
+        mode=mode,
+        attn_implementation=attn_implementation,
+        precompile=precompile,
+        aotinductor=aotinductor,
+        tp_size=tp,
+        fsdp_size=fsdp,
+        generate=tuple(generate),
+        train=tuple(train),
+    )
+
+
+def _check_aotinductor(check: Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:
+    """What an AOTInductor decode package cannot serve, refused at plan time with the reason."""
+    if world_size > 1:
+        check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
+    for i, workload in enumerate(generate):
+        if workload.prefill_chunk_size:
+            check.problem(
+                f"{where}.generate[{i}].prefill_chunk_size",
+                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
+            )
+        if workload.num_beams > 1:
+            check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
+
+
+def _parse_each(check: Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[Checker, dict[str, Any], str], Any]) -> list[Any]:
+    parsed = []
+    for i, table in enumerate(check.tables(entry, key, f"{where}.{key}")):
+        item = parse(check, table, f"{where}.{key}[{i}]")
+        if item is not None:
+            parsed.append(item)
+    return parsed
+
+
+def _parse_generate(check: Checker, table: dict[str, Any], where: str) -> GenerateWorkload | None:
+    before = len(check.problems)
+    check.unknown_keys(table, allowed_keys(GenerateWorkload), where)
+    batch_sizes = check.positive_ints(table, "batch_sizes", where)
+    prompt_lengths = check.positive_ints(table, "prompt_lengths", where)
+    max_cache_len = check.positive_int(table, "max_cache_len", where, required=True)
+    num_beams = check.positive_int(table, "num_beams", where, default=1) or 1
+    num_return = check.positive_int(table, "num_return_sequences", where, default=1) or 1
+    do_sample = check.boolean(table, "do_sample", where, False)
+    chunk = check.positive_int(table, "prefill_chunk_size", where)
+    cache_impl = check.choice(table, "cache_implementation", where, CACHE_IMPLEMENTATIONS, "static") or "static"
+    if max_cache_len is not None:
+        for length in prompt_lengths:
+            if length + 1 > max_cache_len:
+                check.problem(
+                    f"{where}.prompt_lengths",
+                    f"prompt length {length} + 1 new token exceeds max_cache_len {max_cache_len}",
+                )
+    if not do_sample and num_return > num_beams:
+        check.problem(f"{where}.num_return_sequences", f"{num_return} exceeds num_beams {num_beams} (greedy/beam search returns at most num_beams sequences)")
+    if len(check.problems) != before:
+        return None
+    assert max_cache_len is not None
+    return GenerateWorkload(batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return, do_sample, chunk, cache_impl)
+
+
+def _parse_train(check: Checker, table: dict[str, Any], where: str) -> TrainWorkload | None:
+    before = len(check.problems)
+    check.unknown_keys(table, allowed_keys(TrainWorkload), where)
+    batch_sizes = check.positive_ints(table, "batch_sizes", where)
+    seq_lengths = check.positive_ints(table, "seq_lengths", where)
+    bf16 = check.boolean(table, "bf16", where, False)
+    checkpointing = check.boolean(table, "gradient_checkpointing", where, False)
+    if len(check.problems) != before:
+        return None
+    return TrainWorkload(batch_sizes, seq_lengths, bf16, checkpointing)

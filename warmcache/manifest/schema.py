@@ -1,0 +1,180 @@
+"""The validated manifest as values, each field saying where it lives in the TOML.
+
+A field's TOML place is its name unless its metadata says otherwise (``toml("cache.dir")``,
+or :data:`NOT_IN_TOML`); :func:`allowed_keys` reads the places back, so the keys a table
+accepts are stated once, here, next to the value they fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from warmcache.errors import ManifestError, shown
+from warmcache.settings import RegistryLocation
+from warmcache.shapes import SettingValue, ShapeFamily, ShapeSpec
+from warmcache.trust import TrustedKeys
+
+DEVICES = ("neuron", "cpu", "cuda")
+BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
+DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CACHE_IMPLEMENTATIONS = ("static", "hybrid")
+#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
+PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
+#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
+AOTINDUCTOR = "aotinductor"
+DEFAULT_LEASE_SECONDS = 600
+
+_TOML = "toml"
+#: The metadata of a field the manifest does not spell (it comes from the file itself).
+NOT_IN_TOML: dict[str, Any] = {_TOML: None}
+
+
+def toml(place: str) -> dict[str, Any]:
+    """The metadata of a field whose TOML key is not its name: ``"cache.dir"`` is ``[cache] dir``."""
+    return {_TOML: place}
+
+
+def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
+    """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML places."""
+    prefix = f"{table}." if table else ""
+    keys: dict[str, None] = {}
+    for item in fields(cls):
+        place = item.metadata.get(_TOML, item.name)
+        if place is not None and place.startswith(prefix):
+            keys.setdefault(place.removeprefix(prefix).split(".")[0])
+    return tuple(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateWorkload:
+    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings."""
+
+    batch_sizes: tuple[int, ...]
+    prompt_lengths: tuple[int, ...]
+    max_cache_len: int
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    do_sample: bool = False
+    prefill_chunk_size: int | None = None
+    cache_implementation: str = "static"
+
+    def settings(self) -> tuple[tuple[str, SettingValue], ...]:
+        return (
+            ("cache_implementation", self.cache_implementation),
+            ("do_sample", self.do_sample),
+            ("num_beams", self.num_beams),
+            ("num_return_sequences", self.num_return_sequences),
+            ("prefill_chunk_size", self.prefill_chunk_size),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainWorkload:
+    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings."""
+
+    batch_sizes: tuple[int, ...]
+    seq_lengths: tuple[int, ...]
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+
+    def settings(self) -> tuple[tuple[str, SettingValue], ...]:
+        return (("bf16", self.bf16), ("gradient_checkpointing", self.gradient_checkpointing))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One ``[[model]]`` entry, with paths resolved against the manifest's folder."""
+
+    name: str
+    path: str
+    revision: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    backend: str = "inductor"
+    mode: str = "default"
+    #: ``from_pretrained(attn_implementation=...)`` at every load (warmup, verify, the guard's check);
+    #: ``None``: whatever transformers picks. Part of each shape's identity.
+    attn_implementation: str | None = None
+    #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
+    precompile: bool = False
+    #: ...as an AOTInductor package (``precompile = "aotinductor"``) instead of an ``aot_compile`` artifact.
+    aotinductor: bool = field(default=False, metadata=toml("precompile"))
+    tp_size: int = field(default=1, metadata=toml("distributed.tp_size"))
+    fsdp_size: int = field(default=1, metadata=toml("distributed.fsdp_size"))
+    generate: tuple[GenerateWorkload, ...] = ()
+    train: tuple[TrainWorkload, ...] = ()
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.path).is_dir()
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.fsdp_size
+
+    def family(self, workload: str, settings: tuple[tuple[str, SettingValue], ...], max_cache_len: int | None) -> ShapeFamily:
+        return ShapeFamily(
+            model=self.name,
+            workload=workload,  # type: ignore[arg-type]
+            dtype=self.dtype,
+            max_cache_len=max_cache_len,
+            tp_size=self.tp_size,
+            fsdp_size=self.fsdp_size,
+            settings=settings,
+        )
+
+    def specs(self) -> list[ShapeSpec]:
+        """Every declared shape of this model, deduplicated, in a stable order."""
+        out: dict[str, ShapeSpec] = {}
+        for gen in self.generate:
+            family = self.family("generate", gen.settings(), gen.max_cache_len)
+            for b in gen.batch_sizes:
+                for length in gen.prompt_lengths:
+                    spec = ShapeSpec(family, b, length)
+                    out.setdefault(spec.shape_hash, spec)
+        for train in self.train:
+            family = self.family("train", train.settings(), None)
+            for b in train.batch_sizes:
+                for length in train.seq_lengths:
+                    spec = ShapeSpec(family, b, length)
+                    out.setdefault(spec.shape_hash, spec)
+        return list(out.values())
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """The ``[store]`` table: where compiled caches are published and fetched (see :mod:`warmcache.store`)."""
+
+    url: str | None = None
+    #: An S3-compatible server (MinIO, R2, ...); AWS itself needs none.
+    endpoint_url: str | None = None
+    #: ``warmcache warmup`` publishes each shape as soon as it is compiled.
+    push: bool = False
+    max_pull_bytes: int | None = field(default=None, metadata=toml("max_pull_size"))
+    #: The private key that signs every index this host pushes (``warmcache keys generate``).
+    sign_key: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A validated manifest file."""
+
+    path: Path = field(metadata=NOT_IN_TOML)
+    registry: RegistryLocation | None = field(default=None, metadata=toml("registry.url"))  # normalised (relative paths against the manifest's folder)
+    lease_seconds: int = field(default=DEFAULT_LEASE_SECONDS, metadata=toml("registry.lease_seconds"))
+    cache_dir: Path | None = field(default=None, metadata=toml("cache.dir"))
+    store: StoreSettings = field(default_factory=lambda: StoreSettings())
+    trusted_keys: TrustedKeys = field(default=TrustedKeys(), metadata=toml("trust.keys"))
+    models: tuple[ModelSpec, ...] = field(kw_only=True, metadata=toml("model"))
+
+    def model(self, name: str) -> ModelSpec:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise ManifestError(f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})")
+
+    def specs(self) -> list[ShapeSpec]:
+        return [spec for model in self.models for spec in model.specs()]

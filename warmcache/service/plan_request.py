@@ -1,0 +1,34 @@
+"""``POST /v1/plan``: plan a manifest sent by a client without answering questions about the server's disk.
+
+Planning fingerprints each model from its ``config.json``, which the service can
+only read from its own disk. Every way that can fail (no such path, not a folder,
+no ``config.json``, unreadable, ``/proc/self`` resolving to the server's PID) would
+otherwise be a different answer, so a client could probe which server paths
+exist. All of them are one answer that names the manifest entry, never the path
+as the server resolved it nor why it failed.
+"""
+
+from __future__ import annotations
+
+from warmcache.errors import UsageError
+from warmcache.manifest import Manifest
+from warmcache.plan import PlannedShape, plan_model
+from warmcache.service.http import ApiError
+
+NOT_CHECKED = "model path not checked by the service (it plans only models whose config.json it holds; run warmcache plan where the model is)"
+
+
+def plan_request(manifest: Manifest, model_name: str | None) -> list[PlannedShape]:
+    """Every shape the posted manifest declares (optionally for one model), or one 400 that says nothing about paths."""
+    try:
+        models = [manifest.model(model_name)] if model_name else list(manifest.models)
+    except UsageError as exc:
+        raise ApiError(400, str(exc), "model") from None
+    planned: list[PlannedShape] = []
+    for model in models:
+        try:
+            planned.extend(plan_model(model))
+        except (UsageError, OSError):
+            index = manifest.models.index(model)
+            raise ApiError(400, f"model[{index}] {model.name!r}: {NOT_CHECKED}", f"model[{index}].path") from None
+    return planned

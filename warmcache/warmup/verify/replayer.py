@@ -1,0 +1,84 @@
+"""verify's fresh replay process: run each spec once, as warmup did, and measure what it compiled.
+
+Started by the parent (:mod:`.parent`) through :mod:`warmcache.warmup.child`'s protocol
+(``python -m warmcache.warmup``); each spec's :class:`ReplayResult` goes back as soon as
+it is measured. Under torchrun every rank replays and rank 0 reports the merged result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from warmcache.errors import DecodeRecompileError, error_line
+from warmcache.manifest import load_manifest
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.registry import Registry
+from warmcache.warmup import distributed
+from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
+
+if TYPE_CHECKING:
+    from warmcache.warmup.worker import Worker
+
+
+def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> None:
+    """The fresh process: run each spec once through the same Worker warmup used, and measure."""
+    from warmcache.warmup.worker import Worker
+
+    manifest = load_manifest(request.manifest)
+    by_identity = {p.identity: p for p in plan_manifest(manifest)}
+    worker = Worker(manifest, request.cache_dir, precompile=False)
+    ranks = distributed.in_torchrun()
+    if ranks:
+        distributed.init_process_group(by_identity[request.identities[0]].model.device)
+    for identity in request.identities:
+        planned = by_identity[identity]
+        start = time.perf_counter()
+        try:
+            run = worker.run(planned)
+            proof = _prove_precompiled(worker, planned, request.registry_url)
+        except DecodeRecompileError as exc:
+            result = ReplayResult(identity, time.perf_counter() - start, recompiled=exc.message)
+        except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
+            result = ReplayResult(identity, time.perf_counter() - start, error=error_line(exc))
+        else:
+            result = ReplayResult.of_run(identity, time.perf_counter() - start, run, proof)
+        if ranks:
+            result = merge_ranks(distributed.gather_from_ranks(result))
+        report(result)  # under torchrun, rank 0's reaches the parent (the others report nowhere)
+    if ranks:
+        distributed.shutdown()
+
+
+def _prove_precompiled(worker: Worker, planned: PlannedShape, registry_url: str | None) -> str | None:
+    """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
+    if not (registry_url and planned.model.precompile and planned.spec.workload == "generate"):
+        return None
+    from warmcache.warmup.verify.precompiled import prove_artifacts
+
+    with Registry.open(registry_url) as registry:
+        (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
+    model, target = worker.model_for(planned)
+    return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
+
+
+def merge_ranks(results: list[ReplayResult]) -> ReplayResult:
+    """One sharded spec's replay over all its ranks: any rank's error, and every rank's compiles."""
+    first = results[0]
+    for index, result in enumerate(results):
+        if result.error:
+            return ReplayResult(first.identity, first.seconds, error=f"rank {index}: {result.error}")
+    for index, result in enumerate(results):
+        if result.recompiled:
+            return ReplayResult(first.identity, first.seconds, recompiled=f"rank {index}: {result.recompiled}")
+    return ReplayResult(
+        first.identity,
+        max(r.seconds for r in results),
+        graphs=max(r.graphs for r in results),
+        cache_hits=sum(r.cache_hits for r in results),
+        cache_misses=sum(r.cache_misses for r in results),
+        new_entries=tuple(sorted({e for r in results for e in r.new_entries})),
+        persistent_cache=first.persistent_cache,
+        precompiled_error=next((f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None),
+    )

@@ -1,0 +1,126 @@
+"""verify's verdicts: what each spec's replay proves, judged in the parent from the replay's one measurement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from warmcache.units import format_count
+from warmcache.warmup.verify.messages import ReplayResult
+
+
+class Verdict(StrEnum):
+    """What one spec's replay proves (reported by verify, never stored: rows keep their :class:`~warmcache.statuses.Status`)."""
+
+    VERIFIED = "verified"
+    """Loaded from the cache: no backend compile, no new entry. The row becomes ``verified``."""
+    RECOMPILED = "recompiled"
+    """The replay compiled: production would too. The row goes back to ``failed``."""
+    REPLAY_ONLY = "replay-only"
+    """The backend keeps no persistent cache, so there is nothing to prove; the row stays ``compiled``."""
+    REPLAY_FAILED = "replay-failed"
+    """The replay raised or never ran: it proves nothing either way; the row is kept."""
+
+    @property
+    def failed(self) -> bool:
+        return self in (Verdict.RECOMPILED, Verdict.REPLAY_FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecVerdict:
+    """One spec's verdict, with the replay's measurement as it came (zeros when the replay never measured)."""
+
+    description: str
+    verdict: Verdict
+    measured: ReplayResult
+    reason: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return self.measured.identity
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict.failed
+
+    def message(self) -> str:
+        """The progress line's text: the verdict and why, or what the replay measured."""
+        if self.reason and self.verdict != Verdict.REPLAY_ONLY:
+            return f"{self.verdict}: {self.reason}"
+        m = self.measured
+        return f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, {format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "spec": self.description,
+            "verdict": self.verdict,
+            "graphs_traced": self.measured.graphs,
+            "cache_hits": self.measured.cache_hits,
+            "cache_misses": self.measured.cache_misses,
+            "new_entries": list(self.measured.new_entries),
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class VerifySummary:
+    verdicts: list[SpecVerdict] = field(default_factory=list)
+    not_compiled: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, verdict: Verdict) -> int:
+        return sum(1 for v in self.verdicts if v.verdict == verdict)
+
+    @property
+    def exit_code(self) -> int:
+        """1 if anything recompiled, failed to replay, or was never compiled."""
+        bad = sum(1 for v in self.verdicts if v.failed) + len(self.not_compiled)
+        return 1 if bad else 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.exit_code == 0,
+            "verified": self.count(Verdict.VERIFIED),
+            "recompiled": self.count(Verdict.RECOMPILED),
+            "replay_failed": self.count(Verdict.REPLAY_FAILED),
+            "replay_only": self.count(Verdict.REPLAY_ONLY),
+            "not_compiled": self.not_compiled,
+            "seconds": round(self.seconds, 3),
+            "specs": [v.as_json() for v in self.verdicts],
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"{v.verdict}: {v.description}: {v.reason}" for v in self.verdicts if v.failed]
+        out += [f"not compiled: {d} (run warmcache warmup first)" for d in self.not_compiled]
+        if self.count(Verdict.REPLAY_ONLY):
+            out.append(
+                f"{self.count(Verdict.REPLAY_ONLY)} spec(s) use a backend with no persistent cache (eager/aot_eager): "
+                "replayed without error, nothing on disk to verify; left as compiled"
+            )
+        out.append(
+            f"verify: {self.count(Verdict.VERIFIED)} verified, {self.count(Verdict.RECOMPILED)} recompiled, "
+            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not compiled in {self.seconds:.1f}s"
+        )
+        return out
+
+
+def judge(identity: str, description: str, result: ReplayResult | None) -> SpecVerdict:
+    """Turn one replay's measurement into a verdict (``None``: the replay never reached the spec)."""
+    if result is None:
+        return SpecVerdict(description, Verdict.REPLAY_FAILED, ReplayResult(identity), reason="the replay process stopped before this spec")
+    if result.error:
+        return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.error)
+    if result.recompiled:
+        return SpecVerdict(description, Verdict.RECOMPILED, result, reason=result.recompiled)
+    if result.precompiled_error:
+        return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.precompiled_error)
+    if not result.persistent_cache:
+        return SpecVerdict(description, Verdict.REPLAY_ONLY, result, reason="backend keeps no persistent cache")
+    if result.cache_misses or result.new_entries:
+        reason = f"{result.cache_misses} cache miss(es), {len(result.new_entries)} new cache entr(ies)"
+        if result.new_entries:
+            reason += f" (first: {result.new_entries[0]})"
+        return SpecVerdict(description, Verdict.RECOMPILED, result, reason=reason)
+    return SpecVerdict(description, Verdict.VERIFIED, result)
