@@ -125,6 +125,7 @@ def test_status_cli_json(registry_url: str, write_manifest) -> None:
         "counts": {"missing": 2, "stale": 0, "pending": 0, "compiling": 0, "compiled": 0, "verified": 0, "failed": 0},
         "remaining": 2,
         "median_compile_seconds": None,
+        "reclaimed": 0,
         "eta_seconds": None,
         "claims": [],
         "failures": [],

@@ -16,6 +16,15 @@ against 0.6-0.8x with the cores split (three runs). ``--no-split-cores`` reprodu
     python tools/bench_fleet.py                                   # SQLite
     python tools/bench_fleet.py --db postgresql://postgres@127.0.0.1:5432/test
     python tools/bench_fleet.py --quick    # CI smoke run: 2 workers, 2 eager specs; checks it works, not its figures
+
+``--simulate`` is the coordination benchmark instead (``tools/fleet_sim.py``): up to
+hundreds of worker processes run the real claim loop, leases, heartbeats and
+registry writes against PostgreSQL with each compile replaced by a sleep; it puts
+identity order and longest-first side by side, and ``--faults`` adds a run that
+kills workers, terminates their database connections and cuts one off for a while:
+
+    python tools/bench_fleet.py --simulate --workers 256 --specs 10000 --faults
+    python tools/bench_fleet.py --simulate --quick   # 8 workers x 200 specs, faults included, ~45 s
 """
 
 from __future__ import annotations
@@ -36,8 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import fleet_sim  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
+
+from warmcache.manifest import load_manifest  # noqa: E402
+from warmcache.plan import plan_manifest  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -136,16 +149,32 @@ def main() -> None:
         default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"),
         help="PostgreSQL URL (a fresh schema per run; default: $WARMCACHE_TEST_POSTGRES_URL) or omit for SQLite files.",
     )
-    parser.add_argument("--workers", default="1,2,4", help="Comma-separated process counts (default: 1,2,4).")
+    parser.add_argument("--workers", default=None, help="Comma-separated process counts (default: 1,2,4; with --simulate: 8).")
     parser.add_argument("--batch-sizes", type=int, default=24, help="Batch sizes 1..N per model: 2N specs (default 24: ~45 s for one process on 2 cores).")
     parser.add_argument("--backend", default="aot_eager", choices=("eager", "aot_eager", "inductor"))
     parser.add_argument("--no-split-cores", dest="split_cores", action="store_false", help="Leave every process at torch's default thread count.")
     parser.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
-    parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 2 workers share 2 eager specs.")
+    parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 2 workers share 2 eager specs (with --simulate: 8 workers, 200 specs).")
+    simulation = parser.add_argument_group("simulation (--simulate)")
+    simulation.add_argument("--simulate", action="store_true", help="Measure the coordination layer: the compile is replaced by a sleep (PostgreSQL only).")
+    simulation.add_argument("--specs", default="2000", help="Comma-separated spec counts (default 2000).")
+    simulation.add_argument("--order", choices=(*fleet_sim.ORDERS, "both"), default="both", help="Claim order(s) to run, side by side (default both).")
+    simulation.add_argument("--median", type=float, default=60.0, help="Median compile seconds of the log-normal, before scaling (default 60).")
+    simulation.add_argument("--spread", type=float, default=1.0, help="Sigma of the log-normal's log: 1.0 is skewed (default).")
+    simulation.add_argument("--durations", type=Path, default=None, help="A file of recorded compile_s to draw from instead of the log-normal.")
+    simulation.add_argument("--target", type=float, default=60.0, help="Scale compile times so the ideal makespan is this many seconds (default 60).")
+    simulation.add_argument("--lease", type=float, default=None, help="Lease seconds (default 60; --quick 8).")
+    simulation.add_argument("--faults", action="store_true", help="Also a longest-first run with faults: SIGKILL, terminated backends, an outage.")
+    simulation.add_argument("--kill", type=float, default=0.1, help="Fraction of workers SIGKILLed in the fault run (default 0.1).")
+    simulation.add_argument("--outage", type=float, default=30.0, help="Seconds one worker loses its database in the fault run (default 30; --quick 2).")
+    simulation.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    if args.simulate:
+        simulate(args)
+        return
     if args.quick:
         args.workers, args.batch_sizes, args.backend = "2", 1, "eager"
-    counts = [int(n) for n in args.workers.split(",")]
+    counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
 
     with tempfile.TemporaryDirectory(prefix="warmcache-bench-fleet-") as tmp:
         work = args.work or Path(tmp)
@@ -164,6 +193,46 @@ def main() -> None:
         print(report(runs, specs, "PostgreSQL" if args.db and args.db.startswith("postgres") else "SQLite", args.split_cores))
         if any(r.duplicates for r in runs):
             raise SystemExit("some specs were compiled more than once")
+
+
+def simulate(args: argparse.Namespace) -> None:
+    """The coordination benchmark: each (workers, specs) pair in each order, then optionally a fault run."""
+    if not args.db or not args.db.startswith("postgres"):
+        raise SystemExit("--simulate needs PostgreSQL: give --db or set $WARMCACHE_TEST_POSTGRES_URL")
+    if args.quick:
+        args.workers, args.specs, args.target, args.outage, args.faults = args.workers or "8", "200", 4.0, 2.0, True
+    lease = args.lease or (8.0 if args.quick else 60.0)
+    if args.faults and lease < 2 * args.outage:
+        raise SystemExit(f"--lease {lease:g} must be at least twice --outage {args.outage:g}: a lease that runs out during the outage is a second compile by design")
+    orders = fleet_sim.ORDERS if args.order == "both" else (args.order,)
+    results = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="warmcache-fleet-sim-") as tmp:
+        work = args.work or Path(tmp)
+        for specs in (int(n) for n in args.specs.split(",")):
+            manifest = fleet_sim.write_manifest(work / f"specs-{specs}", specs)
+            planned = plan_manifest(load_manifest(manifest))
+            raw = fleet_sim.draw_seconds(specs, args.median, args.spread, args.seed, args.durations)
+            for workers in (int(n) for n in (args.workers or "8").split(",")):
+                runs = [(order, fleet_sim.Faults()) for order in orders]
+                if args.faults:
+                    runs.append(("longest", fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage)))
+                batch = []
+                for order, faults in runs:
+                    setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, args.target), lease, faults)
+                    result = fleet_sim.run_once(args.db, work, manifest, planned, setup, order, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
+                    print(result.summary_line(), file=sys.stderr, flush=True)
+                    batch.append(result)
+                    failed |= not result.ok
+                print(
+                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median {args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {args.target:g} s, lease {lease:g} s, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+                )
+                print(fleet_sim.report(batch))
+                results.extend(batch)
+    for result in results:
+        print(result.summary_line())
+    if failed:
+        raise SystemExit("the simulation lost specs, compiled some twice, or a worker crashed (see above)")
 
 
 if __name__ == "__main__":

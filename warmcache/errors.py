@@ -98,6 +98,14 @@ class RegistryError(WarmcacheError):
     exit_code = 3
 
 
+class RegistryUnavailableError(RegistryError):
+    """The database was unreachable or dropped the connection (restart, failover, too many clients).
+
+    Worth retrying, unlike a refused login or a wrong schema: a fleet's workers wait
+    for the database to come back instead of dying with a compile in hand.
+    """
+
+
 class TargetUnavailableError(WarmcacheError):
     """A compile target (neuron, cuda) was requested where it cannot run."""
 

@@ -95,6 +95,8 @@ class GroupStatus:
     failures: tuple[Failure, ...]
     median_compile_seconds: float | None
     """Median over this group's shapes that have a recorded compile time (``None``: none yet)."""
+    reclaimed: int = 0
+    """Shapes of this toolchain claimed more than once: a worker stopped holding one (its lease ran out) or a failure was retried."""
 
     @property
     def total(self) -> int:
@@ -154,6 +156,7 @@ class WarmupStatus:
                     "counts": {status: g.counts.get(status, 0) for status in STATUS_ORDER},
                     "remaining": g.remaining,
                     "median_compile_seconds": g.median_compile_seconds,
+                    "reclaimed": g.reclaimed,
                     "eta_seconds": self.eta_seconds(g),
                     "claims": [c.as_json() for c in g.claims],
                     "failures": [f.as_json() for f in g.failures],
@@ -195,6 +198,7 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
         claims=tuple(claims),
         failures=tuple(failures),
         median_compile_seconds=statistics.median(seconds) if seconds else None,
+        reclaimed=sum(1 for s in statuses if s.record is not None and s.record.identity == s.planned.identity and s.record.attempts > 1),
     )
 
 

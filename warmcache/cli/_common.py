@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -45,6 +45,16 @@ def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Regis
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def print_json_array(items: Iterable[Any]) -> None:
+    """What ``print_json(list(items))`` prints, written item by item (a long listing is never held whole)."""
+    out = sys.stdout
+    empty = True
+    for item in items:
+        out.write(("[\n  " if empty else ",\n  ") + json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  "))
+        empty = False
+    out.write("[]\n" if empty else "\n]\n")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -73,6 +73,9 @@ def render(report: WarmupStatus) -> str:
                 [(f.model, f.workload, f.batch_size, f.seq_len, f.attempts, f.host, f.error) for f in report.failures],
             )
         )
+    reclaimed = sum(g.reclaimed for g in report.groups)
+    if reclaimed:
+        parts.append(f"\n{format_count(reclaimed, 'shape')} claimed more than once (a worker stopped holding it and its lease ran out, or a failure was retried)")
     remaining = sum(g.remaining for g in report.groups)
     workers = len(report.live_workers)
     parts.append(

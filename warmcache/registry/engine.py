@@ -30,7 +30,16 @@ def display_url(url: str) -> str:
         return url
 
 
-def create_registry_engine(location: RegistryLocation | str) -> Engine:
+def create_registry_engine(location: RegistryLocation | str, *, hold_connections: bool = True) -> Engine:
+    """An engine for ``url``; ``hold_connections=False`` pools at most one PostgreSQL connection.
+
+    A warmup worker touches the database for milliseconds between compiles that take
+    minutes: it keeps one connection while it talks to the registry and closes it
+    before each compile (:meth:`Registry.drop_connections`), so N workers do not hold
+    N connections meanwhile (256 workers would exceed PostgreSQL's default
+    ``max_connections`` of 100). A connection lost in between is reported as
+    unavailable and retried, so no ping precedes each use.
+    """
     url = RegistryLocation.of(location).url
     try:
         parsed = make_url(url)
@@ -40,6 +49,8 @@ def create_registry_engine(location: RegistryLocation | str) -> Engine:
     if backend == "sqlite":
         return _sqlite_engine(url, parsed.database)
     if backend == "postgresql":
+        if not hold_connections:
+            return create_engine(url, pool_size=1, max_overflow=1)
         return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
     raise UsageError(f"registry URL {display_url(url)!r}: unsupported database {backend!r} (use sqlite or postgresql)")
 

@@ -15,13 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, Select, and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, selectinload
 
-from warmcache.errors import RegistryError, first_line
+from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url
@@ -55,17 +55,19 @@ class Registry:
         self.clock: Callable[[], dt.datetime] = utcnow
 
     @classmethod
-    def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True) -> Registry:
+    def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
         """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
         empty database is refused instead of created, and no schema is ever migrated.
+        ``hold_connections=False`` (warmup workers) holds a PostgreSQL connection
+        only while a transaction runs.
         """
         location = RegistryLocation.of(location)
         url = location.url
         if not create:
             _refuse_missing_sqlite_file(location)
-        engine = create_registry_engine(location)
+        engine = create_registry_engine(location, hold_connections=hold_connections)
         try:
             if check_schema and not create and schema.is_empty(engine):
                 raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
@@ -73,11 +75,23 @@ class Registry:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
             engine.dispose()
-            raise RegistryError(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
+            kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
+            raise kind(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, url)
+        registry = cls(engine, url)
+        registry.holds_connections = hold_connections
+        registry.drop_connections()  # the schema check's connection: a fleet's worker may wait a while before its first claim
+        return registry
+
+    #: ``False``: :meth:`drop_connections` closes idle connections (see ``Registry.open``).
+    holds_connections = True
+
+    def drop_connections(self) -> None:
+        """Close the idle pooled connections, unless opened to hold them: the caller will not need one for a while."""
+        if not self.holds_connections:
+            self.engine.pool.dispose()
 
     @property
     def display_url(self) -> str:
@@ -106,7 +120,8 @@ class Registry:
         except DBAPIError as exc:
             # Any driver error (connection lost, not a database, permission denied) is the
             # registry's, reported in one line; callers never see a driver traceback.
-            raise RegistryError(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
+            kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
+            raise kind(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
 
@@ -133,44 +148,44 @@ class Registry:
         *,
         retry_failed: bool = False,
     ) -> ShapeRecord | None:
-        """Take one claimable row among ``identities`` for ``worker``, or ``None`` if none is left.
+        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is left.
 
         Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
         and with ``retry_failed`` also ``failed``. The final update re-checks the
         condition, so two claimers racing for one row cannot both win; PostgreSQL
-        additionally skips rows another transaction has locked.
+        additionally skips rows another transaction has locked. The order is the
+        caller's (a warmup passes its longest shapes first); a claimer working
+        through thousands keeps its place with :class:`warmcache.warmup.claim_queue.ClaimQueue`.
         """
         if not identities:
             return None
-        for chunk in _chunks(list(identities), 2000):
-            while True:
-                now = self.clock()
-                claimable = _claimable(now, retry_failed)
-                with self.session() as session:
-                    query = select(CompiledShape.id).where(CompiledShape.identity.in_(chunk), claimable).order_by(CompiledShape.id).limit(1)
-                    if self.dialect == "postgresql":
-                        query = query.with_for_update(skip_locked=True)
-                    candidate = session.scalar(query)
-                    if candidate is None:
-                        break
-                    won = _rows_changed(
-                        session,
-                        update(CompiledShape)
-                        .where(CompiledShape.id == candidate, claimable)
-                        .values(
-                            status=Status.COMPILING,
-                            claimed_by=worker,
-                            lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
-                            attempts=CompiledShape.attempts + 1,
-                            error=None,
-                            updated_at=now,
-                        )
-                        .execution_options(synchronize_session=False),
-                    )
-                    if won:
-                        row = session.get(CompiledShape, candidate, populate_existing=True)
-                        assert row is not None
-                        return ShapeRecord.from_row(row)
+        for chunk in _chunks(list(identities), _CLAIM_CHUNK):
+            now = self.clock()
+            claimable = _claimable(now, retry_failed)
+            position = case({identity: i for i, identity in enumerate(chunk)}, value=CompiledShape.identity)
+            candidate = select(CompiledShape.id).where(CompiledShape.identity.in_(chunk), claimable).order_by(position).limit(1)
+            if self.dialect == "postgresql":
+                candidate = candidate.with_for_update(skip_locked=True)
+            # One statement: the candidate row is locked (PostgreSQL) or the database is
+            # (SQLite's write transaction), and the update re-checks it is still claimable.
+            claim = (
+                update(CompiledShape)
+                .where(CompiledShape.id == candidate.scalar_subquery(), claimable)
+                .values(
+                    status=Status.COMPILING,
+                    claimed_by=worker,
+                    lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+                    attempts=CompiledShape.attempts + 1,
+                    error=None,
+                    updated_at=now,
+                )
+                .returning(CompiledShape)
+                .execution_options(synchronize_session=False)
+            )
+            with self.session() as session:
+                row = session.scalars(claim).first()
+                if row is not None:
+                    return ShapeRecord.from_row(row)
         return None
 
     def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
@@ -295,18 +310,7 @@ class Registry:
         with_artifacts: bool = False,
     ) -> list[ShapeRecord]:
         """Registry rows matching every filter given, in a stable order."""
-        conditions: list[ColumnElement[bool]] = []
-        if model is not None:
-            conditions.append(CompiledShape.model_name == model)
-        if workload is not None:
-            conditions.append(CompiledShape.workload == workload)
-        if statuses is not None:
-            conditions.append(CompiledShape.status.in_(list(statuses)))
-        query = (
-            select(CompiledShape)
-            .where(*conditions)
-            .order_by(CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
-        )
+        query = _rows_query(model, workload, statuses)
         if with_artifacts:
             query = query.options(selectinload(CompiledShape.artifacts))
         keys = [(CompiledShape.identity, identities), (CompiledShape.shape_hash, shape_hashes)]
@@ -320,6 +324,12 @@ class Registry:
                 for chunk in _chunks(list(values), 2000):
                     out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
             return out
+
+    def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
+        """:meth:`rows` one at a time, fetched in batches: a 100,000-row registry is listed without holding it all."""
+        with self.session() as session:
+            for row in session.scalars(_rows_query(model, workload, None).execution_options(yield_per=1000)):
+                yield ShapeRecord.from_row(row)
 
     def done_artifact_paths(self, identities: Sequence[str]) -> dict[str, list[str]]:
         """``{identity: artifact paths}`` of the compiled/verified rows among ``identities``.
@@ -420,11 +430,29 @@ def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
         raise RegistryError(f"registry {location.display} does not exist; check the URL (a read never creates a registry)")
 
 
+def _unavailable(exc: DBAPIError) -> bool:
+    """The database went away or refused a connection, as opposed to refusing the request itself."""
+    return isinstance(exc, OperationalError) or exc.connection_invalidated
+
+
 def _rows_changed(session: Session, statement: Executable) -> int:
     """The rows an UPDATE or DELETE matched (``Session.execute`` is typed as returning a plain ``Result``)."""
     result = session.execute(statement)
     assert isinstance(result, CursorResult)
     return result.rowcount
+
+
+def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str] | None) -> Select[CompiledShape]:
+    """Rows matching the filters given, in :meth:`Registry.rows`' stable order."""
+    conditions: list[ColumnElement[bool]] = []
+    if model is not None:
+        conditions.append(CompiledShape.model_name == model)
+    if workload is not None:
+        conditions.append(CompiledShape.workload == workload)
+    if statuses is not None:
+        conditions.append(CompiledShape.status.in_(list(statuses)))
+    order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
+    return select(CompiledShape).where(*conditions).order_by(*order)
 
 
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
@@ -467,6 +495,10 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "created_at": now,
         "updated_at": now,
     }
+
+
+#: Identities one claim statement looks at, in the caller's order (a ``CASE`` ranks them).
+_CLAIM_CHUNK = 128
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

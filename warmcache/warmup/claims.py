@@ -7,6 +7,14 @@ folder keeps two processes pointed at one cache from compiling the same spec at
 once even if a lease expired under a long compile. Every claimant runs this loop:
 a plain ``warmcache warmup``, each ``--jobs`` worker process, and rank 0 of a
 torchrun (which tells the other ranks what it claimed through ``ranks``).
+
+Specs are claimed in the order given (the runner passes them longest first,
+:mod:`warmcache.warmup.ordering`). What runs a claimed spec is a
+:class:`SpecRunner`: a :class:`~warmcache.warmup.worker.Worker` compiles it; the
+fleet simulation (``tools/bench_fleet.py --simulate``) sleeps instead, to measure
+this loop, its leases and its registry traffic at hundreds of workers.
+A registry that goes away for a while (restart, failover, dropped connections)
+is waited for, up to one lease length, rather than losing a compile in hand.
 """
 
 from __future__ import annotations
@@ -16,16 +24,18 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
-from warmcache.errors import WarmcacheError, error_line
+from warmcache.errors import RegistryError, WarmcacheError, error_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import Registry
+from warmcache.registry.patience import patiently
 from warmcache.registry.registry import worker_id
-from warmcache.statuses import Status
-from warmcache.targets import target_for
+from warmcache.targets import Target, target_for
 from warmcache.warmup import distributed
+from warmcache.warmup.claim_queue import ClaimQueue
 from warmcache.warmup.progress import Outcome, SpecOutcome
-from warmcache.warmup.worker import SpecRun, Worker, lock_path
+from warmcache.warmup.worker import SpecRun, lock_path
 
 Report = Callable[[SpecOutcome], None]
 
@@ -35,9 +45,21 @@ LEASE_POLL_SECONDS = 5.0
 _GIVE_BACK_TRIES = 3
 
 
+class SpecRunner(Protocol):
+    """Runs one claimed spec: the compile seam of the claim loop."""
+
+    def cache_root(self, target: Target) -> Path:
+        """The folder the spec's per-spec file lock lives in."""
+        ...
+
+    def run(self, planned: PlannedShape) -> SpecRun:
+        """Run the spec (compile it) and say what that did."""
+        ...
+
+
 def claim_loop(
     registry: Registry,
-    worker: Worker,
+    worker: SpecRunner,
     todo: Sequence[PlannedShape],
     lease_seconds: float,
     report: Report,
@@ -48,25 +70,28 @@ def claim_loop(
     When nothing is claimable but other workers still hold specs, wait: either they
     finish, or they died and their lease expires and the spec is claimed here. So a
     run that exits 0 means the manifest is warm, not "warm except what others were doing".
+    Specs are claimed in ``todo``'s order.
     """
     by_identity = {p.identity: p for p in todo}
-    identities = list(by_identity)
     me = worker_id()
+    queue = ClaimQueue(registry, list(by_identity), me, lease_seconds)
     while True:
-        record = registry.claim(identities, me, lease_seconds)
+        record = patiently(queue.claim, lease_seconds)
         if record is not None:
+            registry.drop_connections()  # none held while it compiles
             ranks.announce(record.identity)
             report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds, ranks.agree))
             continue
-        if not any(r.status in (Status.PENDING, Status.COMPILING) for r in registry.rows(identities=identities)):
+        if not patiently(queue.narrow, lease_seconds):
             return
+        registry.drop_connections()
         ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
         time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
 
 
 def run_claimed(
     registry: Registry,
-    worker: Worker,
+    worker: SpecRunner,
     planned: PlannedShape,
     row_id: int,
     me: str,
@@ -77,6 +102,8 @@ def run_claimed(
 
     ``agree`` turns this process's error into the group's: under torchrun a spec
     that failed on any rank fails on all (the lease is still renewed meanwhile).
+    The result is recorded as soon as the registry takes it, within the lease
+    (after that, another worker may have claimed the spec again).
     """
     description = planned.spec.describe()
     start = time.perf_counter()
@@ -87,17 +114,20 @@ def run_claimed(
             run, error = _run_locked(worker, planned)
             error = agree(error)
         if error is not None:
-            registry.mark_failed(row_id, me, error)
+            patiently(lambda: registry.mark_failed(row_id, me, error), lease_seconds)
             return SpecOutcome(planned.identity, description, Outcome.FAILED, time.perf_counter() - start, error=error)
         assert run is not None  # no rank failed, so this one ran the spec
         artifacts = run.artifacts()
-        won = registry.mark_compiled(
-            row_id,
-            me,
-            compile_seconds=run.seconds,
-            graphs_compiled=run.graphs,
-            artifacts=artifacts,
-            cache_root=str(run.cache_root) if run.persistent_cache else None,
+        won = patiently(
+            lambda: registry.mark_compiled(
+                row_id,
+                me,
+                compile_seconds=run.seconds,
+                graphs_compiled=run.graphs,
+                artifacts=artifacts,
+                cache_root=str(run.cache_root) if run.persistent_cache else None,
+            ),
+            lease_seconds,
         )
     except BaseException:
         _give_back(registry, row_id, me)
@@ -119,7 +149,8 @@ def _give_back(registry: Registry, row_id: int, me: str) -> None:
     Ctrl-C on a terminal reaches every ``--jobs`` worker and their parent at once,
     and the parent then SIGTERMs the workers: a second ``KeyboardInterrupt`` inside
     the release would leave the row ``compiling`` until its lease ran out.
-    Releasing twice is harmless (the row is only ours once).
+    Releasing twice is harmless (the row is only ours once). A registry that cannot
+    be reached is left alone: the claim's lease runs out and it is claimed again.
     """
     for _ in range(_GIVE_BACK_TRIES):
         try:
@@ -127,9 +158,11 @@ def _give_back(registry: Registry, row_id: int, me: str) -> None:
             return
         except KeyboardInterrupt:
             continue
+        except RegistryError:
+            return
 
 
-def _run_locked(worker: Worker, planned: PlannedShape) -> tuple[SpecRun | None, str | None]:
+def _run_locked(worker: SpecRunner, planned: PlannedShape) -> tuple[SpecRun | None, str | None]:
     """Run the spec under its per-spec file lock; an exception becomes the spec's error line."""
     try:
         root = worker.cache_root(target_for(planned.model))
@@ -155,6 +188,8 @@ class _Heartbeat:
                     return  # claim lost: the result will not be recorded (mark_compiled says so)
             except WarmcacheError:
                 continue  # a transient registry error (RegistryError): the lease still has two thirds left
+            finally:
+                registry.drop_connections()
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()

@@ -34,6 +34,7 @@ from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt
 from warmcache.warmup.claims import Report, claim_loop
+from warmcache.warmup.ordering import longest_first
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
@@ -68,7 +69,7 @@ def run_warmup(
 
 def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
     start = time.perf_counter()
-    with Registry.open(options.registry_url) as registry:
+    with Registry.open(options.registry_url, hold_connections=False) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
         summary = WarmupSummary(plan, options.dry_run)
         todo = plan.todo
@@ -85,6 +86,7 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
             registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
         lease = options.lease_seconds or manifest.lease_seconds
         here, sharded = distributed.split_by_world_size(todo)
+        here = longest_first(registry, here)
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
@@ -168,9 +170,9 @@ def claim_as_worker(request: ClaimRequest, report: Report) -> None:
     """The ``--jobs`` worker process: claim and run the request's specs, reporting each outcome."""
     with sigterm_as_interrupt():
         manifest = load_manifest(request.manifest)
-        wanted = set(request.identities)
-        todo = [p for p in plan_manifest(manifest) if p.identity in wanted]
-        with Registry.open(request.registry_url) as registry:
+        planned = {p.identity: p for p in plan_manifest(manifest)}
+        todo = [planned[identity] for identity in request.identities if identity in planned]  # in the parent's order
+        with Registry.open(request.registry_url, hold_connections=False) as registry:
             claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report)
 
 

@@ -1,0 +1,153 @@
+"""A fleet at scale: claims longest first, connections not held while compiling, a registry that goes away.
+
+Real PostgreSQL (and SQLite where the behaviour is the same); the registry rows go
+through the real claim and mark path. No compile runs here: what is under test is
+the coordination, and the manifests name a config-only model (a plan reads no weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fleet_faults import OutageProxy
+from fleet_sim import worker_url
+from manifests import generate, manifest_toml, model
+
+from warmcache.cli.status import render
+from warmcache.dburl import normalise_url
+from warmcache.errors import RegistryUnavailableError
+from warmcache.manifest import load_manifest
+from warmcache.plan import PlannedShape, plan_manifest
+from warmcache.registry import Registry
+from warmcache.registry.patience import patiently
+from warmcache.status import warmup_status
+from warmcache.warmup.claim_queue import WINDOW, ClaimQueue
+from warmcache.warmup.ordering import longest_first
+
+
+def _planned(tmp_path: Path, *models: dict) -> list[PlannedShape]:
+    folder = tmp_path / "config-only"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}))
+    manifest = tmp_path / "fleet.toml"
+    manifest.write_text(manifest_toml(*models).replace("{qwen3}", str(folder)))
+    return plan_manifest(load_manifest(manifest))
+
+
+def _older(p: PlannedShape) -> PlannedShape:
+    """The same shape on an older toolchain: its row is history, not this run's work."""
+    return dataclasses.replace(p, toolchain=dataclasses.replace(p.toolchain, platform=p.toolchain.platform + "-older"))
+
+
+def _record(registry: Registry, shapes: list[PlannedShape], seconds: list[float]) -> None:
+    registry.ensure_pending(shapes)
+    for shape, value in zip(shapes, seconds):
+        row = registry.claim([shape.identity], "history:1", 60)
+        assert row is not None
+        registry.mark_compiled(row.id, "history:1", compile_seconds=value, graphs_compiled=1)
+
+
+def test_claims_follow_the_given_order_across_windows(registry_url: str, tmp_path: Path) -> None:
+    """A worker claims exactly in the order it was given, also past its first window, and finds a released spec again."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, WINDOW + 11))]))
+    order = [p.identity for p in reversed(planned)]
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        queue = ClaimQueue(registry, order, "w:1", 60)
+        claimed = [record for record in iter(queue.claim, None)]
+        assert [r.identity for r in claimed] == order
+        registry.release(claimed[3].id, "w:1")  # given back behind the cursor: found after narrowing
+        assert queue.claim() is None
+        assert queue.narrow()
+        again = queue.claim()
+        assert again is not None and again.identity == order[3]
+        registry.mark_compiled(again.id, "w:1", compile_seconds=1, graphs_compiled=1)
+        for record in claimed:
+            registry.mark_compiled(record.id, "w:1", compile_seconds=1, graphs_compiled=1)
+        assert not queue.narrow(), "every spec is compiled: nothing is left to wait for"
+        report = warmup_status(registry, planned)
+    assert report.groups[0].reclaimed == 1, "status says one spec was claimed twice"
+    assert "1 shape claimed more than once" in render(report)
+
+
+def test_longest_first_goes_by_own_history_then_the_group_median_then_size(registry_url: str, tmp_path: Path) -> None:
+    planned = _planned(
+        tmp_path,
+        model("known", generate=[generate(batch_sizes=[1, 2, 3, 4])]),
+        model("unknown", generate=[generate(batch_sizes=[1, 8])]),
+    )
+    known = [p for p in planned if p.model.name == "known"]
+    unknown = {p.spec.batch_size: p for p in planned if p.model.name == "unknown"}
+    with Registry.open(registry_url) as registry:
+        # batch 1 and 2 were compiled on an older toolchain (40 s, 10 s); 3 and 4 never: the group median is 25 s.
+        _record(registry, [_older(known[0]), _older(known[1])], [40.0, 10.0])
+        ordered = longest_first(registry, planned)
+    by_batch = {p.spec.batch_size: p for p in known}
+    assert [p.identity for p in ordered] == [
+        unknown[8].identity,  # no history at all: first, largest first (it may be the longest of all)
+        unknown[1].identity,
+        by_batch[1].identity,  # 40 s recorded
+        by_batch[4].identity,  # 25 s (median); the larger of the two first
+        by_batch[3].identity,
+        by_batch[2].identity,  # 10 s recorded
+    ]
+
+
+def _connections(url: str, name: str) -> int:
+    engine = sa.create_engine(normalise_url(url))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n"), {"n": name}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str, tmp_path: Path) -> None:
+    """256 workers fit PostgreSQL's default 100 connections only if a compiling worker holds none."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2])]))
+    name = f"wc-budget-{time.time_ns()}"
+    with Registry.open(worker_url(postgres_url, name), hold_connections=False) as registry:
+        registry.ensure_pending(planned)
+        row = registry.claim([p.identity for p in planned], "w:1", 60)
+        assert row is not None
+        assert _connections(postgres_url, name) == 1, "one connection while it talks to the registry"
+        registry.drop_connections()  # what the claim loop does before each compile
+        assert _connections(postgres_url, name) == 0
+        assert registry.mark_compiled(row.id, "w:1", compile_seconds=1, graphs_compiled=1)
+        assert _connections(postgres_url, name) == 1, "never more than one"
+
+
+def test_a_terminated_backend_and_an_outage_are_waited_out(postgres_url: str, tmp_path: Path) -> None:
+    """The database drops the worker's connection, then is unreachable for a second: the result still lands."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1])]))
+    target = sa.make_url(normalise_url(postgres_url))
+    proxy = OutageProxy((target.host or "127.0.0.1", target.port or 5432))
+    proxy.start()
+    name = f"wc-outage-{time.time_ns()}"
+    try:
+        with Registry.open(worker_url(postgres_url, name, proxy.port), hold_connections=False) as registry:
+            registry.ensure_pending(planned)
+            row = registry.claim([planned[0].identity], "w:1", 60)
+            assert row is not None
+            engine = sa.create_engine(normalise_url(postgres_url))
+            with engine.begin() as conn:
+                conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :n"), {"n": name})
+            engine.dispose()
+            with pytest.raises(RegistryUnavailableError):
+                registry.renew_lease(row.id, "w:1", 60)  # the pooled connection is gone: "unavailable", worth a retry
+            proxy.outage(time.time(), 1.0)
+            time.sleep(0.2)
+            with pytest.raises(RegistryUnavailableError):
+                registry.renew_lease(row.id, "w:1", 60)
+            started = time.monotonic()
+            assert patiently(lambda: registry.mark_compiled(row.id, "w:1", compile_seconds=1, graphs_compiled=1), 30)
+            assert time.monotonic() - started >= 0.5, "the outage was waited out, not missed"
+            (record,) = registry.rows(identities=[planned[0].identity])
+            assert record.status == "compiled" and record.attempts == 1
+    finally:
+        proxy.close()

@@ -1,0 +1,65 @@
+"""Longest shapes first: the order a fleet claims specs in, so its tail is short.
+
+Claimed in manifest order, a fleet finishes its short shapes early and leaves
+one host compiling the longest shape alone at the end; starting the longest
+first (LPT scheduling) keeps every host busy until the last few short ones.
+A spec's expected compile time is, in order of preference:
+
+1. its shape's own last recorded compile time (an older toolchain's or config's
+   row of the same shape: compile times change less between versions than
+   between shapes);
+2. the median recorded for its model and workload;
+3. unknown: such specs go first, largest ``batch × length`` first, because an
+   unknown spec may be the longest of all and starting it late is what makes a
+   long tail (and a fresh manifest, with no history at all, is then ordered by size).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Sequence
+
+from sqlalchemy import select
+
+from warmcache.plan import PlannedShape
+from warmcache.registry import Registry
+from warmcache.registry.models import CompiledShape
+
+
+def longest_first(registry: Registry, todo: Sequence[PlannedShape]) -> list[PlannedShape]:
+    """``todo`` ordered by expected compile time, longest first (see the module docstring)."""
+    expected = expected_seconds(registry, todo)
+
+    def key(p: PlannedShape) -> tuple[bool, float, int, str]:
+        seconds = expected.get(p.identity)
+        return (seconds is not None, -(seconds or 0.0), -p.spec.batch_size * p.spec.seq_len, p.identity)
+
+    return sorted(todo, key=key)
+
+
+def expected_seconds(registry: Registry, todo: Sequence[PlannedShape]) -> dict[str, float]:
+    """``{identity: expected compile seconds}`` for the specs the registry has any history for."""
+    models = sorted({p.model.name for p in todo})
+    if not models:
+        return {}
+    query = select(CompiledShape.shape_hash, CompiledShape.model_name, CompiledShape.workload, CompiledShape.compile_seconds, CompiledShape.updated_at).where(
+        CompiledShape.model_name.in_(models), CompiledShape.compile_seconds.is_not(None)
+    )
+    latest: dict[str, tuple[dt.datetime, float]] = {}
+    by_group: dict[tuple[str, str], list[float]] = {}
+    with registry.session() as session:
+        for shape_hash, model, workload, seconds, updated in session.execute(query):
+            if seconds is None:  # excluded by the query; says so to the type checker
+                continue
+            if shape_hash not in latest or updated > latest[shape_hash][0]:
+                latest[shape_hash] = (updated, seconds)
+            by_group.setdefault((model, workload), []).append(seconds)
+    medians = {group: statistics.median(values) for group, values in by_group.items()}
+    out: dict[str, float] = {}
+    for p in todo:
+        if p.shape_hash in latest:
+            out[p.identity] = latest[p.shape_hash][1]
+        elif (p.model.name, p.spec.workload) in medians:
+            out[p.identity] = medians[(p.model.name, p.spec.workload)]
+    return out
