@@ -228,6 +228,18 @@ def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: st
     assert guard.telemetry.dropped == len(unique) - 50  # every miss beyond the bound is counted, not kept
 
 
+def test_a_miss_the_registry_cannot_hold_is_dropped_and_never_blocks_the_others(compiled: str) -> None:
+    """A refused request of batch 2**40 cannot be stored; kept pending, it would fail every flush and lose every miss after it."""
+    guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=3600)
+    with pytest.raises(UnseenShapeError):
+        guard.decide(2**40, 16)
+    guard.decide(3, 20)
+    assert guard.telemetry.flush() and guard.telemetry.flush()
+    guard.close()
+    assert guard.telemetry.dropped == 1 and guard.telemetry.failed_flushes == 0
+    assert _miss_counts(compiled) == [(3, 20, "pad", 1)]
+
+
 def test_a_model_of_another_config_is_refused(compiled: str, tiny_models: dict[str, Path]) -> None:
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     config = json.loads((tiny_models["qwen3"] / "config.json").read_text())

@@ -37,12 +37,19 @@ class MissEvent:
     tp_size: int = 1
     fsdp_size: int = 1
 
-    def check_range(self) -> None:
-        """Refuse a count or size outside what an ``Integer`` column holds on both backends (checked before any write)."""
+    def out_of_range(self) -> str | None:
+        """The first count or size outside what an ``Integer`` column holds on both backends, or ``None``."""
         for name in ("batch_size", "seq_len", "padded_batch", "padded_seq", "count", "tp_size", "fsdp_size"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_COUNT:
-                raise UsageError(f"miss report {self.model_name}: {name} {value} is outside what the registry holds (0 to {MAX_COUNT}); refused")
+                return name
+        return None
+
+    def check_range(self) -> None:
+        """Refuse a count or size outside what the registry holds (checked before any write)."""
+        name = self.out_of_range()
+        if name is not None:
+            raise UsageError(f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the registry holds (0 to {MAX_COUNT}); refused")
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,9 @@ class MissTelemetry:
             if self.registry_url is None or not self._pending:
                 return True
             pending, self._pending = self._pending, {}
+            pending = self._without_unrecordable(pending)
+            if not pending:
+                return True
         events = [self._event(key, count) for key, count in pending.items()]
         try:
             if self._registry is None:
@@ -151,6 +154,19 @@ class MissTelemetry:
         # close() may have set _stopping while the flush above was writing: misses queued
         # meanwhile would otherwise never reach the registry.
         self.flush()
+
+    def _without_unrecordable(self, pending: dict[_MissKey, int]) -> dict[_MissKey, int]:
+        """Drop (and count in ``dropped``) misses the registry cannot hold, e.g. a refused request of batch 2**40.
+
+        The registry refuses a whole batch that holds one of them; kept pending, that
+        one request would fail every later flush and no miss would ever be recorded.
+        """
+        kept = {key: count for key, count in pending.items() if self._event(key, count).out_of_range() is None}
+        if len(kept) < len(pending):
+            unrecordable = sum(pending.values()) - sum(kept.values())
+            self.dropped += unrecordable
+            log.warning("miss telemetry: dropped %d miss(es) whose sizes the registry cannot hold", unrecordable)
+        return kept
 
     def _event(self, key: _MissKey, count: int) -> MissEvent:
         batch, seq, decision, padded_batch, padded_seq = key
