@@ -316,7 +316,7 @@ def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path
 
         raise CacheError("registry: the database went away")
 
-    monkeypatch.setattr("warmcache.cache.unbundle.merge_rows", database_gone)
+    monkeypatch.setattr("warmcache.cache.install.merge_rows", database_gone)
     result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5 and "the database went away" in result.stderr
     assert {p.relative_to(target) for p in target.rglob("*")} == before  # the added entry is gone, the original back, no work folder left

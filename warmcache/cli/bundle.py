@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from warmcache.cache.bundle import pack_bundle
-from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES, unpack_bundle
+from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
+from warmcache.cache.unbundle import unpack_bundle
 from warmcache.cli._common import (
     byte_progress,
     cache_folder,

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.unbundle import DEFAULT_MAX_UNPACK_BYTES
+from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
     byte_progress,
     cache_folder,

@@ -1,8 +1,11 @@
-"""The Registry facade: open a database, add, claim, mark and query compiled shapes.
+"""The Registry facade: open a database, add, claim and mark compiled shapes.
 
 Every write is one short transaction, so an interrupted process never leaves a
 half-written row: a claimed spec is either ``compiling`` under a lease (taken
 again once the lease expires) or in its final state with its artifacts.
+
+Its reads are its base classes, each in a module of its own: the row queries
+(:mod:`warmcache.registry.queries`) and the miss log (:mod:`warmcache.registry.misses`).
 """
 
 from __future__ import annotations
@@ -12,21 +15,23 @@ import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, Select, and_, case, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, and_, case, delete, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine, display_url
-from warmcache.registry.models import Artifact, CompiledShape, ShapeMiss, utcnow
+from warmcache.registry.misses import MissLog
+from warmcache.registry.models import Artifact, CompiledShape, utcnow
+from warmcache.registry.queries import PlanStatus, RowQueries
 from warmcache.registry.records import ArtifactRef, MissEvent, ShapeRecord
+from warmcache.registry.transactional import chunks
 from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES, Status
 
@@ -36,16 +41,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(frozen=True, slots=True)
-class PlanStatus:
-    """A planned shape with what the registry knows about it."""
-
-    planned: PlannedShape
-    status: str
-    record: ShapeRecord | None
-
-
-class Registry:
+class Registry(RowQueries, MissLog):
     """A connection to one registry database."""
 
     def __init__(self, engine: Engine, url: str) -> None:
@@ -135,7 +131,7 @@ class Registry:
         insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
         inserted = 0
         with self.session() as session:
-            for chunk in _chunks(values, 500):
+            for chunk in chunks(values, 500):
                 stmt = insert(CompiledShape).values(chunk).on_conflict_do_nothing(index_elements=["identity"])
                 inserted += len(session.execute(stmt.returning(CompiledShape.id)).all())
         return inserted
@@ -159,7 +155,7 @@ class Registry:
         """
         if not identities:
             return None
-        for chunk in _chunks(list(identities), _CLAIM_CHUNK):
+        for chunk in chunks(list(identities), _CLAIM_CHUNK):
             now = self.clock()
             claimable = _claimable(now, retry_failed)
             position = case({identity: i for i, identity in enumerate(chunk)}, value=CompiledShape.identity)
@@ -297,132 +293,6 @@ class Registry:
             )
         )
 
-    # ---------------------------------------------------------------- reads
-
-    def rows(
-        self,
-        *,
-        model: str | None = None,
-        workload: str | None = None,
-        statuses: Sequence[str] | None = None,
-        identities: Sequence[str] | None = None,
-        shape_hashes: Sequence[str] | None = None,
-        with_artifacts: bool = False,
-    ) -> list[ShapeRecord]:
-        """Registry rows matching every filter given, in a stable order."""
-        query = _rows_query(model, workload, statuses)
-        if with_artifacts:
-            query = query.options(selectinload(CompiledShape.artifacts))
-        keys = [(CompiledShape.identity, identities), (CompiledShape.shape_hash, shape_hashes)]
-        with self.session() as session:
-            if not any(values is not None for _, values in keys):
-                return [ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query)]
-            out: list[ShapeRecord] = []
-            for column, values in keys:
-                if values is None:
-                    continue
-                for chunk in _chunks(list(values), 2000):
-                    out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
-            return out
-
-    def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
-        """:meth:`rows` one at a time, fetched in batches: a 100,000-row registry is listed without holding it all."""
-        with self.session() as session:
-            for row in session.scalars(_rows_query(model, workload, None).execution_options(yield_per=1000)):
-                yield ShapeRecord.from_row(row)
-
-    def done_artifact_paths(self, identities: Sequence[str]) -> dict[str, list[str]]:
-        """``{identity: artifact paths}`` of the compiled/verified rows among ``identities``.
-
-        Plain column reads, no ORM objects: ``pull`` asks this for thousands of shapes to
-        decide, from the cache alone, which it can skip.
-        """
-        out: dict[str, list[str]] = {}
-        query = select(CompiledShape.identity, Artifact.path).outerjoin(Artifact, Artifact.shape_id == CompiledShape.id).where(CompiledShape.status.in_(list(DONE_STATUSES)))
-        with self.session() as session:
-            for chunk in _chunks(list(identities), 2000):
-                for identity, path in session.execute(query.where(CompiledShape.identity.in_(chunk))):
-                    paths = out.setdefault(identity, [])
-                    if path is not None:
-                        paths.append(path)
-        return out
-
-    def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
-        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
-        by_shape: dict[str, list[ShapeRecord]] = {}
-        for record in self.rows(shape_hashes=sorted({p.shape_hash for p in planned})):
-            by_shape.setdefault(record.shape_hash, []).append(record)
-        out = []
-        for p in planned:
-            records = by_shape.get(p.shape_hash, [])
-            own = next((r for r in records if r.identity == p.identity), None)
-            if own is not None:
-                out.append(PlanStatus(p, own.status, own))
-            elif records:
-                out.append(PlanStatus(p, Status.STALE, max(records, key=lambda r: r.updated_at)))
-            else:
-                out.append(PlanStatus(p, Status.MISSING, None))
-        return out
-
-    def record_misses(self, events: Sequence[MissEvent]) -> None:
-        if not events:
-            return
-        for event in events:
-            event.check_range()
-        host = socket.gethostname()
-        with self.session() as session:
-            session.add_all(
-                ShapeMiss(
-                    model_name=e.model_name,
-                    workload=e.workload,
-                    dtype=e.dtype,
-                    tp_size=e.tp_size,
-                    fsdp_size=e.fsdp_size,
-                    batch_size=e.batch_size,
-                    seq_len=e.seq_len,
-                    decision=e.decision,
-                    padded_batch=e.padded_batch,
-                    padded_seq=e.padded_seq,
-                    count=e.count,
-                    host=host,
-                )
-                for e in events
-            )
-
-    def miss_summary(self, model: str | None = None) -> list[dict[str, Any]]:
-        """Recorded misses summed per (model, workload, dtype, shape, decision), most frequent first."""
-        columns = (
-            ShapeMiss.model_name,
-            ShapeMiss.workload,
-            ShapeMiss.dtype,
-            ShapeMiss.batch_size,
-            ShapeMiss.seq_len,
-            ShapeMiss.decision,
-            ShapeMiss.padded_batch,
-            ShapeMiss.padded_seq,
-        )
-        total = func.sum(ShapeMiss.count).label("requests")  # not "count": a Row is a tuple, and tuple.count is a method
-        query = select(*columns, total, func.max(ShapeMiss.recorded_at).label("last_seen")).group_by(*columns)
-        if model is not None:
-            query = query.where(ShapeMiss.model_name == model)
-        with self.session() as session:
-            result = session.execute(query.order_by(total.desc(), *columns)).all()
-        return [
-            {
-                "model": r.model_name,
-                "workload": r.workload,
-                "dtype": r.dtype,
-                "batch_size": r.batch_size,
-                "seq_len": r.seq_len,
-                "decision": r.decision,
-                "padded_batch": r.padded_batch,
-                "padded_seq": r.padded_seq,
-                "count": int(r.requests),
-                "last_seen": (r.last_seen.replace(tzinfo=dt.UTC) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
-            }
-            for r in result
-        ]
-
 
 def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
     """A read path must not create a SQLite file (connecting would)."""
@@ -440,19 +310,6 @@ def _rows_changed(session: Session, statement: Executable) -> int:
     result = session.execute(statement)
     assert isinstance(result, CursorResult)
     return result.rowcount
-
-
-def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str] | None) -> Select[CompiledShape]:
-    """Rows matching the filters given, in :meth:`Registry.rows`' stable order."""
-    conditions: list[ColumnElement[bool]] = []
-    if model is not None:
-        conditions.append(CompiledShape.model_name == model)
-    if workload is not None:
-        conditions.append(CompiledShape.workload == workload)
-    if statuses is not None:
-        conditions.append(CompiledShape.status.in_(list(statuses)))
-    order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
-    return select(CompiledShape).where(*conditions).order_by(*order)
 
 
 def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
@@ -499,11 +356,6 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
 
 #: Identities one claim statement looks at, in the caller's order (a ``CASE`` ranks them).
 _CLAIM_CHUNK = 128
-
-
-def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 __all__ = ["MissEvent", "PlanStatus", "Registry", "worker_id"]

@@ -62,36 +62,43 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(dumps(data), status_code=status, media_type="application/json", headers=headers)
 
 
-def create_app(config: ServiceConfig) -> CheckRoute:
-    """The service as one ASGI callable: the raw ``/v1/check`` route in front of the Starlette routes."""
-    view = RegistryView(config.db_url, interval=config.refresh_interval)
-    auth = WriteAuthorisation(config.token)
-    metrics = metrics_registry(view)
-    openapi = dumps(openapi_document(package_version("warmcache") or "unknown"))
+class Handlers:
+    """The routes' handlers over one registry view, each a method, so that :func:`create_app` only wires routes.
 
-    async def in_registry(work: Callable[[Registry], T]) -> T:
+    What they share (the view, the configuration, the write authorisation, the metrics,
+    the OpenAPI document) is built once, here.
+    """
+
+    def __init__(self, config: ServiceConfig, view: RegistryView) -> None:
+        self.config = config
+        self.view = view
+        self.auth = WriteAuthorisation(config.token)
+        self.metrics = metrics_registry(view)
+        self.openapi = dumps(openapi_document(package_version("warmcache") or "unknown"))
+
+    async def in_registry(self, work: Callable[[Registry], T]) -> T:
         """Run one direct query off the event loop; a database failure is a 503."""
 
         def run() -> T:
-            with view.query() as registry:
+            with self.view.query() as registry:
                 return work(registry)
 
         return await run_in_threadpool(run)
 
-    async def write_body(request: Request) -> bytes:
-        auth.require(request.headers.get("authorization"))
+    async def write_body(self, request: Request) -> bytes:
+        self.auth.require(request.headers.get("authorization"))
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
-            raise ApiError(413, f"body of {declared} bytes exceeds the limit of {config.max_body_bytes}", "body")
+        if declared is not None and declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            raise ApiError(413, f"body of {declared} bytes exceeds the limit of {self.config.max_body_bytes}", "body")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > config.max_body_bytes:
-                raise ApiError(413, f"body exceeds the limit of {config.max_body_bytes} bytes", "body")
+            if len(body) > self.config.max_body_bytes:
+                raise ApiError(413, f"body exceeds the limit of {self.config.max_body_bytes} bytes", "body")
         return bytes(body)
 
-    async def models(request: Request) -> Response:
-        state = view.current()
+    async def models(self, request: Request) -> Response:
+        state = self.view.current()
         out: dict[str, dict[str, Any]] = {}
         for r in state.records:
             entry = out.setdefault(r.model_name, {"model": r.model_name, "workloads": set(), "counts": Counter()})
@@ -109,16 +116,16 @@ def create_app(config: ServiceConfig) -> CheckRoute:
             ]
         )
 
-    async def shapes(request: Request) -> Response:
+    async def shapes(self, request: Request) -> Response:
         params = request.query_params
         workload = choice(params, "workload", WORKLOADS)
         status = choice(params, "status", [str(s) for s in PLAN_STATUSES[1:]])
         model = params.get("model")
-        rows = [shape_json(r) for r in view.current().records if (model is None or r.model_name == model) and (workload is None or r.workload == workload)]
+        rows = [shape_json(r) for r in self.view.current().records if (model is None or r.model_name == model) and (workload is None or r.workload == workload)]
         return json_response([r for r in rows if status is None or r["status"] == status])
 
-    async def plan(request: Request) -> Response:
-        body = await write_body(request)
+    async def plan(self, request: Request) -> Response:
+        body = await self.write_body(request)
         model = request.query_params.get("model")
         try:
             # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's disk are never disclosed.
@@ -127,97 +134,105 @@ def create_app(config: ServiceConfig) -> CheckRoute:
             raise ApiError(400, str(exc), "body") from None
         except TimeoutError:
             raise ApiError(503, f"planning the manifest took more than {PLAN_TIMEOUT_S:g}s; refused", "body") from None
-        explained = await in_registry(lambda registry: explain_plan(registry, planned))
+        explained = await self.in_registry(lambda registry: explain_plan(registry, planned))
         return json_response([plan_json(e.status, e.reason) for e in explained])
 
-    async def status(request: Request) -> Response:
-        if config.manifest is None:
+    async def status(self, request: Request) -> Response:
+        if self.config.manifest is None:
             raise ApiError(404, "no manifest configured: start the server with --manifest PATH", "manifest")
         try:
-            planned = plan_manifest(load_manifest(config.manifest), request.query_params.get("model"))
+            planned = plan_manifest(load_manifest(self.config.manifest), request.query_params.get("model"))
         except UsageError as exc:
             raise ApiError(400, str(exc), "model") from None
-        report = await in_registry(lambda registry: warmup_status(registry, planned))
+        report = await self.in_registry(lambda registry: warmup_status(registry, planned))
         return json_response(report.as_json())
 
-    async def misses(request: Request) -> Response:
+    async def misses(self, request: Request) -> Response:
         if request.method == "GET":
             model = request.query_params.get("model")
-            return json_response(await in_registry(lambda registry: registry.miss_summary(model)))
-        events = parse_misses(await write_body(request))
-        await in_registry(lambda registry: registry.record_misses(events))
+            return json_response(await self.in_registry(lambda registry: registry.miss_summary(model)))
+        events = parse_misses(await self.write_body(request))
+        await self.in_registry(lambda registry: registry.record_misses(events))
         return json_response({"recorded": len(events), "count": sum(e.count for e in events)})
 
-    async def refresh(request: Request) -> Response:
-        await write_body(request)
-        state = await run_in_threadpool(view.refresh)
+    async def refresh(self, request: Request) -> Response:
+        await self.write_body(request)
+        state = await run_in_threadpool(self.view.refresh)
         return json_response({"loaded_at": state.loaded_at.isoformat(), "shapes": len(state.records)})
 
-    async def guard(request: Request) -> Response:
+    async def guard(self, request: Request) -> Response:
         workload = choice(request.query_params, "workload", WORKLOADS)
-        etag, body = guard_document(view.current(), request.path_params["model"], workload, view.display_url)
+        etag, body = guard_document(self.view.current(), request.path_params["model"], workload, self.view.display_url)
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers=headers)
         return Response(body, media_type="application/json", headers=headers)
 
-    async def metrics_text(request: Request) -> Response:
-        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
 
-    async def healthz(request: Request) -> Response:
-        return json_response({"ok": True})
-
-    async def readyz(request: Request) -> Response:
-        state = view.current()
+    async def readyz(self, request: Request) -> Response:
+        state = self.view.current()
         return json_response({"ready": True, "loaded_at": state.loaded_at.isoformat(), "shapes": len(state.records)})
 
-    async def page(request: Request) -> Response:
+    async def page(self, request: Request) -> Response:
         try:
-            body = dashboard.render_panels(view.current())
+            body = dashboard.render_panels(self.view.current())
         except ApiError as exc:
             body = dashboard.render_down(exc.message)
         return HTMLResponse(dashboard.render_page(body))
 
-    async def panels(request: Request) -> Response:
+    async def panels(self, request: Request) -> Response:
         try:
-            return HTMLResponse(dashboard.render_panels(view.current()))
+            return HTMLResponse(dashboard.render_panels(self.view.current()))
         except ApiError as exc:
             return Response(exc.message, status_code=exc.status, media_type="text/plain")
 
-    async def openapi_json(request: Request) -> Response:
-        return Response(openapi, media_type="application/json")
-
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return Response(exc.body(), status_code=exc.status, media_type="application/json")
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return Response(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, media_type="application/json")
+    async def openapi_json(self, request: Request) -> Response:
+        return Response(self.openapi, media_type="application/json")
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        view.start()
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.view.start()
         try:
             yield
         finally:
-            await run_in_threadpool(view.stop)
+            await run_in_threadpool(self.view.stop)
 
+
+async def healthz(request: Request) -> Response:
+    return json_response({"ok": True})
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return Response(exc.body(), status_code=exc.status, media_type="application/json")
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return Response(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, media_type="application/json")
+
+
+def create_app(config: ServiceConfig) -> CheckRoute:
+    """The service as one ASGI callable: the raw ``/v1/check`` route in front of the Starlette routes."""
+    view = RegistryView(config.db_url, interval=config.refresh_interval)
+    handlers = Handlers(config, view)
     routes = [
-        Route("/v1/models", models),
-        Route("/v1/shapes", shapes),
-        Route("/v1/plan", plan, methods=["POST"]),
-        Route("/v1/status", status),
-        Route("/v1/misses", misses, methods=["GET", "POST"]),
-        Route("/v1/refresh", refresh, methods=["POST"]),
-        Route("/v1/guard/{model}", guard),
-        Route("/metrics", metrics_text),
+        Route("/v1/models", handlers.models),
+        Route("/v1/shapes", handlers.shapes),
+        Route("/v1/plan", handlers.plan, methods=["POST"]),
+        Route("/v1/status", handlers.status),
+        Route("/v1/misses", handlers.misses, methods=["GET", "POST"]),
+        Route("/v1/refresh", handlers.refresh, methods=["POST"]),
+        Route("/v1/guard/{model}", handlers.guard),
+        Route("/metrics", handlers.metrics_text),
         Route("/healthz", healthz),
-        Route("/readyz", readyz),
-        Route("/", page),
-        Route("/dashboard/panels", panels),
-        Route("/openapi.json", openapi_json),
+        Route("/readyz", handlers.readyz),
+        Route("/", handlers.page),
+        Route("/dashboard/panels", handlers.panels),
+        Route("/openapi.json", handlers.openapi_json),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=handlers.lifespan, exception_handlers={ApiError: api_error, HTTPException: http_error})
     app.state.view = view
     return CheckRoute(app, view)

@@ -27,8 +27,8 @@ from typing import Any
 
 from warmcache.cache.bundle import BundleFile
 from warmcache.cache.bundle_rows import check_rows, row_to_json
+from warmcache.cache.file_list import check_artifacts, check_files, read_signed_document
 from warmcache.cache.layout import CacheFlavor
-from warmcache.cache.unbundle import check_artifacts, check_files, read_signed_document
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
 from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes

@@ -6,14 +6,14 @@ and an ``lstat`` per entry). For the rest, each shape's index is read (by the
 identity this machine computes, so only indexes of its own toolchain are seen) and
 validated completely (its signature first, when trusted keys are configured);
 the files of entries the cache does not already hold are counted against the
-size limit and the free space (:func:`~warmcache.cache.unbundle.check_room`, as
+size limit and the free space (:func:`~warmcache.cache.install.check_room`, as
 ``bundle unpack`` does) *before* anything is downloaded, then each blob is
 streamed to disk with its size enforced while writing and its sha256 checked. A
 blob that does not match is discarded and fetched again, then refused.
 
 Blobs wait in ``.warmcache-unpack-pull/`` (named by sha256, renamed there only once
 checked), so an interrupted pull resumes without fetching them again; they are
-placed exactly as a bundle's files are (:func:`~warmcache.cache.unbundle.install_staged`:
+placed exactly as a bundle's files are (:func:`~warmcache.cache.install.install_staged`:
 a staging folder, one rename per entry, rows merged last). So an interrupted pull
 leaves no partial entry and no row naming a missing file.
 """
@@ -33,9 +33,7 @@ from typing import Any
 
 from warmcache.cache.bundle import BundleFile, Progress, sha256_of
 from warmcache.cache.bundle_rows import MergeResult
-from warmcache.cache.layout import STAGING_PREFIX, entry_of
-from warmcache.cache.locate import CacheLocation
-from warmcache.cache.unbundle import (
+from warmcache.cache.install import (
     DEFAULT_MAX_UNPACK_BYTES,
     BundleMeta,
     check_room,
@@ -43,6 +41,8 @@ from warmcache.cache.unbundle import (
     install_staged,
     write_checked,
 )
+from warmcache.cache.layout import STAGING_PREFIX, entry_of
+from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
