@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import first_line
 from warmcache.fingerprint import current_toolchain
+from warmcache.jsonable import fields_json
 from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, ShapeSpec
 from warmcache.statuses import DONE_STATUSES, Status
@@ -38,8 +39,8 @@ class Difference:
     def __str__(self) -> str:
         return f"{self.field} {self.recorded} → {self.current}"
 
-    def as_json(self) -> dict[str, str]:
-        return {"field": self.field, "recorded": self.recorded, "current": self.current}
+    def as_json(self) -> dict[str, Any]:
+        return fields_json(self)
 
 
 def _env_group(name: str) -> str:

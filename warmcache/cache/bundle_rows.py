@@ -19,6 +19,7 @@ from sqlalchemy.orm import selectinload
 
 from warmcache.bounds import MAX_BYTES, MAX_COUNT
 from warmcache.errors import CacheError, shown
+from warmcache.jsonable import fields_json
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
@@ -39,7 +40,7 @@ class MergeResult:
     skipped: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {"inserted": self.inserted, "updated": self.updated, "unchanged": self.unchanged, "skipped": list(self.skipped)}
+        return fields_json(self)
 
 
 def row_to_json(record: ShapeRecord) -> dict[str, Any]:
