@@ -27,3 +27,12 @@ def json_value(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+class FieldsJson:
+    """For a result whose JSON is exactly its fields: ``as_json`` written once, here (subclasses are dataclasses)."""
+
+    __slots__ = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return fields_json(self)

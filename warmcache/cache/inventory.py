@@ -25,7 +25,7 @@ from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.cache.precompiled import PARTIAL_SUFFIX, PRECOMPILED_DIR
-from warmcache.jsonable import fields_json
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
 from warmcache.statuses import DONE_STATUSES, Status
@@ -130,15 +130,12 @@ class CacheEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class MissingArtifact:
+class MissingArtifact(FieldsJson):
     """An artifact a registry row names that the cache does not hold."""
 
     path: str
     kind: str
     used_by: EntryUse
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self)
 
 
 @dataclass(frozen=True, slots=True)

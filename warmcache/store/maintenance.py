@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.errors import CacheError, StoreError
-from warmcache.jsonable import fields_json
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import FILE_TEMP_PREFIX, ObjectStore, StoredObject
 from warmcache.store.index import (
     BLOB_PREFIX,
@@ -45,16 +45,13 @@ MIN_SAFE_GRACE_SECONDS = 3 * REFRESH_AGE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
-class StoreGroup:
+class StoreGroup(FieldsJson):
     """The shapes a store holds for one model and toolchain."""
 
     model: str
     toolchain_hash: str
     shapes: int
     newest: float
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self)
 
 
 @dataclass(frozen=True, slots=True)

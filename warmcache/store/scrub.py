@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import CacheError
-from warmcache.jsonable import fields_json
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
 from warmcache.store.maintenance import is_blob, stored_indexes
@@ -26,14 +26,11 @@ from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
 @dataclass(frozen=True, slots=True)
-class StoreProblem:
+class StoreProblem(FieldsJson):
     key: str
     #: ``damaged`` (a blob whose bytes are not its name), ``missing`` (named by an index, not stored) or ``index``.
     problem: str
     detail: str
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self)
 
 
 @dataclass(frozen=True, slots=True)
