@@ -114,19 +114,7 @@ class CacheEntry:
         return any(lock.held for lock in self.locks)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "state": self.state,
-            "content_state": self.content_state,
-            "size_bytes": self.size_bytes,
-            "last_used": self.last_used,
-            "compiler_version": self.compiler_version,
-            "flags": list(self.flags) if self.flags is not None else None,
-            "locks": [{"path": lk.path, "age_seconds": round(lk.age_seconds, 1), "held": lk.held} for lk in self.locks],
-            "orphan": self.is_orphan,
-            "used_by": [u.as_json() for u in self.used_by],
-        }
+        return {**fields_json(self, leave_out={"used_by"}), "orphan": self.is_orphan, "used_by": [u.as_json() for u in self.used_by]}
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,11 @@ def cache_dir_option(help: str) -> Callable[[F], F]:
     return click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=help)
 
 
+def max_unpack_size_option(help: str) -> Callable[[F], F]:
+    """``--max-size SIZE`` (or ``$WARMCACHE_MAX_UNPACK_SIZE``): the most a bundle unpack or a pull may write."""
+    return click.option("--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None, help=help)
+
+
 def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
     """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default (:func:`warmcache.settings.resolve_registry`)."""
     return resolve_registry(db_url, manifest.registry if manifest else None)

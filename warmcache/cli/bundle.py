@@ -14,6 +14,7 @@ from warmcache.cli._common import (
     cache_dir_option,
     db_option,
     json_option,
+    max_unpack_size_option,
     print_json,
     registry_location,
     trust_option,
@@ -68,10 +69,7 @@ def pack(
 @trust_option
 @allow_unsigned_option
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
-@click.option(
-    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
-    help=f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).",
-)  # fmt: skip
+@max_unpack_size_option(f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).")
 @db_option
 @json_option
 def unpack(

@@ -17,6 +17,7 @@ from warmcache.cli._common import (
     db_option,
     format_table,
     json_option,
+    max_unpack_size_option,
     print_json,
     registry_location,
     trust_option,
@@ -119,10 +120,9 @@ def push(
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @cache_dir_option(CACHE_DIR_HELP)
-@click.option(
-    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
-    help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
-)  # fmt: skip
+@max_unpack_size_option(
+    f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
+)
 @trust_option
 @allow_unsigned_option
 @store_options
