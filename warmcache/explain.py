@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import first_line
 from warmcache.fingerprint import current_toolchain
+from warmcache.jsonable import FieldsJson
 from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, ShapeSpec
 from warmcache.statuses import DONE_STATUSES, Status
@@ -28,7 +29,7 @@ UNSET = "unset"
 
 
 @dataclass(frozen=True, slots=True)
-class Difference:
+class Difference(FieldsJson):
     """One fingerprint part whose recorded value differs from this machine's."""
 
     field: str
@@ -37,9 +38,6 @@ class Difference:
 
     def __str__(self) -> str:
         return f"{self.field} {self.recorded} → {self.current}"
-
-    def as_json(self) -> dict[str, str]:
-        return {"field": self.field, "recorded": self.recorded, "current": self.current}
 
 
 def _env_group(name: str) -> str:

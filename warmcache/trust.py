@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from warmcache.anchor import Anchor
 from warmcache.errors import TrustError, UsageError, shown
+from warmcache.jsonable import fields_json
 from warmcache.settings import TRUSTED_KEYS, choose
 
 KEY_PREFIX = "ed25519:"
@@ -150,7 +151,7 @@ class SignatureCheck:
         return f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
 
     def as_json(self) -> dict[str, Any]:
-        return {"checked": self.checked, "key": self.key_id}
+        return fields_json(self, {"key_id": "key"})
 
 
 @dataclass(frozen=True, slots=True)

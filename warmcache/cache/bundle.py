@@ -35,6 +35,7 @@ from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import package_version
+from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
@@ -64,23 +65,16 @@ class BundleFile:
 @dataclass(frozen=True, slots=True)
 class PackResult:
     output: Path
+    #: The signing key's id; ``None`` for an unsigned bundle.
+    signed_by: str | None
     rows: int
     entries: int
     files: int
     bytes: int
     not_compiled: int
-    signed_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "output": str(self.output),
-            "signed_by": self.signed_by,
-            "rows": self.rows,
-            "entries": self.entries,
-            "files": self.files,
-            "bytes": self.bytes,
-            "declared_but_not_compiled": self.not_compiled,
-        }
+        return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
 
 
 def check_relpath(path: Any, where: str) -> str:
@@ -169,7 +163,7 @@ def pack_bundle(
         # A read-only or full output folder, a cache file that vanished or shrank
         # mid-pack: one line naming the path, not a traceback.
         raise CacheError(f"{exc.filename or output}: {exc.strerror or exc}; bundle not written") from None
-    return PackResult(output, len(records), len(entries), len(files), total, not_compiled, signing_key.public.key_id if signing_key else None)
+    return PackResult(output, signing_key.public.key_id if signing_key else None, len(records), len(entries), len(files), total, not_compiled)
 
 
 def _meta(manifest: Manifest, location: CacheLocation, records: list[ShapeRecord], files: list[BundleFile]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import selectinload
 
 from warmcache.bounds import MAX_BYTES, MAX_COUNT
 from warmcache.errors import CacheError, shown
+from warmcache.jsonable import FieldsJson
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
@@ -32,14 +33,11 @@ _RESULT_FIELDS = ("status", "host", "compile_seconds", "graphs_compiled", "compi
 
 
 @dataclass(frozen=True, slots=True)
-class MergeResult:
+class MergeResult(FieldsJson):
     inserted: int
     updated: int
     unchanged: int
     skipped: tuple[str, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"inserted": self.inserted, "updated": self.updated, "unchanged": self.unchanged, "skipped": list(self.skipped)}
 
 
 def row_to_json(record: ShapeRecord) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from warmcache.cache.layout import TRASH_PREFIX
 from warmcache.cache.locate import flavor_of_kind
+from warmcache.jsonable import fields_json
 from warmcache.registry import Registry
 
 
@@ -56,7 +57,7 @@ class CleanupResult:
     freed_bytes: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"removed": list(self.removed), "kept": list(self.kept), "forgotten_rows": self.forgotten, "freed_bytes": self.freed_bytes}
+        return fields_json(self, {"forgotten": "forgotten_rows"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.cache.precompiled import PARTIAL_SUFFIX, PRECOMPILED_DIR
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
 from warmcache.statuses import DONE_STATUSES, Status
@@ -70,16 +71,7 @@ class EntryUse:
         return f"{self.model} {self.workload} batch={self.batch_size} seq={self.seq_len} ({self.status})"
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "row_id": self.row_id,
-            "identity": self.identity,
-            "model": self.model,
-            "workload": self.workload,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "status": self.status,
-            "host": self.host,
-        }
+        return fields_json(self, leave_out={"cache_root"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,31 +114,16 @@ class CacheEntry:
         return any(lock.held for lock in self.locks)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "state": self.state,
-            "content_state": self.content_state,
-            "size_bytes": self.size_bytes,
-            "last_used": self.last_used,
-            "compiler_version": self.compiler_version,
-            "flags": list(self.flags) if self.flags is not None else None,
-            "locks": [{"path": lk.path, "age_seconds": round(lk.age_seconds, 1), "held": lk.held} for lk in self.locks],
-            "orphan": self.is_orphan,
-            "used_by": [u.as_json() for u in self.used_by],
-        }
+        return {**fields_json(self, leave_out={"used_by"}), "orphan": self.is_orphan, "used_by": [u.as_json() for u in self.used_by]}
 
 
 @dataclass(frozen=True, slots=True)
-class MissingArtifact:
+class MissingArtifact(FieldsJson):
     """An artifact a registry row names that the cache does not hold."""
 
     path: str
     kind: str
     used_by: EntryUse
-
-    def as_json(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "used_by": self.used_by.as_json()}
 
 
 @dataclass(frozen=True, slots=True)

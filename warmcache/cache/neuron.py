@@ -27,7 +27,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from warmcache.cache.locks import lock_is_held
 from warmcache.cache.quiet import open_quietly
@@ -49,6 +49,9 @@ class LockInfo:
 
     def is_stale(self, grace_seconds: float) -> bool:
         return not self.held and self.age_seconds >= grace_seconds
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "age_seconds": round(self.age_seconds, 1), "held": self.held}
 
 
 @dataclass(frozen=True, slots=True)

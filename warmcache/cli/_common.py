@@ -21,12 +21,32 @@ F = TypeVar("F", bound=Callable[..., Any])
 DB_HELP = f"Registry database URL (default: ${REGISTRY.env}, then the manifest's {REGISTRY.manifest_key}, then {REGISTRY.default})."
 
 
+CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+
+
 def db_option(func: F) -> F:
     return click.option("--db", "db_url", metavar="URL", default=None, help=DB_HELP)(func)
 
 
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text.")(func)
+
+
+def manifest_query_options(func: F) -> F:
+    """MANIFEST, ``--model``, ``--db`` and ``--json``: what ``plan``, ``explain`` and ``status`` read."""
+    func = db_option(json_option(func))
+    func = click.option("--model", "model_name", default=None, help="Only this model.")(func)
+    return click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))(func)
+
+
+def cache_dir_option(help: str) -> Callable[[F], F]:
+    """``--cache-dir DIR``, resolved by :func:`cache_folder` (each command says what the folder is for in ``help``)."""
+    return click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=help)
+
+
+def max_unpack_size_option(help: str) -> Callable[[F], F]:
+    """``--max-size SIZE`` (or ``$WARMCACHE_MAX_UNPACK_SIZE``): the most a bundle unpack or a pull may write."""
+    return click.option("--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None, help=help)
 
 
 def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import cast
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -26,24 +28,73 @@ from warmcache.errors import UsageError
 from warmcache.registry.engine import display_url
 from warmcache.shapes import WORKLOADS, Workload
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @click.group("buckets")
 def buckets_group() -> None:
     """Choose bucket lengths from real traffic (minimum padding, exactly)."""
 
 
+@dataclass(frozen=True, slots=True)
+class LengthSource:
+    """Where ``buckets suggest`` reads the observed lengths: exactly one of --lengths, --dataset and --from-misses, with what each needs."""
+
+    lengths_file: str | None
+    column: str | None
+    dataset_file: str | None
+    field: str
+    tokenizer_path: str | None
+    from_misses: bool
+
+    def read(self, model_name: str | None, workload: str, limit: LengthLimit | None, db_url: str | None) -> Lengths:
+        chosen = [name for name, on in (("--lengths", self.lengths_file), ("--dataset", self.dataset_file), ("--from-misses", self.from_misses)) if on]
+        if len(chosen) != 1:
+            raise UsageError(f"give exactly one source of lengths: --lengths, --dataset or --from-misses (got {', '.join(chosen) or 'none'})")
+        if self.column is not None and self.lengths_file is None:
+            raise UsageError("--column applies to --lengths only")
+        if self.lengths_file is not None:
+            return read_lengths_file(self.lengths_file, column=self.column, limit=limit)
+        if self.dataset_file is not None:
+            if self.tokenizer_path is None:
+                raise UsageError("--dataset needs --tokenizer PATH (the model's own tokenizer decides the lengths)")
+            with _progress(f"tokenising {self.dataset_file}") as progress:
+                return read_dataset_lengths(self.dataset_file, field=self.field, tokenizer_path=self.tokenizer_path, limit=limit, progress=progress)
+        assert model_name is not None
+        with open_registry(db_url) as registry:
+            summary = registry.miss_summary(model_name)
+            where = display_url(registry.url)
+        return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)
+
+
+def length_source_options(func: F) -> F:
+    """The options of :class:`LengthSource`, handed to the command as one ``source`` (its fields are stated once, there)."""
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        source = LengthSource(**{f.name: kwargs.pop(f.name) for f in fields(LengthSource)})
+        return func(source=source, **kwargs)
+
+    options = (
+        click.option("--lengths", "lengths_file", metavar="FILE", help="Observed lengths: one integer a line, or a CSV with --column."),
+        click.option("--column", metavar="NAME", help="The CSV column of --lengths holding the lengths."),
+        click.option("--dataset", "dataset_file", metavar="FILE.jsonl", help="A JSONL dataset, tokenised with --tokenizer."),
+        click.option("--field", default="text", show_default=True, metavar="NAME", help="The --dataset field holding the text."),
+        click.option(
+            "--tokenizer",
+            "tokenizer_path",
+            metavar="PATH",
+            help="The model (or tokenizer) folder: tokenises --dataset; its config's max_position_embeddings is the default --max-length.",
+        ),
+        click.option("--from-misses", is_flag=True, help="Use the requests the runtime guard padded or refused (registry misses of --model), each weighted by its count."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return cast(F, command)
+
+
 @buckets_group.command("suggest")
-@click.option("--lengths", "lengths_file", metavar="FILE", help="Observed lengths: one integer a line, or a CSV with --column.")
-@click.option("--column", metavar="NAME", help="The CSV column of --lengths holding the lengths.")
-@click.option("--dataset", "dataset_file", metavar="FILE.jsonl", help="A JSONL dataset, tokenised with --tokenizer.")
-@click.option("--field", default="text", show_default=True, metavar="NAME", help="The --dataset field holding the text.")
-@click.option(
-    "--tokenizer",
-    "tokenizer_path",
-    metavar="PATH",
-    help="The model (or tokenizer) folder: tokenises --dataset; its config's max_position_embeddings is the default --max-length.",
-)
-@click.option("--from-misses", is_flag=True, help="Use the requests the runtime guard padded or refused (registry misses of --model), each weighted by its count.")
+@length_source_options
 @click.option("--model", "model_name", metavar="NAME", help="Model name as in the manifest (for --from-misses and --manifest-snippet).")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True, help="Which misses to read and which manifest table to print.")
 @click.option("--max-buckets", type=int, metavar="K", help="Use at most K buckets (default: as many as the powers-of-two ladder from --pow2-floor).")
@@ -80,12 +131,7 @@ def buckets_group() -> None:
 @db_option
 @json_option
 def suggest(
-    lengths_file: str | None,
-    column: str | None,
-    dataset_file: str | None,
-    field: str,
-    tokenizer_path: str | None,
-    from_misses: bool,
+    source: LengthSource,
     model_name: str | None,
     workload: str,
     max_buckets: int | None,
@@ -106,16 +152,16 @@ def suggest(
         raise UsageError(f"--max-buckets: K must be >= 1, got {max_buckets}")
     if expected_requests is not None and compile_cost is None:
         raise UsageError("--expected-requests only matters with --compile-cost")
-    if from_misses and batch_size > 1:
+    if source.from_misses and batch_size > 1:
         raise UsageError("--batch does not apply to --from-misses: a recorded miss is a whole request whose seq_len is already its longest row")
-    if (manifest_snippet or from_misses) and not model_name:
-        raise UsageError(f"{'--from-misses' if from_misses else '--manifest-snippet'} needs --model NAME")
+    if (manifest_snippet or source.from_misses) and not model_name:
+        raise UsageError(f"{'--from-misses' if source.from_misses else '--manifest-snippet'} needs --model NAME")
     snippet_batches = _parse_batch_sizes(batch_sizes) if batch_sizes is not None else [batch_size]
 
     limit = LengthLimit(max_length, "--max-length") if max_length is not None else None
-    if limit is None and tokenizer_path is not None:
-        limit = model_length_limit(tokenizer_path)
-    lengths = _read_lengths(lengths_file, column, dataset_file, field, tokenizer_path, from_misses, model_name, workload, limit, db_url)
+    if limit is None and source.tokenizer_path is not None:
+        limit = model_length_limit(source.tokenizer_path)
+    lengths = source.read(model_name, workload, limit, db_url)
 
     result = suggest_buckets(
         Traffic(lengths.distribution, batch_size),
@@ -172,37 +218,6 @@ def report_text(result: Suggestion) -> str:
             f"suggested buckets: {', '.join(map(str, result.buckets))}",
         ]
     )
-
-
-def _read_lengths(
-    lengths_file: str | None,
-    column: str | None,
-    dataset_file: str | None,
-    field: str,
-    tokenizer_path: str | None,
-    from_misses: bool,
-    model_name: str | None,
-    workload: str,
-    limit: LengthLimit | None,
-    db_url: str | None,
-) -> Lengths:
-    chosen = [name for name, on in (("--lengths", lengths_file), ("--dataset", dataset_file), ("--from-misses", from_misses)) if on]
-    if len(chosen) != 1:
-        raise UsageError(f"give exactly one source of lengths: --lengths, --dataset or --from-misses (got {', '.join(chosen) or 'none'})")
-    if column is not None and lengths_file is None:
-        raise UsageError("--column applies to --lengths only")
-    if lengths_file is not None:
-        return read_lengths_file(lengths_file, column=column, limit=limit)
-    if dataset_file is not None:
-        if tokenizer_path is None:
-            raise UsageError("--dataset needs --tokenizer PATH (the model's own tokenizer decides the lengths)")
-        with _progress(f"tokenising {dataset_file}") as progress:
-            return read_dataset_lengths(dataset_file, field=field, tokenizer_path=tokenizer_path, limit=limit, progress=progress)
-    assert model_name is not None
-    with open_registry(db_url) as registry:
-        summary = registry.miss_summary(model_name)
-        where = display_url(registry.url)
-    return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)
 
 
 def _progress(label: str) -> AbstractContextManager[Callable[[int, int], None]]:

@@ -10,10 +10,12 @@ from warmcache.cache.bundle import pack_bundle
 from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cache.unbundle import unpack_bundle
 from warmcache.cli._common import (
+    CACHE_DIR_HELP,
     byte_progress,
-    cache_folder,
+    cache_dir_option,
     db_option,
     json_option,
+    max_unpack_size_option,
     print_json,
     registry_location,
     trust_option,
@@ -37,13 +39,7 @@ def bundle_group() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@click.option(
-    "--cache-dir",
-    callback=cache_folder,
-    metavar="DIR",
-    default=None,
-    help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default).",
-)
+@cache_dir_option(CACHE_DIR_HELP)
 @click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
 @db_option
 @json_option
@@ -69,15 +65,12 @@ def pack(
 
 @bundle_group.command("unpack")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help="Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
+@cache_dir_option("Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
 @click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
 @trust_option
 @allow_unsigned_option
 @click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
-@click.option(
-    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
-    help=f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).",
-)  # fmt: skip
+@max_unpack_size_option(f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).")
 @db_option
 @json_option
 def unpack(

@@ -14,7 +14,7 @@ from warmcache.cache.inventory import CacheInfo, scan_cache
 from warmcache.cache.locate import FLAVORS, locate_caches
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.prune import PruneRules, plan_prune
-from warmcache.cli._common import cache_folder, db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import cache_dir_option, db_option, format_table, json_option, open_registry, print_json
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
@@ -30,13 +30,7 @@ def cache_options(func: F) -> F:
     """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
     for option in reversed(
         (
-            click.option(
-                "--cache-dir",
-                callback=cache_folder,
-                metavar="DIR",
-                default=None,
-                help="Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default).",
-            ),
+            cache_dir_option("Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."),
             click.option("--flavor", type=click.Choice(FLAVORS), default=None, help="Cache layout (default: detected from the folder)."),
             click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the cache folder and registry from this manifest."),
             db_option,

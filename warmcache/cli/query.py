@@ -6,7 +6,7 @@ from collections import Counter
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json, print_json_array
+from warmcache.cli._common import db_option, format_table, json_option, manifest_query_options, open_registry, print_json, print_json_array
 from warmcache.explain import explain_plan
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
@@ -17,10 +17,7 @@ from warmcache.support import check_supported
 
 
 @click.command("plan")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--model", "model_name", default=None, help="Only this model.")
-@db_option
-@json_option
+@manifest_query_options
 def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
@@ -54,10 +51,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 
 
 @click.command("explain")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--model", "model_name", default=None, help="Only this model.")
-@db_option
-@json_option
+@manifest_query_options
 def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what differs."""
     parsed = load_manifest(manifest)

@@ -6,7 +6,7 @@ import datetime as dt
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import format_table, manifest_query_options, open_registry, print_json
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.status import STATUS_ORDER, WarmupStatus, format_duration, warmup_status
@@ -14,10 +14,7 @@ from warmcache.units import format_count
 
 
 @click.command("status")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--model", "model_name", default=None, help="Only this model.")
-@db_option
-@json_option
+@manifest_query_options
 def status(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """Per model and workload: counts by status, claims in flight, failures and the time left."""
     parsed = load_manifest(manifest)

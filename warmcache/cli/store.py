@@ -11,11 +11,13 @@ import click
 
 from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
+    CACHE_DIR_HELP,
     byte_progress,
-    cache_folder,
+    cache_dir_option,
     db_option,
     format_table,
     json_option,
+    max_unpack_size_option,
     print_json,
     registry_location,
     trust_option,
@@ -45,7 +47,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 STORE_HELP = "Store URL: s3://bucket/prefix or file:///path (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
 NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
-CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
 
 
 def sign_option(func: F) -> F:
@@ -83,7 +84,7 @@ def store_options(func: F) -> F:
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
 @click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
+@cache_dir_option(CACHE_DIR_HELP)
 @sign_option
 @store_options
 @db_option
@@ -118,11 +119,10 @@ def push(
 @click.command("pull")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@click.option("--cache-dir", callback=cache_folder, metavar="DIR", default=None, help=CACHE_DIR_HELP)
-@click.option(
-    "--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None,
-    help=f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)}).",
-)  # fmt: skip
+@cache_dir_option(CACHE_DIR_HELP)
+@max_unpack_size_option(
+    f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
+)
 @trust_option
 @allow_unsigned_option
 @store_options
@@ -239,13 +239,7 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 @_manifest_option
 @trust_option
 @click.option("--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds.")
-@click.option(
-    "--cache-dir",
-    callback=cache_folder,
-    metavar="DIR",
-    default=None,
-    help="The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).",
-)
+@cache_dir_option("The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).")
 @json_option
 def check(
     store_url: str | None, endpoint_url: str | None, manifest_path: str | None, trust: tuple[str, ...], repair: bool, cache_dir: CacheFolder | None, as_json: bool

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import click
 
-from warmcache.cli._common import cache_folder, db_option, is_terminal, json_option, print_json, registry_location
+from warmcache.cli._common import cache_dir_option, db_option, is_terminal, json_option, print_json, registry_location
 from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
@@ -43,7 +43,7 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @click.option("--shard", metavar="I/N", default=None, help="Only the I-th of N deterministic slices of the manifest (1-based), for a fleet of machines.")
 @click.option("--retry-failed", is_flag=True, help="Compile specs that failed in an earlier run again.")
 @click.option("--dry-run", is_flag=True, help="Print what would be compiled and skipped; compile nothing.")
-@click.option("--cache-dir", callback=cache_folder, default=None, metavar="DIR", help=CACHE_HELP)
+@cache_dir_option(CACHE_HELP)
 @click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
 @click.option("--push/--no-push", "push", default=None, help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).")
 @sign_option
@@ -98,7 +98,7 @@ def warmup(
 
 @click.command("verify")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--cache-dir", callback=cache_folder, default=None, metavar="DIR", help=CACHE_HELP)
+@cache_dir_option(CACHE_HELP)
 @db_option
 @json_option
 @verbose_option

@@ -48,10 +48,16 @@ class Checker:
             return []
         return value
 
+    def _absent(self, table: dict[str, Any], key: str, where: str, required: bool) -> bool:
+        """Whether ``key`` is missing from ``table`` (a problem when it is required): the caller then takes its default."""
+        if key in table:
+            return False
+        if required:
+            self.problem(f"{where}.{key}", "missing required key")
+        return True
+
     def string(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: str | None = None) -> str | None:
-        if key not in table:
-            if required:
-                self.problem(f"{where}.{key}", "missing required key")
+        if self._absent(table, key, where, required):
             return default
         value = table[key]
         if not isinstance(value, str) or not value.strip():
@@ -85,9 +91,7 @@ class Checker:
         return value
 
     def positive_int(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: int | None = None) -> int | None:
-        if key not in table:
-            if required:
-                self.problem(f"{where}.{key}", "missing required key")
+        if self._absent(table, key, where, required):
             return default
         return self._positive(table[key], f"{where}.{key}", default)
 
@@ -104,8 +108,7 @@ class Checker:
         return value
 
     def positive_ints(self, table: dict[str, Any], key: str, where: str) -> tuple[int, ...]:
-        if key not in table:
-            self.problem(f"{where}.{key}", "missing required key")
+        if self._absent(table, key, where, required=True):
             return ()
         value = table[key]
         if isinstance(value, int) and not isinstance(value, bool):

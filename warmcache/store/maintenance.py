@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.errors import CacheError, StoreError
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import FILE_TEMP_PREFIX, ObjectStore, StoredObject
 from warmcache.store.index import (
     BLOB_PREFIX,
@@ -44,16 +45,13 @@ MIN_SAFE_GRACE_SECONDS = 3 * REFRESH_AGE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
-class StoreGroup:
+class StoreGroup(FieldsJson):
     """The shapes a store holds for one model and toolchain."""
 
     model: str
     toolchain_hash: str
     shapes: int
     newest: float
-
-    def as_json(self) -> dict[str, Any]:
-        return {"model": self.model, "toolchain_hash": self.toolchain_hash, "shapes": self.shapes, "newest": self.newest}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +62,7 @@ class StoreListing:
     blob_bytes: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"store": self.url, "groups": [g.as_json() for g in self.groups], "blobs": self.blobs, "blob_bytes": self.blob_bytes}
+        return fields_json(self, {"url": "store"})
 
 
 def list_store(store: ObjectStore) -> StoreListing:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.cache.neuron import EntryState, module_state
+from warmcache.jsonable import fields_json
 from warmcache.store.backends import ObjectStore, StoredObject
 
 
@@ -31,13 +32,7 @@ class RemoteEntry:
     locks: tuple[tuple[str, float], ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "state": self.state,
-            "size_bytes": self.size_bytes,
-            "compiler_version": self.compiler_version,
-            "locks": [{"path": path, "age_seconds": round(age, 1)} for path, age in self.locks],
-        }
+        return {**fields_json(self, leave_out={"locks"}), "locks": [{"path": path, "age_seconds": round(age, 1)} for path, age in self.locks]}
 
 
 @dataclass(frozen=True, slots=True)

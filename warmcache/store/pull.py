@@ -44,6 +44,7 @@ from warmcache.cache.install import (
 from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
+from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
@@ -87,21 +88,8 @@ class PullResult:
         return 1 if self.missing else 0
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "store": self.store,
-            "cache_dir": str(self.cache_dir),
-            "shapes_already_present": self.already_present,
-            "shapes_pulled": self.pulled,
-            "missing_in_store": list(self.missing),
-            "entries_added": self.entries_added,
-            "entries_already_present": self.entries_present,
-            "files": self.files,
-            "bytes_downloaded": self.bytes_downloaded,
-            "bytes_reused": self.bytes_reused,
-            "rows": self.rows.as_json() if self.rows else None,
-            "signatures_checked": self.signatures_checked,
-            "ok": self.exit_code == 0,
-        }
+        renamed = {"already_present": "shapes_already_present", "pulled": "shapes_pulled", "missing": "missing_in_store", "entries_present": "entries_already_present"}
+        return {**fields_json(self, renamed), "ok": self.exit_code == 0}
 
 
 def pull_manifest(

@@ -32,6 +32,7 @@ from warmcache.cache.bundle import (
 )
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
+from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.store.backends import ObjectStore
@@ -61,16 +62,7 @@ class PushResult:
     not_compiled: int
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "store": self.store,
-            "shapes": self.shapes,
-            "indexes_written": self.indexes_written,
-            "indexes_unchanged": self.indexes_unchanged,
-            "blobs_uploaded": self.blobs_uploaded,
-            "blobs_present": self.blobs_present,
-            "bytes_uploaded": self.bytes_uploaded,
-            "declared_but_not_compiled": self.not_compiled,
-        }
+        return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
 
 
 def push_manifest(

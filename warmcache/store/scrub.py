@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import CacheError
+from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
 from warmcache.store.maintenance import is_blob, stored_indexes
@@ -25,14 +26,11 @@ from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
 @dataclass(frozen=True, slots=True)
-class StoreProblem:
+class StoreProblem(FieldsJson):
     key: str
     #: ``damaged`` (a blob whose bytes are not its name), ``missing`` (named by an index, not stored) or ``index``.
     problem: str
     detail: str
-
-    def as_json(self) -> dict[str, str]:
-        return {"key": self.key, "problem": self.problem, "detail": self.detail}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +47,7 @@ class CheckReport:
         return 5 if self.problems else 0
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "store": self.url,
-            "indexes": self.indexes,
-            "blobs": self.blobs,
-            "problems": [p.as_json() for p in self.problems],
-            "repaired": list(self.repaired),
-            "ok": not self.problems,
-        }
+        return {**fields_json(self, {"url": "store"}), "ok": not self.problems}
 
 
 def check_store(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, dict[str, set[str]]]:
