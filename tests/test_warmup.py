@@ -71,8 +71,9 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
     assert graphs[("qwen3", "generate", 1, 8)] >= 1 and graphs[("qwen3", "generate", 2, 8)] >= 1
     assert graphs[("qwen3", "train", 2, 8)] >= 1
     assert graphs[("llama", "train", 2, 8)] >= 1 and graphs[("llama", "train", 2, 12)] >= 1
-    # The decode graph does not depend on the prompt length (DESIGN.md): prompt 12 reuses prompt 8's.
-    assert graphs[("llama", "generate", 2, 12)] == 0
+    # The decode graph does not depend on the prompt length (DESIGN.md): prompt 8, warmed right after
+    # prompt 12 (longest first, one family together), reuses its graph.
+    assert graphs[("llama", "generate", 2, 12)] >= 1 and graphs[("llama", "generate", 2, 8)] == 0
     # eager/aot_eager keep no persistent cache, so there is nothing to record as artifacts.
     assert all(r.artifacts == () for r in records)
 

@@ -79,6 +79,15 @@ class RowQueries(Transactional):
                         paths.append(path)
         return out
 
+    def unfinished(self, identities: Sequence[str]) -> set[str]:
+        """Those of ``identities`` whose row is ``pending`` or ``compiling``: one column read, no row objects."""
+        query = select(CompiledShape.identity).where(CompiledShape.status.in_([Status.PENDING, Status.COMPILING]))
+        out: set[str] = set()
+        with self.session() as session:
+            for chunk in chunks(list(identities), 2000):
+                out.update(session.scalars(query.where(CompiledShape.identity.in_(chunk))))
+        return out
+
     def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
         """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
         by_shape: dict[str, list[ShapeRecord]] = {}

@@ -14,16 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
-
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.registry.models import CompiledShape
-from warmcache.statuses import Status
 
 #: Identities one claim asks about; the order within the window is kept too.
 WINDOW = 64
-#: Identities per read of ``unfinished`` (a bound on one statement's parameters).
-_READ_CHUNK = 2000
 
 
 class ClaimQueue:
@@ -48,17 +42,7 @@ class ClaimQueue:
 
     def narrow(self) -> bool:
         """Keep the specs still pending or compiling (anywhere) and go back to the top; ``False`` if none is left."""
-        still = unfinished(self._registry, self._open)
+        still = self._registry.unfinished(self._open)
         self._open = [identity for identity in self._open if identity in still]
         self._start = 0
         return bool(self._open)
-
-
-def unfinished(registry: Registry, identities: Sequence[str]) -> set[str]:
-    """Those of ``identities`` whose row is ``pending`` or ``compiling``: one column read, no row objects."""
-    query = select(CompiledShape.identity).where(CompiledShape.status.in_([Status.PENDING, Status.COMPILING]))
-    out: set[str] = set()
-    with registry.session() as session:
-        for start in range(0, len(identities), _READ_CHUNK):
-            out.update(session.scalars(query.where(CompiledShape.identity.in_(identities[start : start + _READ_CHUNK]))))
-    return out

@@ -12,6 +12,10 @@ A spec's expected compile time is, in order of preference:
 3. unknown: such specs go first, largest ``batch × length`` first, because an
    unknown spec may be the longest of all and starting it late is what makes a
    long tail (and a fresh manifest, with no history at all, is then ordered by size).
+
+Ties keep a family (one model, workload and batch size) together, its longest
+first: a family's prompt lengths share one decode graph, so a worker that takes
+them one after another traces it once, not once per length.
 """
 
 from __future__ import annotations
@@ -30,12 +34,22 @@ from warmcache.registry.models import CompiledShape
 def longest_first(registry: Registry, todo: Sequence[PlannedShape]) -> list[PlannedShape]:
     """``todo`` ordered by expected compile time, longest first (see the module docstring)."""
     expected = expected_seconds(registry, todo)
+    largest: dict[tuple[str, str, int], int] = {}
+    for p in todo:
+        family = (p.model.name, p.spec.workload, p.spec.batch_size)
+        largest[family] = max(largest.get(family, 0), _size(p))
 
-    def key(p: PlannedShape) -> tuple[bool, float, int, str]:
+    def key(p: PlannedShape) -> tuple[bool, float, int, str, str, int, int, str]:
         seconds = expected.get(p.identity)
-        return (seconds is not None, -(seconds or 0.0), -p.spec.batch_size * p.spec.seq_len, p.identity)
+        family = (p.model.name, p.spec.workload, p.spec.batch_size)
+        return (seconds is not None, -(seconds or 0.0), -largest[family], *family, -_size(p), p.identity)
 
     return sorted(todo, key=key)
+
+
+def _size(p: PlannedShape) -> int:
+    """What an unknown spec's compile time is guessed from: ``batch × length``."""
+    return p.spec.batch_size * p.spec.seq_len
 
 
 def expected_seconds(registry: Registry, todo: Sequence[PlannedShape]) -> dict[str, float]:
