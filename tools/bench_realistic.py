@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--max-cache-len", type=int, default=256)
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager", "eager"))
     parser.add_argument("--quick", action="store_true", help="Tiny sizes and aot_eager: seconds, to check the script works.")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process (as bench_coldstart).")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.hidden, args.vocab, args.batch_sizes, args.prompt, args.max_cache_len, args.backend = 2, 128, 512, [1], 8, 16, "aot_eager"
@@ -137,7 +138,7 @@ def main() -> None:
         warmed = warm(args, model, work)
         overhead = guard_overhead(args, model, f"sqlite:///{work / 'registry.sqlite'}", repeats=50 if args.quick else 1000)
         # First request in a fresh process, batch 1: an empty cache folder vs warmup's.
-        first = argparse.Namespace(model=model, batch=args.batch_sizes[0], prompt=args.prompt, max_cache_len=args.max_cache_len, backend=args.backend)
+        first = argparse.Namespace(model=model, batch=args.batch_sizes[0], prompt=args.prompt, max_cache_len=args.max_cache_len, backend=args.backend, threads=args.threads)
         cold = measure(first, work / "empty-cache")
         warm_first = measure(first, warmed["cache"])
     print(
