@@ -81,10 +81,11 @@ class MissTelemetry:
             if self.registry_url is None or not self._pending:
                 return True
             pending, self._pending = self._pending, {}
-            pending = self._without_unrecordable(pending)
-            if not pending:
+            recordable = self._recordable(pending)
+            if not recordable:
                 return True
-        events = [self._event(key, count) for key, count in pending.items()]
+        pending = {key: pending[key] for key in recordable}
+        events = list(recordable.values())
         try:
             if self._registry is None:
                 self._registry = open_sink(self.registry_url)
@@ -155,15 +156,16 @@ class MissTelemetry:
         # meanwhile would otherwise never reach the registry.
         self.flush()
 
-    def _without_unrecordable(self, pending: dict[_MissKey, int]) -> dict[_MissKey, int]:
-        """Drop (and count in ``dropped``) misses the registry cannot hold, e.g. a refused request of batch 2**40.
+    def _recordable(self, pending: dict[_MissKey, int]) -> dict[_MissKey, MissEvent]:
+        """Each pending miss as the event to write, less (counted in ``dropped``) those the registry cannot hold, e.g. a refused request of batch 2**40.
 
         The registry refuses a whole batch that holds one of them; kept pending, that
         one request would fail every later flush and no miss would ever be recorded.
         """
-        kept = {key: count for key, count in pending.items() if self._event(key, count).out_of_range() is None}
-        if len(kept) < len(pending):
-            unrecordable = sum(pending.values()) - sum(kept.values())
+        events = {key: self._event(key, count) for key, count in pending.items()}
+        kept = {key: event for key, event in events.items() if event.out_of_range() is None}
+        if len(kept) < len(events):
+            unrecordable = sum(pending[key] for key in events if key not in kept)
             self.dropped += unrecordable
             log.warning("miss telemetry: dropped %d miss(es) whose sizes the registry cannot hold", unrecordable)
         return kept
