@@ -122,6 +122,25 @@ def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str
         assert _connections(postgres_url, name) == 1, "never more than one"
 
 
+def test_a_freshly_filled_registry_is_claimed_through_the_identity_index(postgres_url: str, tmp_path: Path) -> None:
+    """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered each claim by scanning them all."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 21), prompt_lengths=range(8, 80, 8), max_cache_len=128)]))
+    engine = sa.create_engine(normalise_url(postgres_url))
+    try:
+        with Registry.open(postgres_url) as registry:
+            registry.ensure_pending(planned)
+            statements: list[tuple[str, dict]] = []
+            sa.event.listen(registry.engine, "before_cursor_execute", lambda _c, _cur, statement, params, *_: statements.append((statement, params)))
+            assert registry.claim([p.identity for p in planned[100:]], "w:1", 60) is not None
+        statement, params = statements[-1]
+        with engine.connect() as conn:
+            plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + statement, params))
+    finally:
+        engine.dispose()
+    assert len(planned) >= 180
+    assert "uq_compiled_shapes_identity" in plan and "ix_compiled_shapes_status" not in plan, plan
+
+
 def test_a_terminated_backend_and_an_outage_are_waited_out(postgres_url: str, tmp_path: Path) -> None:
     """The database drops the worker's connection, then is unreachable for a second: the result still lands."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1])]))

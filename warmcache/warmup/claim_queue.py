@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from warmcache.registry import Registry, ShapeRecord
 
 #: Identities one claim asks about; the order within the window is kept too.
-WINDOW = 64
+WINDOW = 256
 
 
 class ClaimQueue:
