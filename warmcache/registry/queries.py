@@ -6,6 +6,7 @@ asked in chunks, so a statement never names more values than a database accepts.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,17 @@ class PlanStatus:
     planned: PlannedShape
     status: str
     record: ShapeRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompileTime:
+    """One recorded compile time: what a fleet orders its claims by (longest first)."""
+
+    shape_hash: str
+    model: str
+    workload: str
+    seconds: float
+    updated_at: dt.datetime
 
 
 class RowQueries(Transactional):
@@ -78,6 +90,16 @@ class RowQueries(Transactional):
                     if path is not None:
                         paths.append(path)
         return out
+
+    def compile_times(self, models: Sequence[str]) -> list[CompileTime]:
+        """Every recorded compile time of ``models``' rows, on any toolchain or config: plain column reads."""
+        if not models:
+            return []
+        query = select(CompiledShape.shape_hash, CompiledShape.model_name, CompiledShape.workload, CompiledShape.compile_seconds, CompiledShape.updated_at).where(
+            CompiledShape.model_name.in_(list(models)), CompiledShape.compile_seconds.is_not(None)
+        )
+        with self.session() as session:
+            return [CompileTime(shape, model, workload, seconds, updated) for shape, model, workload, seconds, updated in session.execute(query) if seconds is not None]
 
     def unfinished(self, identities: Sequence[str]) -> set[str]:
         """Those of ``identities`` whose row is ``pending`` or ``compiling``: one column read, no row objects."""

@@ -20,15 +20,12 @@ them one after another traces it once, not once per length.
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections.abc import Sequence
 
-from sqlalchemy import select
-
 from warmcache.plan import PlannedShape
 from warmcache.registry import Registry
-from warmcache.registry.models import CompiledShape
+from warmcache.registry.queries import CompileTime
 
 
 def longest_first(registry: Registry, todo: Sequence[PlannedShape]) -> list[PlannedShape]:
@@ -54,26 +51,17 @@ def _size(p: PlannedShape) -> int:
 
 def expected_seconds(registry: Registry, todo: Sequence[PlannedShape]) -> dict[str, float]:
     """``{identity: expected compile seconds}`` for the specs the registry has any history for."""
-    models = sorted({p.model.name for p in todo})
-    if not models:
-        return {}
-    query = select(CompiledShape.shape_hash, CompiledShape.model_name, CompiledShape.workload, CompiledShape.compile_seconds, CompiledShape.updated_at).where(
-        CompiledShape.model_name.in_(models), CompiledShape.compile_seconds.is_not(None)
-    )
-    latest: dict[str, tuple[dt.datetime, float]] = {}
+    latest: dict[str, CompileTime] = {}
     by_group: dict[tuple[str, str], list[float]] = {}
-    with registry.session() as session:
-        for shape_hash, model, workload, seconds, updated in session.execute(query):
-            if seconds is None:  # excluded by the query; says so to the type checker
-                continue
-            if shape_hash not in latest or updated > latest[shape_hash][0]:
-                latest[shape_hash] = (updated, seconds)
-            by_group.setdefault((model, workload), []).append(seconds)
+    for recorded in registry.compile_times(sorted({p.model.name for p in todo})):
+        if recorded.shape_hash not in latest or recorded.updated_at > latest[recorded.shape_hash].updated_at:
+            latest[recorded.shape_hash] = recorded
+        by_group.setdefault((recorded.model, recorded.workload), []).append(recorded.seconds)
     medians = {group: statistics.median(values) for group, values in by_group.items()}
     out: dict[str, float] = {}
     for p in todo:
         if p.shape_hash in latest:
-            out[p.identity] = latest[p.shape_hash][1]
+            out[p.identity] = latest[p.shape_hash].seconds
         elif (p.model.name, p.spec.workload) in medians:
             out[p.identity] = medians[(p.model.name, p.spec.workload)]
     return out
