@@ -337,7 +337,7 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "toolchain_hash": p.toolchain.hash,
         "toolchain": p.toolchain.as_dict(),
         "workload": family.workload,
-        "settings": family.settings_dict(),
+        "settings": family.settings.stored(),
         "batch_size": spec.batch_size,
         "seq_len": spec.seq_len,
         "max_cache_len": family.max_cache_len,

@@ -203,10 +203,6 @@ class ShapeGuard:
         r = self._records[0]
         return r.device, r.backend, r.mode
 
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.family.settings_dict()
-
     def check_model_config(self, config: dict[str, Any], attn_implementation: str | None = None) -> None:
         """Refuse a model whose config or attention implementation differs from what the buckets were compiled for.
 
