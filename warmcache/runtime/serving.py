@@ -34,9 +34,8 @@ log = logging.getLogger("warmcache.runtime")
 
 #: generate() keyword arguments that are per-token tensors of the batch.
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-#: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
-_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config", "cache")
-#: Of those, the ones a caller may not even repeat: objects the guard builds itself.
+#: generate() keyword arguments the guard builds itself: a caller may not even repeat them. Every
+#: :class:`GenerateSettings` field is fixed by the compiled family too: a caller may repeat it, not change it.
 _SET_BY_GUARD = ("compile_config", "cache")
 
 
@@ -60,7 +59,7 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
 
 def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: GenerateSettings) -> None:
     expected = {**settings.stored(), "max_cache_len": settings.max_cache_len}
-    for name in (*_FIXED_BY_FAMILY, "max_cache_len"):
+    for name in (*expected, *_SET_BY_GUARD):
         if name not in kwargs:
             continue
         value = kwargs.pop(name)
