@@ -34,7 +34,7 @@ class GenerateSettings:
 
     def stored(self) -> dict[str, SettingValue]:
         """The registry's ``settings`` object: every field but ``max_cache_len``, which has a column of its own."""
-        return _stored(self, exclude="max_cache_len")
+        return _stored(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +54,18 @@ class TrainSettings:
 WorkloadSettings = GenerateSettings | TrainSettings
 
 
-def _stored(settings: WorkloadSettings, exclude: str = "") -> dict[str, SettingValue]:
-    return {f.name: getattr(settings, f.name) for f in sorted(fields(settings), key=lambda f: f.name) if f.name != exclude}
+#: Each settings type's stored keys, sorted as rows have always held them (read for every row: computed once).
+_STORED_NAMES: dict[type, tuple[str, ...]] = {cls: tuple(sorted(f.name for f in fields(cls) if f.name != "max_cache_len")) for cls in (GenerateSettings, TrainSettings)}
+
+
+def _stored(settings: WorkloadSettings) -> dict[str, SettingValue]:
+    return {name: getattr(settings, name) for name in _STORED_NAMES[type(settings)]}
 
 
 def from_stored(workload: str, stored: Mapping[str, Any], max_cache_len: int | None, where: str) -> WorkloadSettings:
     """A registry row's settings object (and ``max_cache_len`` column) as values; ``where`` names the row in errors."""
     cls = GenerateSettings if workload == "generate" else TrainSettings
-    unknown = sorted(set(stored) - {f.name for f in fields(cls)} - {"max_cache_len"})
+    unknown = sorted(set(stored).difference(_STORED_NAMES[cls]))
     if unknown:
         raise RegistryError(f"{where}: settings key {shown(unknown[0])} is not a {workload} setting")
     if cls is TrainSettings:
