@@ -33,15 +33,19 @@ def bundle_group() -> None:
     """Pack a manifest's compiled cache entries and rows into one file; unpack it elsewhere."""
 
 
+def _signing_key(_context: click.Context, _parameter: click.Parameter, value: str | None) -> SigningKey | None:
+    """``--sign``'s callback: the key is loaded (and a readable-by-others one refused) before the manifest is read."""
+    return SigningKey.load(value) if value else None
+
+
 @bundle_group.command("pack")
 @shipment_arguments
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
 @verified_only_option
-@click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
+@click.option("--sign", "signing_key", metavar="KEY", default=None, callback=_signing_key, help="Sign the bundle with this private key (warmcache keys generate).")
 @json_option
-def pack(shipment: Shipment, output: Path, verified_only: bool, sign_key: str | None, as_json: bool) -> None:
+def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
-    signing_key = SigningKey.load(sign_key) if sign_key else None
     with shipment.opened("packing") as (registry, progress):
         result = pack_bundle(
             shipment.manifest, registry, shipment.location, output, model_name=shipment.model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
