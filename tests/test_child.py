@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from warmcache.errors import UsageError, WarmcacheError
+from warmcache.settings import RegistryLocation
 from warmcache.warmup.child import ChildError, ChildFailure, Launch, ReportReader, ReportWriter, decode, encode, raise_first_error, run_children
 from warmcache.warmup.progress import Outcome, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupRequest
@@ -46,7 +47,7 @@ def test_messages_round_trip_with_tuples_and_only_into_the_kinds_named() -> None
 
 
 def test_a_torchrun_request_carries_the_options_the_child_needs() -> None:
-    options = WarmupOptions("postgresql://u:secret@db/x", "/cache", 30.0, jobs=1, shard=Shard(2, 3), retry_failed=True)
+    options = WarmupOptions(RegistryLocation.parse("postgresql://u:secret@db/x", "--db"), "/cache", 30.0, jobs=1, shard=Shard(2, 3), retry_failed=True)
     request = decode(encode(WarmupRequest.of("m.toml", options)), [ClaimRequest, WarmupRequest])
     assert isinstance(request, WarmupRequest) and request.options() == options
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model
+from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
@@ -22,9 +22,10 @@ from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TOR
 from warmcache.errors import UsageError
 from warmcache.explain import toolchain_differences
 from warmcache.fingerprint import current_toolchain, nvidia_driver_version
-from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
+from warmcache.manifest import load_manifest, loads
+from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.query import local_toolchain_hash
+from warmcache.registry.registry import pending_row_values
 from warmcache.runtime.guard import ShapeGuard
 
 #: The config modules whose variables decide what Inductor, Dynamo and AOTAutograd compile.
@@ -198,3 +199,38 @@ def test_attn_implementation_is_part_of_the_identity(write_manifest, tmp_path: P
     other = write_manifest(manifest_toml(model("m", backend="aot_eager", attn_implementation="sdpa", generate=[generate()])), name="sdpa.toml")
     (explained,) = _explain(other, url)
     assert explained["reason"] == "stale: model attn_implementation eager → sdpa"
+
+
+#: Shape hashes computed before the shape family carried typed settings: a row's identity must not move.
+PINNED_SHAPE_HASHES = {
+    "m/generate bfloat16 max_cache_len=16 batch=1 seq=8": "38eebc0ed170157c95c8",
+    "m/generate bfloat16 max_cache_len=16 batch=2 seq=8": "875959e4acf97b232d39",
+    "m/generate bfloat16 max_cache_len=64 batch=4 seq=32": "dae08cfab75cda41e0ea",
+    "m/train bfloat16 batch=2 seq=8": "5b6334c3faa7c1bdf04b",
+    "m/train bfloat16 batch=1 seq=16": "4ef509364d451edc19b9",
+    "d/generate float32 max_cache_len=16 tp=2,fsdp=1 batch=1 seq=8": "4a267cc04ec302a4b022",
+}
+
+
+def test_shape_hashes_and_stored_settings_are_what_they_were() -> None:
+    defaults = generate((1, 2), (8,), 16)
+    beams = generate((4,), (32,), 64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid")
+    text = manifest_toml(
+        model("m", "/hub/m", generate=[defaults, beams], train=[train((2,), (8,)), train((1,), (16,), bf16=True, gradient_checkpointing=True)], dtype="bfloat16"),
+        model("d", "/hub/d", generate=[generate((1,), (8,), 16)], distributed={"tp_size": 2, "fsdp_size": 1}),
+    )
+    manifest = loads(text, Path("/manifests/warmcache.toml"))
+    specs = manifest.specs()
+    assert {s.describe(): s.shape_hash for s in specs} == PINNED_SHAPE_HASHES
+    toolchain = current_toolchain("cpu", "inductor")
+    stored = {s.describe(): pending_row_values(PlannedShape(s, manifest.model(s.model), "config", toolchain))["settings"] for s in specs[2:4]}
+    assert stored == {
+        "m/generate bfloat16 max_cache_len=64 batch=4 seq=32": {
+            "cache_implementation": "hybrid",
+            "do_sample": True,
+            "num_beams": 2,
+            "num_return_sequences": 2,
+            "prefill_chunk_size": 16,
+        },
+        "m/train bfloat16 batch=2 seq=8": {"bf16": False, "gradient_checkpointing": False},
+    }

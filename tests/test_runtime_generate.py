@@ -18,6 +18,7 @@ from warmcache.generation import compile_config, generate_kwargs
 from warmcache.runtime.budget import reserve_recompile_room
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.serving import PrimeReport
+from warmcache.workload_settings import GenerateSettings
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def _prompts(rng: random.Random, count: int, min_words: int, max_words: int) -> 
 
 def _unguarded(model: Any, max_new_tokens: int, **inputs: Any) -> Any:
     """The call a user would make without the guard: the same compiled settings, the caller's own shapes."""
-    kwargs = generate_kwargs({}, max_cache_len=MAX_CACHE_LEN, max_new_tokens=max_new_tokens, config=compile_config("aot_eager", "default", "cpu"), model_config=model.config)
+    kwargs = generate_kwargs(GenerateSettings(MAX_CACHE_LEN), max_new_tokens=max_new_tokens, config=compile_config("aot_eager", "default", "cpu"), model_config=model.config)
     return model.generate(**inputs, **kwargs)
 
 

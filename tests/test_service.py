@@ -28,6 +28,7 @@ from warmcache.runtime.guard import ShapeGuard
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.service.view import CONNECT_TIMEOUT_S as VIEW_CONNECT_TIMEOUT_S
+from warmcache.settings import RegistryLocation
 
 TOKEN = "s3cret-token"
 
@@ -73,7 +74,7 @@ def compiled(registry_url: str, manifest: Path) -> str:
 
 @pytest.fixture
 def service(compiled: str, manifest: Path) -> Iterator[str]:
-    with running_server(ServiceConfig(compiled, token=TOKEN, manifest=manifest, refresh_interval=0.2)) as base:
+    with running_server(ServiceConfig(RegistryLocation.parse(compiled), token=TOKEN, manifest=manifest, refresh_interval=0.2)) as base:
         wait_ready(base)
         yield base
 
@@ -158,7 +159,7 @@ def test_writes_without_the_right_token_are_refused_and_change_nothing(service: 
 
 
 def test_without_a_configured_token_every_write_is_refused(compiled: str) -> None:
-    with running_server(ServiceConfig(compiled, token=None)) as base:
+    with running_server(ServiceConfig(RegistryLocation.parse(compiled), token=None)) as base:
         wait_ready(base)
         body = json.dumps({"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "refuse"}]}).encode()
         status, answer, _ = call(f"{base}/v1/misses", "POST", body, {"Authorization": "Bearer anything"})
@@ -248,7 +249,7 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
 
 
 def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None:  # noqa: F811 - the imported fixture
-    with running_server(ServiceConfig(silent_postgres, token=TOKEN, refresh_interval=0.5)) as base:
+    with running_server(ServiceConfig(RegistryLocation.parse(silent_postgres), token=TOKEN, refresh_interval=0.5)) as base:
         assert call(f"{base}/healthz")[:2] == (200, {"ok": True})
         deadline = time.monotonic() + 15
         while "unavailable" not in str(call(f"{base}/readyz")[1]):

@@ -20,6 +20,7 @@ from warmcache.registry import Registry
 from warmcache.registry.records import MissEvent
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
+from warmcache.settings import RegistryLocation
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -75,7 +76,7 @@ def test_dashboard_grid_matches_the_registry_and_follows_it_live(browser, tmp_pa
     with Registry.open(url) as registry:
         registry.record_misses([MissEvent("m", "generate", "float32", 2, 20, "pad", padded_batch=2, padded_seq=32, count=7)])
         rows = registry.rows(model="m")
-    with running_server(ServiceConfig(url, token=TOKEN, refresh_interval=0.3)) as base:
+    with running_server(ServiceConfig(RegistryLocation.parse(url), token=TOKEN, refresh_interval=0.3)) as base:
         wait_ready(base)
         browser.get(base + "/")
         expected = {(r.workload, r.batch_size, r.seq_len): effective_status(r) for r in rows}

@@ -27,6 +27,7 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
 from warmcache.store import open_store
 from warmcache.store.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
@@ -167,7 +168,7 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     push(built, ["--store", (tmp_path / "store").as_uri()])
     flaky = _FlakyStore(tmp_path / "store")
     manifest = load_manifest(built.manifest)
-    result = pull_manifest(manifest, f"sqlite:///{tmp_path / 'b.sqlite'}", CacheLocation(tmp_path / "b", "neuron", "test"), flaky, allow_unsigned=True)
+    result = pull_manifest(manifest, RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"), CacheLocation(tmp_path / "b", "neuron", "test"), flaky, allow_unsigned=True)
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
     assert result.pulled == 2 and sorted(flaky.reads.values()) == [1, 2, 2, 2, 2]
 
@@ -193,7 +194,7 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
     manifest, cache, db = load_manifest(built.manifest), tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     location = CacheLocation(cache, "neuron", "test")
     with pytest.raises(StoreError, match="connection reset"):
-        pull_manifest(manifest, db, location, _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
+        pull_manifest(manifest, RegistryLocation.parse(db), location, _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
     assert rows(db) == []
     assert {p.relative_to(cache).parts[0] for p in cache.iterdir()} == {BLOB_FOLDER}  # no entry, only checked blobs
     kept = len(list((cache / BLOB_FOLDER).iterdir()))

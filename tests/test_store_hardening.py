@@ -25,6 +25,7 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key
 from warmcache.store.maintenance import execute_gc, plan_gc
 from warmcache.store.pull import pull_manifest
@@ -188,7 +189,7 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
     location = CacheLocation(tmp_path / "b", "neuron", "test")
     pull_manifest(
         load_manifest(built.manifest),
-        f"sqlite:///{tmp_path / 'b.sqlite'}",
+        RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"),
         location,
         _FlakyStore(tmp_path / "store"),
         allow_unsigned=True,

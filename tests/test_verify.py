@@ -21,6 +21,7 @@ from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
+from warmcache.settings import RegistryLocation
 from warmcache.warmup.verify import ReplayResult, Verdict, judge, merge_ranks
 
 
@@ -174,10 +175,10 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_ma
     monkeypatch.setattr(distributed, "child_command", lambda nproc: [sys.executable, str(script)])
     if how == "refuse":  # nothing replayed: verify stops with the child's own error and exit code
         with pytest.raises(ChildError, match=r"^verify's replay \(1 rank\): registry x: unreachable$") as refused:
-            run_verify(load_manifest(path), db)
+            run_verify(load_manifest(path), RegistryLocation.parse(db))
         assert refused.value.exit_code == 3
         return
-    summary = run_verify(load_manifest(path), db)
+    summary = run_verify(load_manifest(path), RegistryLocation.parse(db))
     first, *rest = summary.verdicts
     assert first.verdict == Verdict.REPLAY_ONLY and first.measured.graphs == 1
     assert [v.verdict for v in rest] == [Verdict.REPLAY_FAILED, Verdict.REPLAY_FAILED]

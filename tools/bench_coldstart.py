@@ -60,6 +60,7 @@ def child(args: argparse.Namespace) -> None:
     from warmcache.compile_counter import CompileCounter
     from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+    from warmcache.workload_settings import GenerateSettings
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -74,7 +75,7 @@ def child(args: argparse.Namespace) -> None:
 
     def generate() -> float:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs = generate_kwargs({}, max_cache_len=args.max_cache_len, max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
+        kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
         begin = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)

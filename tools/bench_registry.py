@@ -56,7 +56,8 @@ CLI = "import sys; sys.argv[0] = 'warmcache'; from warmcache.cli import main; ma
 SERVE_REFRESH = """
 import sys, time
 from warmcache.service.view import RegistryView
-view = RegistryView(sys.argv[1])
+from warmcache.settings import RegistryLocation
+view = RegistryView(RegistryLocation.parse(sys.argv[1]))
 start = time.perf_counter()
 state = view.refresh()
 print(f"{time.perf_counter() - start:.3f}")

@@ -90,6 +90,7 @@ def main() -> None:
     from warmcache.cache.locate import CacheLocation
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
+    from warmcache.settings import RegistryLocation
     from warmcache.store import open_store
     from warmcache.store.pull import pull_manifest
     from warmcache.store.push import push_manifest
@@ -115,7 +116,7 @@ def main() -> None:
                 client.upload_file(str(path), "plain", path.relative_to(cache).as_posix())
 
         def pull(into: Path):  # type: ignore[no-untyped-def]
-            return pull_manifest(manifest, f"sqlite:///{into}.sqlite", CacheLocation(into, "neuron", "bench"), store, allow_unsigned=True)
+            return pull_manifest(manifest, RegistryLocation.parse(f"sqlite:///{into}.sqlite"), CacheLocation(into, "neuron", "bench"), store, allow_unsigned=True)
 
         def plain_download(into: Path) -> None:
             for path in files:
@@ -137,7 +138,7 @@ def main() -> None:
         noop_manifest, noop_cache, noop_url = build_host(work / "noop", noop_entries, 16)
         noop_seconds, noop = timed(
             "warmcache pull (nothing to fetch)",
-            lambda: pull_manifest(load_manifest(noop_manifest), noop_url, CacheLocation(noop_cache, "neuron", "bench"), store, allow_unsigned=True),
+            lambda: pull_manifest(load_manifest(noop_manifest), RegistryLocation.parse(noop_url), CacheLocation(noop_cache, "neuron", "bench"), store, allow_unsigned=True),
         )
         assert noop.already_present == noop_entries and noop.pulled == 0
         print(f"no-op pull: {noop_entries} entries in {noop_seconds:.3f} s")

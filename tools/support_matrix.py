@@ -72,12 +72,13 @@ def prepare(root: Path, archs: Sequence[str]) -> Prepared:
     """Build the tiny models, warm generate and train, verify generate in a fresh process."""
     from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
+    from warmcache.settings import RegistryLocation
     from warmcache.warmup.runner import WarmupOptions, run_warmup
     from warmcache.warmup.verify import run_verify
 
     models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs}
     prepared = Prepared(root, models, f"sqlite:///{root / 'registry.sqlite'}")
-    options = WarmupOptions(registry_url=prepared.registry_url, cache_dir=str(root / "cache"))
+    options = WarmupOptions(registry=RegistryLocation.parse(prepared.registry_url), cache_dir=str(root / "cache"))
     for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
         path = root / f"{workload}.toml"
         path.write_text(_manifest(models, workload))
@@ -86,7 +87,7 @@ def prepare(root: Path, archs: Sequence[str]) -> Prepared:
         for arch in archs:
             failures[arch] = [f"warmup: {o.error}" for o in summary.failed if o.description.startswith(f"{arch}/")]
         if workload == "generate":
-            verdicts = run_verify(manifest, prepared.registry_url, options.cache_dir).verdicts
+            verdicts = run_verify(manifest, options.registry, options.cache_dir).verdicts
             for arch in archs:
                 mine = [v for v in verdicts if v.description.startswith(f"{arch}/")]
                 prepared.verified[arch] = [v.verdict for v in mine]

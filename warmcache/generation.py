@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import CompileConfig, PretrainedConfig
 
+    from warmcache.workload_settings import GenerateSettings
+
 
 @functools.cache
 def compile_config(backend: str, mode: str, device: str) -> CompileConfig:
@@ -59,7 +61,16 @@ def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
     return max_cache_len - prompt_len + 1
 
 
-def generate_kwargs(settings: dict[str, Any], *, max_cache_len: int, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig) -> dict[str, Any]:
+def prompt_fits(prompt_len: int, max_cache_len: int) -> bool:
+    """Whether a prompt of ``prompt_len`` is a bucket of a ``max_cache_len`` family: the prompt plus one new token fit.
+
+    Prefill yields the first new token, so a bucket needs room for a second: that one runs the
+    compiled decode step warmup exists to compile. The manifest and ``buckets suggest`` both ask this.
+    """
+    return max_new_tokens_that_fit(prompt_len, max_cache_len) >= 2
+
+
+def generate_kwargs(settings: GenerateSettings, *, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig) -> dict[str, Any]:
     """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
 
     Build them per call: a ``static`` family gets a fresh cache object, which one
@@ -67,19 +78,19 @@ def generate_kwargs(settings: dict[str, Any], *, max_cache_len: int, max_new_tok
     """
     kwargs: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
-        "do_sample": bool(settings.get("do_sample", False)),
-        "num_beams": int(settings.get("num_beams", 1)),
-        "num_return_sequences": int(settings.get("num_return_sequences", 1)),
+        "do_sample": settings.do_sample,
+        "num_beams": settings.num_beams,
+        "num_return_sequences": settings.num_return_sequences,
         "compile_config": config,
     }
     # Every declared cache implementation ("static", and "hybrid", transformers' deprecated alias
     # of it) is served by warmcache's position-tensor cache.
     from warmcache.kv_cache import PositionTensorCache
 
-    kwargs["cache"] = PositionTensorCache(model_config, max_cache_len)
+    kwargs["cache"] = PositionTensorCache(model_config, settings.max_cache_len)
     # A checkpoint's generation_config may name its own (e.g. Gemma's "hybrid"); generate()
     # refuses a cache object next to one.
     kwargs["cache_implementation"] = None
-    if settings.get("prefill_chunk_size"):
-        kwargs["prefill_chunk_size"] = int(settings["prefill_chunk_size"])
+    if settings.prefill_chunk_size:
+        kwargs["prefill_chunk_size"] = settings.prefill_chunk_size
     return kwargs

@@ -95,7 +95,7 @@ class CheckResult:
                 "max_cache_len": self.family.max_cache_len,
                 "tp_size": self.family.tp_size,
                 "fsdp_size": self.family.fsdp_size,
-                "settings": self.family.settings_dict(),
+                "settings": self.family.settings.stored(),
             },
         }
 
@@ -184,7 +184,7 @@ def plan_json(status: PlanStatus, reason: str | None = None) -> dict[str, Any]:
         "dtype": family.dtype,
         "tp_size": family.tp_size,
         "fsdp_size": family.fsdp_size,
-        "settings": family.settings_dict(),
+        "settings": family.settings.stored(),
         "device": planned.model.device,
         "backend": planned.model.backend,
         "status": status.status,

@@ -16,7 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Workload = Literal["generate", "train"]
+from warmcache.errors import UsageError
+from warmcache.workload_settings import GenerateSettings, TrainSettings, Workload, WorkloadSettings
+
 WORKLOADS: tuple[Workload, ...] = ("generate", "train")
 
 #: Canonical dtype names, and the spellings the manifest accepts for them.
@@ -30,8 +32,6 @@ DTYPE_ALIASES: dict[str, str] = {
     "fp16": "float16",
     "half": "float16",
 }
-
-SettingValue = bool | int | float | str | None
 
 
 def canonical_json(value: Any) -> str:
@@ -53,15 +53,33 @@ class ShapeFamily:
     """
 
     model: str
-    workload: Workload
     dtype: str
-    max_cache_len: int | None = None
+    settings: WorkloadSettings
     tp_size: int = 1
     fsdp_size: int = 1
-    settings: tuple[tuple[str, SettingValue], ...] = ()
 
-    def settings_dict(self) -> dict[str, SettingValue]:
-        return dict(self.settings)
+    @property
+    def workload(self) -> Workload:
+        return self.settings.workload
+
+    @property
+    def max_cache_len(self) -> int | None:
+        """The registry's column: a generate family's cache length, ``None`` for train."""
+        return self.settings.max_cache_len if isinstance(self.settings, GenerateSettings) else None
+
+    @property
+    def generate(self) -> GenerateSettings:
+        """This family's generate settings; asking a train family for them is the caller's mistake, said once here."""
+        if not isinstance(self.settings, GenerateSettings):
+            raise UsageError(f"{self.describe()}: not a generate family (no max_cache_len)")
+        return self.settings
+
+    @property
+    def train(self) -> TrainSettings:
+        """This family's train settings; asking a generate family for them is the caller's mistake."""
+        if not isinstance(self.settings, TrainSettings):
+            raise UsageError(f"{self.describe()}: not a train family")
+        return self.settings
 
     def describe(self) -> str:
         parts = [f"{self.model}/{self.workload}", self.dtype]
@@ -104,7 +122,7 @@ class ShapeSpec:
                 "max_cache_len": f.max_cache_len,
                 "tp_size": f.tp_size,
                 "fsdp_size": f.fsdp_size,
-                "settings": dict(f.settings),
+                "settings": f.settings.stored(),
                 "batch_size": self.batch_size,
                 "seq_len": self.seq_len,
             }

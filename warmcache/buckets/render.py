@@ -8,6 +8,7 @@ from typing import Any
 
 from warmcache.buckets.suggest import Suggestion
 from warmcache.errors import UsageError
+from warmcache.generation import prompt_fits
 from warmcache.shapes import Workload
 from warmcache.units import format_count
 
@@ -89,7 +90,7 @@ def manifest_snippet(
     if workload == "generate":
         if max_cache_len is None:
             raise UsageError("--manifest-snippet for generate needs --max-cache-len (the static cache length the buckets are compiled for)")
-        if buckets[-1] + 1 > max_cache_len:
+        if not prompt_fits(buckets[-1], max_cache_len):
             raise UsageError(f"--max-cache-len {max_cache_len}: the longest bucket {buckets[-1]} + 1 new token does not fit; raise it to at least {buckets[-1] + 1}")
         lines += ["[[model.generate]]", f"batch_sizes = [{sizes}]", f"prompt_lengths = [{lengths}]", f"max_cache_len = {max_cache_len}"]
     else:

@@ -62,8 +62,18 @@ class BundleFile:
     size: int
 
 
+class ShippedJson:
+    """``as_json`` of what a pack or a push shipped (subclasses are dataclasses with a ``not_compiled`` field from
+    :func:`records_to_ship`): both commands print that count as ``declared_but_not_compiled``."""
+
+    __slots__ = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
+
+
 @dataclass(frozen=True, slots=True)
-class PackResult:
+class PackResult(ShippedJson):
     output: Path
     #: The signing key's id; ``None`` for an unsigned bundle.
     signed_by: str | None
@@ -72,9 +82,6 @@ class PackResult:
     files: int
     bytes: int
     not_compiled: int
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
 
 
 def check_relpath(path: Any, where: str) -> str:

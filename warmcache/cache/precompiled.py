@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,13 @@ class Fingerprint:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fingerprint:
-        fields = dict(data)
-        fields["signature"] = tuple((str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"])
-        return cls(**fields)
+        values = dict(data)
+        values["signature"] = tuple((str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"])
+        return cls(**values)
+
+
+#: The :class:`Fingerprint` fields a registry row fixes, each named as the row's column (the signature comes from the decode call).
+ROW_FINGERPRINT = tuple(f.name for f in fields(Fingerprint) if f.name != "signature")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from warmcache.cache.bundle import pack_bundle
 from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cache.unbundle import unpack_bundle
 from warmcache.cli._common import (
-    CACHE_DIR_HELP,
     byte_progress,
     cache_dir_option,
     db_option,
@@ -20,7 +19,7 @@ from warmcache.cli._common import (
     registry_location,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment
+from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
@@ -34,24 +33,22 @@ def bundle_group() -> None:
     """Pack a manifest's compiled cache entries and rows into one file; unpack it elsewhere."""
 
 
+def _signing_key(_context: click.Context, _parameter: click.Parameter, value: str | None) -> SigningKey | None:
+    """``--sign``'s callback: the key is loaded (and a readable-by-others one refused) before the manifest is read."""
+    return SigningKey.load(value) if value else None
+
+
 @bundle_group.command("pack")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
+@shipment_arguments
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
-@click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@cache_dir_option(CACHE_DIR_HELP)
-@click.option("--sign", "sign_key", metavar="KEY", default=None, help="Sign the bundle with this private key (warmcache keys generate).")
-@db_option
+@verified_only_option
+@click.option("--sign", "signing_key", metavar="KEY", default=None, callback=_signing_key, help="Sign the bundle with this private key (warmcache keys generate).")
 @json_option
-def pack(
-    manifest: str, output: Path, model_name: str | None, verified_only: bool, cache_dir: CacheFolder | None, sign_key: str | None, db_url: str | None, as_json: bool
-) -> None:
+def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
-    signing_key = SigningKey.load(sign_key) if sign_key else None
-    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
     with shipment.opened("packing") as (registry, progress):
         result = pack_bundle(
-            shipment.manifest, registry, shipment.location, output, model_name=model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
+            shipment.manifest, registry, shipment.location, output, model_name=shipment.model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
         )
     if as_json:
         print_json(result.as_json())

@@ -33,9 +33,9 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
         from warmcache.service.auth import load_token
     except ImportError as exc:
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
-    url = registry_location(db_url, load_manifest(manifest) if manifest else None).url
+    location = registry_location(db_url, load_manifest(manifest) if manifest else None)
     token = load_token(token_file)
-    app = create_app(ServiceConfig(url, token=token, manifest=manifest, refresh_interval=refresh_interval))
+    app = create_app(ServiceConfig(location, token=token, manifest=manifest, refresh_interval=refresh_interval))
     if not is_loopback(host):
         click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
     click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)

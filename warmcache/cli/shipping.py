@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
 
 from warmcache.cache.locate import CacheLocation, single_location
-from warmcache.cli._common import byte_progress, open_registry
+from warmcache.cli._common import CACHE_DIR_HELP, byte_progress, cache_dir_option, db_option, open_registry
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,16 +28,39 @@ class Shipment:
     """
 
     manifest: Manifest
+    #: ``--model``: only this model's shapes travel.
+    model_name: str | None
     location: CacheLocation
     db_url: str | None
 
     @classmethod
     def prepare(cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None) -> Shipment:
         manifest = load_manifest(manifest_path)
-        return cls(manifest, single_location(manifest, cache_dir, model_name), db_url)
+        return cls(manifest, model_name, single_location(manifest, cache_dir, model_name), db_url)
 
     @contextmanager
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
         """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named ``label``."""
         with open_registry(self.db_url, self.manifest) as registry, byte_progress(label) as progress:
             yield registry, progress
+
+
+def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
+    """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its ``shipment`` argument).
+
+    The preamble ``bundle pack``, ``push`` and ``pull`` share, declared and run once: the
+    manifest and its cache folder are checked before the command's own code runs.
+    """
+
+    @functools.wraps(command)
+    def prepared(manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any) -> None:
+        command(shipment=Shipment.prepare(manifest, cache_dir, model_name, db_url), **options)
+
+    prepared = cache_dir_option(CACHE_DIR_HELP)(db_option(prepared))
+    prepared = click.option("--model", "model_name", default=None, help="Only this model's shapes.")(prepared)
+    return click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))(prepared)
+
+
+def verified_only_option(func: F) -> F:
+    """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.bundle.records_to_ship`)."""
+    return click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")(func)

@@ -11,10 +11,8 @@ import click
 
 from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
-    CACHE_DIR_HELP,
     byte_progress,
     cache_dir_option,
-    db_option,
     format_table,
     json_option,
     max_unpack_size_option,
@@ -22,7 +20,7 @@ from warmcache.cli._common import (
     registry_location,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment
+from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
@@ -81,31 +79,19 @@ def store_options(func: F) -> F:
 
 
 @click.command("push")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")
-@cache_dir_option(CACHE_DIR_HELP)
+@shipment_arguments
+@verified_only_option
 @sign_option
 @store_options
-@db_option
 @json_option
-def push(
-    manifest: str,
-    model_name: str | None,
-    verified_only: bool,
-    cache_dir: CacheFolder | None,
-    sign_key: str | None,
-    store_url: str | None,
-    endpoint_url: str | None,
-    db_url: str | None,
-    as_json: bool,
-) -> None:
+def push(shipment: Shipment, verified_only: bool, sign_key: str | None, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
-    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
     key = signing_key(sign_key, shipment.manifest)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     with shipment.opened("pushing") as (registry, progress):
-        result = push_manifest(shipment.manifest, registry, shipment.location, store, model_name=model_name, verified_only=verified_only, signing_key=key, progress=progress)
+        result = push_manifest(
+            shipment.manifest, registry, shipment.location, store, model_name=shipment.model_name, verified_only=verified_only, signing_key=key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
@@ -117,35 +103,20 @@ def push(
 
 
 @click.command("pull")
-@click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--model", "model_name", default=None, help="Only this model's shapes.")
-@cache_dir_option(CACHE_DIR_HELP)
+@shipment_arguments
 @max_unpack_size_option(
     f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
 )
 @trust_option
 @allow_unsigned_option
 @store_options
-@db_option
 @json_option
-def pull(
-    manifest: str,
-    model_name: str | None,
-    cache_dir: CacheFolder | None,
-    max_size: str | None,
-    trust: tuple[str, ...],
-    allow_unsigned: bool,
-    store_url: str | None,
-    endpoint_url: str | None,
-    db_url: str | None,
-    as_json: bool,
-) -> None:
+def pull(shipment: Shipment, max_size: str | None, trust: tuple[str, ...], allow_unsigned: bool, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
-    shipment = Shipment.prepare(manifest, cache_dir, model_name, db_url)
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    registry = registry_location(db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
+    registry = registry_location(shipment.db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
     warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
         result = pull_manifest(
@@ -153,7 +124,7 @@ def pull(
             registry,
             shipment.location,
             store,
-            model_name=model_name,
+            model_name=shipment.model_name,
             max_bytes=max_bytes,
             trusted=trusted,
             allow_unsigned=allow_unsigned,

@@ -76,7 +76,7 @@ def warmup(
 
     parsed = load_manifest(manifest)
     options = WarmupOptions(
-        registry_url=registry_location(db_url, parsed).url,
+        registry=registry_location(db_url, parsed),
         cache_dir=str(cache_dir) if cache_dir else None,
         lease_seconds=lease_seconds,
         jobs=jobs,
@@ -88,7 +88,7 @@ def warmup(
     publisher = None
     if publish and not dry_run:
         store = resolve_store(store_url, endpoint_url, parsed)
-        publisher = ShapePublisher(parsed, options.registry_url, store, cache_dir, signing_key(sign_key, parsed))
+        publisher = ShapePublisher(parsed, options.registry, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
     summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal, label="warmup"), publisher)
     if not is_registry_writer():
@@ -111,6 +111,6 @@ def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, as_
     parsed = load_manifest(manifest)
     terminal = is_terminal()
     summary = run_verify(
-        parsed, registry_location(db_url, parsed).url, str(cache_dir) if cache_dir else None, lambda total: spec_progress(total, terminal=terminal, label="verify")
+        parsed, registry_location(db_url, parsed), str(cache_dir) if cache_dir else None, lambda total: spec_progress(total, terminal=terminal, label="verify")
     )
     _finish(summary, as_json)

@@ -15,6 +15,7 @@ from typing import Any
 
 from warmcache.anchor import Anchor
 from warmcache.errors import ManifestError, UsageError, shown
+from warmcache.generation import prompt_fits
 from warmcache.manifest.checker import Checker, show
 from warmcache.manifest.schema import (
     AOTINDUCTOR,
@@ -36,6 +37,7 @@ from warmcache.settings import REGISTRY, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
+from warmcache.workload_settings import GenerateSettings, TrainSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -221,12 +223,12 @@ def _check_aotinductor(check: Checker, where: str, world_size: int, generate: li
     if world_size > 1:
         check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
     for i, workload in enumerate(generate):
-        if workload.prefill_chunk_size:
+        if workload.settings.prefill_chunk_size:
             check.problem(
                 f"{where}.generate[{i}].prefill_chunk_size",
                 "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
             )
-        if workload.num_beams > 1:
+        if workload.settings.num_beams > 1:
             check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
 
 
@@ -244,25 +246,36 @@ def _parse_generate(check: Checker, table: dict[str, Any], where: str) -> Genera
     check.unknown_keys(table, allowed_keys(GenerateWorkload), where)
     batch_sizes = check.positive_ints(table, "batch_sizes", where)
     prompt_lengths = check.positive_ints(table, "prompt_lengths", where)
-    max_cache_len = check.positive_int(table, "max_cache_len", where, required=True)
-    num_beams = check.positive_int(table, "num_beams", where, default=1) or 1
-    num_return = check.positive_int(table, "num_return_sequences", where, default=1) or 1
-    do_sample = check.boolean(table, "do_sample", where, False)
-    chunk = check.positive_int(table, "prefill_chunk_size", where)
-    cache_impl = check.choice(table, "cache_implementation", where, CACHE_IMPLEMENTATIONS, "static") or "static"
-    if max_cache_len is not None:
-        for length in prompt_lengths:
-            if length + 1 > max_cache_len:
-                check.problem(
-                    f"{where}.prompt_lengths",
-                    f"prompt length {length} + 1 new token exceeds max_cache_len {max_cache_len}",
-                )
-    if not do_sample and num_return > num_beams:
-        check.problem(f"{where}.num_return_sequences", f"{num_return} exceeds num_beams {num_beams} (greedy/beam search returns at most num_beams sequences)")
+    settings = _generate_settings(check, table, where)
+    if settings is None:
+        return None
+    for length in prompt_lengths:
+        if not prompt_fits(length, settings.max_cache_len):
+            check.problem(f"{where}.prompt_lengths", f"prompt length {length} + 1 new token exceeds max_cache_len {settings.max_cache_len}")
+    if not settings.do_sample and settings.num_return_sequences > settings.num_beams:
+        check.problem(
+            f"{where}.num_return_sequences",
+            f"{settings.num_return_sequences} exceeds num_beams {settings.num_beams} (greedy/beam search returns at most num_beams sequences)",
+        )
     if len(check.problems) != before:
         return None
-    assert max_cache_len is not None
-    return GenerateWorkload(batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return, do_sample, chunk, cache_impl)
+    return GenerateWorkload(batch_sizes, prompt_lengths, settings)
+
+
+def _generate_settings(check: Checker, table: dict[str, Any], where: str) -> GenerateSettings | None:
+    """The table's generate settings; an absent key takes :class:`GenerateSettings`' default (stated there only)."""
+    before = len(check.problems)
+    max_cache_len = check.positive_int(table, "max_cache_len", where, required=True)
+    given: dict[str, Any] = {
+        "num_beams": check.positive_int(table, "num_beams", where),
+        "num_return_sequences": check.positive_int(table, "num_return_sequences", where),
+        "prefill_chunk_size": check.positive_int(table, "prefill_chunk_size", where),
+        "cache_implementation": check.choice(table, "cache_implementation", where, CACHE_IMPLEMENTATIONS, None),
+        **_given_booleans(check, table, where, ("do_sample",)),
+    }
+    if len(check.problems) != before or max_cache_len is None:
+        return None
+    return GenerateSettings(max_cache_len, **{key: value for key, value in given.items() if value is not None})
 
 
 def _parse_train(check: Checker, table: dict[str, Any], where: str) -> TrainWorkload | None:
@@ -270,8 +283,12 @@ def _parse_train(check: Checker, table: dict[str, Any], where: str) -> TrainWork
     check.unknown_keys(table, allowed_keys(TrainWorkload), where)
     batch_sizes = check.positive_ints(table, "batch_sizes", where)
     seq_lengths = check.positive_ints(table, "seq_lengths", where)
-    bf16 = check.boolean(table, "bf16", where, False)
-    checkpointing = check.boolean(table, "gradient_checkpointing", where, False)
+    given = _given_booleans(check, table, where, ("bf16", "gradient_checkpointing"))
     if len(check.problems) != before:
         return None
-    return TrainWorkload(batch_sizes, seq_lengths, bf16, checkpointing)
+    return TrainWorkload(batch_sizes, seq_lengths, TrainSettings(**given))
+
+
+def _given_booleans(check: Checker, table: dict[str, Any], where: str, keys: tuple[str, ...]) -> dict[str, bool]:
+    """The boolean settings the table states (an absent one is left to the settings type's default)."""
+    return {key: check.boolean(table, key, where, False) for key in keys if key in table}

@@ -13,8 +13,9 @@ from typing import Any
 
 from warmcache.errors import ManifestError, shown
 from warmcache.settings import RegistryLocation
-from warmcache.shapes import SettingValue, ShapeFamily, ShapeSpec
+from warmcache.shapes import ShapeFamily, ShapeSpec
 from warmcache.trust import TrustedKeys
+from warmcache.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
 
 DEVICES = ("neuron", "cpu", "cuda")
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
@@ -28,6 +29,7 @@ AOTINDUCTOR = "aotinductor"
 DEFAULT_LEASE_SECONDS = 600
 
 _TOML = "toml"
+_INLINE = "inline"
 #: The metadata of a field the manifest does not spell (it comes from the file itself).
 NOT_IN_TOML: dict[str, Any] = {_TOML: None}
 
@@ -37,51 +39,40 @@ def toml(place: str) -> dict[str, Any]:
     return {_TOML: place}
 
 
+def inline(cls: type) -> dict[str, Any]:
+    """The metadata of a field holding a ``cls`` whose own fields are keys of this same table."""
+    return {_INLINE: cls}
+
+
 def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
     """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML places."""
     prefix = f"{table}." if table else ""
     keys: dict[str, None] = {}
     for item in fields(cls):
-        place = item.metadata.get(_TOML, item.name)
-        if place is not None and place.startswith(prefix):
-            keys.setdefault(place.removeprefix(prefix).split(".")[0])
+        inner = item.metadata.get(_INLINE)
+        places = allowed_keys(inner) if inner else (item.metadata.get(_TOML, item.name),)
+        for place in places:
+            if place is not None and place.startswith(prefix):
+                keys.setdefault(place.removeprefix(prefix).split(".")[0])
     return tuple(keys)
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateWorkload:
-    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings."""
+    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings (keys of the same table)."""
 
     batch_sizes: tuple[int, ...]
     prompt_lengths: tuple[int, ...]
-    max_cache_len: int
-    num_beams: int = 1
-    num_return_sequences: int = 1
-    do_sample: bool = False
-    prefill_chunk_size: int | None = None
-    cache_implementation: str = "static"
-
-    def settings(self) -> tuple[tuple[str, SettingValue], ...]:
-        return (
-            ("cache_implementation", self.cache_implementation),
-            ("do_sample", self.do_sample),
-            ("num_beams", self.num_beams),
-            ("num_return_sequences", self.num_return_sequences),
-            ("prefill_chunk_size", self.prefill_chunk_size),
-        )
+    settings: GenerateSettings = field(metadata=inline(GenerateSettings))
 
 
 @dataclass(frozen=True, slots=True)
 class TrainWorkload:
-    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings."""
+    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings (keys of the same table)."""
 
     batch_sizes: tuple[int, ...]
     seq_lengths: tuple[int, ...]
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-
-    def settings(self) -> tuple[tuple[str, SettingValue], ...]:
-        return (("bf16", self.bf16), ("gradient_checkpointing", self.gradient_checkpointing))
+    settings: TrainSettings = field(metadata=inline(TrainSettings))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,30 +106,18 @@ class ModelSpec:
     def world_size(self) -> int:
         return self.tp_size * self.fsdp_size
 
-    def family(self, workload: str, settings: tuple[tuple[str, SettingValue], ...], max_cache_len: int | None) -> ShapeFamily:
-        return ShapeFamily(
-            model=self.name,
-            workload=workload,  # type: ignore[arg-type]
-            dtype=self.dtype,
-            max_cache_len=max_cache_len,
-            tp_size=self.tp_size,
-            fsdp_size=self.fsdp_size,
-            settings=settings,
-        )
+    def family(self, settings: WorkloadSettings) -> ShapeFamily:
+        return ShapeFamily(model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
 
     def specs(self) -> list[ShapeSpec]:
         """Every declared shape of this model, deduplicated, in a stable order."""
+        grids: list[tuple[WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [(gen.settings, gen.batch_sizes, gen.prompt_lengths) for gen in self.generate]
+        grids += [(train.settings, train.batch_sizes, train.seq_lengths) for train in self.train]
         out: dict[str, ShapeSpec] = {}
-        for gen in self.generate:
-            family = self.family("generate", gen.settings(), gen.max_cache_len)
-            for b in gen.batch_sizes:
-                for length in gen.prompt_lengths:
-                    spec = ShapeSpec(family, b, length)
-                    out.setdefault(spec.shape_hash, spec)
-        for train in self.train:
-            family = self.family("train", train.settings(), None)
-            for b in train.batch_sizes:
-                for length in train.seq_lengths:
+        for settings, batch_sizes, lengths in grids:
+            family = self.family(settings)
+            for b in batch_sizes:
+                for length in lengths:
                     spec = ShapeSpec(family, b, length)
                     out.setdefault(spec.shape_hash, spec)
         return list(out.values())

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.bounds import MAX_COUNT
 from warmcache.errors import UsageError
 from warmcache.shapes import ShapeFamily, ShapeSpec
+from warmcache.workload_settings import from_stored
 
 if TYPE_CHECKING:
     from warmcache.registry.models import Artifact, CompiledShape
@@ -113,15 +114,8 @@ class ShapeRecord:
 
     @property
     def family(self) -> ShapeFamily:
-        return ShapeFamily(
-            model=self.model_name,
-            workload=self.workload,  # type: ignore[arg-type]
-            dtype=self.dtype,
-            max_cache_len=self.max_cache_len,
-            tp_size=self.tp_size,
-            fsdp_size=self.fsdp_size,
-            settings=tuple(sorted(self.settings.items())),
-        )
+        settings = from_stored(self.workload, self.settings, self.max_cache_len, f"registry row {self.identity}")
+        return ShapeFamily(model=self.model_name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
 
     @property
     def spec(self) -> ShapeSpec:

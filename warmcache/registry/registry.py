@@ -243,24 +243,15 @@ class Registry(RowQueries, MissLog):
     def mark_verified(self, identities: Iterable[str]) -> int:
         """Promote ``compiled`` rows that a fresh process replayed without compiling."""
         now = self.clock()
-        return self._update_identities(
-            identities,
-            CompiledShape.status.in_(DONE_STATUSES),
-            status=Status.VERIFIED,
-            verified_at=now,
-            updated_at=now,
-        )
+        return self._record_verdict(identities, now, status=Status.VERIFIED, verified_at=now)
 
     def mark_unverified(self, identities: Iterable[str], reason: str) -> int:
         """Demote compiled rows whose replay compiled: the cache does not hold what the row claims."""
-        return self._update_identities(
-            identities,
-            CompiledShape.status.in_(DONE_STATUSES),
-            status=Status.FAILED,
-            error=reason,
-            verified_at=None,
-            updated_at=self.clock(),
-        )
+        return self._record_verdict(identities, self.clock(), status=Status.FAILED, error=reason, verified_at=None)
+
+    def _record_verdict(self, identities: Iterable[str], now: dt.datetime, **values: Any) -> int:
+        """Verify's verdict on rows still compiled or verified (a row requeued or forgotten meanwhile keeps its state)."""
+        return self._update_identities(identities, CompiledShape.status.in_(DONE_STATUSES), updated_at=now, **values)
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
@@ -358,7 +349,7 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
         "toolchain_hash": p.toolchain.hash,
         "toolchain": p.toolchain.as_dict(),
         "workload": family.workload,
-        "settings": family.settings_dict(),
+        "settings": family.settings.stored(),
         "batch_size": spec.batch_size,
         "seq_len": spec.seq_len,
         "max_cache_len": family.max_cache_len,

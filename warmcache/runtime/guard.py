@@ -40,6 +40,7 @@ from warmcache.registry.records import MissEvent, ShapeRecord
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot
 from warmcache.runtime.telemetry import MissTelemetry
+from warmcache.settings import RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class ShapeGuard:
         max_cache_len: int | None = None,
         backend: str | None = None,
         source: str,
-        telemetry_url: str | None = None,
+        telemetry_url: RegistryLocation | str | None = None,
         telemetry_interval: float = 10.0,
     ) -> None:
         """Prefer :meth:`from_registry` and :meth:`from_snapshot`; ``load`` returns the candidate rows."""
@@ -107,7 +108,6 @@ class ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
         from warmcache.registry.registry import Registry
-        from warmcache.settings import RegistryLocation
 
         location = RegistryLocation.of(registry_url)  # checked once, here at the library's edge
 
@@ -118,7 +118,7 @@ class ShapeGuard:
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
         source = location.display
-        return cls(load, model=model, workload=workload, source=source, telemetry_url=registry_url if telemetry else None, **options)
+        return cls(load, model=model, workload=workload, source=source, telemetry_url=location if telemetry else None, **options)
 
     @classmethod
     def from_snapshot(cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]) -> ShapeGuard:
@@ -202,10 +202,6 @@ class ShapeGuard:
         """``(device, backend, mode)`` the buckets were compiled for."""
         r = self._records[0]
         return r.device, r.backend, r.mode
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.family.settings_dict()
 
     def check_model_config(self, config: dict[str, Any], attn_implementation: str | None = None) -> None:
         """Refuse a model whose config or attention implementation differs from what the buckets were compiled for.

@@ -71,7 +71,7 @@ def fit_generate_inputs(guard: Guard, inputs: Mapping[str, Any], pad_token_id: i
     if batch and bool((mask[:, -1] == 0).any()):
         raise UsageError("generate inputs are right-padded (attention_mask ends in 0); tokenize with padding_side='left'")
     decision = guard.decide(batch, length)
-    rows_per_input = int(guard.settings.get("num_return_sequences") or 1)
+    rows_per_input = guard.family.generate.num_return_sequences
     if decision.target is None:
         return FittedBatch(tensors, decision, batch, 0, rows_per_input)
     target_batch, target_len = decision.target

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
-from warmcache.cache.precompiled import read_checked
+from warmcache.cache.precompiled import ROW_FINGERPRINT, read_checked
 from warmcache.errors import CacheError, first_line
 from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
 from warmcache.targets.inductor import CACHE_ENV
@@ -67,16 +67,9 @@ def decode_signature(kwargs: dict[str, Any]) -> Signature:
 
 
 def expected_fingerprint(record: ShapeRecord) -> dict[str, Any]:
-    """The fingerprint fields a row fixes, to compare with an artifact's header before loading it."""
-    return {
-        "config_hash": record.config_hash,
-        "toolchain_hash": record.toolchain_hash,
-        "batch_size": record.batch_size,
-        "max_cache_len": record.max_cache_len,
-        "dtype": record.dtype,
-        "backend": record.backend,
-        "mode": record.mode,
-    }
+    """The fingerprint fields a row fixes (every :class:`Fingerprint` field but the call's signature, each a column of
+    the row under the same name), to compare with an artifact's header before loading it."""
+    return {name: getattr(record, name) for name in ROW_FINGERPRINT}
 
 
 def precompiled_entries(record: ShapeRecord) -> list[str]:

@@ -28,14 +28,14 @@ from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
     from warmcache.runtime.guarded import Guard
+    from warmcache.workload_settings import GenerateSettings
 
 log = logging.getLogger("warmcache.runtime")
 
 #: generate() keyword arguments that are per-token tensors of the batch.
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-#: generate() keyword arguments the compiled family fixes; a caller may repeat them, not change them.
-_FIXED_BY_FAMILY = ("cache_implementation", "do_sample", "num_beams", "num_return_sequences", "prefill_chunk_size", "compile_config", "cache")
-#: Of those, the ones a caller may not even repeat: objects the guard builds itself.
+#: generate() keyword arguments the guard builds itself: a caller may not even repeat them. Every
+#: :class:`GenerateSettings` field is fixed by the compiled family too: a caller may repeat it, not change it.
 _SET_BY_GUARD = ("compile_config", "cache")
 
 
@@ -43,15 +43,13 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     """``model.generate(**kwargs)`` padded onto a compiled bucket; returns the output without the padding."""
     inputs = {name: kwargs.pop(name) for name in INPUT_KEYS if name in kwargs}
     requested = kwargs.pop("max_new_tokens", None)
-    max_cache_len = guard.family.max_cache_len
-    if max_cache_len is None:
-        raise UsageError(f"{guard.family.describe()}: not a generate family (no max_cache_len)")
-    _refuse_changed_settings(guard, kwargs, max_cache_len)
+    settings = guard.family.generate
+    _refuse_changed_settings(guard, kwargs, settings)
     fitted = fit_generate_inputs(guard, inputs, _pad_token_id(model))
     batch, length = fitted.shape
-    max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, max_cache_len)
+    max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(guard.settings, max_cache_len=max_cache_len, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
+    call = generate_kwargs(settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
@@ -59,9 +57,9 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     return fitted.unpad(output)
 
 
-def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], max_cache_len: int) -> None:
-    expected = {**guard.settings, "max_cache_len": max_cache_len}
-    for name in (*_FIXED_BY_FAMILY, "max_cache_len"):
+def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: GenerateSettings) -> None:
+    expected = {**settings.stored(), "max_cache_len": settings.max_cache_len}
+    for name in (*expected, *_SET_BY_GUARD):
         if name not in kwargs:
             continue
         value = kwargs.pop(name)
@@ -138,7 +136,7 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     buckets = guard.buckets
     reserve_recompile_room(len(buckets))
     token = model.config.bos_token_id if model.config.bos_token_id is not None else 1
-    max_cache_len = guard.family.max_cache_len or 0
+    max_cache_len = guard.family.generate.max_cache_len
     report = PrimeReport(buckets)
     start = time.perf_counter()
     # Buckets an AOTInductor package serves are ready once bound: running them would warm nothing.

@@ -20,13 +20,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from warmcache.registry.records import MissEvent
+from warmcache.settings import RegistryLocation
 from warmcache.shapes import Decision, ShapeFamily
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -43,11 +41,11 @@ _MissKey = tuple[int, int, str, int | None, int | None]
 
 
 class MissTelemetry:
-    """Aggregate misses of one shape family; flush them to ``registry_url`` (or only keep them, when ``None``)."""
+    """Aggregate misses of one shape family; flush them to ``sink`` (or only keep them, when ``None``): see :func:`open_sink`."""
 
-    def __init__(self, family: ShapeFamily, registry_url: str | None, *, interval: float = 10.0) -> None:
+    def __init__(self, family: ShapeFamily, sink: RegistryLocation | str | None, *, interval: float = 10.0) -> None:
         self.family = family
-        self.registry_url = registry_url
+        self.sink = sink
         self.interval = interval
         self.flushed = 0
         self.failed_flushes = 0
@@ -78,7 +76,7 @@ class MissTelemetry:
         """Write pending misses now (from the calling thread); ``False`` if the registry refused them."""
         with self._lock:
             self._drain()
-            if self.registry_url is None or not self._pending:
+            if self.sink is None or not self._pending:
                 return True
             pending, self._pending = self._pending, {}
             recordable = self._recordable(pending)
@@ -88,7 +86,7 @@ class MissTelemetry:
         events = list(recordable.values())
         try:
             if self._registry is None:
-                self._registry = open_sink(self.registry_url)
+                self._registry = open_sink(self.sink)
             self._registry.record_misses(events)
         except Exception as exc:  # noqa: BLE001 - telemetry must survive any database failure
             self.failed_flushes += 1
@@ -113,7 +111,7 @@ class MissTelemetry:
         self._wake.set()
         with self._lock:
             thread = self._thread
-            if (thread is None or not thread.is_alive()) and self.registry_url is not None and self._queue:
+            if (thread is None or not thread.is_alive()) and self.sink is not None and self._queue:
                 # _stopping is set, so _run skips its loop and only does the final flush.
                 thread = self._thread = threading.Thread(target=self._run, name="warmcache-miss-telemetry", daemon=True)
                 thread.start()
@@ -143,7 +141,7 @@ class MissTelemetry:
                 return
             self._thread = threading.Thread(target=self._run, name="warmcache-miss-telemetry", daemon=True)
         self._thread.start()
-        if self.registry_url is not None:
+        if self.sink is not None:
             # A daemon thread dies with the interpreter: flush the last interval's misses on a clean exit.
             atexit.register(self.close, EXIT_FLUSH_TIMEOUT_S)
 
@@ -204,15 +202,17 @@ class MissSink(Protocol):
     def close(self) -> None: ...
 
 
-def open_sink(url: str) -> MissSink:
-    """The registry at ``url``, or the service when ``url`` is ``http(s)://`` (its ``POST /v1/misses``)."""
-    if url.startswith(("http://", "https://")):
+def open_sink(sink: RegistryLocation | str) -> MissSink:
+    """The registry ``sink`` names, or the service when it is an ``http(s)://`` URL (its ``POST /v1/misses``).
+
+    A text ``sink`` that is not a service URL is a library caller's registry URL, parsed here (its one edge).
+    """
+    if isinstance(sink, str) and sink.startswith(("http://", "https://")):
         from warmcache.runtime.remote import ServiceMisses
 
-        return ServiceMisses(url, timeout=CONNECT_TIMEOUT_S)
+        return ServiceMisses(sink, timeout=CONNECT_TIMEOUT_S)
     from warmcache.registry.registry import Registry  # the database layer loads on the first flush
-    from warmcache.settings import RegistryLocation
 
     # Never creates or migrates a schema: a typo in the URL must not grow a new registry.
     # A PostgreSQL connect is bounded: libpq waits forever by default.
-    return Registry.open(RegistryLocation.of(url).bounded(CONNECT_TIMEOUT_S), create=False)
+    return Registry.open(RegistryLocation.of(sink).bounded(CONNECT_TIMEOUT_S), create=False)

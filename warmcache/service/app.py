@@ -35,6 +35,7 @@ from warmcache.service.misses import parse_misses
 from warmcache.service.openapi import openapi_document
 from warmcache.service.plan_request import plan_request
 from warmcache.service.view import RegistryView, guard_document
+from warmcache.settings import RegistryLocation
 from warmcache.shapes import WORKLOADS
 from warmcache.status import warmup_status
 from warmcache.statuses import PLAN_STATUSES
@@ -49,7 +50,7 @@ PLAN_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
-    db_url: str
+    registry: RegistryLocation
     token: str | None = None
     """Bearer token for writes; ``None`` refuses every write."""
     manifest: Path | None = None
@@ -216,7 +217,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(config: ServiceConfig) -> CheckRoute:
     """The service as one ASGI callable: the raw ``/v1/check`` route in front of the Starlette routes."""
-    view = RegistryView(config.db_url, interval=config.refresh_interval)
+    view = RegistryView(config.registry, interval=config.refresh_interval)
     handlers = Handlers(config, view)
     routes = [
         Route("/v1/models", handlers.models),

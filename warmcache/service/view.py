@@ -78,10 +78,9 @@ class RegistryState:
 
 
 class RegistryView:
-    """The registry at ``url`` as a refreshed :class:`RegistryState`, plus a connection for the few direct queries."""
+    """The registry at ``location`` as a refreshed :class:`RegistryState`, plus a connection for the few direct queries."""
 
-    def __init__(self, url: str, *, interval: float = 5.0) -> None:
-        location = RegistryLocation.of(url)
+    def __init__(self, location: RegistryLocation, *, interval: float = 5.0) -> None:
         self.url = location.bounded(CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS)  # libpq waits forever by default
         self.display_url = location.display
         self.interval = interval

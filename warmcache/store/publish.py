@@ -16,7 +16,7 @@ from warmcache.cache.locate import single_location
 from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
-from warmcache.settings import CacheFolder
+from warmcache.settings import CacheFolder, RegistryLocation
 from warmcache.store.backends import ObjectStore
 from warmcache.store.push import push_manifest
 from warmcache.trust import SigningKey
@@ -27,7 +27,7 @@ class ShapePublisher:
     """Called with each compiled identity; keeps count of what went up and what failed."""
 
     manifest: Manifest
-    registry_url: str
+    registry: RegistryLocation
     store: ObjectStore
     cache_dir: CacheFolder | None = None
     signing_key: SigningKey | None = None
@@ -37,7 +37,7 @@ class ShapePublisher:
 
     def __call__(self, identity: str) -> None:
         try:
-            with Registry.open(self.registry_url) as registry:
+            with Registry.open(self.registry) as registry:
                 [record] = registry.rows(identities=[identity])
                 location = single_location(self.manifest, self.cache_dir, record.model_name)
                 result = push_manifest(self.manifest, registry, location, self.store, model_name=record.model_name, identities=[identity], signing_key=self.signing_key)

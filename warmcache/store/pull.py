@@ -94,7 +94,7 @@ class PullResult:
 
 def pull_manifest(
     manifest: Manifest,
-    registry: RegistryLocation | str,
+    registry: RegistryLocation,
     location: CacheLocation,
     store: ObjectStore,
     *,
@@ -113,7 +113,6 @@ def pull_manifest(
     registry file (and no cache folder) behind.
     """
     require_trust(trusted, allow_unsigned, f"pull from {store.url}")
-    registry = RegistryLocation.of(registry)
     planned = plan_manifest(manifest, model_name)
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}

@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from warmcache.cache.bundle import (
     BundleFile,
     Progress,
+    ShippedJson,
     entries_needed,
     entry_files,
     records_to_ship,
@@ -32,7 +32,6 @@ from warmcache.cache.bundle import (
 )
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
-from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.store.backends import ObjectStore
@@ -51,7 +50,7 @@ TRANSFER_THREADS = 8
 
 
 @dataclass(frozen=True, slots=True)
-class PushResult:
+class PushResult(ShippedJson):
     store: str
     shapes: int
     indexes_written: int
@@ -60,9 +59,6 @@ class PushResult:
     blobs_present: int
     bytes_uploaded: int
     not_compiled: int
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
 
 
 def push_manifest(

@@ -17,7 +17,9 @@ the same way:
   parent raises it as its own. Only ``warmcache.cli`` prints.
 
 Messages are frozen dataclasses whose fields are JSON values (tuples travel as
-lists). Each line is tagged with its class name and decoded only into the
+lists) or frozen dataclasses of them, such as a
+:class:`~warmcache.settings.RegistryLocation`: it travels as its fields and arrives
+as the same value, so a child never parses or normalises a registry URL again. Each line is tagged with its class name and decoded only into the
 classes the reader names, so a message of another kind is an error, not a
 silently empty result.
 """
@@ -25,6 +27,7 @@ silently empty result.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -33,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,7 +83,18 @@ def encode(message: object) -> str:
     """One line of JSON: the dataclass's fields, tagged with its class name."""
     if not dataclasses.is_dataclass(message) or isinstance(message, type):
         raise TypeError(f"not a message: {message!r}")
-    return json.dumps({"type": type(message).__name__, **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)}})
+    return json.dumps({"type": type(message).__name__, **_fields(message)}, default=_nested_fields)
+
+
+def _fields(value: object) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}  # type: ignore[arg-type]
+
+
+def _nested_fields(value: object) -> dict[str, Any]:
+    """A field that is itself a frozen dataclass travels as its fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _fields(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
 def decode(line: str, kinds: Sequence[type[M]]) -> M:
@@ -90,9 +105,32 @@ def decode(line: str, kinds: Sequence[type[M]]) -> M:
         kind = next((k for k in kinds if k.__name__ == name), None)
         if kind is None:
             raise ValueError(f"a {name!r}, expected {' or '.join(k.__name__ for k in kinds)}")
-        return kind(**{key: tuple(value) if isinstance(value, list) else value for key, value in fields.items()})
+        return kind(**{key: _field_value(kind, key, value) for key, value in fields.items()})
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise WarmcacheError(f"malformed message from a warmcache child process ({first_line(exc)}): {shown(line)}") from None
+
+
+def _field_value(kind: type, key: str, value: Any) -> Any:
+    """A decoded field as its declared value: a list as a tuple, an object as the dataclass the field declares."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        nested = _dataclass_fields(kind).get(key)
+        if nested is None:
+            raise ValueError(f"field {key!r} holds an object, which {kind.__name__} does not declare")
+        return nested(**value)
+    return value
+
+
+@functools.cache
+def _dataclass_fields(kind: type) -> dict[str, type]:
+    """The fields of ``kind`` declared as a dataclass (or a dataclass or ``None``)."""
+    found: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(kind).items():
+        for option in typing.get_args(hint) or (hint,):
+            if dataclasses.is_dataclass(option) and isinstance(option, type):
+                found[name] = option
+    return found
 
 
 def read_request(path: str | Path, kinds: Sequence[type[M]]) -> M:

@@ -69,7 +69,7 @@ def run_warmup(
 
 def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
     start = time.perf_counter()
-    with Registry.open(options.registry_url, hold_connections=False) as registry:
+    with Registry.open(options.registry, hold_connections=False) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
         summary = WarmupSummary(plan, options.dry_run)
         todo = plan.todo
@@ -149,7 +149,7 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
 
 def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, report: Report) -> None:
     """N worker processes, each claiming from the registry; their outcomes arrive as they finish."""
-    request = ClaimRequest(str(manifest.path), options.registry_url, options.cache_dir, tuple(p.identity for p in todo), lease)
+    request = ClaimRequest(str(manifest.path), options.registry, options.cache_dir, tuple(p.identity for p in todo), lease)
     # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
     # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
     # Set before torch is imported in the fresh process; a user's own setting wins.
@@ -172,7 +172,7 @@ def claim_as_worker(request: ClaimRequest, report: Report) -> None:
         manifest = load_manifest(request.manifest)
         planned = {p.identity: p for p in plan_manifest(manifest)}
         todo = [planned[identity] for identity in request.identities if identity in planned]  # in the parent's order
-        with Registry.open(request.registry_url, hold_connections=False) as registry:
+        with Registry.open(request.registry, hold_connections=False) as registry:
             claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from warmcache.errors import UsageError
 from warmcache.plan import PlannedShape
 from warmcache.registry.registry import PlanStatus
+from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.warmup.progress import Outcome, SpecOutcome
 
@@ -42,7 +43,7 @@ class Shard:
 
 @dataclass(frozen=True, slots=True)
 class WarmupOptions:
-    registry_url: str
+    registry: RegistryLocation
     cache_dir: str | None = None
     lease_seconds: float | None = None
     jobs: int = 1
@@ -56,7 +57,7 @@ class ClaimRequest:
     """What one ``--jobs`` worker process is asked: claim and run these specs of the manifest until none is left."""
 
     manifest: str
-    registry_url: str
+    registry: RegistryLocation
     cache_dir: str | None
     identities: tuple[str, ...]
     lease_seconds: float
@@ -67,7 +68,7 @@ class WarmupRequest:
     """What a torchrun child is asked: warm the manifest's models of its world size, as ``warmcache warmup`` would."""
 
     manifest: str
-    registry_url: str
+    registry: RegistryLocation
     cache_dir: str | None
     lease_seconds: float | None
     shard: str | None
@@ -76,11 +77,11 @@ class WarmupRequest:
     @classmethod
     def of(cls, manifest: str, options: WarmupOptions) -> WarmupRequest:
         shard = f"{options.shard.index}/{options.shard.count}" if options.shard else None
-        return cls(manifest, options.registry_url, options.cache_dir, options.lease_seconds, shard, options.retry_failed)
+        return cls(manifest, options.registry, options.cache_dir, options.lease_seconds, shard, options.retry_failed)
 
     def options(self) -> WarmupOptions:
         shard = Shard.parse(self.shard) if self.shard else None
-        return WarmupOptions(self.registry_url, self.cache_dir, self.lease_seconds, shard=shard, retry_failed=self.retry_failed)
+        return WarmupOptions(self.registry, self.cache_dir, self.lease_seconds, shard=shard, retry_failed=self.retry_failed)
 
 
 @dataclass(frozen=True, slots=True)

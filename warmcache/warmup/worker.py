@@ -27,6 +27,7 @@ from warmcache.targets import Target, resolve_cache_dir, target_for
 from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
+from warmcache.workload_settings import TrainSettings, WorkloadSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -90,7 +91,7 @@ class Worker:
         model_spec, spec = planned.model, planned.spec
         target = target_for(model_spec)
         root = self.cache_root(target)
-        model = self._model(model_spec, target, spec.workload, spec.family.settings_dict())
+        model = self._model(model_spec, target, spec.family.settings)
         flavor = target.cache_flavor
         if flavor == "inductor":
             # Forget graphs compiled for earlier specs so this spec looks its own graphs
@@ -142,12 +143,11 @@ class Worker:
             return entry
         if not decode_kwargs:
             raise UsageError(f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)")
-        assert spec.family.max_cache_len is not None
         fields = {
             "config_hash": planned.config_hash,
             "toolchain_hash": planned.toolchain.hash,
             "batch_size": spec.batch_size,
-            "max_cache_len": spec.family.max_cache_len,
+            "max_cache_len": spec.family.generate.max_cache_len,
             "dtype": spec.family.dtype,
             "backend": model_spec.backend,
             "mode": model_spec.mode,
@@ -162,15 +162,15 @@ class Worker:
     def model_for(self, planned: PlannedShape) -> tuple[PreTrainedModel, Target]:
         """The loaded model a spec runs on, and its target (verify proves artifacts on the replay's model)."""
         target = target_for(planned.model)
-        return self._model(planned.model, target, planned.spec.workload, planned.spec.family.settings_dict()), target
+        return self._model(planned.model, target, planned.spec.family.settings), target
 
-    def _model(self, model_spec: ModelSpec, target: Target, workload: str, settings: dict[str, Any]) -> PreTrainedModel:
+    def _model(self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
-        key: tuple[Any, ...] = (model_spec.name, workload) + ((settings.get("gradient_checkpointing"),) if workload == "train" else ())
+        key: tuple[Any, ...] = (model_spec.name, settings.workload) + ((settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ())
         model = self._models.get(key)
         if model is None:
-            model = self._models[key] = load_model(model_spec, target, train=workload == "train")
+            model = self._models[key] = load_model(model_spec, target, train=settings.workload == "train")
         return model
 
 

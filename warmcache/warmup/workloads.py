@@ -87,15 +87,14 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
     from warmcache.runtime.sentinel import fail_on_recompile
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
-    max_cache_len = spec.family.max_cache_len
-    assert max_cache_len is not None, f"generate spec without max_cache_len: {spec.describe()}"
-    full_length = max_new_tokens_that_fit(spec.seq_len, max_cache_len)
+    settings = spec.family.generate
+    full_length = max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len)
     pad_id = pad_token_id(model)
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
     def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int) -> None:
-        kwargs = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config)
+        kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
                 input_ids=input_ids.to(input_device),
@@ -124,7 +123,7 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
             def recompiled(reason: str, form: str = form) -> DecodeRecompileError:
                 return DecodeRecompileError(
                     f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding {full_length} tokens "
-                    f"to max_cache_len={max_cache_len}); production would recompile at every position: {reason}"
+                    f"to max_cache_len={settings.max_cache_len}); production would recompile at every position: {reason}"
                 )
 
             with fail_on_recompile(recompiled):
@@ -166,7 +165,7 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as transformers_logging
 
-    settings = spec.family.settings_dict()
+    settings = spec.family.train
     # accelerate compiles with dynamic=None (automatic dynamic shapes) unless told:
     # a second shape would then compile a symbolic graph that production never asks
     # for. Bucketed training wants one static graph per shape, as on Neuron.
@@ -179,7 +178,7 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
     rows = training_rows(model, spec.batch_size, spec.seq_len)
     with tempfile.TemporaryDirectory(prefix="warmcache-train-") as out:
         extra: dict[str, Any] = {"use_cpu": True} if device == "cpu" else {}
-        extra[_checkpointing_argument(TrainingArguments)] = bool(settings.get("gradient_checkpointing", False))
+        extra[_checkpointing_argument(TrainingArguments)] = settings.gradient_checkpointing
         if backend == "inductor" and mode != "default":
             extra["torch_compile_mode"] = mode
         args = TrainingArguments(
@@ -190,7 +189,7 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             train_sampling_strategy="sequential",
             max_steps=TRAIN_STEPS,
             per_device_train_batch_size=spec.batch_size,
-            bf16=bool(settings.get("bf16", False)),
+            bf16=settings.bf16,
             report_to=[],
             save_strategy="no",
             logging_strategy="no",

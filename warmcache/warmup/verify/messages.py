@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from warmcache.settings import RegistryLocation
+
 if TYPE_CHECKING:
     from warmcache.warmup.worker import SpecRun
 
@@ -16,7 +18,7 @@ class ReplayRequest:
     manifest: str
     identities: tuple[str, ...]
     cache_dir: str | None
-    registry_url: str | None
+    registry: RegistryLocation | None
 
 
 @dataclass(frozen=True, slots=True)

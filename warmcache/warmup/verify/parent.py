@@ -29,6 +29,7 @@ from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES
 from warmcache.units import format_count
 from warmcache.warmup import distributed
@@ -38,14 +39,14 @@ from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary, judge
 
 
-def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = None, progress: Callable[[int], Progress[SpecVerdict]] | None = None) -> VerifySummary:
+def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | None = None, progress: Callable[[int], Progress[SpecVerdict]] | None = None) -> VerifySummary:
     """Replay the manifest's compiled specs in a fresh process and record what it proves.
 
     ``progress(total)`` is told each spec's verdict as its replay finishes.
     """
     start = time.perf_counter()
     summary = VerifySummary()
-    with Registry.open(registry_url) as registry:
+    with Registry.open(location) as registry:
         statuses = registry.plan_status(plan_manifest(manifest))
         summary.not_compiled = [s.planned.spec.describe() for s in statuses if s.status not in DONE_STATUSES]
         compiled = [s.planned for s in statuses if s.status in DONE_STATUSES]
@@ -63,7 +64,7 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
 
             try:
                 with sigterm_as_interrupt():  # a cancelled CI job stops the replay (a torchrun too), not just us
-                    _replay_in_fresh_processes(manifest, compiled, cache_dir, registry_url, record)
+                    _replay_in_fresh_processes(manifest, compiled, cache_dir, location, record)
             finally:
                 if bar:
                     bar.close()
@@ -78,7 +79,9 @@ def run_verify(manifest: Manifest, registry_url: str, cache_dir: str | None = No
     return summary
 
 
-def _replay_in_fresh_processes(manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, registry_url: str, record: Callable[[ReplayResult], None]) -> None:
+def _replay_in_fresh_processes(
+    manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, location: RegistryLocation, record: Callable[[ReplayResult], None]
+) -> None:
     """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world size, as they were warmed.
 
     A replay process that stops early (a crash, a torchrun that never formed)
@@ -97,7 +100,7 @@ def _replay_in_fresh_processes(manifest: Manifest, compiled: list[PlannedShape],
     for nproc, group in sorted({1: single, **sharded}.items()):
         if not group:
             continue
-        request = ReplayRequest(str(manifest.path), tuple(p.identity for p in group), cache_dir, registry_url)
+        request = ReplayRequest(str(manifest.path), tuple(p.identity for p in group), cache_dir, location)
         (ended,) = run_children([Launch(f"verify's replay ({format_count(nproc, 'rank')})", distributed.child_command(nproc), request)], [ReplayResult], receive)
         if (error := ended.error()) is not None:
             stopped.append((group, error))

@@ -36,14 +36,13 @@ def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec
 
     if not precompiled_entries(record):
         return None
-    max_cache_len = spec.family.max_cache_len
-    assert max_cache_len is not None
-    new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(spec.seq_len, max_cache_len))
+    settings = spec.family.generate
+    new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len))
     ids = token_ids(model, spec.batch_size, spec.seq_len)
 
     def generate() -> list[list[int]]:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs: dict[str, Any] = generate_kwargs(spec.family.settings_dict(), max_cache_len=max_cache_len, max_new_tokens=new_tokens, config=config, model_config=model.config)
+        kwargs: dict[str, Any] = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), **kwargs)
         return [list(map(int, row)) for row in out]

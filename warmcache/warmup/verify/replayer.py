@@ -15,6 +15,7 @@ from warmcache.errors import DecodeRecompileError, error_line
 from warmcache.manifest import load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
 from warmcache.warmup import distributed
 from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 
@@ -37,7 +38,7 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> No
         start = time.perf_counter()
         try:
             run = worker.run(planned)
-            proof = _prove_precompiled(worker, planned, request.registry_url)
+            proof = _prove_precompiled(worker, planned, request.registry)
         except DecodeRecompileError as exc:
             result = ReplayResult(identity, time.perf_counter() - start, recompiled=exc.message)
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
@@ -51,13 +52,13 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> No
         distributed.shutdown()
 
 
-def _prove_precompiled(worker: Worker, planned: PlannedShape, registry_url: str | None) -> str | None:
+def _prove_precompiled(worker: Worker, planned: PlannedShape, location: RegistryLocation | None) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
-    if not (registry_url and planned.model.precompile and planned.spec.workload == "generate"):
+    if not (location and planned.model.precompile and planned.spec.workload == "generate"):
         return None
     from warmcache.warmup.verify.precompiled import prove_artifacts
 
-    with Registry.open(registry_url) as registry:
+    with Registry.open(location) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
     model, target = worker.model_for(planned)
     return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
