@@ -52,6 +52,13 @@ from tiny_model import build_tiny_model  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
 from warmcache.plan import plan_manifest  # noqa: E402
 
+#: The default time scale: specs a second the simulated fleet claims on average (specs / ideal makespan). This
+#: machine runs the server and all the workers on two cores, and each spec costs it about 15 ms of CPU (a new
+#: connection, the claim, the result); longest-first's last minutes claim twice the average (the short specs).
+#: At 33 a second, 256 workers x 10,000 specs saturated it near the end (claim p50 0.7 s); at 16 it keeps up.
+#: A real fleet of 256 hosts whose compiles take a minute or more claims 2-4 specs a second.
+CLAIMS_PER_SECOND = 16.0
+
 
 @dataclass(frozen=True)
 class Run:
@@ -162,7 +169,15 @@ def main() -> None:
     simulation.add_argument("--median", type=float, default=60.0, help="Median compile seconds of the log-normal, before scaling (default 60).")
     simulation.add_argument("--spread", type=float, default=1.0, help="Sigma of the log-normal's log: 1.0 is skewed (default).")
     simulation.add_argument("--durations", type=Path, default=None, help="A file of recorded compile_s to draw from instead of the log-normal.")
-    simulation.add_argument("--target", type=float, default=60.0, help="Scale compile times so the ideal makespan is this many seconds (default 60).")
+    simulation.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help=f"Scale compile times so the ideal makespan is this many seconds (default: specs / {CLAIMS_PER_SECOND:g}, at least 60: 2,000 specs 125 s, 10,000 specs 625 s).",
+    )
+    simulation.add_argument(
+        "--starts-per-second", type=float, default=fleet_sim.STARTS_PER_SECOND, help=f"How fast workers start after the gate (default {fleet_sim.STARTS_PER_SECOND:g})."
+    )
     simulation.add_argument("--lease", type=float, default=None, help="Lease seconds (default 60; --quick 8).")
     simulation.add_argument("--faults", action="store_true", help="Also a longest-first run with faults: SIGKILL, terminated backends, an outage.")
     simulation.add_argument("--kill", type=float, default=0.1, help="Fraction of workers SIGKILLed in the fault run (default 0.1).")
@@ -213,19 +228,20 @@ def simulate(args: argparse.Namespace) -> None:
             manifest = fleet_sim.write_manifest(work / f"specs-{specs}", specs)
             planned = plan_manifest(load_manifest(manifest))
             raw = fleet_sim.draw_seconds(specs, args.median, args.spread, args.seed, args.durations)
+            target = args.target or max(60.0, specs / CLAIMS_PER_SECOND)
             for workers in (int(n) for n in (args.workers or "8").split(",")):
                 runs = [(order, fleet_sim.Faults()) for order in orders]
                 if args.faults:
                     runs.append(("longest", fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage)))
                 batch = []
                 for order, faults in runs:
-                    setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, args.target), lease, faults)
+                    setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, target), lease, faults, args.starts_per_second)
                     result = fleet_sim.run_once(args.db, work, manifest, planned, setup, order, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
                     print(result.summary_line(), file=sys.stderr, flush=True)
                     batch.append(result)
                     failed |= not result.ok
                 print(
-                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median {args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {args.target:g} s, lease {lease:g} s, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median {args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {target:g} s, workers starting at {args.starts_per_second:g}/s, lease {lease:g} s, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
                 )
                 print(fleet_sim.report(batch))
                 results.extend(batch)

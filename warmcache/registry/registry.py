@@ -308,7 +308,7 @@ def _rows_changed(session: Session, statement: Executable) -> int:
     return result.rowcount
 
 
-def _first_claimable(window: list[str], claimable: ColumnElement[bool], dialect: str) -> Select[tuple[int]]:
+def _first_claimable(window: list[str], claimable: ColumnElement[bool], dialect: str) -> Select[int]:
     """The id of the first claimable row among ``window``, in its order.
 
     On PostgreSQL the window is one array parameter, walked in order through the
