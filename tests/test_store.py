@@ -24,6 +24,7 @@ from test_bundle import Built, files_under, rows
 from test_cache_neuron import cli, planned_by_batch
 
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
@@ -116,7 +117,7 @@ def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
         try:
             with Registry.open(built.url) as registry:
                 barrier.wait()
-                push_manifest(manifest, registry, location, object_store(store), identities=identities)
+                push_manifest(ShipmentScope(manifest, location), registry, object_store(store), identities=identities)
         except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 
@@ -168,7 +169,9 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     push(built, ["--store", (tmp_path / "store").as_uri()])
     flaky = _FlakyStore(tmp_path / "store")
     manifest = load_manifest(built.manifest)
-    result = pull_manifest(manifest, RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"), CacheLocation(tmp_path / "b", "neuron", "test"), flaky, allow_unsigned=True)
+    result = pull_manifest(
+        ShipmentScope(manifest, CacheLocation(tmp_path / "b", "neuron", "test")), RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"), flaky, allow_unsigned=True
+    )
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
     assert result.pulled == 2 and sorted(flaky.reads.values()) == [1, 2, 2, 2, 2]
 
@@ -194,7 +197,7 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
     manifest, cache, db = load_manifest(built.manifest), tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     location = CacheLocation(cache, "neuron", "test")
     with pytest.raises(StoreError, match="connection reset"):
-        pull_manifest(manifest, RegistryLocation.parse(db), location, _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
+        pull_manifest(ShipmentScope(manifest, location), RegistryLocation.parse(db), _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
     assert rows(db) == []
     assert {p.relative_to(cache).parts[0] for p in cache.iterdir()} == {BLOB_FOLDER}  # no entry, only checked blobs
     kept = len(list((cache / BLOB_FOLDER).iterdir()))

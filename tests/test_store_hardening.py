@@ -22,6 +22,7 @@ from test_store import _FlakyStore, error_lines, object_store, pull_args, push, 
 import warmcache.store.deadline as deadline
 import warmcache.store.push as push_module
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
@@ -49,7 +50,7 @@ def dangling(store: list[str]) -> list[str]:
 
 def push_in_process(built: Built, store: list[str]) -> None:
     with Registry.open(built.url) as registry:
-        push_manifest(load_manifest(built.manifest), registry, CacheLocation(built.root, "neuron", "test"), object_store(store))
+        push_manifest(ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")), registry, object_store(store))
 
 
 @pytest.fixture
@@ -188,9 +189,8 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
     seen: list[tuple[int, int]] = []
     location = CacheLocation(tmp_path / "b", "neuron", "test")
     pull_manifest(
-        load_manifest(built.manifest),
+        ShipmentScope(load_manifest(built.manifest), location),
         RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"),
-        location,
         _FlakyStore(tmp_path / "store"),
         allow_unsigned=True,
         progress=lambda d, t: seen.append((d, t)),

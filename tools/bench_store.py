@@ -88,6 +88,7 @@ def main() -> None:
     import boto3
 
     from warmcache.cache.locate import CacheLocation
+    from warmcache.cache.shipment import ShipmentScope
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
@@ -109,14 +110,16 @@ def main() -> None:
 
         def push() -> object:
             with Registry.open(url) as registry:
-                return push_manifest(manifest, registry, CacheLocation(cache, "neuron", "bench"), store)
+                return push_manifest(ShipmentScope(manifest, CacheLocation(cache, "neuron", "bench")), registry, store)
 
         def plain_upload() -> None:
             for path in files:
                 client.upload_file(str(path), "plain", path.relative_to(cache).as_posix())
 
         def pull(into: Path):  # type: ignore[no-untyped-def]
-            return pull_manifest(manifest, RegistryLocation.parse(f"sqlite:///{into}.sqlite"), CacheLocation(into, "neuron", "bench"), store, allow_unsigned=True)
+            return pull_manifest(
+                ShipmentScope(manifest, CacheLocation(into, "neuron", "bench")), RegistryLocation.parse(f"sqlite:///{into}.sqlite"), store, allow_unsigned=True
+            )
 
         def plain_download(into: Path) -> None:
             for path in files:
@@ -138,7 +141,9 @@ def main() -> None:
         noop_manifest, noop_cache, noop_url = build_host(work / "noop", noop_entries, 16)
         noop_seconds, noop = timed(
             "warmcache pull (nothing to fetch)",
-            lambda: pull_manifest(load_manifest(noop_manifest), RegistryLocation.parse(noop_url), CacheLocation(noop_cache, "neuron", "bench"), store, allow_unsigned=True),
+            lambda: pull_manifest(
+                ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")), RegistryLocation.parse(noop_url), store, allow_unsigned=True
+            ),
         )
         assert noop.already_present == noop_entries and noop.pulled == 0
         print(f"no-op pull: {noop_entries} entries in {noop_seconds:.3f} s")

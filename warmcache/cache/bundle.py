@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import tarfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -33,14 +33,13 @@ from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
+from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.fingerprint import package_version
 from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
-from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.trust import SigningKey, sign_document
 
 BUNDLE_FORMAT = 1
@@ -118,40 +117,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def records_to_ship(
-    registry: Registry, manifest: Manifest, model_name: str | None, verified_only: bool, identities: Iterable[str] | None = None
-) -> tuple[list[ShapeRecord], int]:
-    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how many declared shapes lack one.
-
-    ``identities`` narrows the choice (warmup --push ships each shape as it compiles).
-    Nothing to ship is an error naming the registry and the command that fills it.
-    """
-    statuses = (Status.VERIFIED,) if verified_only else DONE_STATUSES
-    planned = registry.plan_status(plan_manifest(manifest, model_name))
-    done = [s.planned.identity for s in planned if s.status in statuses]
-    records = [r for r in registry.rows(identities=done, with_artifacts=True) if r.status in statuses]
-    not_compiled = len(planned) - len(records)
-    if identities is not None:
-        wanted = set(identities)
-        records = [r for r in records if r.identity in wanted]
-    if not records:
-        what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
-    return records, not_compiled
-
-
 def pack_bundle(
-    manifest: Manifest,
-    registry: Registry,
-    location: CacheLocation,
-    output: Path,
-    *,
-    model_name: str | None = None,
-    verified_only: bool = False,
-    signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    scope: ShipmentScope, registry: Registry, output: Path, *, verified_only: bool = False, signing_key: SigningKey | None = None, progress: Progress | None = None
 ) -> PackResult:
-    """Write the bundle of ``manifest``'s compiled shapes to ``output`` (atomically: all or nothing).
+    """Write the bundle of the manifest's compiled shapes to ``output`` (atomically: all or nothing).
 
     ``verified_only`` ships only shapes a fresh process replayed without compiling
     (``warmcache verify``), for pipelines that promote nothing unproven.
@@ -160,7 +129,8 @@ def pack_bundle(
     was not altered since.
     """
     mode = write_mode(output)
-    records, not_compiled = records_to_ship(registry, manifest, model_name, verified_only)
+    records, not_compiled = records_to_ship(registry, scope, verified_only)
+    manifest, location = scope.manifest, scope.location
     try:
         entries = sorted(set(entries_needed(records, location)) | shared_kernels(location))
         files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in entry_files(location.root, entries)]

@@ -47,9 +47,7 @@ def _signing_key(_context: click.Context, _parameter: click.Parameter, value: st
 def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     with shipment.opened("packing") as (registry, progress):
-        result = pack_bundle(
-            shipment.manifest, registry, shipment.location, output, model_name=shipment.model_name, verified_only=verified_only, signing_key=signing_key, progress=progress
-        )
+        result = pack_bundle(shipment.scope, registry, output, verified_only=verified_only, signing_key=signing_key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.locate import CacheLocation, single_location
+from warmcache.cache.locate import single_location
+from warmcache.cache.shipment import ShipmentScope
 from warmcache.cli._common import CACHE_DIR_HELP, byte_progress, cache_dir_option, db_option, open_registry
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
@@ -27,16 +28,17 @@ class Shipment:
     refused before the registry is touched.
     """
 
-    manifest: Manifest
-    #: ``--model``: only this model's shapes travel.
-    model_name: str | None
-    location: CacheLocation
+    scope: ShipmentScope
     db_url: str | None
 
     @classmethod
     def prepare(cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None) -> Shipment:
         manifest = load_manifest(manifest_path)
-        return cls(manifest, model_name, single_location(manifest, cache_dir, model_name), db_url)
+        return cls(ShipmentScope(manifest, single_location(manifest, cache_dir, model_name), model_name), db_url)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.scope.manifest
 
     @contextmanager
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
@@ -62,5 +64,5 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def verified_only_option(func: F) -> F:
-    """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.bundle.records_to_ship`)."""
+    """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.shipment.records_to_ship`)."""
     return click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")(func)

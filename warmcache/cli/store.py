@@ -89,9 +89,7 @@ def push(shipment: Shipment, verified_only: bool, sign_key: str | None, store_ur
     key = signing_key(sign_key, shipment.manifest)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     with shipment.opened("pushing") as (registry, progress):
-        result = push_manifest(
-            shipment.manifest, registry, shipment.location, store, model_name=shipment.model_name, verified_only=verified_only, signing_key=key, progress=progress
-        )
+        result = push_manifest(shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress)
     if as_json:
         print_json(result.as_json())
         return
@@ -119,17 +117,7 @@ def pull(shipment: Shipment, max_size: str | None, trust: tuple[str, ...], allow
     registry = registry_location(shipment.db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
     warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
-        result = pull_manifest(
-            shipment.manifest,
-            registry,
-            shipment.location,
-            store,
-            model_name=shipment.model_name,
-            max_bytes=max_bytes,
-            trusted=trusted,
-            allow_unsigned=allow_unsigned,
-            progress=progress,
-        )
+        result = pull_manifest(shipment.scope, registry, store, max_bytes=max_bytes, trusted=trusted, allow_unsigned=allow_unsigned, progress=progress)
     if as_json:
         print_json(result.as_json())
     else:

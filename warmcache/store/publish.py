@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmcache.cache.locate import single_location
+from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
@@ -39,8 +40,8 @@ class ShapePublisher:
         try:
             with Registry.open(self.registry) as registry:
                 [record] = registry.rows(identities=[identity])
-                location = single_location(self.manifest, self.cache_dir, record.model_name)
-                result = push_manifest(self.manifest, registry, location, self.store, model_name=record.model_name, identities=[identity], signing_key=self.signing_key)
+                scope = ShipmentScope(self.manifest, single_location(self.manifest, self.cache_dir, record.model_name), record.model_name)
+                result = push_manifest(scope, registry, self.store, identities=[identity], signing_key=self.signing_key)
         except WarmcacheError as exc:
             self.failures.append(f"{identity[:16]}: {exc}")
             return

@@ -43,9 +43,9 @@ from warmcache.cache.install import (
 )
 from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
 from warmcache.jsonable import fields_json
-from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
@@ -93,18 +93,16 @@ class PullResult:
 
 
 def pull_manifest(
-    manifest: Manifest,
+    scope: ShipmentScope,
     registry: RegistryLocation,
-    location: CacheLocation,
     store: ObjectStore,
     *,
-    model_name: str | None = None,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     trusted: TrustedKeys = NOT_CONFIGURED,
     allow_unsigned: bool = False,
     progress: Progress | None = None,
 ) -> PullResult:
-    """Install what ``manifest``'s shapes need from ``store`` into ``location`` and merge their rows.
+    """Install what the manifest's shapes need from ``store`` into the scope's cache folder and merge their rows.
 
     Every index is validated (and, with ``trusted`` keys, its signature verified)
     before the first byte is downloaded or written; without trusted keys nothing is
@@ -113,7 +111,8 @@ def pull_manifest(
     registry file (and no cache folder) behind.
     """
     require_trust(trusted, allow_unsigned, f"pull from {store.url}")
-    planned = plan_manifest(manifest, model_name)
+    planned = plan_manifest(scope.manifest, scope.model_name)
+    location = scope.location
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]

@@ -26,13 +26,12 @@ from warmcache.cache.bundle import (
     ShippedJson,
     entries_needed,
     entry_files,
-    records_to_ship,
     sha256_of,
     shared_kernels,
 )
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError
-from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
@@ -62,24 +61,23 @@ class PushResult(ShippedJson):
 
 
 def push_manifest(
-    manifest: Manifest,
+    scope: ShipmentScope,
     registry: Registry,
-    location: CacheLocation,
     store: ObjectStore,
     *,
-    model_name: str | None = None,
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
     signing_key: SigningKey | None = None,
     progress: Progress | None = None,
 ) -> PushResult:
-    """Upload what the store lacks of ``manifest``'s compiled shapes (only ``identities`` if given).
+    """Upload what the store lacks of the manifest's compiled shapes (only ``identities`` if given).
 
     With ``signing_key`` each index is signed as a whole (its file list with every
     sha256 included), so a puller that trusts the key can tell a tampered index.
     Ed25519 signatures are deterministic: a signed re-push still writes nothing.
     """
-    records, not_compiled = records_to_ship(registry, manifest, model_name, verified_only, identities)
+    records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
+    location = scope.location
     try:
         shapes = _files_per_shape(records, location)
     except OSError as exc:
