@@ -102,13 +102,17 @@ class RowQueries(Transactional):
             return [CompileTime(shape, model, workload, seconds, updated) for shape, model, workload, seconds, updated in session.execute(query) if seconds is not None]
 
     def unfinished(self, identities: Sequence[str]) -> set[str]:
-        """Those of ``identities`` whose row is ``pending`` or ``compiling``: one column read, no row objects."""
+        """Those of ``identities`` whose row is ``pending`` or ``compiling``.
+
+        Asked by a fleet worker that reached the end of its list: then few rows of the
+        whole registry are unfinished, so they are read through the status index and
+        matched here. Asking about each of 10,000 identities instead cost 5 statements
+        of 2,000 values per worker, 256 workers at once in a run's last seconds.
+        """
+        wanted = set(identities)
         query = select(CompiledShape.identity).where(CompiledShape.status.in_([Status.PENDING, Status.COMPILING]))
-        out: set[str] = set()
         with self.session() as session:
-            for chunk in chunks(list(identities), 2000):
-                out.update(session.scalars(query.where(CompiledShape.identity.in_(chunk))))
-        return out
+            return {identity for identity in session.scalars(query) if identity in wanted}
 
     def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
         """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
