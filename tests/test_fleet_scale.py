@@ -122,6 +122,23 @@ def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str
         assert _connections(postgres_url, name) == 1, "never more than one"
 
 
+def test_unfinished_answers_a_long_list_as_it_answers_a_short_one(registry_url: str, tmp_path: Path) -> None:
+    """A worker's list of 10,000 is matched against the unfinished rows; a short one is asked about directly: the same answer."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 43), prompt_lengths=range(8, 408, 8), max_cache_len=512)]))
+    other = _planned(tmp_path, model("other", generate=[generate(batch_sizes=[1, 2])]))
+    identities = [p.identity for p in planned]
+    assert len(identities) > 2000
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending([*planned, *other])
+        done = registry.claim(identities[:1], "w:1", 60)
+        held = registry.claim(identities[1:2], "w:1", 60)
+        assert done is not None and held is not None
+        assert registry.mark_compiled(done.id, "w:1", compile_seconds=1, graphs_compiled=1)
+        expected = set(identities[1:])
+        assert registry.unfinished(identities) == expected, "not another model's pending rows, nor the compiled one"
+        assert registry.unfinished(identities[:10]) == set(identities[1:10])
+
+
 def test_a_freshly_filled_registry_is_claimed_through_the_identity_index(postgres_url: str, tmp_path: Path) -> None:
     """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered each claim by scanning them all."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 21), prompt_lengths=range(8, 80, 8), max_cache_len=128)]))

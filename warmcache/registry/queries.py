@@ -105,12 +105,16 @@ class RowQueries(Transactional):
         """Those of ``identities`` whose row is ``pending`` or ``compiling``.
 
         Asked by a fleet worker that reached the end of its list: then few rows of the
-        whole registry are unfinished, so they are read through the status index and
-        matched here. Asking about each of 10,000 identities instead cost 5 statements
-        of 2,000 values per worker, 256 workers at once in a run's last seconds.
+        whole registry are unfinished, so a long list is answered by reading those
+        through the status index and matching them here. Asking about each of 10,000
+        identities instead took 5 statements of 2,000 values per worker, from 256
+        workers at once in a run's last seconds. A short list (a waiting worker's
+        next look) is asked about directly, whatever else the registry holds.
         """
         wanted = set(identities)
         query = select(CompiledShape.identity).where(CompiledShape.status.in_([Status.PENDING, Status.COMPILING]))
+        if len(wanted) <= _ASKED_ONE_BY_ONE:
+            query = query.where(CompiledShape.identity.in_(sorted(wanted)))
         with self.session() as session:
             return {identity for identity in session.scalars(query) if identity in wanted}
 
@@ -143,3 +147,7 @@ def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str]
         conditions.append(CompiledShape.status.in_(list(statuses)))
     order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
     return select(CompiledShape).where(*conditions).order_by(*order)
+
+
+#: Identities :meth:`RowQueries.unfinished` names in its statement; a longer list is matched against the unfinished rows.
+_ASKED_ONE_BY_ONE = 2000
