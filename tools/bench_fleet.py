@@ -52,12 +52,18 @@ from tiny_model import build_tiny_model  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
 from warmcache.plan import plan_manifest  # noqa: E402
 
-#: The default time scale: specs a second the simulated fleet claims on average (specs / ideal makespan). This
-#: machine runs the server and all the workers on two cores, and each spec costs it about 15 ms of CPU (a new
-#: connection, the claim, the result); longest-first's last minutes claim twice the average (the short specs).
-#: At 33 a second, 256 workers x 10,000 specs saturated it near the end (claim p50 0.7 s); at 16 it keeps up.
-#: A real fleet of 256 hosts whose compiles take a minute or more claims 2-4 specs a second.
-CLAIMS_PER_SECOND = 16.0
+#: The default time scale: specs a second the simulated fleet claims on average over its LPT makespan. This
+#: machine runs the server and all the workers on two cores, and each spec costs it 15-30 ms of CPU (a new
+#: connection, the claim, the result, the worker's own bookkeeping); longest-first's last seconds claim the
+#: shortest specs, 3-4x the average. At 16 a second, 256 workers x 10,000 specs kept claim p99 under 50 ms until
+#: those last 20 s (62 claims/s, p50 0.3 s). A real fleet of 256 hosts whose compiles take a minute or more claims
+#: 2-4 specs a second.
+CLAIMS_PER_SECOND = 10.0
+
+
+def default_target(raw: list[float], workers: int) -> float:
+    """The ideal makespan (``--target``) at which the fleet's LPT makespan is ``specs / CLAIMS_PER_SECOND`` seconds."""
+    return len(raw) / CLAIMS_PER_SECOND * (sum(raw) / workers) / fleet_sim.lpt_bound(raw, [0.0] * workers)
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,7 @@ def main() -> None:
         "--target",
         type=float,
         default=None,
-        help=f"Scale compile times so the ideal makespan is this many seconds (default: specs / {CLAIMS_PER_SECOND:g}, at least 60: 2,000 specs 125 s, 10,000 specs 625 s).",
+        help=f"Scale compile times so the ideal makespan is this many seconds (default: so that the fleet claims {CLAIMS_PER_SECOND:g} specs a second).",
     )
     simulation.add_argument(
         "--starts-per-second", type=float, default=fleet_sim.STARTS_PER_SECOND, help=f"How fast workers start after the gate (default {fleet_sim.STARTS_PER_SECOND:g})."
@@ -228,13 +234,13 @@ def simulate(args: argparse.Namespace) -> None:
             manifest = fleet_sim.write_manifest(work / f"specs-{specs}", specs)
             planned = plan_manifest(load_manifest(manifest))
             raw = fleet_sim.draw_seconds(specs, args.median, args.spread, args.seed, args.durations)
-            target = args.target or max(60.0, specs / CLAIMS_PER_SECOND)
             for workers in (int(n) for n in (args.workers or "8").split(",")):
                 runs = [(order, fleet_sim.Faults()) for order in orders]
                 if args.faults:
                     runs.append(("longest", fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage)))
                 batch = []
                 for order, faults in runs:
+                    target = args.target or default_target(raw, workers)
                     setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, target), lease, faults, args.starts_per_second)
                     result = fleet_sim.run_once(args.db, work, manifest, planned, setup, order, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
                     print(result.summary_line(), file=sys.stderr, flush=True)

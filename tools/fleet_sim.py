@@ -9,12 +9,16 @@ replaces torch.compile this way: this measures the coordination layer, not compi
 
 Compile times come from a log-normal (``--median``, ``--spread``: the sigma of
 its log) or a file of recorded ``compile_s``, scaled so that the ideal makespan
-(total compile time / workers) is ``--target`` seconds. A spec's "older
+(total compile time / workers) is ``--target`` seconds (by default, so that the
+fleet claims 10 specs a second: what two cores running the server and every
+worker keep up with; see ``bench_fleet.CLAIMS_PER_SECOND``). A spec's "older
 toolchain" compile time (its true time with ±15 % noise) is seeded in the
 registry, as a fleet upgrading torch would have it, so longest-first has
 something to go by. Workers are forked from one parent that imported the
-registry code once (no torch anywhere), and wait at a gate until all are up:
-the makespan is the fleet's, not Python's start-up.
+registry code once (no torch anywhere), use the registry once on no row, and
+wait at a gate until all are up: the makespan is the fleet's, not Python's
+start-up. After the gate they start at ``STARTS_PER_SECOND``, and the LPT bound
+frees each worker at its own start.
 """
 
 from __future__ import annotations
