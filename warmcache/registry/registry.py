@@ -4,7 +4,8 @@ Every write is one short transaction, so an interrupted process never leaves a
 half-written row: a claimed spec is either ``compiling`` under a lease (taken
 again once the lease expires) or in its final state with its artifacts.
 
-Its reads are its base classes, each in a module of its own: the row queries
+Its claims and reads are its base classes, each in a module of its own: claims and
+their leases (:mod:`warmcache.registry.claiming`), the row queries
 (:mod:`warmcache.registry.queries`) and the miss log (:mod:`warmcache.registry.misses`).
 """
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, Select, String, and_, case, delete, func, literal, or_, select, text, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import ColumnElement, CursorResult, Engine, Executable, delete, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -27,11 +28,12 @@ from sqlalchemy.orm import Session
 from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import schema
+from warmcache.registry.claiming import ClaimRows
 from warmcache.registry.engine import create_registry_engine, display_url
 from warmcache.registry.misses import MissLog
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.queries import PlanStatus, RowQueries
-from warmcache.registry.records import ArtifactRef, MissEvent, ShapeRecord
+from warmcache.registry.records import ArtifactRef, MissEvent
 from warmcache.registry.transactional import chunks
 from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES, Status
@@ -42,7 +44,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Registry(RowQueries, MissLog):
+class Registry(ClaimRows, RowQueries, MissLog):
     """A connection to one registry database."""
 
     def __init__(self, engine: Engine, url: str) -> None:
@@ -50,6 +52,7 @@ class Registry(RowQueries, MissLog):
         self.url = url
         #: What "now" is for leases and timestamps; tests move it instead of sleeping.
         self.clock: Callable[[], dt.datetime] = utcnow
+        self._together = threading.local()
 
     @classmethod
     def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
@@ -109,7 +112,11 @@ class Registry(RowQueries, MissLog):
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on any error."""
+        """One transaction: committed on success, rolled back on any error; inside :meth:`together`, that one."""
+        shared: Session | None = getattr(self._together, "session", None)
+        if shared is not None:
+            yield shared
+            return
         session = Session(self.engine, expire_on_commit=False)
         try:
             with session.begin():
@@ -121,6 +128,16 @@ class Registry(RowQueries, MissLog):
             raise kind(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Make this thread's registry calls inside one transaction: a batch of claims is recorded with one commit, all or nothing."""
+        with self.session() as session:
+            self._together.session = session
+            try:
+                yield
+            finally:
+                self._together.session = None
 
     # ---------------------------------------------------------------- writes
 
@@ -142,65 +159,6 @@ class Registry(RowQueries, MissLog):
                 # A role that does not own the table gets a warning from the server, not an error.
                 session.execute(text("ANALYZE compiled_shapes"))
         return inserted
-
-    def claim(
-        self,
-        identities: Sequence[str],
-        worker: str,
-        lease_seconds: float,
-        *,
-        retry_failed: bool = False,
-    ) -> ShapeRecord | None:
-        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is left.
-
-        Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
-        and with ``retry_failed`` also ``failed``. The final update re-checks the
-        condition, so two claimers racing for one row cannot both win; PostgreSQL
-        additionally skips rows another transaction has locked. The order is the
-        caller's (a warmup passes its longest shapes first); a claimer working
-        through thousands keeps its place with :class:`warmcache.warmup.claim_queue.ClaimQueue`.
-        """
-        if not identities:
-            return None
-        # SQLite binds each identity twice (the list and the order): a long list takes a few statements.
-        for chunk in chunks(list(identities), _CLAIM_CHUNK if self.dialect == "sqlite" else len(identities)):
-            now = self.clock()
-            claimable = _claimable(now, retry_failed)
-            candidate = _first_claimable(chunk, claimable, self.dialect)
-            # One statement: the candidate row is locked (PostgreSQL) or the database is
-            # (SQLite's write transaction), and the update re-checks it is still claimable.
-            claim = (
-                update(CompiledShape)
-                .where(CompiledShape.id == candidate.scalar_subquery(), claimable)
-                .values(
-                    status=Status.COMPILING,
-                    claimed_by=worker,
-                    lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
-                    attempts=CompiledShape.attempts + 1,
-                    error=None,
-                    updated_at=now,
-                )
-                .returning(CompiledShape)
-                .execution_options(synchronize_session=False)
-            )
-            with self.session() as session:
-                row = session.scalars(claim).first()
-                if row is not None:
-                    return ShapeRecord.from_row(row)
-        return None
-
-    def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
-        """Extend a claim; ``False`` means the claim was lost (expired and taken over)."""
-        now = self.clock()
-        with self.session() as session:
-            return bool(
-                _rows_changed(
-                    session,
-                    update(CompiledShape)
-                    .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
-                    .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now),
-                )
-            )
 
     def release(self, row_id: int, worker: str) -> None:
         """Give a claim back untouched (the worker is stopping, not failing)."""
@@ -308,32 +266,6 @@ def _rows_changed(session: Session, statement: Executable) -> int:
     return result.rowcount
 
 
-def _first_claimable(window: list[str], claimable: ColumnElement[bool], dialect: str) -> Select[int]:
-    """The id of the first claimable row among ``window``, in its order.
-
-    On PostgreSQL the window is one array parameter, walked in order through the
-    identity index until a claimable row turns up (no sort, and a window of 256
-    costs what one of 8 does); the row is locked, skipping those other claimers
-    hold. SQLite ranks an ``IN`` list with a ``CASE``.
-    """
-    if dialect == "postgresql":
-        todo = func.unnest(literal(window, ARRAY(String))).table_valued("identity", with_ordinality="position").render_derived()
-        joined = select(CompiledShape.id).join(todo, CompiledShape.identity == todo.c.identity).where(claimable)
-        return joined.order_by(todo.c.position).limit(1).with_for_update(of=CompiledShape, skip_locked=True)
-    position = case({identity: i for i, identity in enumerate(window)}, value=CompiledShape.identity)
-    return select(CompiledShape.id).where(CompiledShape.identity.in_(window), claimable).order_by(position).limit(1)
-
-
-def _claimable(now: dt.datetime, retry_failed: bool) -> ColumnElement[bool]:
-    options = [
-        CompiledShape.status == Status.PENDING,
-        and_(CompiledShape.status == Status.COMPILING, CompiledShape.lease_expires_at < now),
-    ]
-    if retry_failed:
-        options.append(CompiledShape.status == Status.FAILED)
-    return or_(*options)
-
-
 def pending_row_values(p: PlannedShape) -> dict[str, Any]:
     """The column values of a new ``pending`` row for ``p``: what ``ensure_pending`` inserts."""
     spec, model, family = p.spec, p.model, p.spec.family
@@ -366,8 +298,6 @@ def pending_row_values(p: PlannedShape) -> dict[str, Any]:
     }
 
 
-#: Identities one SQLite claim statement looks at, in the caller's order (a ``CASE`` ranks them).
-_CLAIM_CHUNK = 128
 #: New rows after which ``ensure_pending`` refreshes PostgreSQL's statistics (autovacuum's own threshold is 50 + 10 %).
 _ANALYZE_AFTER_INSERTING = 100
 
