@@ -105,8 +105,8 @@ class Elsewhere:
     # Nothing to claim; the one spec is compiling on another host for 16 polls, then compiled.
     polls = 0
 
-    def claim(self, identities, worker, lease_seconds):
-        return None
+    def claim_batch(self, identities, worker, lease_seconds, count):
+        return []
 
     def unfinished(self, identities):
         self.polls += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,10 @@ from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
 from warmcache.status import warmup_status
 from warmcache.warmup.claim_queue import WINDOW, ClaimQueue
-from warmcache.warmup.ordering import longest_first
+from warmcache.warmup.claims import _poll_wait, run_claimed
+from warmcache.warmup.ordering import expected_seconds, longest_first
+from warmcache.warmup.progress import Outcome
+from warmcache.warmup.worker import SpecRun
 
 
 def _planned(tmp_path: Path, *models: dict) -> list[PlannedShape]:
@@ -59,13 +63,13 @@ def test_claims_follow_the_given_order_across_windows(registry_url: str, tmp_pat
     with Registry.open(registry_url) as registry:
         registry.ensure_pending(planned)
         queue = ClaimQueue(registry, order, "w:1", 60)
-        claimed = [record for record in iter(queue.claim, None)]
+        claimed = [record for batch in iter(queue.claim, []) for record in batch]
         assert [r.identity for r in claimed] == order
         registry.release(claimed[3].id, "w:1")  # given back behind the cursor: found after narrowing
-        assert queue.claim() is None
+        assert queue.claim() == []
         assert queue.narrow()
-        again = queue.claim()
-        assert again is not None and again.identity == order[3]
+        [again] = queue.claim()
+        assert again.identity == order[3]
         registry.mark_compiled(again.id, "w:1", compile_seconds=1, graphs_compiled=1)
         for record in claimed:
             registry.mark_compiled(record.id, "w:1", compile_seconds=1, graphs_compiled=1)
@@ -86,7 +90,7 @@ def test_longest_first_goes_by_own_history_then_the_group_median_then_size(regis
     with Registry.open(registry_url) as registry:
         # batch 1 and 2 were compiled on an older toolchain (40 s, 10 s); 3 and 4 never: the group median is 25 s.
         _record(registry, [_older(known[0]), _older(known[1])], [40.0, 10.0])
-        ordered = longest_first(registry, planned)
+        ordered = longest_first(planned, expected_seconds(registry, planned))
     by_batch = {p.spec.batch_size: p for p in known}
     assert [p.identity for p in ordered] == [
         unknown[8].identity,  # no history at all: first, largest first (it may be the longest of all)
@@ -187,3 +191,70 @@ def test_a_terminated_backend_and_an_outage_are_waited_out(postgres_url: str, tm
             assert record.status == "compiled" and record.attempts == 1
     finally:
         proxy.close()
+
+
+def test_short_specs_are_claimed_several_at_a_time_and_the_tail_is_shared(registry_url: str, tmp_path: Path) -> None:
+    """A claim takes as many specs as ``batch_seconds`` holds by their expected time, one at a time when unknown,
+    and never more than an eighth of the work left, so the last specs are spread over the workers finishing together."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 41))]))
+    order = [p.identity for p in planned]
+    expected = {identity: 1.0 for identity in order[4:]}  # the first four have no history: the order puts them first
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        queue = ClaimQueue(registry, order, "w:1", 60, expected, batch_seconds=4)
+        batches = list(iter(queue.claim, []))
+    assert [r.identity for batch in batches for r in batch] == order
+    assert [len(batch) for batch in batches[:4]] == [1, 1, 1, 1]
+    position = 4
+    for batch in batches[4:]:
+        share = (len(order) - position) / 8  # 1 s each: an eighth of the seconds left
+        budget_at_most, budget_at_least = min(4, share), min(2, share)  # the batch's 4 s, drawn between half and all of it
+        assert max(1, int(budget_at_least)) <= len(batch) <= max(1, int(budget_at_most)), (position, len(batch))
+        position += len(batch)
+    assert len(batches[4]) >= 2 and len(batches[-1]) == 1
+
+
+class _Sleeps:
+    """The claim loop's compile seam, sleeping instead of compiling: what is under test is the lease and the records."""
+
+    def __init__(self, root: Path, seconds: float) -> None:
+        self.root, self.seconds, self.ran = root, seconds, []
+
+    def cache_root(self, target: object) -> Path:
+        return self.root
+
+    def run(self, planned: PlannedShape) -> SpecRun:
+        self.ran.append(planned.identity)
+        time.sleep(self.seconds)
+        return SpecRun(self.seconds, graphs=1, padded_graphs=0, cache_hits=0, cache_misses=1, new_entries={}, cache_root=self.root, persistent_cache=False)
+
+
+def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(registry_url: str, tmp_path: Path) -> None:
+    """The heartbeat renews every claim of a batch; a batch that runs past half a lease records what ran and releases the rest."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2, 3])]))
+    identities = [p.identity for p in planned]
+    lease = 1.0
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        batch = registry.claim_batch(identities, "w:1", lease, 3)
+        assert [r.identity for r in batch] == identities
+        runner = _Sleeps(tmp_path / "cache", 1.6)  # longer than the lease: only the heartbeat keeps the batch ours
+        taken: list[object] = []
+        thief = threading.Timer(1.3, lambda: taken.append(registry.claim(identities, "w:2", lease)))
+        thief.start()
+        outcomes = run_claimed(registry, runner, [(p, r.id) for p, r in zip(planned, batch)], "w:1", lease)
+        thief.join()
+        rows = {r.identity: r for r in registry.rows(identities=identities)}
+    assert taken == [None], "no claim of the batch expired while it ran"
+    assert runner.ran == identities[:1], "past half a lease, the batch started no more specs"
+    assert [(o.identity, o.status) for o in outcomes] == [(identities[0], Outcome.COMPILED)]
+    assert [rows[i].status for i in identities] == ["compiled", "pending", "pending"], "the unstarted specs went back"
+    assert rows[identities[1]].claimed_by is None
+
+
+def test_a_waiting_worker_looks_again_less_and_less_often() -> None:
+    """5 s, 10 s, then every 20 s, each jittered down to half; never more than a third of a short lease, nor overflowing."""
+    for looks, longest in [(0, 5.0), (1, 10.0), (2, 20.0), (3, 20.0), (5000, 20.0)]:
+        waits = [_poll_wait(looks, 60) for _ in range(200)]
+        assert all(longest / 2 <= wait <= longest for wait in waits), (looks, min(waits), max(waits))
+    assert all(_poll_wait(looks, 1.5) <= 0.5 for looks in range(10))

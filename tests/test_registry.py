@@ -7,6 +7,7 @@ import datetime as dt
 import threading
 import types
 import typing
+from contextlib import AbstractContextManager
 
 import pytest
 import sqlalchemy as sa
@@ -222,12 +223,15 @@ def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
 
 
 def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release(registry_url: str, planned: list[PlannedShape]) -> None:
-    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: the row must not stay 'compiling'."""
+    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: no row of its batch may stay 'compiling'."""
     from warmcache.warmup.claims import _give_back
 
     class InterruptedOnce:
         def __init__(self, registry: Registry) -> None:
             self.registry, self.calls = registry, 0
+
+        def together(self) -> AbstractContextManager[None]:
+            return self.registry.together()
 
         def release(self, row_id: int, worker: str) -> None:
             self.calls += 1
@@ -237,9 +241,9 @@ def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release
 
     with Registry.open(registry_url) as registry:
         registry.ensure_pending(planned)
-        claimed = registry.claim([p.identity for p in planned], "w1", lease_seconds=600)
-        assert claimed is not None
+        claimed = registry.claim_batch([p.identity for p in planned], "w1", 600, 2)
+        assert len(claimed) == 2
         interrupted = InterruptedOnce(registry)
-        _give_back(interrupted, claimed.id, "w1")  # type: ignore[arg-type]
-        (row,) = registry.rows(identities=[claimed.identity])
-        assert (interrupted.calls, row.status, row.claimed_by) == (2, "pending", None)
+        _give_back(interrupted, [c.id for c in claimed], "w1")  # type: ignore[arg-type]
+        rows = registry.rows(identities=[c.identity for c in claimed])
+        assert interrupted.calls == 3 and {(row.status, row.claimed_by) for row in rows} == {("pending", None)}

@@ -55,7 +55,7 @@ from warmcache.registry.patience import patiently
 from warmcache.statuses import Status
 from warmcache.targets import Target
 from warmcache.warmup.claims import claim_loop
-from warmcache.warmup.ordering import longest_first
+from warmcache.warmup.ordering import expected_seconds, longest_first
 from warmcache.warmup.progress import SpecOutcome
 from warmcache.warmup.worker import SpecRun
 
@@ -216,19 +216,19 @@ class _CountingRegistry(Registry):
 
     log: Any = None
 
-    def claim(self, identities: Sequence[str], worker: str, lease_seconds: float, *, retry_failed: bool = False) -> ShapeRecord | None:
+    def claim_batch(self, identities: Sequence[str], worker: str, lease_seconds: float, count: int, *, retry_failed: bool = False) -> list[ShapeRecord]:
         start = time.perf_counter()
         try:
-            record = super().claim(identities, worker, lease_seconds, retry_failed=retry_failed)
+            records = super().claim_batch(identities, worker, lease_seconds, count, retry_failed=retry_failed)
         except RegistryUnavailableError:
             self.log.write("unavailable\n")  # retried by the claim loop; counted, and excluded from the claim latency
             raise
-        if record is not None:
-            self.log.write(f"claim {(time.perf_counter() - start) * 1000:.2f} {time.time():.3f}\n")
-        return record
+        if records:
+            self.log.write(f"claim {(time.perf_counter() - start) * 1000:.2f} {time.time():.3f} {len(records)}\n")
+        return records
 
-    def renew_lease(self, row_id: int, worker: str, lease_seconds: float) -> bool:
-        renewed = super().renew_lease(row_id, worker, lease_seconds)
+    def renew_leases(self, row_ids: Sequence[int], worker: str, lease_seconds: float) -> set[int]:
+        renewed = super().renew_leases(row_ids, worker, lease_seconds)
         self.log.write("renew\n")
         return renewed
 
@@ -252,7 +252,9 @@ class SleepingCompile:
         return SpecRun(seconds, graphs=1, padded_graphs=0, cache_hits=0, cache_misses=1, new_entries={}, cache_root=self.root, persistent_cache=False)
 
 
-def _worker(url: str, todo: Sequence[PlannedShape], seconds: dict[str, float], lease: float, work: Path, index: int, gate: Any, start: float, opening: Any) -> None:
+def _worker(
+    url: str, todo: Sequence[PlannedShape], expected: dict[str, float], seconds: dict[str, float], lease: float, work: Path, index: int, gate: Any, start: float, opening: Any
+) -> None:
     with open(work / f"worker-{index}.log", "w", buffering=1) as log:
         with opening:  # a few at a time: the server (shared with others) must never run out of connections
             registry = patiently(lambda: _CountingRegistry.open(url, hold_connections=False), 120)
@@ -269,7 +271,7 @@ def _worker(url: str, todo: Sequence[PlannedShape], seconds: dict[str, float], l
             log.write(f"outcome {outcome.identity} {outcome.status}\n")
 
         try:
-            claim_loop(registry, runner, todo, lease, report)
+            claim_loop(registry, runner, todo, lease, report, expected=expected)
         finally:
             log.write(f"statements {statements['n']}\n")
             registry.close()
@@ -283,9 +285,11 @@ def _first_use(registry: Registry) -> None:
     CPUs; here 256 workers would pay it on two shared cores, all within seconds, and
     the run would measure this machine's run queue. Nothing is claimed or changed.
     """
-    Registry.claim(registry, ["first-use"], "first-use", 1)  # the base class's: nothing is logged as a claim or renewal
-    Registry.renew_lease(registry, -1, "first-use", 1)
-    Registry.mark_compiled(registry, -1, "first-use", compile_seconds=0, graphs_compiled=0)
+    Registry.claim_batch(registry, ["first-use"], "first-use", 1, 2)  # the base class's: nothing is logged as a claim or renewal
+    Registry.renew_leases(registry, [-1], "first-use", 1)
+    with registry.together():
+        Registry.mark_compiled(registry, -1, "first-use", compile_seconds=0, graphs_compiled=0)
+        Registry.release(registry, -1, "first-use")
     registry.drop_connections()
 
 
@@ -316,7 +320,8 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
         with Registry.open(url) as registry:
             seed_history(registry, planned, setup.seconds, seed)
             registry.ensure_pending(planned)
-            todo = list(planned) if order == "identity" else longest_first(registry, planned)
+            expected = expected_seconds(registry, planned)
+            todo = list(planned) if order == "identity" else longest_first(planned, expected)
         seconds = {p.identity: s for p, s in zip(planned, setup.seconds)}
         run_dir = work / f"run-{order}-{time.time_ns()}"
         (run_dir / "cache").mkdir(parents=True)
@@ -336,7 +341,7 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
             name = f"{prefix}-{i}"
             port = proxy.port if proxy and i == setup.workers - 1 else None
             process = context.Process(
-                target=_worker, args=(worker_url(url, name, port), todo, seconds, setup.lease_seconds, run_dir, i, gate, starts[i], opening), daemon=True
+                target=_worker, args=(worker_url(url, name, port), todo, expected, seconds, setup.lease_seconds, run_dir, i, gate, starts[i], opening), daemon=True
             )
             process.start()
             processes.append(process)

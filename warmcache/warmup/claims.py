@@ -9,7 +9,10 @@ a plain ``warmcache warmup``, each ``--jobs`` worker process, and rank 0 of a
 torchrun (which tells the other ranks what it claimed through ``ranks``).
 
 Specs are claimed in the order given (the runner passes them longest first,
-:mod:`warmcache.warmup.ordering`). What runs a claimed spec is a
+:mod:`warmcache.warmup.ordering`), short ones several at a time
+(:class:`~warmcache.warmup.claim_queue.ClaimQueue`): a batch shares one heartbeat
+and its results are recorded in one transaction, so a worker talks to the
+registry about once per heartbeat interval however short its specs are. What runs a claimed spec is a
 :class:`SpecRunner`: a :class:`~warmcache.warmup.worker.Worker` compiles it; the
 fleet simulation (``tools/bench_fleet.py --simulate``) sleeps instead, to measure
 this loop, its leases and its registry traffic at hundreds of workers.
@@ -19,10 +22,12 @@ is waited for, up to one lease length, rather than losing a compile in hand.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -39,8 +44,13 @@ from warmcache.warmup.worker import SpecRun, lock_path
 
 Report = Callable[[SpecOutcome], None]
 
-#: How often a worker with nothing to claim looks again at specs other workers hold.
+#: How soon a worker with nothing to claim first looks again at specs other workers hold; each
+#: further look waits twice as long, up to ``LONGEST_POLL_SECONDS`` (and never more than a third of a lease).
 LEASE_POLL_SECONDS = 5.0
+LONGEST_POLL_SECONDS = 20.0
+#: Expected compile seconds a worker claims at once when its specs are short: a fleet of N
+#: workers then claims at most about N / 20 times a second, and a batch makes the tail at most that much longer.
+BATCH_SECONDS = 20.0
 #: Interrupts a claim's release outlasts (Ctrl-C, then the parent's SIGTERM, then a spare).
 _GIVE_BACK_TRIES = 3
 
@@ -64,76 +74,128 @@ def claim_loop(
     lease_seconds: float,
     report: Report,
     ranks: distributed.Coordination = distributed.ALONE,
+    expected: Mapping[str, float] | None = None,
 ) -> None:
     """Claim and run specs among ``todo`` until every one is finished, here or elsewhere.
 
     When nothing is claimable but other workers still hold specs, wait: either they
     finish, or they died and their lease expires and the spec is claimed here. So a
     run that exits 0 means the manifest is warm, not "warm except what others were doing".
-    Specs are claimed in ``todo``'s order.
+    Specs are claimed in ``todo``'s order; ``expected`` (seconds by identity, from
+    :func:`warmcache.warmup.ordering.expected_seconds`) lets short ones be claimed
+    several at a time, up to ``BATCH_SECONDS`` of expected work (and at most a third
+    of a lease: one heartbeat's worth).
     """
     by_identity = {p.identity: p for p in todo}
     me = worker_id()
-    queue = ClaimQueue(registry, list(by_identity), me, lease_seconds)
+    queue = ClaimQueue(registry, list(by_identity), me, lease_seconds, expected, batch_seconds=min(BATCH_SECONDS, lease_seconds / 3))
+    looks = 0
     while True:
-        record = patiently(queue.claim, lease_seconds)
-        if record is not None:
+        records = patiently(queue.claim, lease_seconds)
+        if records:
+            looks = 0
             registry.drop_connections()  # none held while it compiles
-            ranks.announce(record.identity)
-            report(run_claimed(registry, worker, by_identity[record.identity], record.id, me, lease_seconds, ranks.agree))
+            claimed = [(by_identity[r.identity], r.id) for r in records]
+            for outcome in run_claimed(registry, worker, claimed, me, lease_seconds, ranks):
+                report(outcome)
             continue
         if not patiently(queue.narrow, lease_seconds):
             return
         registry.drop_connections()
         ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
-        time.sleep(min(lease_seconds / 3, LEASE_POLL_SECONDS))
+        time.sleep(_poll_wait(looks, lease_seconds))
+        looks += 1
+
+
+def _poll_wait(looks: int, lease_seconds: float) -> float:
+    """How long a worker with nothing to claim waits before its next look, after ``looks`` empty ones.
+
+    Doubling from ``LEASE_POLL_SECONDS`` and jittered: the specs still held elsewhere
+    become claimable only when a worker dies (its lease runs out) or gives a claim
+    back, and a fleet's hosts reach the end of their lists within seconds of each
+    other; 256 hosts looking every 5 s were most of the registry's load in a run's
+    last seconds.
+    """
+    longest = min(lease_seconds / 3, LONGEST_POLL_SECONDS)
+    return min(longest, LEASE_POLL_SECONDS * 2 ** min(looks, 8)) * random.uniform(0.5, 1.0)
 
 
 def run_claimed(
     registry: Registry,
     worker: SpecRunner,
-    planned: PlannedShape,
-    row_id: int,
+    claimed: Sequence[tuple[PlannedShape, int]],
     me: str,
     lease_seconds: float,
-    agree: Callable[[str | None], str | None] = distributed.ALONE.agree,
-) -> SpecOutcome:
-    """Compile one claimed spec under its heartbeat and file lock, and record the result.
+    ranks: distributed.Coordination = distributed.ALONE,
+) -> list[SpecOutcome]:
+    """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the results together.
 
-    ``agree`` turns this process's error into the group's: under torchrun a spec
-    that failed on any rank fails on all (the lease is still renewed meanwhile).
-    The result is recorded as soon as the registry takes it, within the lease
-    (after that, another worker may have claimed the spec again).
+    Under torchrun each spec is announced to the other ranks before it runs, and
+    ``ranks.agree`` turns this process's error into the group's: a spec that failed
+    on any rank fails on all (the lease is still renewed meanwhile). The results
+    are recorded in one transaction once the last spec is done, within the lease
+    (after that, another worker may have claimed a spec again). A batch that runs
+    past half a lease (its specs took longer than expected) starts no more: the
+    specs it has not started go back to the registry for any worker to take.
     """
-    description = planned.spec.describe()
-    start = time.perf_counter()
-    # Until the final mark lands, any interruption (Ctrl-C, a registry error) gives the
-    # claim back; releasing after a mark landed changes nothing (the row is no longer ours).
+    started = time.monotonic()
+    ran: list[_Ran] = []
     try:
-        with _Heartbeat(registry, row_id, me, lease_seconds):
-            run, error = _run_locked(worker, planned)
-            error = agree(error)
-        if error is not None:
-            patiently(lambda: registry.mark_failed(row_id, me, error), lease_seconds)
-            return SpecOutcome(planned.identity, description, Outcome.FAILED, time.perf_counter() - start, error=error)
-        assert run is not None  # no rank failed, so this one ran the spec
-        artifacts = run.artifacts()
-        won = patiently(
-            lambda: registry.mark_compiled(
-                row_id,
-                me,
-                compile_seconds=run.seconds,
-                graphs_compiled=run.graphs,
-                artifacts=artifacts,
-                cache_root=str(run.cache_root) if run.persistent_cache else None,
-            ),
-            lease_seconds,
-        )
+        with _Heartbeat(registry, [row_id for _, row_id in claimed], me, lease_seconds):
+            for planned, row_id in claimed:
+                if ran and time.monotonic() - started > lease_seconds / 2:
+                    break
+                ranks.announce(planned.identity)
+                start = time.perf_counter()
+                run, error = _run_locked(worker, planned)
+                ran.append(_Ran(planned, row_id, run, ranks.agree(error), time.perf_counter() - start))
+        unstarted = [row_id for _, row_id in claimed[len(ran) :]]
+        return patiently(lambda: _record(registry, ran, unstarted, me), lease_seconds)
     except BaseException:
-        _give_back(registry, row_id, me)
+        _give_back(registry, [row_id for _, row_id in claimed], me)
         raise
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """One claimed spec that ran here: what to record for it."""
+
+    planned: PlannedShape
+    row_id: int
+    run: SpecRun | None
+    error: str | None
+    seconds: float
+
+
+def _record(registry: Registry, ran: Sequence[_Ran], unstarted: Sequence[int], me: str) -> list[SpecOutcome]:
+    """Record each result and give back the unstarted claims, in one transaction; each spec's outcome."""
+    outcomes = []
+    with registry.together():
+        for result in ran:
+            outcomes.append(_mark(registry, result, me))
+        for row_id in unstarted:
+            registry.release(row_id, me)
+    return outcomes
+
+
+def _mark(registry: Registry, result: _Ran, me: str) -> SpecOutcome:
+    description = result.planned.spec.describe()
+    if result.error is not None:
+        registry.mark_failed(result.row_id, me, result.error)
+        return SpecOutcome(result.planned.identity, description, Outcome.FAILED, result.seconds, error=result.error)
+    run = result.run
+    assert run is not None  # no rank failed, so this one ran the spec
+    artifacts = run.artifacts()
+    won = registry.mark_compiled(
+        result.row_id,
+        me,
+        compile_seconds=run.seconds,
+        graphs_compiled=run.graphs,
+        artifacts=artifacts,
+        cache_root=str(run.cache_root) if run.persistent_cache else None,
+    )
     return SpecOutcome(
-        planned.identity,
+        result.planned.identity,
         description,
         Outcome.COMPILED if won else Outcome.LOST,
         run.seconds,
@@ -143,18 +205,21 @@ def run_claimed(
     )
 
 
-def _give_back(registry: Registry, row_id: int, me: str) -> None:
-    """Release the claim even if another interrupt lands meanwhile.
+def _give_back(registry: Registry, row_ids: Sequence[int], me: str) -> None:
+    """Release the claims even if another interrupt lands meanwhile.
 
     Ctrl-C on a terminal reaches every ``--jobs`` worker and their parent at once,
     and the parent then SIGTERMs the workers: a second ``KeyboardInterrupt`` inside
-    the release would leave the row ``compiling`` until its lease ran out.
-    Releasing twice is harmless (the row is only ours once). A registry that cannot
-    be reached is left alone: the claim's lease runs out and it is claimed again.
+    the release would leave rows ``compiling`` until their lease ran out.
+    Releasing twice, or a row already recorded, is harmless (the row is no longer
+    ours, so nothing changes). A registry that cannot be reached is left alone:
+    the claims' lease runs out and they are claimed again.
     """
     for _ in range(_GIVE_BACK_TRIES):
         try:
-            registry.release(row_id, me)
+            with registry.together():
+                for row_id in row_ids:
+                    registry.release(row_id, me)
             return
         except KeyboardInterrupt:
             continue
@@ -173,21 +238,21 @@ def _run_locked(worker: SpecRunner, planned: PlannedShape) -> tuple[SpecRun | No
 
 
 class _Heartbeat:
-    """Renews a claim's lease every third of its length until the spec is done."""
+    """Renews claims' leases, in one statement, every third of their length until their specs are done."""
 
-    def __init__(self, registry: Registry, row_id: int, worker: str, lease_seconds: float) -> None:
-        self._args = (registry, row_id, worker, lease_seconds)
+    def __init__(self, registry: Registry, row_ids: Sequence[int], worker: str, lease_seconds: float) -> None:
+        self._args = (registry, list(row_ids), worker, lease_seconds)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"warmcache-lease-{row_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"warmcache-lease-{row_ids[0]}", daemon=True)
 
     def _run(self) -> None:
-        registry, row_id, worker, lease = self._args
-        while not self._stop.wait(max(lease / 3, 0.2)):
+        registry, held, worker, lease = self._args
+        while held and not self._stop.wait(max(lease / 3, 0.2)):
             try:
-                if not registry.renew_lease(row_id, worker, lease):
-                    return  # claim lost: the result will not be recorded (mark_compiled says so)
+                renewed = registry.renew_leases(held, worker, lease)
+                held = [row_id for row_id in held if row_id in renewed]  # a lost claim's result is not recorded (mark_compiled says so)
             except WarmcacheError:
-                continue  # a transient registry error (RegistryError): the lease still has two thirds left
+                continue  # a transient registry error (RegistryError): the leases still have two thirds left
             finally:
                 registry.drop_connections()
 

@@ -21,16 +21,15 @@ them one after another traces it once, not once per length.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from warmcache.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.queries import CompileTime
 
 
-def longest_first(registry: Registry, todo: Sequence[PlannedShape]) -> list[PlannedShape]:
-    """``todo`` ordered by expected compile time, longest first (see the module docstring)."""
-    expected = expected_seconds(registry, todo)
+def longest_first(todo: Sequence[PlannedShape], expected: Mapping[str, float]) -> list[PlannedShape]:
+    """``todo`` ordered by expected compile time (:func:`expected_seconds`), longest first (see the module docstring)."""
     largest: dict[tuple[str, str, int], int] = {}
     for p in todo:
         family = (p.model.name, p.spec.workload, p.spec.batch_size)

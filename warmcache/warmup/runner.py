@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
@@ -34,7 +34,7 @@ from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt
 from warmcache.warmup.claims import Report, claim_loop
-from warmcache.warmup.ordering import longest_first
+from warmcache.warmup.ordering import expected_seconds, longest_first
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
@@ -86,15 +86,16 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
             registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
         lease = options.lease_seconds or manifest.lease_seconds
         here, sharded = distributed.split_by_world_size(todo)
-        here = longest_first(registry, here)
+        expected = expected_seconds(registry, here)
+        here = longest_first(here, expected)
         bar = progress(len(todo))
         report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
             with sigterm_as_interrupt():
                 if here and options.jobs > 1:
-                    _run_jobs(manifest, options, here, lease, report)
+                    _run_jobs(manifest, options, here, lease, expected, report)
                 elif here:
-                    claim_loop(registry, worker, here, lease, report, distributed.coordination())
+                    claim_loop(registry, worker, here, lease, report, distributed.coordination(), expected)
                 for nproc in sorted(sharded):
                     _warm_under_torchrun(manifest, options, nproc, report)
         finally:
@@ -147,15 +148,16 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
 # ------------------------------------------------------------------ child processes
 
 
-def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, report: Report) -> None:
+def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, expected: Mapping[str, float], report: Report) -> None:
     """N worker processes, each claiming from the registry; their outcomes arrive as they finish."""
-    request = ClaimRequest(str(manifest.path), options.registry, options.cache_dir, tuple(p.identity for p in todo), lease)
+    identities = tuple(p.identity for p in todo)
+    request = ClaimRequest(str(manifest.path), options.registry, options.cache_dir, identities, lease, tuple(expected.get(i) for i in identities))
     # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
     # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
     # Set before torch is imported in the fresh process; a user's own setting wins.
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // options.jobs)), **os.environ}
     launches = [Launch(f"warmup worker {i}", distributed.child_command(1), request, env) for i in range(1, options.jobs + 1)]
-    # A worker that stopped abnormally held at most one spec: it is claimed again once its lease expires.
+    # A worker that stopped abnormally held at most one batch of specs: they are claimed again once its lease expires.
     raise_first_error(run_children(launches, [SpecOutcome], report))
 
 
@@ -173,7 +175,8 @@ def claim_as_worker(request: ClaimRequest, report: Report) -> None:
         planned = {p.identity: p for p in plan_manifest(manifest)}
         todo = [planned[identity] for identity in request.identities if identity in planned]  # in the parent's order
         with Registry.open(request.registry, hold_connections=False) as registry:
-            claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report)
+            expected = {i: s for i, s in zip(request.identities, request.expected_seconds) if s is not None}
+            claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report, expected=expected)
 
 
 class _Forward:

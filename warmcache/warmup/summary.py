@@ -61,6 +61,8 @@ class ClaimRequest:
     cache_dir: str | None
     identities: tuple[str, ...]
     lease_seconds: float
+    expected_seconds: tuple[float | None, ...]
+    """Each identity's expected compile seconds (``None``: unknown), for claiming short specs several at a time."""
 
 
 @dataclass(frozen=True, slots=True)
