@@ -8,6 +8,7 @@ the coordination, and the manifests name a config-only model (a plan reads no we
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import threading
 import time
@@ -249,7 +250,63 @@ def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(re
     assert runner.ran == identities[:1], "past half a lease, the batch started no more specs"
     assert [(o.identity, o.status) for o in outcomes] == [(identities[0], Outcome.COMPILED)]
     assert [rows[i].status for i in identities] == ["compiled", "pending", "pending"], "the unstarted specs went back"
-    assert rows[identities[1]].claimed_by is None
+    assert rows[identities[1]].claimed_by is None and rows[identities[1]].attempts == 0, "an unstarted spec's claim is not an attempt"
+
+
+class _InterruptedAt(_Sleeps):
+    def __init__(self, root: Path, seconds: float, at: int) -> None:
+        super().__init__(root, seconds)
+        self.at = at
+
+    def run(self, planned: PlannedShape) -> SpecRun:
+        if len(self.ran) == self.at:
+            raise KeyboardInterrupt("signal 15")
+        return super().run(planned)
+
+
+def test_an_interrupted_batch_records_what_ran_and_gives_back_the_rest(registry_url: str, tmp_path: Path) -> None:
+    """Ctrl-C in the batch's third spec: the two compiled ones are recorded, not compiled again by the next worker."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2, 3, 4])]))
+    identities = [p.identity for p in planned]
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        batch = registry.claim_batch(identities, "w:1", 60, 4)
+        with pytest.raises(KeyboardInterrupt):
+            run_claimed(registry, _InterruptedAt(tmp_path / "cache", 0.0, at=2), [(p, r.id) for p, r in zip(planned, batch)], "w:1", 60)
+        rows = {r.identity: r for r in registry.rows(identities=identities)}
+    assert [rows[i].status for i in identities] == ["compiled", "compiled", "pending", "pending"]
+
+
+def test_a_spec_whose_claim_was_lost_during_the_batch_is_not_started(registry_url: str, tmp_path: Path) -> None:
+    """Another worker took a spec of the batch (its lease ran out while the registry was away): this worker skips it."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2, 3])]))
+    identities = [p.identity for p in planned]
+    lease = 3.0  # heartbeat at 1.0 s, batch cut at 1.5 s; the first spec ends at 1.25 s
+    with Registry.open(registry_url) as registry, Registry.open(registry_url) as later:
+        registry.ensure_pending(planned)
+        batch = registry.claim_batch(identities, "w:1", lease, 3)
+        later.clock = lambda: dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)  # every lease has run out for it
+        stolen = later.claim(identities[1:2], "w:2", 600)
+        assert stolen is not None
+        runner = _Sleeps(tmp_path / "cache", 1.25)
+        outcomes = run_claimed(registry, runner, [(p, r.id) for p, r in zip(planned, batch)], "w:1", lease)
+        rows = {r.identity: r for r in registry.rows(identities=identities)}
+    assert runner.ran == [identities[0], identities[2]]
+    assert [o.identity for o in outcomes] == [identities[0], identities[2]]
+    assert (rows[identities[1]].status, rows[identities[1]].claimed_by) == ("compiling", "w:2")
+
+
+def test_batches_shrink_after_one_ran_slower_than_expected(registry_url: str, tmp_path: Path) -> None:
+    """History said 1 s, the specs took 10 s (a re-warm that hit a cache recorded the short times): one at a time next."""
+    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 101))]))
+    order = [p.identity for p in planned]
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending(planned)
+        queue = ClaimQueue(registry, order, "w:1", 60, dict.fromkeys(order, 1.0), batch_seconds=8)
+        first = queue.claim()
+        assert len(first) >= 4
+        queue.observe({r.identity: 10.0 for r in first})
+        assert len(queue.claim()) == 1
 
 
 def test_a_waiting_worker_looks_again_less_and_less_often() -> None:

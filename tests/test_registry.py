@@ -244,6 +244,6 @@ def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release
         claimed = registry.claim_batch([p.identity for p in planned], "w1", 600, 2)
         assert len(claimed) == 2
         interrupted = InterruptedOnce(registry)
-        _give_back(interrupted, [c.id for c in claimed], "w1")  # type: ignore[arg-type]
+        _give_back(interrupted, [], [c.id for c in claimed], "w1")  # type: ignore[arg-type]
         rows = registry.rows(identities=[c.identity for c in claimed])
         assert interrupted.calls == 3 and {(row.status, row.claimed_by) for row in rows} == {("pending", None)}

@@ -160,9 +160,12 @@ class Registry(ClaimRows, RowQueries, MissLog):
                 session.execute(text("ANALYZE compiled_shapes"))
         return inserted
 
-    def release(self, row_id: int, worker: str) -> None:
-        """Give a claim back untouched (the worker is stopping, not failing)."""
-        self._finish(row_id, worker, status=Status.PENDING)
+    def release(self, row_id: int, worker: str, *, started: bool = True) -> None:
+        """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as an attempt."""
+        if started:
+            self._finish(row_id, worker, status=Status.PENDING)
+        else:
+            self._finish(row_id, worker, status=Status.PENDING, attempts=CompiledShape.attempts - 1)
 
     def mark_compiled(
         self,

@@ -54,6 +54,8 @@ class ClaimQueue:
         self._expected = expected or {}
         self._batch_seconds = batch_seconds
         self._random = random.Random()
+        #: How much slower than expected the last batch ran (at least 1): later batches shrink by it.
+        self._pace = 1.0
         self._open = list(identities)
         self._left = self._work_left()
         self._start = 0
@@ -83,8 +85,14 @@ class ClaimQueue:
         seconds = self._expected.get(self._open[position]) if position < len(self._open) else None
         if not seconds:
             return 1
-        budget = min(self._batch_seconds * self._random.uniform(0.5, 1.0), self._left[position] / TAIL_SHARES)
+        budget = min(self._batch_seconds * self._random.uniform(0.5, 1.0), self._left[position] / TAIL_SHARES) / self._pace
         return max(1, min(MOST_AT_ONCE, int(budget // seconds)))
+
+    def observe(self, seconds: Mapping[str, float]) -> None:
+        """What the last batch's specs took: expected times that were too short (a cache hit recorded, a slower host) shrink later batches."""
+        expected = sum(self._expected.get(identity, 0.0) for identity in seconds)
+        if expected > 0:
+            self._pace = max(1.0, sum(took for identity, took in seconds.items() if identity in self._expected) / expected)
 
     def _work_left(self) -> list[float]:
         """The expected seconds from each position of the list to its end (unknown specs count as none)."""

@@ -35,6 +35,7 @@ from warmcache.errors import RegistryError, WarmcacheError, error_line
 from warmcache.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
+from warmcache.registry.records import ArtifactRef
 from warmcache.registry.registry import worker_id
 from warmcache.targets import Target, target_for
 from warmcache.warmup import distributed
@@ -96,7 +97,9 @@ def claim_loop(
             looks = 0
             registry.drop_connections()  # none held while it compiles
             claimed = [(by_identity[r.identity], r.id) for r in records]
-            for outcome in run_claimed(registry, worker, claimed, me, lease_seconds, ranks):
+            outcomes = run_claimed(registry, worker, claimed, me, lease_seconds, ranks, cut_seconds=2 * BATCH_SECONDS)
+            queue.observe({o.identity: o.seconds for o in outcomes})
+            for outcome in outcomes:
                 report(outcome)
             continue
         if not patiently(queue.narrow, lease_seconds):
@@ -127,6 +130,7 @@ def run_claimed(
     me: str,
     lease_seconds: float,
     ranks: distributed.Coordination = distributed.ALONE,
+    cut_seconds: float | None = None,
 ) -> list[SpecOutcome]:
     """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the results together.
 
@@ -135,45 +139,61 @@ def run_claimed(
     on any rank fails on all (the lease is still renewed meanwhile). The results
     are recorded in one transaction once the last spec is done, within the lease
     (after that, another worker may have claimed a spec again). A batch that runs
-    past half a lease (its specs took longer than expected) starts no more: the
-    specs it has not started go back to the registry for any worker to take.
+    past ``cut_seconds`` (and at most half a lease: its specs took longer than
+    expected) starts no more: the specs it has not started go back to the registry
+    for any worker to take. A spec whose claim the heartbeat lost (the registry was
+    gone for longer than the lease) is not started: another worker has it. If the
+    batch is interrupted, what already ran is still recorded and the rest given back.
     """
+    cut = min(lease_seconds / 2, cut_seconds if cut_seconds is not None else lease_seconds)
     started = time.monotonic()
     ran: list[_Ran] = []
+    done = 0
+    heartbeat = _Heartbeat(registry, [row_id for _, row_id in claimed], me, lease_seconds)
     try:
-        with _Heartbeat(registry, [row_id for _, row_id in claimed], me, lease_seconds):
+        with heartbeat:
             for planned, row_id in claimed:
-                if ran and time.monotonic() - started > lease_seconds / 2:
+                if done and time.monotonic() - started > cut:
                     break
+                done += 1
+                if not heartbeat.holds(row_id):
+                    continue
                 ranks.announce(planned.identity)
                 start = time.perf_counter()
                 run, error = _run_locked(worker, planned)
-                ran.append(_Ran(planned, row_id, run, ranks.agree(error), time.perf_counter() - start))
-        unstarted = [row_id for _, row_id in claimed[len(ran) :]]
-        return patiently(lambda: _record(registry, ran, unstarted, me), lease_seconds)
+                error = ranks.agree(error)
+                ran.append(_Ran(planned, row_id, run, error, time.perf_counter() - start, run.artifacts() if run and error is None else []))
+        unstarted = [row_id for _, row_id in claimed[done:]]
+        return patiently(lambda: _record(registry, ran, me, unstarted=unstarted), lease_seconds)
     except BaseException:
-        _give_back(registry, [row_id for _, row_id in claimed], me)
+        recorded = {r.row_id for r in ran}
+        _give_back(registry, ran, [row_id for _, row_id in claimed if row_id not in recorded], me)
         raise
 
 
 @dataclass(frozen=True)
 class _Ran:
-    """One claimed spec that ran here: what to record for it."""
+    """One claimed spec that ran here: what to record for it (its artifacts listed as soon as it finished)."""
 
     planned: PlannedShape
     row_id: int
     run: SpecRun | None
     error: str | None
     seconds: float
+    artifacts: list[ArtifactRef]
 
 
-def _record(registry: Registry, ran: Sequence[_Ran], unstarted: Sequence[int], me: str) -> list[SpecOutcome]:
-    """Record each result and give back the unstarted claims, in one transaction; each spec's outcome."""
-    outcomes = []
+def _record(registry: Registry, ran: Sequence[_Ran], me: str, *, unstarted: Sequence[int] = (), given_back: Sequence[int] = ()) -> list[SpecOutcome]:
+    """Record each result and give back the other claims, in one transaction; each spec's outcome.
+
+    An unstarted claim goes back as if never taken (its attempt is not counted);
+    one given back after an interrupt keeps its attempt.
+    """
     with registry.together():
-        for result in ran:
-            outcomes.append(_mark(registry, result, me))
+        outcomes = [_mark(registry, result, me) for result in ran]
         for row_id in unstarted:
+            registry.release(row_id, me, started=False)
+        for row_id in given_back:
             registry.release(row_id, me)
     return outcomes
 
@@ -183,9 +203,8 @@ def _mark(registry: Registry, result: _Ran, me: str) -> SpecOutcome:
     if result.error is not None:
         registry.mark_failed(result.row_id, me, result.error)
         return SpecOutcome(result.planned.identity, description, Outcome.FAILED, result.seconds, error=result.error)
-    run = result.run
+    run, artifacts = result.run, result.artifacts
     assert run is not None  # no rank failed, so this one ran the spec
-    artifacts = run.artifacts()
     won = registry.mark_compiled(
         result.row_id,
         me,
@@ -205,21 +224,19 @@ def _mark(registry: Registry, result: _Ran, me: str) -> SpecOutcome:
     )
 
 
-def _give_back(registry: Registry, row_ids: Sequence[int], me: str) -> None:
-    """Release the claims even if another interrupt lands meanwhile.
+def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me: str) -> None:
+    """Record what ran and release the other claims, even if another interrupt lands meanwhile.
 
     Ctrl-C on a terminal reaches every ``--jobs`` worker and their parent at once,
     and the parent then SIGTERMs the workers: a second ``KeyboardInterrupt`` inside
     the release would leave rows ``compiling`` until their lease ran out.
-    Releasing twice, or a row already recorded, is harmless (the row is no longer
-    ours, so nothing changes). A registry that cannot be reached is left alone:
-    the claims' lease runs out and they are claimed again.
+    Recording or releasing twice is harmless (a row is only ours once). A registry
+    that cannot be reached is left alone: the claims' lease runs out and they are
+    claimed again.
     """
     for _ in range(_GIVE_BACK_TRIES):
         try:
-            with registry.together():
-                for row_id in row_ids:
-                    registry.release(row_id, me)
+            _record(registry, ran, me, given_back=rest)
             return
         except KeyboardInterrupt:
             continue
@@ -241,16 +258,21 @@ class _Heartbeat:
     """Renews claims' leases, in one statement, every third of their length until their specs are done."""
 
     def __init__(self, registry: Registry, row_ids: Sequence[int], worker: str, lease_seconds: float) -> None:
-        self._args = (registry, list(row_ids), worker, lease_seconds)
+        self._args = (registry, worker, lease_seconds)
+        self._held = frozenset(row_ids)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"warmcache-lease-{row_ids[0]}", daemon=True)
 
+    def holds(self, row_id: int) -> bool:
+        """Whether the claim is still this worker's (not lost to an expired lease)."""
+        return row_id in self._held
+
     def _run(self) -> None:
-        registry, held, worker, lease = self._args
-        while held and not self._stop.wait(max(lease / 3, 0.2)):
+        registry, worker, lease = self._args
+        while self._held and not self._stop.wait(max(lease / 3, 0.2)):
             try:
-                renewed = registry.renew_leases(held, worker, lease)
-                held = [row_id for row_id in held if row_id in renewed]  # a lost claim's result is not recorded (mark_compiled says so)
+                # A lost claim's spec is not started, and its result is not recorded (mark_compiled says so).
+                self._held = frozenset(registry.renew_leases(sorted(self._held), worker, lease))
             except WarmcacheError:
                 continue  # a transient registry error (RegistryError): the leases still have two thirds left
             finally:
