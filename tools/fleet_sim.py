@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock  # noqa: F401  (the claim loop imports it at a worker's first spec: here once, before the fork, like the rest of its code)
 import sqlalchemy as sa
 from fleet_faults import BackendTerminator, Killer, OutageProxy
 from postgres_schema import temporary_schema
