@@ -236,12 +236,12 @@ def simulate(args: argparse.Namespace) -> None:
             planned = plan_manifest(load_manifest(manifest))
             raw = fleet_sim.draw_seconds(specs, args.median, args.spread, args.seed, args.durations)
             for workers in (int(n) for n in (args.workers or "8").split(",")):
+                target = args.target or default_target(raw, workers)
                 runs = [] if args.faults_only else [(order, fleet_sim.Faults()) for order in orders]
                 if args.faults or args.faults_only:
                     runs.append(("longest", fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage)))
                 batch = []
                 for order, faults in runs:
-                    target = args.target or default_target(raw, workers)
                     setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, target), lease, faults, args.starts_per_second)
                     result = fleet_sim.run_once(args.db, work, manifest, planned, setup, order, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
                     print(result.summary_line(), file=sys.stderr, flush=True)

@@ -162,10 +162,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
 
     def release(self, row_id: int, worker: str, *, started: bool = True) -> None:
         """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as an attempt."""
-        if started:
-            self._finish(row_id, worker, status=Status.PENDING)
-        else:
-            self._finish(row_id, worker, status=Status.PENDING, attempts=CompiledShape.attempts - 1)
+        uncounted = {} if started else {"attempts": CompiledShape.attempts - 1}
+        self._finish(row_id, worker, status=Status.PENDING, **uncounted)
 
     def mark_compiled(
         self,

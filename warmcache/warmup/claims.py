@@ -22,6 +22,7 @@ is waited for, up to one lease length, rather than losing a compile in hand.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -89,7 +90,8 @@ def claim_loop(
     """
     by_identity = {p.identity: p for p in todo}
     me = worker_id()
-    queue = ClaimQueue(registry, list(by_identity), me, lease_seconds, expected, batch_seconds=min(BATCH_SECONDS, lease_seconds / 3))
+    batch_seconds = min(BATCH_SECONDS, lease_seconds / 3)
+    queue = ClaimQueue(registry, list(by_identity), me, lease_seconds, expected, batch_seconds)
     looks = 0
     while True:
         records = patiently(queue.claim, lease_seconds)
@@ -97,7 +99,7 @@ def claim_loop(
             looks = 0
             registry.drop_connections()  # none held while it compiles
             claimed = [(by_identity[r.identity], r.id) for r in records]
-            outcomes = run_claimed(registry, worker, claimed, me, lease_seconds, ranks, cut_seconds=2 * BATCH_SECONDS)
+            outcomes = run_claimed(registry, worker, claimed, me, lease_seconds, ranks, cut_seconds=2 * batch_seconds)
             queue.observe({o.identity: o.seconds for o in outcomes})
             for outcome in outcomes:
                 report(outcome)
@@ -130,7 +132,7 @@ def run_claimed(
     me: str,
     lease_seconds: float,
     ranks: distributed.Coordination = distributed.ALONE,
-    cut_seconds: float | None = None,
+    cut_seconds: float = math.inf,
 ) -> list[SpecOutcome]:
     """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the results together.
 
@@ -145,7 +147,7 @@ def run_claimed(
     gone for longer than the lease) is not started: another worker has it. If the
     batch is interrupted, what already ran is still recorded and the rest given back.
     """
-    cut = min(lease_seconds / 2, cut_seconds if cut_seconds is not None else lease_seconds)
+    cut = min(lease_seconds / 2, cut_seconds)
     started = time.monotonic()
     ran: list[_Ran] = []
     done = 0
