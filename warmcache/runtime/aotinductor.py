@@ -93,11 +93,12 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
             # The checked bytes, not the file again: what runs is what was hashed.
             package = Path(work) / "decode.pt2"
             package.write_bytes(payload)
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+            loader = open_loader(package)
         listed = set(loader.get_constant_fqns())
         if listed != set(constants):
             raise CacheError(f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it")
-        loader.load_constants(constants, False, True, True)  # use_inactive=False, check_full_update=True, user_managed=True (no copy)
+        # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
+        loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
     except CacheError:
         raise
     except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
@@ -107,18 +108,38 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
     return header.fingerprint.signature, step
 
 
+def open_loader(package: Path) -> Any:
+    """The C++ loader on one package file: its ``model`` entry, multi-threaded, one runner, the package's own device."""
+    import torch
+
+    # pybind takes these positionally only: model name, run single-threaded, runners, device index (-1: as built).
+    return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+
+
+def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:
+    """Every parameter and buffer under every name it has, as a package's constant list names them.
+
+    Not ``state_dict()``: it leaves non-persistent buffers out (a rotary embedding's
+    ``inv_freq`` at real configs), and a package lists whichever of a tied weight's
+    names the export met first.
+    """
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    return {prefix + name: tensor.detach() for name, tensor in tensors.items()}
+
+
 def _model_device(model: Any) -> str:
     return str(next(model.parameters()).device.type)
 
 
 def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[str, Any]:
     """``{fqn: tensor}`` of the model's own tensors for every constant the header lists, each checked."""
-    own = {f"model.{name}": tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
+    own = named_tensors(model, prefix="model.")
     bound: dict[str, Any] = {}
     for fqn, (shape, dtype) in listed.items():
         tensor = own.get(fqn)
         if tensor is None:
-            raise CacheError(f"{path}: AOTInductor package needs constant {fqn} the model does not have; refusing to load it")
+            raise CacheError(f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of the loaded model; refusing to load it")
         if list(tensor.shape) != list(shape) or str(tensor.dtype) != dtype or not tensor.is_contiguous():
             raise CacheError(f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it")
         bound[fqn] = tensor

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.decode_inputs import flatten, input_signature, scalars
+from warmcache.errors import CacheError
 from warmcache.kv_cache import PositionTensorCache
+from warmcache.runtime.aotinductor import named_tensors, open_loader
 
 if TYPE_CHECKING:
     import torch
@@ -91,9 +93,8 @@ def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_ca
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS)
             payload = path.read_bytes()
             # The package's own list: tied weights appear once, folded buffers not at all.
-            listed = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).get_constant_fqns()
-    state = dict(step.state_dict(keep_vars=True))
-    constants = {fqn: [list(state[fqn].shape), str(state[fqn].dtype)] for fqn in sorted(listed)}
+            listed = open_loader(path).get_constant_fqns()
+    constants = constant_header(step, listed)
     header = {
         "inputs": input_signature(names, tensors),
         "mask_kinds": mask_kinds,
@@ -103,6 +104,15 @@ def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_ca
         "cpu_capability": cpu_capability(),
     }
     return payload, header
+
+
+def constant_header(step: torch.nn.Module, listed: list[str]) -> dict[str, list[Any]]:
+    """``{fqn: [shape, dtype]}`` of every constant the package lists, each found among the step's parameters and buffers."""
+    own = named_tensors(step)
+    missing = sorted(set(listed) - set(own))
+    if missing:
+        raise CacheError(f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(listed)}
 
 
 def cpu_capability() -> str:

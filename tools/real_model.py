@@ -1,0 +1,115 @@
+"""Build a model from a published ``config.json`` at its real width, depth cut, random weights, saved like a checkpoint.
+
+Compile cost and compiled graphs depend on the config (widths, head_dim, rope
+variant, softcapping, attention kinds, vocabulary, dtype), not on the weights'
+values, so a model built here compiles exactly like the published checkpoint of
+the same depth. Depth is what a test can afford to cut: ``--layers N`` keeps N
+decoder layers, and a hybrid model (sliding and full attention layers) keeps at
+least one layer of each kind, so every attention path is still compiled.
+
+    python tools/real_model.py tests/data/realconfigs/Qwen__Qwen3-0.6B.json .warmcache/models/qwen3-0.6b-2l
+    python tools/real_model.py CONFIG.json OUT --layers 0       # every published layer
+    python tools/real_model.py CONFIG.json OUT --init-std 0.2    # weights drawn wider than the config's
+
+The folder gets ``config.json`` (the published one, depth cut), weights in the
+published ``torch_dtype`` and a small BPE tokenizer (``tools/tiny_model.py``), and
+loads back through the real ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tiny_model import build_tokenizer
+
+#: Published configs kept in the project (``SOURCES.md`` there says where each came from).
+REAL_CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "realconfigs"
+#: Weight spread that makes random-weight greedy decoding depend on the prompt at real
+#: widths (with the published 0.02 many configs repeat one token whatever the input,
+#: and a proof that compares tokens would compare constants).
+DEFAULT_INIT_STD = 0.2
+
+
+def projection_std(init_std: float, fan_in: int) -> float:
+    """A projection's spread: ``init_std`` at fan-in 64, shrunk as ``1/sqrt(fan_in)`` so activations keep their scale at any width."""
+    return init_std * (64 / max(64, fan_in)) ** 0.5
+
+
+def real_configs() -> dict[str, Path]:
+    """``{stem: path}`` of every published config kept in the project."""
+    return {path.stem: path for path in sorted(REAL_CONFIGS.glob("*.json"))}
+
+
+def kept_layers(layer_types: list[str] | None, total: int, layers: int) -> list[int]:
+    """Indices of the layers to keep: the first ``layers``, widened so each attention kind appears at least once."""
+    if layers <= 0 or layers >= total:
+        return list(range(total))
+    keep = set(range(layers))
+    if layer_types:
+        for kind in dict.fromkeys(layer_types):
+            if not any(layer_types[i] == kind for i in keep):
+                keep.add(layer_types.index(kind))
+    return sorted(keep)
+
+
+def cut_config(config_path: Path, layers: int) -> Any:
+    """The published config with its depth cut to ``layers`` (0: all), every per-layer list cut alike."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(config_path)
+    total = config.num_hidden_layers
+    keep = kept_layers(getattr(config, "layer_types", None), total, layers)
+    values = config.to_dict()
+    for key, value in values.items():
+        if isinstance(value, list) and len(value) == total and key != "architectures":
+            values[key] = [value[i] for i in keep]
+    values["num_hidden_layers"] = len(keep)
+    return type(config).from_dict(values)
+
+
+def build_real_model(config_path: Path, out_dir: Path, *, layers: int = 2, seed: int = 0, init_std: float = DEFAULT_INIT_STD) -> Path:
+    """Write the depth-cut model of ``config_path`` into ``out_dir``; an existing complete folder is left as it is."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    marker = out_dir / "warmcache-real.json"
+    recipe = {"config": Path(config_path).name, "layers": layers, "seed": seed, "init_std": init_std}
+    if marker.is_file() and json.loads(marker.read_text()) == recipe:
+        return out_dir
+    config = cut_config(Path(config_path), layers)
+    published_dtype = config.dtype or torch.float32
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() > 1:  # norms and biases keep the model's own init
+                parameter.normal_(0.0, init_std if "embed" in name else projection_std(init_std, parameter.shape[-1]))
+    if model.generation_config.pad_token_id is None and config.pad_token_id is None:
+        model.generation_config.pad_token_id = 0  # the tokenizer's <pad>
+    model.to(published_dtype).save_pretrained(out_dir)
+    build_tokenizer(out_dir)
+    marker.write_text(json.dumps(recipe))
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="A published config.json, or the stem of one in tests/data/realconfigs (e.g. Qwen__Qwen3-0.6B).")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--layers", type=int, default=2, help="Decoder layers to keep (0: all; a hybrid model keeps one of each attention kind).")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD)
+    args = parser.parse_args()
+    known = real_configs()
+    path = known[args.config] if args.config in known else Path(args.config)
+    if not path.is_file():
+        parser.error(f"{args.config}: not a file, nor one of {', '.join(known)}")
+    print(build_real_model(path, args.out_dir, layers=args.layers, seed=args.seed, init_std=args.init_std))
+
+
+if __name__ == "__main__":
+    main()
