@@ -10,12 +10,12 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from manifests import generate, manifest_toml, model
+from serving_check import assert_served_by_packages, serve
 
 from warmcache.cache.layout import AOTINDUCTOR, entry_of
 from warmcache.errors import CacheError, ManifestError, UsageError
@@ -24,53 +24,8 @@ from warmcache.registry import Registry
 MAX_CACHE_LEN = 16
 PROMPT = 8
 BATCHES = (1, 4)
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
-
-#: Runs in a fresh interpreter: prime from the registry, serve ragged requests to the full cache, compare with eager generate().
-SERVE = textwrap.dedent(
-    """
-    import json, sys, time
-    import torch
-    from transformers import AutoModelForCausalLM
-    from warmcache.generation import compile_config
-    from warmcache.runtime.guard import ShapeGuard
-
-    url, path, device = sys.argv[1:4]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map=device).eval()
-    guard = ShapeGuard.from_registry(url, "m", telemetry=False)
-    start = time.perf_counter()
-    report = guard.prime(model)
-    prime_seconds = time.perf_counter() - start
-    results, seconds = [], []
-    for batch, lengths in ((1, [5]), (3, [8, 3, 6]), (4, [2, 8, 7, 4]), (4, [8, 8, 8, 8])):
-        ids = torch.randint(5, 300, (batch, max(lengths)), generator=torch.Generator().manual_seed(batch * 100 + sum(lengths)))
-        mask = torch.zeros_like(ids)
-        for row, length in enumerate(lengths):  # ragged: left-padded to the batch's longest prompt
-            mask[row, -length:] = 1
-            ids[row, :-length] = 0
-        ids, mask = ids.to(device), mask.to(device)
-        new = %(max_cache_len)d - %(prompt)d + 1  # decode to the full cache of the bucket
-        begin = time.perf_counter()
-        out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
-        seconds.append(time.perf_counter() - begin)
-        eager = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, disable_compile=True, pad_token_id=0)
-        results.append({"same": out.tolist() == eager.tolist(), "new_tokens": eager[:, ids.shape[1]:].flatten().tolist()})
-    from torch._dynamo.utils import counters
-    decoder = model.get_compiled_call(compile_config(*[guard.target[i] for i in (1, 2, 0)]))
-    print(json.dumps({
-        "artifacts_loaded": report.artifacts_loaded,
-        "artifact_errors": report.artifact_errors,
-        "prime_seconds": prime_seconds,
-        "package_load_seconds": report.artifact_load_seconds,
-        "request_seconds": seconds,
-        "graphs": int(counters["stats"]["unique_graphs"]),
-        "frames": sum(counters["frames"].values()),
-        "package_calls": decoder.calls,
-        "results": results,
-        "compiler_modules": [m for m in %(modules)r if m in sys.modules],
-    }))
-    """
-) % {"max_cache_len": MAX_CACHE_LEN, "prompt": PROMPT, "modules": COMPILER_MODULES}
+#: Ragged requests (each row's prompt length), served by the batch-1 and batch-4 packages.
+REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
 def _warm(root: Path, model_path: Path, device: str) -> Path:
@@ -90,11 +45,7 @@ def packaged(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 
 
 def _serve(root: Path, model_path: Path, device: str = "cpu") -> dict[str, Any]:
-    script = root / "serve.py"
-    script.write_text(SERVE)
-    done = subprocess.run([sys.executable, str(script), f"sqlite:///{root}/registry.sqlite", str(model_path), device], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return serve(root, model_path, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, device=device)
 
 
 def _rows(root: Path) -> dict[int, Any]:
@@ -108,13 +59,7 @@ def _package(row: Any) -> str:
 
 
 def _assert_served_by_packages(served: dict[str, Any]) -> None:
-    assert served["artifacts_loaded"] == len(BATCHES) and served["artifact_errors"] == []
-    assert served["graphs"] == 0 and served["frames"] == 0, served
-    assert served["compiler_modules"] == [], served
-    assert served["package_calls"] >= 4 * (MAX_CACHE_LEN - PROMPT), served
-    assert [r["same"] for r in served["results"]] == [True] * 4, served
-    # A model that repeats one token would "match" with a broken cache: its outputs must vary.
-    assert len({t for r in served["results"] for t in r["new_tokens"]}) >= 20
+    assert_served_by_packages(served, packages=len(BATCHES), min_calls=len(REQUESTS) * (MAX_CACHE_LEN - PROMPT))
 
 
 @pytest.mark.slow

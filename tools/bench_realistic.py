@@ -1,162 +1,261 @@
-"""warmcache on a decoder of real proportions: compile time, cache size, memory, guard overhead, cold vs warm.
+"""warmcache on a published model config at full size: every route's warmup, verify and production start, from one run.
 
-    python tools/bench_realistic.py                  # 16 layers, hidden 1024, 32k vocab (~0.25B params), Inductor
-    python tools/bench_realistic.py --layers 24 --hidden 2048
-    python tools/bench_realistic.py --quick          # tiny sizes, aot_eager: checks the script works (CI)
+    python tools/bench_realistic.py                                   # Qwen3-0.6B, all 28 layers, float32
+    python tools/bench_realistic.py --config meta-llama__Llama-3.2-1B --layers 4 --dtype bfloat16
+    python tools/bench_realistic.py --routes aotinductor --new-tokens 32
+    python tools/bench_realistic.py --quick                           # CI: tiny Qwen3, aot_eager; checks the script runs
 
-A Llama-shaped model is built from a config with random weights (no download)
-and warmed by ``warmcache warmup`` (a subprocess) on CPU. Printed, side by side
-from one run:
+The model is built from the published ``config.json`` (``tests/data/realconfigs``) at its
+real width with random weights (``tools/real_model.py``; compile cost depends on the
+config, not on the weights' values). Each route warms its own cache folder and registry
+with ``warmcache warmup`` and proves it with ``warmcache verify`` (subprocesses), then a
+fresh production process starts from it. Routes:
 
-* compile seconds per shape and the cache size on disk that warmup wrote;
-* the warmup process's peak resident memory;
-* the guard's own work per request (bucket decision, left padding, unpadding)
-  as a fraction of one decode step of the primed model;
-* the first ``generate()`` in a fresh process with an empty cache (cold) and
-  with warmup's cache (warm), via ``tools/bench_coldstart.py``'s child.
+* ``inductor``: plain ``torch.compile`` warmup; production primes the guard from the Inductor cache;
+* ``precompile``: ``precompile = true``, each bucket's decode step saved with ``aot_compile``;
+* ``aotinductor``: ``precompile = "aotinductor"``, each bucket's decode step an AOTInductor
+  package, loaded by the C++ loader (no compiler in the production process).
+
+Printed side by side: per route, warmup seconds, the warmup process's peak RSS, bytes
+written to its cache folder, verify seconds; per production start (fresh processes, timed
+after the model is loaded): the start (``ShapeGuard.prime``), the first request, the
+steady request of the same size in the same process, and the first request's compile
+overhead (start + first - steady), against ``cold``: a fresh process with an empty cache
+whose first ``generate()`` compiles. Last, the AOTInductor package build against the
+plain Inductor warmup of the same bucket.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coldstart import measure  # noqa: E402
+from real_model import build_real_model, real_configs  # noqa: E402
+from tiny_model import build_tiny_model  # noqa: E402
+
+ROUTES = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}
+COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+#: Steady requests timed after the first; the median is reported.
+STEADY_REPEATS = 3
 
 
-def build_model(args: argparse.Namespace, out: Path) -> Path:
-    """Save a Llama-shaped causal LM of the requested size with random weights."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+@dataclass(frozen=True)
+class Warmed:
+    """One route's warmup and verify, measured from the outside."""
 
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 11 // 4,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 256),
-        max_position_embeddings=4096,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.generation_config.pad_token_id = 0
-    model.save_pretrained(out)
-    return out
+    route: str
+    root: Path
+    warmup_s: float
+    spec_s: float
+    peak_rss_gib: float
+    bytes_written: int
+    verify_s: float
+    verified: bool
+
+    @property
+    def registry(self) -> str:
+        return f"sqlite:///{self.root / 'registry.sqlite'}"
 
 
-def warm(args: argparse.Namespace, model: Path, work: Path) -> dict[str, Any]:
-    """``warmcache warmup`` in a subprocess: per-shape seconds, peak memory, cache size."""
-    cache = work / "cache"
-    manifest = work / "bench.toml"
+def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Run ``command``; its wall seconds, its own peak RSS in GiB (``wait4``: this child's, not the largest so far) and its stdout."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        begin = time.perf_counter()
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - begin
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if process.returncode:
+            raise SystemExit(f"{' '.join(command[1:5])} failed ({process.returncode}): {err.read()[-3000:]}")
+        return seconds, usage.ru_maxrss / 2**20, out.read()
+
+
+def parameters(model: Path) -> int:
+    """Parameters saved in a checkpoint folder, read from the safetensors headers (no weights loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in model.glob("*.safetensors"):
+        with safe_open(path, "pt") as tensors:
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return total
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dict[str, str]) -> Warmed:
+    """``warmcache warmup`` then ``warmcache verify`` of one bucket through ``route``, in its own folder."""
+    root = work / route
+    root.mkdir()
+    manifest = root / "bench.toml"
     manifest.write_text(
-        f'[registry]\nurl = "sqlite:///{work / "registry.sqlite"}"\n[cache]\ndir = "{cache}"\n'
-        f'[[model]]\nname = "bench"\npath = "{model}"\nbackend = "{args.backend}"\n'
-        f"[[model.generate]]\nbatch_sizes = {args.batch_sizes}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[registry]\nurl = "sqlite:///{root / "registry.sqlite"}"\n[cache]\ndir = "{root / "cache"}"\n'
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndtype = "{args.dtype}"\nbackend = "{args.backend}"\nprecompile = {ROUTES[route]}\n'
+        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest), "--json"], capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"warmup failed ({result.returncode}): {result.stderr[-2000:]}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    summary = json.loads(result.stdout)
-    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
-    return {
-        "manifest": manifest,
-        "cache": cache,
-        "shapes": {s["spec"]: s["seconds"] for s in summary["specs"]},
-        "seconds": summary["seconds"],
-        # ru_maxrss is the largest child so far (KiB on Linux); warmup is the first child.
-        "peak_gib": max(peak_kib, before) / 2**20,
-        "cache_mib": size / 2**20,
-    }
+    warmup_s, peak, out = run_measured([sys.executable, "-m", "warmcache", "warmup", str(manifest), "--json"], env)
+    (spec,) = json.loads(out)["specs"]
+    if spec["status"] != "compiled":
+        raise SystemExit(f"{route}: warmup did not compile the bucket: {spec}")
+    verify_s, _, out = run_measured([sys.executable, "-m", "warmcache", "verify", str(manifest), "--json"], env)
+    # aot_eager leaves nothing on disk to prove: its replay is all verify can do.
+    proven = ("verified", "replay-only") if args.backend == "aot_eager" else ("verified",)
+    verified = all(v["verdict"] in proven for v in json.loads(out)["specs"])
+    return Warmed(route, root, warmup_s, spec["seconds"], peak, folder_bytes(root / "cache"), verify_s, verified)
 
 
-def guard_overhead(args: argparse.Namespace, model_dir: Path, registry_url: str, repeats: int) -> dict[str, float]:
-    """The guard's per-request work vs one decode step of the primed model (same process, warm cache)."""
+def start(args: argparse.Namespace, route: str, model: Path, env: dict[str, str], registry: str | None, cache: Path) -> dict[str, Any]:
+    """A fresh production process (``--child``): its start, first and steady request, and what it compiled."""
+    command = [sys.executable, __file__, "--child", route, "--model", str(model), "--dtype", args.dtype, "--batch", str(args.batch)]
+    command += ["--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), "--new-tokens", str(args.new_tokens), "--backend", args.backend]
+    command += ["--registry", registry] if registry else []
+    _, _, out = run_measured(command, {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def child(args: argparse.Namespace) -> None:
+    """One production process: load the model, start (prime, or nothing when cold), time the first and steady requests."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from warmcache.compile_counter import CompileCounter
+    from warmcache.generation import compile_config, generate_kwargs
     from warmcache.runtime.guard import ShapeGuard
+    from warmcache.warmup.workloads import token_ids
+    from warmcache.workload_settings import GenerateSettings
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    guard = ShapeGuard.from_registry(registry_url, "bench", telemetry=False)
-    try:
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
+    ids = token_ids(model, args.batch, args.prompt)
+    mask = torch.ones_like(ids)
+    new = args.new_tokens
+    begin = time.perf_counter()
+    if args.child == "cold":
+        config = compile_config(args.backend, "default", "cpu")
+
+        def request() -> None:
+            kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=config, model_config=model.config)
+            with torch.inference_mode():
+                model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=new, pad_token_id=0, **kwargs)
+
+    else:
+        guard = ShapeGuard.from_registry(args.registry, "bench", telemetry=False)
         guard.prime(model)
-        ids = torch.randint(3, args.vocab, (1, args.prompt - 1))  # one short of the bucket: the guard pads
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        begin = time.perf_counter()
-        for _ in range(repeats):
-            fitted = guard.fit(inputs, 0)
-            fitted.unpad(fitted.inputs["input_ids"])
-        guard_s = (time.perf_counter() - begin) / repeats
 
-        def generate(new_tokens: int) -> float:
-            start = time.perf_counter()
-            guard.generate(model, **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-            return time.perf_counter() - start
+        def request() -> None:
+            guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
 
-        steps = min(8, args.max_cache_len - args.prompt)
-        generate(steps)  # steady state
-        step_s = (generate(steps + 1) - generate(1)) / steps
-    finally:
-        guard.close()
-    return {"guard_s": guard_s, "decode_step_s": step_s}
+    started = time.perf_counter()
+    with CompileCounter() as counter:
+        request()
+    first = time.perf_counter()
+    steady = []
+    for _ in range(STEADY_REPEATS):
+        tick = time.perf_counter()
+        request()
+        steady.append(time.perf_counter() - tick)
+    from torch._dynamo.utils import counters
+
+    result = {
+        "start_s": started - begin,
+        "first_s": first - started,
+        "steady_s": sorted(steady)[len(steady) // 2],
+        "graphs": counter.graphs,
+        "frames": sum(counters["frames"].values()),
+        "compiler_modules": [m for m in COMPILER_MODULES if m in sys.modules],
+    }
+    print(json.dumps(result))
+
+
+def overhead(r: dict[str, Any]) -> float:
+    """What the first request cost beyond a steady one, the start included."""
+    return float(r["start_s"] + r["first_s"] - r["steady_s"])
+
+
+def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dict[str, Any]], params_m: float) -> None:
+    print(
+        f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU {os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
+        f"batch {args.batch}, prompt {args.prompt}, max_cache_len {args.max_cache_len}, requests of {args.new_tokens} new tokens"
+    )
+    print(f"{'route':<12} {'warmup':>8} {'peak RSS':>9} {'written':>10} {'verify':>8}")
+    for w in warmed:
+        print(f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB {w.bytes_written / 2**20:8.1f}MiB {w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}")
+    cold = starts["cold"]
+    print(f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>9}  compiled in production")
+    for name, r in starts.items():
+        versus = "" if name == "cold" else f"{overhead(cold) / max(overhead(r), 1e-6):8.0f}x"
+        compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {', '.join(r['compiler_modules']) or 'none'}"
+        print(f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s {overhead(r):8.2f}s {versus:>9}  {compiled}")
+    by_route = {w.route: w for w in warmed}
+    if "aotinductor" in by_route and "inductor" in by_route:
+        package, plain = by_route["aotinductor"].spec_s, by_route["inductor"].spec_s
+        print(f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s ({package / plain:.2f}x)")
+    if "aotinductor" in starts:
+        packaged = starts["aotinductor"]
+        print(
+            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s = 1/{overhead(cold) / max(overhead(packaged), 1e-6):.0f} of cold's "
+            f"{overhead(cold):.1f}s; packaged first request {packaged['first_s'] / packaged['steady_s']:.2f}x a steady request"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--batch-sizes", type=lambda text: [int(b) for b in text.split(",")], default=[1, 4], help="e.g. 1,4")
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--max-cache-len", type=int, default=256)
-    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager", "eager"))
-    parser.add_argument("--quick", action="store_true", help="Tiny sizes and aot_eager: seconds, to check the script works.")
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process (as bench_coldstart).")
+    parser.add_argument("--config", default="Qwen__Qwen3-0.6B", help="A published config.json, or the stem of one in tests/data/realconfigs.")
+    parser.add_argument("--layers", type=int, default=0, help="Decoder layers to keep (0: all the config has).")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--max-cache-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=16, help="New tokens of each timed request.")
+    parser.add_argument("--routes", default=",".join(ROUTES), help=f"Comma-separated, of {', '.join(ROUTES)}.")
+    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="OMP_NUM_THREADS of every measured process.")
+    parser.add_argument("--quick", action="store_true", help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.")
+    parser.add_argument("--child", choices=("cold", *ROUTES), help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--registry", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.quick:
-        args.layers, args.hidden, args.vocab, args.batch_sizes, args.prompt, args.max_cache_len, args.backend = 2, 128, 512, [1], 8, 16, "aot_eager"
+    if args.child:
+        child(args)
+        return
+    routes = [r.strip() for r in args.routes.split(",")]
+    unknown = sorted(set(routes) - set(ROUTES))
+    if unknown:
+        parser.error(f"--routes: unknown {', '.join(unknown)} (known: {', '.join(ROUTES)})")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     with tempfile.TemporaryDirectory(prefix="warmcache-realistic-") as tmp:
         work = Path(tmp)
-        model = build_model(args, work / "model")
-        params = sum(p.stat().st_size for p in (work / "model").glob("*.safetensors")) / 4 / 1e6
-        warmed = warm(args, model, work)
-        overhead = guard_overhead(args, model, f"sqlite:///{work / 'registry.sqlite'}", repeats=50 if args.quick else 1000)
-        # First request in a fresh process, batch 1: an empty cache folder vs warmup's.
-        first = argparse.Namespace(model=model, batch=args.batch_sizes[0], prompt=args.prompt, max_cache_len=args.max_cache_len, backend=args.backend, threads=args.threads)
-        cold = measure(first, work / "empty-cache")
-        warm_first = measure(first, warmed["cache"])
-    print(
-        f"decoder: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab} ({params:.0f}M params, float32), "
-        f"backend {args.backend}, CPU {os.cpu_count()} cores; batch sizes {args.batch_sizes}, prompt {args.prompt}, max_cache_len {args.max_cache_len}"
-    )
-    for spec, seconds in warmed["shapes"].items():
-        print(f"  compile {seconds:7.1f}s  {spec}")
-    print(f"  warmup total {warmed['seconds']:.1f}s, peak memory {warmed['peak_gib']:.2f} GiB, cache on disk {warmed['cache_mib']:.1f} MiB")
-    fraction = overhead["guard_s"] / overhead["decode_step_s"]
-    print(
-        f"  guard per request {overhead['guard_s'] * 1e6:.0f} us vs one decode step {overhead['decode_step_s'] * 1e3:.1f} ms "
-        f"(batch {args.batch_sizes[0]}): {fraction:.2%} of a step"
-    )
-    print(
-        f"  first generate() in a fresh process: cold {cold['first_generate_s']:.1f}s, warm {warm_first['first_generate_s']:.1f}s "
-        f"({cold['first_generate_s'] / warm_first['first_generate_s']:.1f}x); import {warm_first['import_s']:.1f}s, load {warm_first['load_s']:.1f}s"
-    )
+        if args.quick:
+            routes, args.backend, args.prompt, args.max_cache_len, args.new_tokens = ["inductor"], "aot_eager", 8, 16, 4
+            model, args.label = build_tiny_model("qwen3", work / "model"), "tiny Qwen3 (--quick)"
+        else:
+            known = real_configs()
+            config = known[args.config] if args.config in known else Path(args.config)
+            model = build_real_model(config, work / "model", layers=args.layers)
+            layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+            args.label = f"{config.stem} ({layers} layers, real width, random weights)"
+        params_m = parameters(model) / 1e6
+        warmed = [warm(args, route, model, work, env) for route in routes]
+        starts = {"cold": start(args, "cold", model, env, None, work / "cold-cache")}
+        for w in warmed:
+            starts[w.route] = start(args, w.route, model, env, w.registry, w.root / "cache" if w.route != "aotinductor" else work / "empty-cache")
+    report(args, warmed, starts, params_m)
+    if not all(w.verified for w in warmed):
+        raise SystemExit("a route did not verify")
 
 
 if __name__ == "__main__":

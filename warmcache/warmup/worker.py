@@ -111,7 +111,7 @@ class Worker:
                     capture_decode_call(model, eager=eager_decode) if precompile or eager_decode else contextlib.nullcontext({})
                 )
                 with capturing as decode_kwargs:
-                    result = run_generate(model, spec, target.compile_config(), target.input_device())
+                    result = run_generate(model, spec, target.compile_config(), target.input_device(), capture_only=eager_decode)
             else:
                 result = run_train(model, spec, target.device, target.backend, target.mode)
         if precompile:

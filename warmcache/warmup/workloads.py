@@ -71,7 +71,7 @@ def pad_token_id(model: PreTrainedModel) -> int:
     return 0
 
 
-def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str) -> WorkloadResult:
+def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str, *, capture_only: bool = False) -> WorkloadResult:
     """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
 
     Both forms first run a few tokens (compiling or loading the decode graphs), then
@@ -79,6 +79,13 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
     decode step that compiles again at a later position (a cache keeping its
     position in a Python int, a custom model) raises :class:`DecodeRecompileError`
     naming the guard, here, instead of recompiling at every step in production.
+
+    ``capture_only``: the model decodes eagerly here because its production serves an
+    AOTInductor package, never ``torch.compile``; nothing can recompile, so one short
+    unpadded call (the one the package is exported from) is all there is to run. The
+    package itself is proven to the cache's end by verify
+    (:mod:`warmcache.warmup.verify.precompiled`). At real width the skipped eager
+    decodes were most of such a warmup (42 of 71 s, Qwen3-0.6B's config, 2 layers).
     """
     import torch
     from transformers import GenerationMixin
@@ -107,6 +114,8 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
 
     forms = [(ids, mask)]
     generate(ids, mask, min(DECODE_TOKENS, full_length))
+    if capture_only:
+        return WorkloadResult(padded_graphs=0)
     padded_graphs = 0
     if spec.seq_len >= 2:  # a one-token prompt has no room for padding
         padded_ids, padded_mask = ids.clone(), mask.clone()

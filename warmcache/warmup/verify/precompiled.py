@@ -1,24 +1,25 @@
 """verify's proof of a spec's precompiled artifact, run in verify's fresh replay process.
 
-After the replay ran the spec through ``torch.compile`` (the traced path), the
-artifact the row recorded is loaded (sha256 and fingerprint checked first),
-installed as the model's compiled call, and the same ``generate()`` runs
-through it: it must trace no Dynamo frame and produce the traced path's tokens.
+After the replay ran the spec (through ``torch.compile``, or eagerly for an
+AOTInductor model), the artifact the row recorded is loaded (sha256 and
+fingerprint checked first), installed as the model's compiled call, and the
+spec's ``generate()`` runs through it to the cache's end: it must trace no Dynamo
+frame, and every step's logits and token must agree with the model's own eager
+logits on the same history (:mod:`.agreement`: near-ties of bfloat16 may go either
+way, wrong weights, wrong cache writes or a wrong bucket may not).
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmcache.compile_counter import CompileCounter
 from warmcache.errors import first_line
 from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
-from warmcache.runtime.aotinductor import package_entries
 from warmcache.runtime.precompiled import install, precompiled_entries
-from warmcache.warmup.precompile import capture_decode_call
-from warmcache.warmup.workloads import DECODE_TOKENS, pad_token_id, token_ids
+from warmcache.warmup.verify.agreement import eos_token_ids, judge, reference_logits
+from warmcache.warmup.workloads import pad_token_id, token_ids
 
 if TYPE_CHECKING:
     from transformers import CompileConfig, PreTrainedModel
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path) -> str | None:
-    """``None`` when the row's artifact in the cache ``root`` serves the spec like the traced path; else why not (one line)."""
+    """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does; else why not (one line)."""
     import torch
     from transformers import GenerationMixin
 
@@ -37,30 +38,24 @@ def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec
     if not precompiled_entries(record):
         return None
     settings = spec.family.generate
-    new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len))
-    ids = token_ids(model, spec.batch_size, spec.seq_len)
-
-    def generate() -> list[list[int]]:
-        # Built per call: each generate() fills a fresh cache object.
-        kwargs: dict[str, Any] = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), **kwargs)
-        return [list(map(int, row)) for row in out]
-
-    # An AOTInductor row's production never traces: its reference is the eager decode (see the worker).
-    reference: contextlib.AbstractContextManager[dict[str, Any]] = capture_decode_call(model, eager=True) if package_entries(record) else contextlib.nullcontext({})
-    with reference:
-        traced = generate()
+    new_tokens = max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len)
+    device = next(model.parameters()).device
+    ids = token_ids(model, spec.batch_size, spec.seq_len).to(device)
+    mask = torch.ones_like(ids)
     try:
         decoder, _ = install(model, config, [record], root_override=root, strict=True)
-        with CompileCounter() as counter:
-            served = generate()
+        kwargs: dict[str, Any] = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
+        with CompileCounter() as counter, torch.no_grad():
+            served = model.generate(
+                input_ids=ids, attention_mask=mask, min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), output_logits=True, return_dict_in_generate=True, **kwargs
+            )
     except Exception as exc:
         return f"precompiled artifact: {type(exc).__name__}: {first_line(exc)}"
     finally:
         model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
     if counter.graphs or not decoder.calls:
         return f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs traced, {decoder.calls} artifact calls)"
-    if served != traced:
-        return "precompiled artifact's tokens differ from the traced path's"
-    return None
+    generated = served.sequences[:, ids.shape[1] :]
+    reference = reference_logits(model, ids, mask, generated)
+    agreement = judge(reference, generated, str(model.dtype), torch.stack(served.logits, dim=1), forbidden=eos_token_ids(model))
+    return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"
