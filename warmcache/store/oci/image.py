@@ -1,0 +1,233 @@
+"""What a pushed tag is: an OCI image whose layers, applied in order, are a ready cache folder.
+
+::
+
+    manifest (application/vnd.oci.image.manifest.v1+json), annotations: models, toolchains, shapes
+      config   (application/vnd.oci.image.config.v1+json): os/architecture, rootfs diff_ids, the same summary as labels
+      layers   up to 32 data layers (:mod:`.layers`): the cache entries at their own paths
+               1 metadata layer, last: .warmcache-image/index.json and .warmcache-image/guard.json
+
+``index.json`` holds one store index per shape, exactly as the S3 store writes them
+(:mod:`warmcache.store.index`: the row, the fingerprints, every file with its sha256 and
+size; signed by ``--sign``), which data layer holds which files, and the manifests this
+tag replaced (``store gc`` removes them once older than its grace period).
+``guard.json`` is a ``guard export`` snapshot of the same rows: a pod that mounts the tag
+builds its :class:`~warmcache.runtime.guard.ShapeGuard` from it with no registry database.
+The folder starts with ``.warmcache-``, so cache scans, bundles and pushes never take
+it for a cache entry.
+
+Only the shape indexes are trusted (by their signatures); the layer map and the list of
+replaced manifests are hints that every reader checks against them: a file is accepted
+only if its bytes are what a signed index lists.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.bounds import MAX_NESTING, json_nesting
+from warmcache.cache.bundle import BundleFile
+from warmcache.cache.layout import CacheFlavor
+from warmcache.cache.locate import FLAVORS
+from warmcache.errors import CacheError, shown
+from warmcache.runtime.snapshot import parse_snapshot, snapshot_document
+from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
+from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys, canonical_bytes
+
+IMAGE_FORMAT = 1
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+METADATA_DIR = ".warmcache-image"
+INDEX_MEMBER = f"{METADATA_DIR}/index.json"
+GUARD_MEMBER = f"{METADATA_DIR}/guard.json"
+#: Marks the metadata layer among the image's layers.
+LAYER_ROLE = "dev.warmcache.layer"
+ANNOTATION_PREFIX = "dev.warmcache."
+#: A manifest or config is a few KiB; anything far larger is not ours.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+#: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
+MAX_SUPERSEDED = 256
+#: An annotation is shown by ``skopeo inspect`` and registry UIs: a summary, not the full shape list.
+MAX_ANNOTATION_CHARS = 2000
+_ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """A manifest this tag pointed at before a push replaced it, and when (Unix seconds)."""
+
+    digest: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced manifests."""
+
+    tag: str
+    digest: str
+    flavor: CacheFlavor
+    indexes: dict[str, dict[str, Any]]
+    layers: tuple[Layer, ...]
+    superseded: tuple[Superseded, ...]
+    #: When the push that wrote this tag finished its metadata (Unix seconds).
+    pushed_at: float
+    #: Every blob the manifest names (config, data layers, metadata layer): what gc must keep.
+    blobs: frozenset[str]
+
+    def shape_index(self, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
+        """One shape's index, validated as the S3 store validates its own (signature first, with ``trusted`` keys)."""
+        return parse_index(index_bytes(self.indexes[key]), key, where, trusted)
+
+    def layer_of(self) -> dict[str, Layer]:
+        """Which data layer holds each file path (the first one listing it)."""
+        found: dict[str, Layer] = {}
+        for layer in self.layers:
+            for file in layer.files:
+                found.setdefault(file.path, layer)
+        return found
+
+
+def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
+    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller); ``None`` without the tag."""
+    found = client.manifest(tag)
+    if found is None:
+        return None
+    digest, data = found
+    where = f"{client.reference.with_tag(tag).url}"
+    manifest = _json(data, f"{where}: manifest", MAX_MANIFEST_BYTES)
+    layers = manifest.get("layers")
+    if manifest.get("mediaType") != MANIFEST_MEDIA_TYPE or not isinstance(layers, list) or not layers or not isinstance(manifest.get("config"), dict):
+        raise CacheError(f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused")
+    metadata = layers[-1]
+    if not isinstance(metadata, dict) or (metadata.get("annotations") or {}).get(LAYER_ROLE) != "metadata":
+        raise CacheError(f"{where}: not a warmcache image (its last layer is not warmcache's metadata); refused")
+    member = read_member(client.read_blob(_digest(metadata, where), MAX_INDEX_BYTES), INDEX_MEMBER, where)
+    if member is None:
+        raise CacheError(f"{where}: the metadata layer holds no {INDEX_MEMBER}; refused")
+    index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
+        raise CacheError(
+            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout {shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
+        )
+    blobs = {_digest(manifest["config"], where), *(_digest(layer, where) for layer in layers)}
+    pushed_at = index.get("pushed_at")
+    pushed = float(pushed_at) if isinstance(pushed_at, (int, float)) else 0.0
+    return StoredImage(tag, digest, index["flavor"], _indexes(index, where), _layers(index, where), _superseded(index, where), pushed, frozenset(blobs))
+
+
+def metadata_members(
+    flavor: CacheFlavor, indexes: dict[str, dict[str, Any]], layers: list[Layer], superseded: list[Superseded], source: str, pushed_at: float
+) -> list[tuple[str, bytes]]:
+    """The metadata layer's two files: ``index.json`` and the ``guard export`` snapshot of the same rows."""
+    document = {
+        "format": IMAGE_FORMAT,
+        "flavor": flavor,
+        "pushed_at": pushed_at,
+        "indexes": indexes,
+        "layers": [{"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]} for layer in layers],
+        "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
+    }
+    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source))]
+
+
+def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str) -> bytes:
+    """The rows of ``indexes`` as a ``guard export`` snapshot (the build machine's own fields, such as its cache folder, left empty)."""
+    local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
+    rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
+    records = parse_snapshot({"format": "warmcache-guard-snapshot", "version": 1, "records": rows}, source)
+    return json.dumps(snapshot_document(records, source), indent=1, sort_keys=True).encode()
+
+
+def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
+    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (= digests: uncompressed)."""
+    architecture = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
+    return canonical_bytes({"architecture": architecture, "os": "linux", "config": {"Labels": labels}, "rootfs": {"type": "layers", "diff_ids": diff_ids}})
+
+
+def manifest_bytes(config: tuple[str, int], layers: list[Layer], metadata: tuple[str, int], annotations: dict[str, str]) -> bytes:
+    """The image manifest, in the one byte form whose sha256 is the tag's digest."""
+    descriptors = [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest, "size": layer.size} for layer in layers]
+    descriptors.append({"mediaType": LAYER_MEDIA_TYPE, "digest": metadata[0], "size": metadata[1], "annotations": {LAYER_ROLE: "metadata"}})
+    return canonical_bytes(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config[0], "size": config[1]},
+            "layers": descriptors,
+            "annotations": annotations,
+        }
+    )
+
+
+def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as annotations and labels)."""
+    rows = [document["row"] for _, document in sorted(indexes.items())]
+    toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
+    families: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else "")
+        families[family].append(f"{row['batch_size']}x{row['seq_len']}")
+    return {
+        f"{ANNOTATION_PREFIX}flavor": flavor,
+        f"{ANNOTATION_PREFIX}models": ",".join(sorted({row["model_name"] for row in rows})),
+        f"{ANNOTATION_PREFIX}toolchains": _bounded("; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))),
+        f"{ANNOTATION_PREFIX}shapes": _bounded("; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))),
+        f"{ANNOTATION_PREFIX}shape-count": str(len(rows)),
+    }
+
+
+def _describe_toolchain(toolchain: dict[str, Any]) -> str:
+    packages = " ".join(f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version)
+    return f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on {toolchain.get('platform')} ({packages})"
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ANNOTATION_CHARS else text[: MAX_ANNOTATION_CHARS - 1] + "…"
+
+
+def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
+    if len(data) > max_bytes or json_nesting(data) > MAX_NESTING:
+        raise CacheError(f"{where}: larger or deeper than warmcache writes; refused")
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CacheError(f"{where}: not valid JSON ({exc}); refused") from None
+    if not isinstance(value, dict):
+        raise CacheError(f"{where}: not a JSON object; refused")
+    return value
+
+
+def _digest(descriptor: Any, where: str) -> str:
+    digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
+    if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71 or not isinstance(descriptor.get("size"), int):
+        raise CacheError(f"{where}: descriptor {shown(descriptor)} has no sha256 digest and size; refused")
+    return digest
+
+
+def _indexes(index: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    indexes = index.get("indexes")
+    if not isinstance(indexes, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in indexes.items()):
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'indexes' must map index keys to index documents; refused")
+    return indexes
+
+
+def _layers(index: dict[str, Any], where: str) -> tuple[Layer, ...]:
+    try:
+        return tuple(
+            Layer(_digest(layer, where), layer["size"], tuple(BundleFile(str(path), str(sha), int(size)) for path, sha, size in layer["files"])) for layer in index["layers"]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'layers' is malformed ({exc}); refused") from None
+
+
+def _superseded(index: dict[str, Any], where: str) -> tuple[Superseded, ...]:
+    try:
+        return tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
+    except (TypeError, ValueError) as exc:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' is malformed ({exc}); refused") from None
