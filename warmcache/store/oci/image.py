@@ -5,16 +5,18 @@
     manifest (application/vnd.oci.image.manifest.v1+json), annotations: models, toolchains, shapes
       config   (application/vnd.oci.image.config.v1+json): os/architecture, rootfs diff_ids, the same summary as labels
       layers   up to 32 data layers (:mod:`.layers`): the cache entries at their own paths
-               1 metadata layer, last: .warmcache-image/index.json and .warmcache-image/guard.json
+               1 metadata layer, last: .warmcache-image/index.json and warmcache-guard.json
 
 ``index.json`` holds one store index per shape, exactly as the S3 store writes them
 (:mod:`warmcache.store.index`: the row, the fingerprints, every file with its sha256 and
 size; signed by ``--sign``), which data layer holds which files, and the manifests this
 tag replaced (``store gc`` removes them once older than its grace period).
-``guard.json`` is a ``guard export`` snapshot of the same rows: a pod that mounts the tag
-builds its :class:`~warmcache.runtime.guard.ShapeGuard` from it with no registry database.
-The folder starts with ``.warmcache-``, so cache scans, bundles and pushes never take
-it for a cache entry.
+``warmcache-guard.json`` is a ``guard export`` snapshot of the same rows (signed by the
+same key): the mounted tag is a snapshot folder, so a pod builds its
+:class:`~warmcache.runtime.guard.ShapeGuard` from it with no registry database
+(``ShapeGuard.from_snapshot(<mount>, model, trust=...)``). The ``.warmcache-image``
+folder starts with ``.warmcache-``, so cache scans, bundles and pushes never take it for
+a cache entry.
 
 Only the shape indexes are trusted (by their signatures); the layer map and the list of
 replaced manifests are hints that every reader checks against them: a file is accepted
@@ -34,17 +36,18 @@ from warmcache.cache.bundle import BundleFile
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import FLAVORS
 from warmcache.errors import CacheError, shown
-from warmcache.runtime.snapshot import parse_snapshot, snapshot_document
+from warmcache.runtime.snapshot import SNAPSHOT_FILE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, decode_snapshot, snapshot_document
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
 from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
-from warmcache.trust import NOT_CONFIGURED, TrustedKeys, canonical_bytes
+from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
 
 IMAGE_FORMAT = 1
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
-GUARD_MEMBER = f"{METADATA_DIR}/guard.json"
+#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its entries).
+GUARD_MEMBER = SNAPSHOT_FILE
 #: Marks the metadata layer among the image's layers.
 LAYER_ROLE = "dev.warmcache.layer"
 ANNOTATION_PREFIX = "dev.warmcache."
@@ -122,7 +125,13 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
 
 
 def metadata_members(
-    flavor: CacheFlavor, indexes: dict[str, dict[str, Any]], layers: list[Layer], superseded: list[Superseded], source: str, pushed_at: float
+    flavor: CacheFlavor,
+    indexes: dict[str, dict[str, Any]],
+    layers: list[Layer],
+    superseded: list[Superseded],
+    source: str,
+    pushed_at: float,
+    signing_key: SigningKey | None,
 ) -> list[tuple[str, bytes]]:
     """The metadata layer's two files: ``index.json`` and the ``guard export`` snapshot of the same rows."""
     document = {
@@ -133,15 +142,16 @@ def metadata_members(
         "layers": [{"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]} for layer in layers],
         "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
     }
-    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source))]
+    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source, signing_key))]
 
 
-def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str) -> bytes:
-    """The rows of ``indexes`` as a ``guard export`` snapshot (the build machine's own fields, such as its cache folder, left empty)."""
+def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
+    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own fields, such as its cache folder, left empty)."""
     local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
     rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
-    records = parse_snapshot({"format": "warmcache-guard-snapshot", "version": 1, "records": rows}, source)
-    return json.dumps(snapshot_document(records, source), indent=1, sort_keys=True).encode()
+    unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
+    records = decode_snapshot(unsigned, source).records
+    return json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True).encode()
 
 
 def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:

@@ -81,7 +81,7 @@ def push_image(
             merged = _merge(base, ours, location.flavor, store.url)
             if base is not None and canonical_bytes(merged) == canonical_bytes(base.indexes):
                 return builder.result(len(records), 0, not_compiled)
-            manifest = _image(store, builder, base, merged, location.flavor)
+            manifest = _image(store, builder, base, merged, location.flavor, signing_key)
             if time.monotonic() - started > MERGE_WINDOW_SECONDS:
                 continue  # the layers are built and sent now: read the tag again and merge quickly
             store.client.put_manifest(store.reference.tag, manifest)
@@ -106,12 +106,12 @@ def _merge(base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: Ca
     return {**kept, **ours}
 
 
-def _image(store: OciStore, builder: _Layers, base: StoredImage | None, indexes: dict[str, dict[str, Any]], flavor: CacheFlavor) -> bytes:
+def _image(store: OciStore, builder: _Layers, base: StoredImage | None, indexes: dict[str, dict[str, Any]], flavor: CacheFlavor, signing_key: SigningKey | None) -> bytes:
     """Build and upload every blob of the image holding ``indexes``; its manifest's bytes."""
     files = {file["path"]: BundleFile(file["path"], file["sha256"], file["size"]) for index in indexes.values() for file in index["files"]}
     layers = builder.layers(by_bucket(flavor, files.values()), base)
     superseded = [*base.superseded, Superseded(base.digest, time.time())] if base is not None else []
-    members = metadata_members(flavor, indexes, layers, superseded, store.url, time.time())
+    members = metadata_members(flavor, indexes, layers, superseded, store.url, time.time(), signing_key)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
