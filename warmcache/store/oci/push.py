@@ -128,12 +128,15 @@ class _Layers:
     work: Path
     progress: Progress | None
     built: dict[tuple[BundleFile, ...], Layer] = field(default_factory=dict)
+    #: Layers of the tag taken as they are (their files did not change): present, nothing sent.
+    reused: set[str] = field(default_factory=set)
     counts: dict[str, int] = field(default_factory=lambda: {"uploaded": 0, "present": 0, "sent": 0, "done": 0, "total": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def layers(self, groups: list[tuple[BundleFile, ...]], base: StoredImage | None) -> list[Layer]:
         """One layer per group: the tag's own when its files are the same, else built here (in parallel) and uploaded if the registry lacks it."""
         stored = {layer.files: layer for layer in base.layers} if base is not None else {}
+        self.reused.update(stored[group].digest for group in groups if group in stored)
         todo = [group for group in groups if group not in stored and group not in self.built]
         with self.lock:
             self.counts["total"] += sum(f.size for group in todo for f in group)
@@ -194,4 +197,5 @@ class _Layers:
                 self.progress(min(self.counts["done"], self.counts["total"]), self.counts["total"])
 
     def result(self, shapes: int, written: int, not_compiled: int) -> PushResult:
-        return PushResult(self.store.url, shapes, written, shapes - written, self.counts["uploaded"], self.counts["present"], self.counts["sent"], not_compiled)
+        present = self.counts["present"] + len(self.reused)
+        return PushResult(self.store.url, shapes, written, shapes - written, self.counts["uploaded"], present, self.counts["sent"], not_compiled)
