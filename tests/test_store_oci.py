@@ -82,6 +82,7 @@ def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: lis
     assert image is not None and image.flavor == "neuron" and len(image.layers) == 2  # the two entries hash into two layers
     mount = tmp_path / "mount"
     manifest = json.loads(oci.client.manifest("prod")[1])  # type: ignore[index]
+    assert all(d["mediaType"] == "application/vnd.oci.image.layer.v1.tar" for d in manifest["layers"]), "pushed uncompressed: digest = diff_id"
     for descriptor in manifest["layers"]:
         layer = tmp_path / "layer.tar"
         layer.write_bytes(b"".join(oci.client.blocks(descriptor["digest"])))
@@ -125,9 +126,7 @@ def test_signed_push_is_refused_under_another_key(built: Built, tag: list[str], 
     assert code == 1 and pulled is not None and pulled["signatures_checked"] and pulled["shapes_pulled"] == 2, err
 
 
-def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_references(
-    built: Built, registry_host: RunningRegistry, tmp_path: Path
-) -> None:
+def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_references(built: Built, registry_host: RunningRegistry, tmp_path: Path) -> None:
     repository = f"team/gc-{uuid.uuid4().hex[:8]}"
     prod, keep = ["--store", registry_host.url(repository, "prod")], ["--store", registry_host.url(repository, "keep")]
     push(built, prod)
@@ -220,3 +219,56 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(built: Bu
             assert code == expected and password not in err, err
         code, pulled, err = pull(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}")
         assert pulled is not None and pulled["shapes_pulled"] == 2 and secret not in err, err
+
+
+def test_skopeo_copies_the_tag_to_another_repository_and_it_still_pulls(built: Built, registry_host: RunningRegistry, tmp_path: Path) -> None:
+    import subprocess
+
+    from warmcache.trust import generate_key
+
+    generate_key(tmp_path / "key")
+    source = registry_host.url(f"team/src-{uuid.uuid4().hex[:8]}", "prod")
+    push(built, ["--store", source], "--sign", str(tmp_path / "key"))
+    copy = registry_host.url(f"mirror/copy-{uuid.uuid4().hex[:8]}", "prod")
+    image = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
+    done = subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", image(source), image(copy)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    inspected = subprocess.run(["skopeo", "inspect", "--tls-verify=false", image(copy)], capture_output=True, text=True, timeout=60)
+    labels = json.loads(inspected.stdout)["Labels"]
+    assert labels["dev.warmcache.models"] == "neuron-m" and "neuron/" in labels["dev.warmcache.toolchains"] and "1x16" in labels["dev.warmcache.shapes"]
+    raw = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", image(copy)], capture_output=True, text=True, timeout=60).stdout)
+    assert raw["annotations"] == labels, "the manifest's annotations say the same"
+    assert {d["mediaType"] for d in raw["layers"]} == {"application/vnd.oci.image.layer.v1.tar+gzip"}, "skopeo gzips each layer on the way"
+    code, pulled, err = run(
+        "pull", str(built.manifest), "--cache-dir", str(tmp_path / "c"), "--db", f"sqlite:///{tmp_path / 'c.sqlite'}", "--trust", str(tmp_path / "key.pub"), "--store", copy
+    )
+    assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2 and pulled["signatures_checked"], err
+
+
+def test_a_registry_that_is_down_or_stalls_ends_within_the_deadline_in_one_line(built: Built, tmp_path: Path) -> None:
+    import socket
+    import threading
+    import time
+
+    from moto_server import free_port
+
+    down = ["--store", f"oci+http://127.0.0.1:{free_port()}/team/warm:prod"]
+    start = time.monotonic()
+    code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *down)
+    (line,) = error_lines(err)
+    assert code == 6 and "cannot reach the registry" in line and down[1].rsplit(":", 1)[0] in line and time.monotonic() - start < 15, err
+
+    with socket.socket() as listener:  # accepts connections and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        held: list[socket.socket] = []
+        threading.Thread(target=lambda: [held.append(listener.accept()[0]) for _ in range(16)], daemon=True).start()
+        stalled = ["--store", f"oci+http://127.0.0.1:{listener.getsockname()[1]}/team/warm:prod", "--timeout", "3s"]
+        start = time.monotonic()
+        code, _, err = pull(built, stalled, tmp_path / "c", f"sqlite:///{tmp_path / 'c.sqlite'}")
+        elapsed = time.monotonic() - start
+        for connection in held:
+            connection.close()
+    (line,) = error_lines(err)
+    assert code == 6 and "deadline" in line and elapsed < 10, (elapsed, err)
+    assert not (tmp_path / "c").exists()

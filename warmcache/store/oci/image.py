@@ -18,6 +18,11 @@ same key): the mounted tag is a snapshot folder, so a pod builds its
 folder starts with ``.warmcache-``, so cache scans, bundles and pushes never take it for
 a cache entry.
 
+Layers are pushed uncompressed, but a copy may compress them (``skopeo copy`` to a registry
+gzips every layer and drops layer annotations): a layer is therefore found through the
+config's ``diff_ids`` (the digest of its uncompressed tar, which is what ``index.json``
+records and what every reader checks), and the metadata layer is simply the last one.
+
 Only the shape indexes are trusted (by their signatures); the layer map and the list of
 replaced manifests are hints that every reader checks against them: a file is accepted
 only if its bytes are what a signed index lists.
@@ -25,9 +30,12 @@ only if its bytes are what a signed index lists.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
+import zlib
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +56,9 @@ METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
 #: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its entries).
 GUARD_MEMBER = SNAPSHOT_FILE
-#: Marks the metadata layer among the image's layers.
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
+DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+#: Marks the metadata layer among the image's layers (for people: a copy may drop it; readers take the last layer).
 LAYER_ROLE = "dev.warmcache.layer"
 ANNOTATION_PREFIX = "dev.warmcache."
 #: A manifest or config is a few KiB; anything far larger is not ours.
@@ -69,6 +79,18 @@ class Superseded:
 
 
 @dataclass(frozen=True, slots=True)
+class Descriptor:
+    """A blob as the manifest names it: media type, digest (of the bytes stored, compressed or not) and size."""
+
+    media_type: str
+    digest: str
+    size: int
+
+    def as_json(self, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size, **({"annotations": annotations} if annotations else {})}
+
+
+@dataclass(frozen=True, slots=True)
 class StoredImage:
     """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced manifests."""
 
@@ -82,6 +104,12 @@ class StoredImage:
     pushed_at: float
     #: Every blob the manifest names (config, data layers, metadata layer): what gc must keep.
     blobs: frozenset[str]
+    #: Each layer's stored blob by its diff_id (uncompressed digest, as ``index.json`` names layers).
+    descriptors: dict[str, Descriptor]
+
+    def layer_blocks(self, client: RegistryClient, diff_id: str) -> Iterator[bytes]:
+        """The uncompressed bytes of the layer ``diff_id`` names (the caller checks them against ``diff_id``)."""
+        return layer_blocks(client, self.descriptors[diff_id])
 
     def shape_index(self, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
         """One shape's index, validated as the S3 store validates its own (signature first, with ``trusted`` keys)."""
@@ -107,21 +135,54 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     layers = manifest.get("layers")
     if manifest.get("mediaType") != MANIFEST_MEDIA_TYPE or not isinstance(layers, list) or not layers or not isinstance(manifest.get("config"), dict):
         raise CacheError(f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused")
-    metadata = layers[-1]
-    if not isinstance(metadata, dict) or (metadata.get("annotations") or {}).get(LAYER_ROLE) != "metadata":
-        raise CacheError(f"{where}: not a warmcache image (its last layer is not warmcache's metadata); refused")
-    member = read_member(client.read_blob(_digest(metadata, where), MAX_INDEX_BYTES), INDEX_MEMBER, where)
+    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), int(layer["size"])) for layer in layers]
+    config_digest = _digest(manifest["config"], where)
+    config = _json(client.read_blob(config_digest, MAX_MANIFEST_BYTES), f"{where}: image config", MAX_MANIFEST_BYTES)
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
+    if not isinstance(diff_ids, list) or len(diff_ids) != len(stored) or not all(isinstance(d, str) for d in diff_ids):
+        raise CacheError(f"{where}: the image config's rootfs.diff_ids do not match its {len(stored)} layers; refused")
+    descriptors = dict(zip(diff_ids, stored))
+    metadata = bytearray()
+    for block in layer_blocks(client, stored[-1]):
+        metadata += block
+        if len(metadata) > MAX_INDEX_BYTES:
+            raise CacheError(f"{where}: the metadata layer is larger than {MAX_INDEX_BYTES} bytes; refused")
+    if f"sha256:{hashlib.sha256(metadata).hexdigest()}" != diff_ids[-1]:
+        raise CacheError(f"{where}: the last layer does not hash to its diff_id: corrupt or tampered; refused")
+    member = read_member(bytes(metadata), INDEX_MEMBER, where)
     if member is None:
-        raise CacheError(f"{where}: the metadata layer holds no {INDEX_MEMBER}; refused")
+        raise CacheError(f"{where}: not a warmcache image (its last layer holds no {INDEX_MEMBER}); refused")
     index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
     if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout {shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
         )
-    blobs = {_digest(manifest["config"], where), *(_digest(layer, where) for layer in layers)}
     pushed_at = index.get("pushed_at")
     pushed = float(pushed_at) if isinstance(pushed_at, (int, float)) else 0.0
-    return StoredImage(tag, digest, index["flavor"], _indexes(index, where), _layers(index, where), _superseded(index, where), pushed, frozenset(blobs))
+    blobs = frozenset({config_digest, *(d.digest for d in stored)})
+    indexes, layer_map, superseded = _indexes(index, where), _layers(index, where), _superseded(index, where)
+    unknown = [layer.digest for layer in layer_map if layer.digest not in descriptors]
+    if unknown:
+        raise CacheError(f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused")
+    return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
+
+
+def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[bytes]:
+    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``)."""
+    if descriptor.media_type in (LAYER_MEDIA_TYPE, DOCKER_LAYER):
+        yield from client.blocks(descriptor.digest)
+        return
+    if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
+        raise CacheError(
+            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+        )
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    for block in client.blocks(descriptor.digest):
+        try:
+            yield inflate.decompress(block)
+        except zlib.error as exc:
+            raise CacheError(f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused") from None
+    yield inflate.flush()
 
 
 def metadata_members(
@@ -160,10 +221,9 @@ def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
     return canonical_bytes({"architecture": architecture, "os": "linux", "config": {"Labels": labels}, "rootfs": {"type": "layers", "diff_ids": diff_ids}})
 
 
-def manifest_bytes(config: tuple[str, int], layers: list[Layer], metadata: tuple[str, int], annotations: dict[str, str]) -> bytes:
-    """The image manifest, in the one byte form whose sha256 is the tag's digest."""
-    descriptors = [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest, "size": layer.size} for layer in layers]
-    descriptors.append({"mediaType": LAYER_MEDIA_TYPE, "digest": metadata[0], "size": metadata[1], "annotations": {LAYER_ROLE: "metadata"}})
+def manifest_bytes(config: tuple[str, int], layers: list[Descriptor], metadata: Descriptor, annotations: dict[str, str]) -> bytes:
+    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for people)."""
+    descriptors = [layer.as_json() for layer in layers] + [metadata.as_json({LAYER_ROLE: "metadata"})]
     return canonical_bytes(
         {
             "schemaVersion": 2,

@@ -58,7 +58,7 @@ def list_repository(store: OciStore) -> StoreListing:
         for key in image.indexes:
             _, model, toolchain, _ = key.split("/", 3)
             groups[(image.tag, model, toolchain)] += 1
-        sizes.update({layer.digest: layer.size for layer in image.layers})
+        sizes.update({d.digest: d.size for d in image.descriptors.values()})
     listed = tuple(StoreGroup(model, toolchain, shapes, newest[tag], tag) for (tag, model, toolchain), shapes in sorted(groups.items()))
     return StoreListing(store.reference.repository_url, listed, len(sizes), sum(sizes.values()))
 
@@ -106,7 +106,7 @@ def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: fl
         if image is None:
             continue  # deleted by an earlier gc
         removals.append(StoredObject(f"{MANIFEST_KEY}{digest}", 0, at))
-        sizes = {layer.digest: layer.size for layer in image.layers}
+        sizes = {d.digest: d.size for d in image.descriptors.values()}
         blobs.update({blob: (sizes.get(blob, 0), at) for blob in image.blobs if blob not in referenced})
     return removals + [StoredObject(f"{BLOB_KEY}{blob}", size, at) for blob, (size, at) in sorted(blobs.items())]
 
@@ -114,7 +114,7 @@ def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: fl
 def check_repository(store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, dict[str, Layer]]:
     """The report, and each problem layer by digest (what a repair rebuilds)."""
     problems: list[StoreProblem] = []
-    layers: dict[str, Layer] = {}
+    layers: dict[str, tuple[Layer, StoredImage]] = {}
     indexes = 0
     for image in images(store):
         listed: dict[str, BundleFile] = {}
@@ -128,26 +128,25 @@ def check_repository(store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, pro
             listed.update(index.files)
         held = {file.path for layer in image.layers for file in layer.files}
         problems += [StoreProblem(f"{image.tag}/{path}", "missing", "listed by an index, in no layer") for path in sorted(set(listed) - held)]
-        layers.update({layer.digest: layer for layer in image.layers})
-    total, done = sum(layer.size for layer in layers.values()), [0]
+        layers.update({layer.digest: (layer, image) for layer in image.layers})
+    total, done = sum(layer.size for layer, _ in layers.values()), [0]
 
     def advance(nbytes: int) -> None:
         done[0] += nbytes
         if progress:
             progress(done[0], total)
 
-    for digest, layer in sorted(layers.items()):
+    for digest, (layer, image) in sorted(layers.items()):
         with tempfile.TemporaryDirectory(prefix="warmcache-oci-check-") as folder:
             try:
-                found = extract_files(store.client.blocks(digest), digest, {f.path: f for f in layer.files}, Path(folder), store.url, advance)
+                found = extract_files(image.layer_blocks(store.client, digest), digest, {f.path: f for f in layer.files}, Path(folder), store.url, advance)
             except (CacheError, StoreError) as exc:
                 problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", str(exc)))
                 continue
         if len(found) != len(layer.files):
             problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", f"holds {len(found)} of the {len(layer.files)} files it lists"))
-    return CheckReport(store.reference.repository_url, indexes, len(layers), tuple(problems)), {
-        p.key[len(BLOB_KEY) :]: layers[p.key[len(BLOB_KEY) :]] for p in problems if p.key.startswith(BLOB_KEY)
-    }
+    damaged = {p.key[len(BLOB_KEY) :]: layers[p.key[len(BLOB_KEY) :]][0] for p in problems if p.key.startswith(BLOB_KEY)}
+    return CheckReport(store.reference.repository_url, indexes, len(layers), tuple(problems)), damaged
 
 
 def repair_repository(store: OciStore, report: CheckReport, layers: dict[str, Layer], cache_root: Path) -> CheckReport:

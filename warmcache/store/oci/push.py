@@ -37,8 +37,8 @@ from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
-from warmcache.store.oci.image import StoredImage, Superseded, config_bytes, manifest_bytes, metadata_members, read_image, summary
-from warmcache.store.oci.layers import Layer, by_bucket, extract_files, write_layer
+from warmcache.store.oci.image import Descriptor, StoredImage, Superseded, config_bytes, manifest_bytes, metadata_members, read_image, summary
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, write_layer
 from warmcache.store.oci.store import OciStore, layers_for
 from warmcache.store.push import PushResult, files_per_shape
 from warmcache.trust import SigningKey, canonical_bytes, sign_document
@@ -115,7 +115,11 @@ def _image(store: OciStore, builder: _Layers, base: StoredImage | None, indexes:
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
-    return manifest_bytes((store.client.upload_bytes(config), len(config)), layers, (metadata.digest, metadata.size), labels)
+    # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a plain tar.
+    stored = [
+        base.descriptors[layer.digest] if base is not None and layer.digest in base.descriptors else Descriptor(LAYER_MEDIA_TYPE, layer.digest, layer.size) for layer in layers
+    ]
+    return manifest_bytes((store.client.upload_bytes(config), len(config)), stored, Descriptor(LAYER_MEDIA_TYPE, metadata.digest, metadata.size), labels)
 
 
 @dataclass
@@ -167,7 +171,7 @@ class _Layers:
             if base is None:
                 raise CacheError(f"{self.location.root / next(iter(missing))}: not in the cache; nothing pushed")
             for layer, files in layers_for(base.layers, {f.sha256 for f in missing.values()}):
-                extract_files(self.store.client.blocks(layer.digest), layer.digest, files, folder, self.store.url)
+                extract_files(base.layer_blocks(self.store.client, layer.digest), layer.digest, files, folder, self.store.url)
             for name, file in missing.items():
                 if not (folder / file.sha256).is_file():
                     raise CacheError(f"{self.store.url}: {name} is in neither this cache nor the tag's layers; nothing pushed")

@@ -78,7 +78,8 @@ class OciStore:
                 reused += size
             else:
                 needed[sha256] = size
-        plan = layers_for(self.image().layers, set(needed))
+        image = self.image()
+        plan = layers_for(image.layers, set(needed))
         total, done, lock = sum(layer.size for layer, _ in plan), [0], threading.Lock()
 
         def advance(nbytes: int) -> None:
@@ -89,7 +90,7 @@ class OciStore:
 
         for layer, files in plan:
             try:
-                extract_files(self.client.blocks(layer.digest), layer.digest, files, folder, self.url, advance)
+                extract_files(image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance)
             except CacheError:
                 for file in files.values():  # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
                     with contextlib.suppress(OSError):
