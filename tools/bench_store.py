@@ -186,7 +186,8 @@ def bench_oci(running, work: Path, manifest, cache: Path, url: str, entries: int
     push_s, _ = timed("warmcache push (tar layers, includes the 2.5 s settle)", push)
     layout = work / "layout"
     down_s, _ = timed("skopeo copy registry -> oci layout", lambda: skopeo(f"docker://{running.host}/bench/cache:v1", f"oci:{layout}:v1"))
-    up_s, _ = timed("skopeo copy oci layout -> registry", lambda: skopeo(f"oci:{layout}:v1", f"docker://{running.host}/bench/copy:v1"))
+    with oci_registry() as other:  # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
+        up_s, _ = timed("skopeo copy oci layout -> another registry", lambda: skopeo(f"oci:{layout}:v1", f"docker://{other.host}/bench/copy:v1"))
     pull_s, pulled = timed(
         "warmcache pull (sha256-checked, rows merged)",
         lambda: pull_manifest(
