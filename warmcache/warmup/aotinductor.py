@@ -111,7 +111,9 @@ def constant_header(step: torch.nn.Module, listed: list[str]) -> dict[str, list[
     own = named_tensors(step)
     missing = sorted(set(listed) - set(own))
     if missing:
-        raise CacheError(f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise CacheError(
+            f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(listed)}
 
 
