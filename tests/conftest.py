@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from inductor_host import INDUCTOR_BUCKET, InductorWarmup, warmcache_json  # noqa: E402
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
+from oci_registry import MISSING, RunningRegistry, available, oci_registry  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
@@ -85,6 +86,15 @@ def s3_endpoint() -> Iterator[str]:
     """moto's standalone S3 server on a free 127.0.0.1 port, for the whole session."""
     with moto_server() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def registry_host() -> Iterator[RunningRegistry]:
+    """Debian's docker-registry (CNCF distribution 2.8) on a free 127.0.0.1 port, deletes enabled, for the whole session."""
+    if not available():
+        pytest.skip(MISSING)
+    with oci_registry() as running:
+        yield running
 
 
 @pytest.fixture

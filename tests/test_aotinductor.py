@@ -7,6 +7,7 @@ a 2-core machine) and shared by every test here; the refusal tests never load on
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -218,3 +219,140 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
             step._check(["cache.layers[0].keys"], [bad], {})
     with pytest.raises(UsageError, match="is not the one the package was built for"):
         step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {"logits_to_keep": 2})
+
+
+#: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL cases), then
+#: whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case comes last.
+ATTACK = textwrap.dedent(
+    """
+    import http.server, json, sys, threading
+    from pathlib import Path
+    import torch
+    from transformers import AutoModelForCausalLM
+    from warmcache.runtime.guard import ShapeGuard
+
+    model_path, cases_file, marker = sys.argv[1:4]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    served = {}
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(served["body"])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    results = {}
+    for case in json.loads(Path(cases_file).read_text()):
+        served["body"] = Path(case["path"]).read_bytes()
+        for policy in ("pad", "refuse", "warn"):
+            try:
+                if case["url"]:
+                    guard = ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", policy=policy, telemetry=False, trust=case["trust"])
+                else:
+                    guard = ShapeGuard.from_snapshot(case["path"], "m", policy=policy, trust=case["trust"])
+                report = guard.prime(model, cache_dir=case["cache_dir"])
+                outcome = f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, {report.cache_misses} cache misses"
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+            results[f"{case['name']}/{policy}"] = [outcome, Path(marker).exists()]
+    print(json.dumps(results))
+    """
+)
+
+#: A shared object whose constructor runs at dlopen and leaves a file behind: what a swapped package ``.so`` could do.
+CONSTRUCTOR = '#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
+
+
+def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
+    """A copy of the package file ``real`` with its compiled ``.so`` replaced, written under ``into`` by its own sha256; returns the entry."""
+    import hashlib
+    import io
+    import zipfile
+
+    from warmcache.cache.precompiled import MAGIC
+
+    data = real.read_bytes()
+    end = data.index(b"\n", len(MAGIC))
+    source, swapped = zipfile.ZipFile(io.BytesIO(data[end + 1 :])), io.BytesIO()
+    with zipfile.ZipFile(swapped, "w", zipfile.ZIP_STORED) as out:
+        for info in source.infolist():
+            out.writestr(info, evil_so.read_bytes() if info.filename.endswith(".so") else source.read(info))
+    forged = data[: end + 1] + swapped.getvalue()
+    entry = f"aotinductor/{hashlib.sha256(forged).hexdigest()}"
+    (into / entry).parent.mkdir(parents=True, exist_ok=True)
+    (into / entry).write_bytes(forged)
+    return entry
+
+
+@pytest.mark.slow
+def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every policy,
+    over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing compiled."""
+    from warmcache.runtime.snapshot import snapshot_document
+    from warmcache.trust import SigningKey, generate_key, sign_document
+
+    marker, evil_root = tmp_path / "constructor-ran", tmp_path / "attacker"
+    (tmp_path / "planted.c").write_text(CONSTRUCTOR % marker)
+    evil_so = tmp_path / "planted.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(evil_so), str(tmp_path / "planted.c")], check=True)
+    # The control: loading the swapped-in object does run its constructor, so a missing marker below means it was never loaded.
+    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(evil_so)!r})"], check=True)
+    assert marker.exists()
+    marker.unlink()
+
+    rows = _rows(packaged)
+    forged = _swapped_package(packaged / "cache" / _package(rows[1]), evil_so, evil_root)
+    document = snapshot_document(list(rows.values()), "build host")
+    for record in document["records"]:
+        record["cache_root"] = str(evil_root)
+        record["artifacts"] = [{**a, "path": forged} if record["batch_size"] == 1 and a["kind"] == AOTINDUCTOR else a for a in record["artifacts"]]
+    keys = {name: tmp_path / name for name in ("ours", "theirs")}
+    for key in keys.values():
+        generate_key(key)
+    # A cache folder of this host where the forged entry is a link to the attacker's file.
+    linked = tmp_path / "linked"
+    shutil.copytree(packaged / "cache", linked, symlinks=True)
+    (linked / forged).symlink_to(evil_root / forged)
+    files = {
+        "unsigned": document,
+        "theirs": sign_document(document, SigningKey.load(keys["theirs"])),
+        "ours": sign_document(document, SigningKey.load(keys["ours"])),
+        "genuine": sign_document(snapshot_document(list(rows.values()), "build host"), SigningKey.load(keys["ours"])),
+    }
+    for name, content in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(content))
+    trusted = [f"{keys['ours']}.pub"]
+    cases = [
+        {"name": "unsigned", "path": "unsigned", "trust": [], "cache_dir": None},
+        {"name": "unsigned under trust", "path": "unsigned", "trust": trusted, "cache_dir": None},
+        {"name": "signed by another key", "path": "theirs", "trust": trusted, "cache_dir": None},
+        {"name": "linked out of the cache folder", "path": "ours", "trust": trusted, "cache_dir": str(linked)},
+        {"name": "genuine", "path": "genuine", "trust": trusted, "cache_dir": str(packaged / "cache")},
+    ]
+    cases = [{**c, "path": str(tmp_path / f"{c['path']}.json"), "url": url} for c in cases for url in (False, True)]
+    for case in cases:
+        case["name"] += " over HTTP" if case["url"] else ""
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    script = tmp_path / "attack.py"
+    script.write_text(ATTACK)
+    done = subprocess.run([sys.executable, str(script), str(tiny_models["llama"]), str(tmp_path / "cases.json"), str(marker)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {
+        "unsigned": "TrustError: .*guard snapshot not verified",
+        "unsigned under trust": "TrustError: .*unsigned, but trusted keys are configured",
+        "signed by another key": "TrustError: .*which is not trusted",
+        "linked out of the cache folder": "TrustError: .*leads outside the cache folder",
+        "genuine": f"primed: {len(BATCHES)} loaded, 0 graphs, 0 cache misses",
+    }
+    assert len(results) == len(cases) * 3
+    for name, (outcome, constructor_ran) in results.items():
+        assert not constructor_ran, f"{name}: the planted constructor ran ({outcome})"
+        assert re.match(expected[name.split("/")[0].removesuffix(" over HTTP")], outcome), f"{name}: {outcome}"
+        assert "\n" not in outcome

@@ -352,14 +352,14 @@ def test_export_leaves_no_temporary_file(compiled: str, tmp_path: Path) -> None:
 
 
 def test_a_failed_export_leaves_no_temporary_file(tmp_path: Path) -> None:
-    from warmcache.runtime.snapshot import write_snapshot
+    from warmcache.runtime.snapshot import SNAPSHOT_FILE, write_snapshot
 
     folder = tmp_path / "out"
     out = folder / "guard.json"
-    out.mkdir(parents=True)  # os.replace cannot put a file over a folder
+    (out / SNAPSHOT_FILE).mkdir(parents=True)  # a snapshot folder; os.replace cannot put a file over the folder in it
     with pytest.raises(UsageError, match="cannot write snapshot"):
         write_snapshot(out, [], "test")
-    assert [p.name for p in folder.iterdir()] == ["guard.json"] and list(out.iterdir()) == []
+    assert [p.name for p in folder.iterdir()] == ["guard.json"] and [p.name for p in out.iterdir()] == [SNAPSHOT_FILE]
 
 
 def test_a_guard_built_from_a_snapshot_imports_no_database_layer(compiled: str, tmp_path: Path) -> None:

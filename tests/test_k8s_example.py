@@ -1,44 +1,111 @@
-"""examples/k8s: the Job parses, runs warmcache warmup on the manifest it mounts, and that manifest is valid.
+"""examples/k8s: every YAML validates with kubernetes-validate --strict, and what the pods run names what they mount.
 
-No Kubernetes schema validator installs from the package registries here
-(kubeconform and kubeval are Go binaries), so the YAML is parsed and the fields
-the README relies on are checked; the embedded manifest goes through warmcache's
-own validation.
+Checked: the schema of Kubernetes 1.28-1.37 (the serving Deployment's image volume from 1.31,
+where the field appeared), the manifest in the ConfigMap through warmcache's own validation,
+that each command (in the containers and in the headers' kubectl lines) names files the pod
+mounts, that the warmup pods ask for a Neuron device, have deadlines and a signing key readable
+by their owner only, and that every file the Dockerfile copies exists.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from warmcache.manifest import load_manifest
+from warmcache.trust import generate_key
 
 yaml = pytest.importorskip("yaml")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-JOB = Path(__file__).resolve().parents[1] / "examples" / "k8s" / "warmup-job.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "k8s"
+VERSIONS = [f"1.{minor}.0" for minor in range(28, 38)]
+#: The first schema with ``volumes[].image`` (alpha in 1.31, beta from 1.33, on by default from 1.35).
+IMAGE_VOLUME_SINCE = 31
 
 
-def test_the_k8s_job_warms_the_manifest_it_mounts(tmp_path: Path) -> None:
-    documents = {doc["kind"]: doc for doc in yaml.safe_load_all(JOB.read_text())}
-    assert set(documents) == {"ConfigMap", "Job"}
-    config_map, job = documents["ConfigMap"], documents["Job"]
-    assert job["apiVersion"] == "batch/v1" and job["spec"]["parallelism"] == job["spec"]["completions"] > 1
+def documents(name: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all((EXAMPLES / name).read_text()) if doc]
 
-    pod = job["spec"]["template"]["spec"]
+
+def pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [doc["spec"]["template"]["spec"]] if doc["kind"] in ("Job", "Deployment") else []
+
+
+def mounted(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    return [m["mountPath"] for m in container.get("volumeMounts", [])]
+
+
+@pytest.mark.parametrize("name", ["warmup-job.yaml", "serve-deployment.yaml"])
+def test_every_document_validates_strictly(name: str) -> None:
+    since = IMAGE_VOLUME_SINCE if name == "serve-deployment.yaml" else 28
+    for version in VERSIONS:
+        if int(version.split(".")[1]) < since:
+            continue
+        for doc in documents(name):
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_serving_deployment_mounts_the_tag_warmup_pushes_read_only() -> None:
+    (config_map,) = [d for d in documents("warmup-job.yaml") if d["kind"] == "ConfigMap"]
+    manifest_text = config_map["data"]["deploy.toml"]
+    (deployment,) = documents("serve-deployment.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "image" in v]
+    assert f'url = "oci://{volume["image"]["reference"]}"' in manifest_text, "the deployment mounts the tag the warmup pushes"
     (container,) = pod["containers"]
-    command = container["command"]
-    assert command[:2] == ["warmcache", "warmup"]
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["manifest"]["configMap"]["name"] == config_map["metadata"]["name"]
-    (file_name,) = config_map["data"]
-    assert command[2] == f"{mounts['manifest']}/{file_name}", "the command names the mounted manifest"
-    assert {e["name"] for e in container["env"]} >= {"WARMCACHE_DB"}
+    cache_mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    assert cache_mount["readOnly"] and container["command"][2] == cache_mount["mountPath"]
 
-    manifest = tmp_path / file_name
-    manifest.write_text(config_map["data"][file_name])
-    parsed = load_manifest(manifest)
-    assert parsed.store.push and parsed.store.url.startswith("s3://"), "each pod publishes what it compiles"
-    assert parsed.lease_seconds == 600
-    assert [m.name for m in parsed.models] == ["qwen3-8b"]
+
+def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
+    docs = documents("warmup-job.yaml") + documents("serve-deployment.yaml")
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    pod_root = tmp_path / "pod"  # the pod's /etc/warmcache, with the key files its secrets hold
+    (pod_root / "etc/warmcache/signing").mkdir(parents=True)
+    (pod_root / "etc/warmcache/trust").mkdir(parents=True)
+    generate_key(pod_root / "etc/warmcache/signing/build-key")
+    (pod_root / "etc/warmcache/signing/build-key.pub").rename(pod_root / "etc/warmcache/trust/build-key.pub")
+    manifest_file = pod_root / "etc/warmcache/deploy.toml"
+    manifest_file.write_text(config_map["data"]["deploy.toml"].replace('"/etc/warmcache/', f'"{pod_root}/etc/warmcache/'))
+    manifest = load_manifest(manifest_file)
+    assert manifest.store.push and manifest.store.url and manifest.store.url.startswith("oci://") and manifest.store.sign_key
+    assert manifest.trusted_keys.configured and [m.device for m in manifest.models] == ["neuron"]
+    files_in = {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing/build-key", "/etc/warmcache/trust/build-key.pub"}
+    paths_used: list[tuple[str, list[str]]] = []
+    for doc in docs:
+        for pod in pod_specs(doc):
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                words = " ".join(container["command"])
+                paths = re.findall(r"(/(?:etc|cache|models|app)[\w./-]*)", words)
+                paths_used.append((container["name"], paths))
+                mounts = mounted(pod, container)
+                for path in paths:
+                    assert path.startswith("/app/") or any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts), (
+                        f"{doc['metadata']['name']}/{container['name']}: {path} is not mounted"
+                    )
+                if doc["kind"] == "Job" and container["name"] == "warmup":
+                    assert container["resources"]["limits"]["aws.amazon.com/neuron"] == "1"
+                    assert set(mounts) >= {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing", "/etc/warmcache/trust", "/etc/warmcache/docker", "/cache", "/models"}
+            if doc["kind"] == "Job":
+                assert doc["spec"]["activeDeadlineSeconds"] > 0 and doc["spec"]["ttlSecondsAfterFinished"] > 0
+                keys = [v for v in pod.get("volumes", []) if v["name"] == "signing-key"]
+                assert all(v["secret"]["defaultMode"] == 0o400 for v in keys), "warmcache refuses a private key others can read"
+    # The kubectl lines in the headers: each warmcache command names a file its pod mounts.
+    for name in ("warmup-job.yaml", "serve-deployment.yaml"):
+        for line in (EXAMPLES / name).read_text().splitlines():
+            if line.startswith("#") and "kubectl exec" in line:
+                for path in re.findall(r"(/etc/warmcache/[\w./-]+|/cache\b)", line):
+                    assert path in files_in or path == "/cache", f"{name}: {line.strip()} names {path}, which no pod mounts"
+    assert ("warmup", ["/etc/warmcache/deploy.toml", "/cache"]) in paths_used
+
+
+def test_every_file_the_dockerfile_copies_exists() -> None:
+    text = (EXAMPLES / "Dockerfile").read_text()
+    sources = [word for line in text.splitlines() if line.startswith("COPY ") for word in line.split()[1:-1]]
+    assert sources and all((ROOT / source).exists() for source in sources), sources
+    assert {"FROM python:3.11-slim-bookworm AS cpu", "FROM ${NEURON_BASE} AS neuron"} <= set(text.splitlines())

@@ -79,3 +79,26 @@ def test_a_pull_without_trust_is_refused_before_the_store_is_read_unless_allowed
     allowed = cli(*base, "--allow-unsigned")
     assert allowed.exit_code == 1 and "installing compiled code whose origin nobody verified" in allowed.stderr, allowed.output  # 1: a shape nobody compiled
     assert (tmp_path / "prod").is_dir()
+
+
+def test_a_private_key_pasted_as_text_is_never_echoed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_manifest) -> None:
+    """``--trust "$(cat key)"``, ``$WARMCACHE_TRUSTED_KEYS`` or an inline ``[trust] keys`` entry holding the key itself."""
+    from warmcache.manifest import load_manifest
+    from warmcache.trust import TrustedKeys
+
+    generate_key(tmp_path / "signer")
+    secret = (tmp_path / "signer").read_text()
+    body = "".join(secret.splitlines()[1:-1])
+    flag = unpack(tmp_path / "any.tar", tmp_path, "--trust", secret)
+    monkeypatch.setenv("WARMCACHE_TRUSTED_KEYS", secret)
+    env = unpack(tmp_path / "any.tar", tmp_path)
+    monkeypatch.delenv("WARMCACHE_TRUSTED_KEYS")
+    quoted = secret.replace("\n", "\\n")
+    with pytest.raises(UsageError) as inline:
+        load_manifest(write_manifest(f'[trust]\nkeys = ["{quoted}"]\n[[model]]\nname = "m"\npath = "gpt2"\n[[model.generate]]\nbatch_sizes = [1]\n'))
+    for where, message in (("--trust", flag.stderr), ("$WARMCACHE_TRUSTED_KEYS", env.stderr), ("trust.keys", str(inline.value))):
+        assert "a private key was given where a public key belongs" in message, (where, message)
+        assert body[:12] not in message and "BEGIN" not in message and where in message
+    with pytest.raises(UsageError, match=r"a block of text \(\d+ characters, not shown\)") as pem:
+        TrustedKeys.load(["-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----"], "--trust")
+    assert "MCowBQ" not in str(pem.value)

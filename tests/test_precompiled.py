@@ -133,10 +133,14 @@ def test_tampered_artifact_is_refused_before_unpickling(warmed: Path, tiny_model
     refused = _serve(copy, tiny_models["qwen3"], "pad", str(copy / "cache"))
     assert "prime_error" in refused and "sha256" in refused["prime_error"] and str(path) in refused["prime_error"]
     assert "\n" not in refused["prime_error"]
-    # Under warn the tampered bucket is traced from the compile path; the other still loads; tokens stay right.
+    # Under warn too: an altered artifact is a refusal, never a bucket to trace instead.
     warned = _serve(copy, tiny_models["qwen3"], "warn", str(copy / "cache"))
-    assert warned["artifacts_loaded"] == 1 and len(warned["artifact_errors"]) == 1
-    assert warned["same_as_eager"] == [True] * 4 and warned["frames"] > 0
+    assert warned["prime_error"].startswith("TrustError: ") and "sha256" in warned["prime_error"]
+    # A missing one under warn is traced from the compile path; the other still loads; tokens stay right.
+    path.unlink()
+    missing = _serve(copy, tiny_models["qwen3"], "warn", str(copy / "cache"))
+    assert missing["artifacts_loaded"] == 1 and len(missing["artifact_errors"]) == 1 and "unreadable" in missing["artifact_errors"][0]
+    assert missing["same_as_eager"] == [True] * 4 and missing["frames"] > 0
 
 
 def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[str, Path]) -> None:

@@ -21,6 +21,7 @@ from test_cli_query import MANIFEST, _compile_all  # the registry's real claim â
 from test_guard import silent_postgres  # noqa: F401 - fixture: a PostgreSQL server that accepts and never answers
 
 from warmcache.cli import main
+from warmcache.errors import TrustError
 from warmcache.manifest import load_manifest
 from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
@@ -29,6 +30,7 @@ from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.service.view import CONNECT_TIMEOUT_S as VIEW_CONNECT_TIMEOUT_S
 from warmcache.settings import RegistryLocation
+from warmcache.trust import SigningKey, generate_key
 
 TOKEN = "s3cret-token"
 
@@ -246,6 +248,24 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
     remote.close()
     openapi = call(f"{service}/openapi.json")[1]
     assert {"/v1/check", "/v1/guard/{model}", "/metrics", "/v1/misses", "/v1/plan"} <= set(openapi["paths"])
+
+
+def test_guard_answers_signed_by_serve_sign_are_verified_by_from_url(service: str, compiled: str, manifest: Path, tmp_path: Path) -> None:
+    for name in ("ours", "theirs"):
+        generate_key(tmp_path / name)
+    ours, theirs = [str(tmp_path / "ours.pub")], [str(tmp_path / "theirs.pub")]
+    with pytest.raises(TrustError, match="unsigned, but trusted keys are configured"):
+        ShapeGuard.from_url(service, "m", telemetry=False, trust=ours)  # the fixture's service does not sign
+    config = ServiceConfig(RegistryLocation.parse(compiled), refresh_interval=0.2, signing_key=SigningKey.load(tmp_path / "ours"))
+    with running_server(config) as base:
+        wait_ready(base)
+        guard = ShapeGuard.from_url(base, "m", telemetry=False, trust=ours)
+        assert guard.artifact_trust.signed_by and guard.buckets == [(1, 16), (1, 32), (2, 16), (2, 32)]
+        guard.refresh()  # a 304 keeps the rows verified when they came
+        assert guard._load.__self__.downloads == 1  # type: ignore[attr-defined]
+        with pytest.raises(TrustError, match="which is not trusted") as refused:
+            ShapeGuard.from_url(base, "m", telemetry=False, trust=theirs)
+        assert f"{base}/v1/guard/m" in str(refused.value)
 
 
 def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None:  # noqa: F811 - the imported fixture

@@ -1,4 +1,4 @@
-"""Store throughput: warmcache push/pull of a 256 MiB cache vs a plain boto3 loop, and a no-op pull.
+"""Store throughput: warmcache push/pull of a 256 MiB cache over S3 and an OCI registry, beside plain clients, and a no-op pull.
 
 Builds a Neuron-layout cache (64 module folders, each a random 4 MiB NEFF plus its
 small files) with one compiled registry row per module, starts moto's standalone
@@ -9,10 +9,13 @@ S3 server on 127.0.0.1 (real HTTP, as to AWS), and times, in one run, side by si
 - ``warmcache pull`` into an empty cache and registry (hash-checked, staged,
   renamed into place, rows merged) against a plain ``boto3`` loop downloading the
   same objects one after another;
-- a no-op pull: a manifest of 2,000 shapes whose entries are all in the cache.
+- the same push and pull to ``oci://`` on Debian's ``docker-registry`` (distribution 2.8)
+  against ``skopeo copy`` of the same tag (registry → OCI layout folder, and back into
+  another repository);
+- a no-op pull: a manifest of 2,000 shapes whose entries are all in the cache, from each store.
 
-moto is a Python server on the same cores, so absolute MiB/s are this machine's,
-not S3's; the ratios compare the two clients against the same server.
+moto and the registry run on the same cores, so absolute MiB/s are this machine's,
+not S3's or ECR's; the ratios compare clients against the same server in one run.
 
     python tools/bench_store.py            # 256 MiB, 2,000-entry no-op pull
     python tools/bench_store.py --quick    # 8 MiB, 50 entries: checks the benchmark runs (CI)
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
+from oci_registry import MISSING, available, oci_registry  # noqa: E402
 
 VERSION = "2.15.128.0+bench"
 MIB = 1024 * 1024
@@ -147,6 +151,63 @@ def main() -> None:
         )
         assert noop.already_present == noop_entries and noop.pulled == 0
         print(f"no-op pull: {noop_entries} entries in {noop_seconds:.3f} s")
+        if not available():
+            print(f"oci:// skipped: {MISSING}")
+            return
+        with oci_registry() as running:
+            bench_oci(running, work, manifest, cache, url, entries, total, (push_s, pull_s), (noop_manifest, noop_cache, noop_url, noop_entries))
+
+
+def bench_oci(running, work: Path, manifest, cache: Path, url: str, entries: int, total: int, s3_seconds: tuple[float, float], noop) -> None:  # type: ignore[no-untyped-def]
+    """Push and pull through ``oci://`` beside ``skopeo copy`` of the same tag, and a no-op pull, all in this run."""
+    import subprocess
+
+    from warmcache.cache.locate import CacheLocation
+    from warmcache.cache.shipment import ShipmentScope
+    from warmcache.manifest import load_manifest
+    from warmcache.registry import Registry
+    from warmcache.settings import RegistryLocation
+    from warmcache.store import OciStore
+    from warmcache.store.pull import pull_manifest
+    from warmcache.store.push import push_manifest
+
+    store = OciStore.open(running.url("bench/cache", "v1"))
+    parsed = manifest
+
+    def push() -> object:
+        with Registry.open(url) as registry:
+            return push_manifest(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench")), registry, store)
+
+    def skopeo(source: str, target: str) -> None:
+        done = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false", source, target], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+    print(f"oci:// on docker-registry at {running.host}:")
+    push_s, _ = timed("warmcache push (tar layers, includes the 2.5 s settle)", push)
+    layout = work / "layout"
+    down_s, _ = timed("skopeo copy registry -> oci layout", lambda: skopeo(f"docker://{running.host}/bench/cache:v1", f"oci:{layout}:v1"))
+    with oci_registry() as other:  # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
+        up_s, _ = timed("skopeo copy oci layout -> another registry", lambda: skopeo(f"oci:{layout}:v1", f"docker://{other.host}/bench/copy:v1"))
+    pull_s, pulled = timed(
+        "warmcache pull (sha256-checked, rows merged)",
+        lambda: pull_manifest(
+            ShipmentScope(parsed, CacheLocation(work / "oci-b", "neuron", "bench")), RegistryLocation.parse(f"sqlite:///{work}/oci-b.sqlite"), store, allow_unsigned=True
+        ),
+    )
+    assert pulled.pulled == entries and not pulled.missing
+    mib = total / MIB
+    print(f"oci push: {mib / push_s:7.1f} MiB/s vs skopeo copy up {mib / up_s:7.1f} MiB/s  -> {up_s / push_s:.2f}x")
+    print(f"oci pull: {mib / pull_s:7.1f} MiB/s vs skopeo copy down {mib / down_s:7.1f} MiB/s  -> {down_s / pull_s:.2f}x")
+    print(f"oci vs s3 (same cache, this run): push {s3_seconds[0] / push_s:.2f}x, pull {s3_seconds[1] / pull_s:.2f}x (above 1: oci faster)")
+    noop_manifest, noop_cache, noop_url, noop_entries = noop
+    noop_seconds, result = timed(
+        "warmcache pull from oci:// (nothing to fetch)",
+        lambda: pull_manifest(
+            ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")), RegistryLocation.parse(noop_url), store, allow_unsigned=True
+        ),
+    )
+    assert result.already_present == noop_entries and result.pulled == 0
+    print(f"oci no-op pull: {noop_entries} entries in {noop_seconds:.3f} s")
 
 
 if __name__ == "__main__":

@@ -238,6 +238,7 @@ def load_public_key(entry: str, source: str, base: Path | None = None) -> Public
     """One trust list entry: an inline ``ed25519:...`` key or the path of a ``.pub`` file."""
     if entry.strip().startswith(KEY_PREFIX):
         return PublicKey.parse(entry, source)
+    _refuse_key_text(entry, source)
     file = Anchor(base).path(entry.strip()) if base is not None else Path(os.path.expanduser(entry.strip()))
     try:
         text = _read_small(file).decode("utf-8")
@@ -250,6 +251,15 @@ def load_public_key(entry: str, source: str, base: Path | None = None) -> Public
         return PublicKey.parse(text, f"{source}: {file}")
     except UsageError:
         raise UsageError(f"{source}: {shown(str(file))} is not a public key file (expected one line {KEY_PREFIX}<base64>, as warmcache keys generate writes)") from None
+
+
+def _refuse_key_text(entry: str, source: str) -> None:
+    """Refuse, without quoting it, an entry that is key material rather than a key or a file name
+    (``--trust "$(cat key)"``): errors land in CI logs."""
+    if "PRIVATE KEY" in entry:
+        raise UsageError(f"{source}: a private key was given where a public key belongs; pass the .pub file or its {KEY_PREFIX}... line")
+    if "-----BEGIN" in entry or "\n" in entry.strip():
+        raise UsageError(f"{source}: a block of text ({len(entry)} characters, not shown) was given where a public key belongs; pass a .pub file or its {KEY_PREFIX}... line")
 
 
 def _signer_id(signature: Any) -> str | None:

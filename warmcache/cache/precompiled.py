@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from warmcache.errors import CacheError
+from warmcache.errors import CacheError, TrustError
 
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
 PRECOMPILED_DIR = "precompiled"
@@ -99,7 +99,8 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
     ``expected`` holds the fingerprint fields the row fixes (all but ``signature``,
     which the dispatcher checks on every call).
 
-    Raises :class:`CacheError` (one line naming the file) on a missing, altered or foreign artifact.
+    Raises :class:`CacheError` (one line naming the file) on a missing or foreign artifact,
+    :class:`TrustError` on one whose bytes differ from its recorded sha256.
     """
     path = root / entry
     name = Path(entry).name
@@ -108,8 +109,8 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
     except OSError as exc:
         raise CacheError(f"{path}: precompiled artifact unreadable ({exc.strerror or exc})") from None
     digest = hashlib.sha256(data).hexdigest()
-    if digest != name:
-        raise CacheError(f"{path}: precompiled artifact sha256 {digest[:16]}… differs from its registry record {name[:16]}…; refusing to load it")
+    if digest != name:  # altered since it was recorded: refused under every guard policy, like a forged row
+        raise TrustError(f"{path}: precompiled artifact sha256 {digest[:16]}… differs from its registry record {name[:16]}…; refusing to load it")
     if not data.startswith(MAGIC):
         raise CacheError(f"{path}: not a warmcache precompiled artifact")
     end = data.find(b"\n", len(MAGIC))

@@ -14,6 +14,7 @@ import click
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
+from warmcache.trust import SigningKey
 from warmcache.units import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +58,11 @@ def registry_location(db_url: str | None, manifest: Manifest | None = None) -> R
 def cache_folder(_context: click.Context, _parameter: click.Parameter, value: str | None) -> CacheFolder | None:
     """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes after, per model)."""
     return resolve_cache_folder(value)
+
+
+def load_signing_key(_context: click.Context, _parameter: click.Parameter, value: str | None) -> SigningKey | None:
+    """``--sign``'s callback: the key is loaded (and a readable-by-others one refused) before any other work starts."""
+    return SigningKey.load(value) if value else None
 
 
 def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Registry:

@@ -14,6 +14,7 @@ from warmcache.cli._common import (
     cache_dir_option,
     db_option,
     json_option,
+    load_signing_key,
     max_unpack_size_option,
     print_json,
     registry_location,
@@ -33,16 +34,11 @@ def bundle_group() -> None:
     """Pack a manifest's compiled cache entries and rows into one file; unpack it elsewhere."""
 
 
-def _signing_key(_context: click.Context, _parameter: click.Parameter, value: str | None) -> SigningKey | None:
-    """``--sign``'s callback: the key is loaded (and a readable-by-others one refused) before the manifest is read."""
-    return SigningKey.load(value) if value else None
-
-
 @bundle_group.command("pack")
 @shipment_arguments
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
 @verified_only_option
-@click.option("--sign", "signing_key", metavar="KEY", default=None, callback=_signing_key, help="Sign the bundle with this private key (warmcache keys generate).")
+@click.option("--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key, help="Sign the bundle with this private key (warmcache keys generate).")
 @json_option
 def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""

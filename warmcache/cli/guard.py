@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import db_option, format_table, json_option, load_signing_key, open_registry, print_json
 from warmcache.errors import UsageError
-from warmcache.runtime.snapshot import write_snapshot
+from warmcache.runtime.snapshot import SNAPSHOT_FILE, write_snapshot
 from warmcache.shapes import WORKLOADS
 from warmcache.statuses import DONE_STATUSES
+from warmcache.trust import SigningKey
 
 
 @click.command("misses")
@@ -50,10 +51,14 @@ def guard_group() -> None:
 @guard_group.command("export")
 @click.option("--model", "model_name", required=True, help="The model whose compiled shapes to export.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None, help="Only this workload (default: all).")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Snapshot file to write.")
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path), help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).")
+@click.option(
+    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
+    help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads precompiled code only from signed rows.",
+)  # fmt: skip
 @db_option
 @json_option
-def export(model_name: str, workload: str | None, out_path: Path, db_url: str | None, as_json: bool) -> None:
+def export(model_name: str, workload: str | None, out_path: Path, signing_key: SigningKey | None, db_url: str | None, as_json: bool) -> None:
     """Write the model's compiled shapes to a JSON snapshot for ShapeGuard.from_snapshot (no database needed).
 
     Rows of every toolchain are exported: the production process, not this one,
@@ -64,8 +69,9 @@ def export(model_name: str, workload: str | None, out_path: Path, db_url: str | 
         source = registry.display_url
     if not records:
         raise UsageError(f"model {model_name!r} has no compiled shapes in registry {source}")
-    write_snapshot(out_path, records, source)
+    written = write_snapshot(out_path, records, source, signing_key)
+    signed_by = signing_key.public.key_id if signing_key else None
     if as_json:
-        print_json({"path": str(out_path), "shapes": len(records), "source": source})
+        print_json({"path": str(written), "shapes": len(records), "source": source, "signed_by": signed_by})
     else:
-        click.echo(f"wrote {len(records)} compiled shapes of {model_name} to {out_path}")
+        click.echo(f"wrote {len(records)} compiled shapes of {model_name} to {written}" + (f" (signed by key {signed_by})" if signed_by else " (unsigned)"))

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, registry_location
+from warmcache.cli._common import db_option, load_signing_key, registry_location
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
+from warmcache.trust import SigningKey
 
 
 @click.command("serve")
@@ -24,7 +25,11 @@ from warmcache.manifest import load_manifest
     help="File holding the bearer token for writes (default: $WARMCACHE_TOKEN; none: writes refused).",
 )
 @click.option("--refresh", "refresh_interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds between reloads of the in-memory view.")
-def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token_file: Path | None, refresh_interval: float) -> None:
+@click.option(
+    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
+    help="Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code only from signed rows.",
+)  # fmt: skip
+def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token_file: Path | None, refresh_interval: float, signing_key: SigningKey | None) -> None:
     """Serve checks, shapes, status, misses and guard snapshots over HTTP, with /metrics and a dashboard at /."""
     try:
         import uvicorn
@@ -35,7 +40,7 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
     location = registry_location(db_url, load_manifest(manifest) if manifest else None)
     token = load_token(token_file)
-    app = create_app(ServiceConfig(location, token=token, manifest=manifest, refresh_interval=refresh_interval))
+    app = create_app(ServiceConfig(location, token=token, manifest=manifest, refresh_interval=refresh_interval, signing_key=signing_key))
     if not is_loopback(host):
         click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
     click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)

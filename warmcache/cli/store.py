@@ -42,7 +42,7 @@ from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STORE_HELP = "Store URL: s3://bucket/prefix or file:///path (default: $WARMCACHE_STORE, then the manifest's [store] url)."
+STORE_HELP = "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
 NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
 
@@ -157,8 +157,13 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
     if as_json:
         print_json(listing.as_json())
         return
-    rows = [(g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M")) for g in listing.groups]
-    click.echo(format_table(("model", "toolchain", "shapes", "newest (UTC)"), rows) if rows else f"{listing.url}: no shapes")
+    tagged = any(g.tag for g in listing.groups)  # an oci:// repository: one group per tag
+    rows: list[tuple[object, ...]] = [
+        ((g.tag,) if tagged else ()) + (g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M"))
+        for g in listing.groups
+    ]
+    headers = (("tag",) if tagged else ()) + ("model", "toolchain", "shapes", "newest (UTC)")
+    click.echo(format_table(headers, rows) if rows else f"{listing.url}: no shapes")
     click.echo(f"{listing.url}: {listing.blobs} blobs, {format_size(listing.blob_bytes)}")
 
 

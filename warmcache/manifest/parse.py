@@ -101,8 +101,8 @@ def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> Store
     url = check.string(table, "url", "store")
     if url is not None and "://" not in url:
         url = anchor.path(url).as_uri()
-    elif url is not None and not url.startswith(("s3://", "file://")):
-        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path or a folder path)")
+    elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
+        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, oci://host/repository:tag or a folder path)")
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
     if max_size is not None:

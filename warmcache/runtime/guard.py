@@ -28,7 +28,7 @@ called.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -37,11 +37,13 @@ from warmcache.explain import UNSET, describe, stale_differences
 from warmcache.fingerprint import config_hash
 from warmcache.query import bucket_tables, stale_records, usable_records
 from warmcache.registry.records import MissEvent, ShapeRecord
+from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guarded import POLICIES, Policy
-from warmcache.runtime.snapshot import read_snapshot
+from warmcache.runtime.snapshot import read_snapshot, snapshot_file
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
+from warmcache.trust import TrustedKeys
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -81,14 +83,18 @@ class ShapeGuard:
         source: str,
         telemetry_url: RegistryLocation | str | None = None,
         telemetry_interval: float = 10.0,
+        artifact_trust: ArtifactTrust | None = None,
     ) -> None:
-        """Prefer :meth:`from_registry` and :meth:`from_snapshot`; ``load`` returns the candidate rows."""
+        """Prefer :meth:`from_registry` and :meth:`from_snapshot`; ``load`` returns the candidate rows.
+
+        ``artifact_trust`` says whether the rows may name code :meth:`prime` loads (default: rows from the registry)."""
         if policy not in POLICIES:
             raise UsageError(f"guard policy {policy!r} is not one of {', '.join(POLICIES)}")
         self.model_name = model
         self.workload: Workload = workload
         self.policy: Policy = policy
         self.source = source
+        self.artifact_trust = artifact_trust or ArtifactTrust.registry(source)
         self.primed = False
         self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
         self._load = load
@@ -121,14 +127,35 @@ class ShapeGuard:
         return cls(load, model=model, workload=workload, source=source, telemetry_url=location if telemetry else None, **options)
 
     @classmethod
-    def from_snapshot(cls, path: str | Path, model: str, workload: Workload = "generate", *, telemetry_url: str | None = None, **options: Unpack[GuardOptions]) -> ShapeGuard:
-        """A guard over an exported snapshot file; misses go to ``telemetry_url`` if given, else stay in memory."""
-        snapshot = Path(path)
+    def from_snapshot(
+        cls,
+        path: str | Path,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        telemetry_url: str | None = None,
+        trust: TrustedKeys | Sequence[str] | str | None = None,
+        allow_unsigned: bool = False,
+        **options: Unpack[GuardOptions],
+    ) -> ShapeGuard:
+        """A guard over an exported snapshot (a file, or a folder holding ``warmcache-guard.json`` beside its cache
+        entries); misses go to ``telemetry_url`` if given, else stay in memory.
+
+        ``trust`` (keys or ``.pub`` files; default ``$WARMCACHE_TRUSTED_KEYS``) checks the snapshot's
+        signature: with keys, a snapshot unsigned, altered or signed by another key is refused. Without
+        keys the rows still guard shapes, but :meth:`prime` loads none of the precompiled code they name
+        unless ``allow_unsigned`` (see :mod:`warmcache.runtime.artifact_trust`).
+        """
+        given = Path(path)
+        snapshot = snapshot_file(given)
+        trusted = _trusted_keys(trust)
 
         def load() -> list[ShapeRecord]:
-            return [r for r in read_snapshot(snapshot) if r.model_name == model and r.workload == workload]
+            read = read_snapshot(snapshot, trusted)
+            return [r for r in read.records if r.model_name == model and r.workload == workload]
 
-        return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, **options)
+        artifacts = _snapshot_trust(str(snapshot), trusted, allow_unsigned, folder=given if snapshot != given else None)
+        return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
 
     @classmethod
     def from_url(
@@ -139,16 +166,22 @@ class ShapeGuard:
         *,
         telemetry: bool = True,
         timeout: float = 5.0,
+        trust: TrustedKeys | Sequence[str] | str | None = None,
+        allow_unsigned: bool = False,
         **options: Unpack[GuardOptions],
     ) -> ShapeGuard:
         """A guard over ``warmcache serve``'s snapshot of the model (``GET /v1/guard/{model}``), for processes
         without database access. :meth:`refresh` sends the last ETag, so an unchanged registry costs one
         ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
-        ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false."""
+        ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false. ``trust`` and ``allow_unsigned`` as in
+        :meth:`from_snapshot` (the service signs its answers with ``serve --sign``)."""
         from warmcache.runtime.remote import SnapshotSource
 
-        source = SnapshotSource(service_url, model, workload, timeout=timeout)
-        return cls(source.load, model=model, workload=workload, source=source.url, telemetry_url=service_url if telemetry else None, **options)
+        trusted = _trusted_keys(trust)
+        source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trusted)
+        artifacts = _snapshot_trust(source.url, trusted, allow_unsigned)
+        telemetry_url = service_url if telemetry else None
+        return cls(source.load, model=model, workload=workload, source=source.url, telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
 
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
@@ -328,6 +361,20 @@ class ShapeGuard:
         from warmcache.runtime.sentinel import recompile_sentinel
 
         return recompile_sentinel(self.policy, label)
+
+
+def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKeys:
+    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else none."""
+    if isinstance(trust, TrustedKeys):
+        return trust
+    entries = [trust] if isinstance(trust, str) else list(trust or ())
+    return TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
+
+
+def _snapshot_trust(source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None) -> ArtifactTrust:
+    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other raises)."""
+    verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
+    return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)
 
 
 def _compiled_for_every_config(rows: list[ShapeRecord]) -> list[ShapeRecord]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 from warmcache.registry.records import ShapeRecord
+from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.shapes import Decision, ShapeFamily
 
@@ -25,6 +26,8 @@ class Guard(Protocol):
     policy: Policy
     family: ShapeFamily
     telemetry: MissTelemetry
+    #: Whether the rows may name code ``prime`` loads, and from which folder.
+    artifact_trust: ArtifactTrust
     #: Set once every compiled bucket has been loaded (see ``serving.prime``).
     primed: bool
 

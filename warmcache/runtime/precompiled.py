@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import ROW_FINGERPRINT, read_checked
-from warmcache.errors import CacheError, first_line
+from warmcache.errors import CacheError, TrustError, first_line
 from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
+from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.targets.inductor import CACHE_ENV
 
 if TYPE_CHECKING:
@@ -139,17 +140,26 @@ class LoadReport:
     package_batches: set[int] = field(default_factory=set)
 
 
-def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool) -> tuple[PrecompiledDecoder, LoadReport]:
+def install(
+    model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool, trust: ArtifactTrust | None = None
+) -> tuple[PrecompiledDecoder, LoadReport]:
     """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
 
-    ``strict``: a missing, altered or foreign artifact raises :class:`CacheError`;
-    otherwise it is logged (one line) and its bucket keeps the ``torch.compile`` path.
+    ``trust`` (default: rows read from the registry) decides, before any file is read,
+    whether the rows may name code at all and which folder it loads from; its refusals (and an artifact whose bytes differ from its
+    recorded sha256) raise :class:`TrustError` whatever ``strict`` says. ``strict``: a
+    missing or foreign artifact raises :class:`CacheError`; otherwise it is logged (one
+    line) and its bucket keeps the ``torch.compile`` path.
     """
+    records = list(records)
+    trust = trust or ArtifactTrust.registry("registry")
+    if any(precompiled_entries(r) for r in records):
+        trust.require_trusted_rows()
     original = type(model).get_compiled_call.__get__(model)
     decoder = PrecompiledDecoder(model, fallback=lambda: original(compile_config))
     report = LoadReport()
     for record in records:
-        root = root_override or (Path(record.cache_root) if record.cache_root else None)
+        root = trust.root(record, root_override)
         for entry in precompiled_entries(record):
             if entry in report.loaded:
                 if isinstance(decoder.by_signature[report.loaded[entry]], PackagedDecodeStep):
@@ -158,7 +168,10 @@ def install(model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, 
             try:
                 if root is None:
                     raise CacheError(f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir=")
+                trust.confined(root, entry)
                 signature, function = load_any(root, entry, record, model)
+            except TrustError:
+                raise  # a forged or altered artifact is never a bucket to fall back from
             except CacheError as exc:
                 if strict:
                     raise

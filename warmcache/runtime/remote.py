@@ -15,16 +15,22 @@ from collections.abc import Sequence
 from warmcache.errors import UsageError
 from warmcache.registry import ShapeRecord
 from warmcache.registry.records import MissEvent
-from warmcache.runtime.snapshot import parse_snapshot
+from warmcache.runtime.snapshot import decode_snapshot
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
 class SnapshotSource:
-    """``load()`` returns the model's compiled rows from the service, re-downloading only when they changed."""
+    """``load()`` returns the model's compiled rows from the service, re-downloading only when they changed.
 
-    def __init__(self, service_url: str, model: str, workload: str, *, timeout: float = 5.0) -> None:
+    Each answer's signature is checked under ``trusted`` (when it has keys) before its rows
+    replace the last verified ones; a ``304`` keeps rows that were verified when they came.
+    """
+
+    def __init__(self, service_url: str, model: str, workload: str, *, timeout: float = 5.0, trusted: TrustedKeys = NOT_CONFIGURED) -> None:
         query = urllib.parse.urlencode({"workload": workload})
         self.url = f"{service_url.rstrip('/')}/v1/guard/{urllib.parse.quote(model, safe='')}?{query}"
         self.timeout = timeout
+        self.trusted = trusted
         self.etag: str | None = None
         self.downloads = 0
         """Full snapshots fetched (a ``304`` does not count): what a cheap refresh keeps at one."""
@@ -42,11 +48,7 @@ class SnapshotSource:
             raise UsageError(f"{self.url}: {exc.code} {_error_message(exc)}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise UsageError(f"{self.url}: cannot reach warmcache serve: {getattr(exc, 'reason', exc)}") from None
-        try:
-            document = json.loads(body)
-        except ValueError as exc:
-            raise UsageError(f"{self.url}: not a JSON answer: {exc}") from None
-        self._records = parse_snapshot(document, self.url)
+        self._records = decode_snapshot(body, self.url, self.trusted).records
         self.etag = etag
         self.downloads += 1
         return list(self._records)
@@ -55,7 +57,7 @@ class SnapshotSource:
 def _error_message(exc: urllib.error.HTTPError) -> str:
     try:
         return str(json.loads(exc.read())["error"]["message"])
-    except (ValueError, KeyError, TypeError, OSError):
+    except (ValueError, KeyError, TypeError, OSError, RecursionError):  # a body nested deep enough makes json recurse out
         return str(exc.reason)
 
 

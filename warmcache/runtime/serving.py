@@ -117,8 +117,10 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
     artifact load it instead of tracing (:mod:`warmcache.runtime.precompiled`;
-    ``cache_dir`` overrides the rows' cache folder). A refused or broken artifact
-    fails start-up under ``pad``/``refuse`` and is traced from the cache under ``warn``.
+    ``cache_dir`` overrides the rows' cache folder). An artifact the guard's rows
+    cannot vouch for, or whose bytes were altered, fails start-up under every policy
+    (:mod:`warmcache.runtime.artifact_trust`); a missing or foreign one fails it under
+    ``pad``/``refuse`` and is traced from the cache under ``warn``.
 
     Dynamo's recompile limit is raised to cover the buckets first (see
     :mod:`warmcache.runtime.budget`), and priming runs with
@@ -172,7 +174,7 @@ def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_di
         return set()
     device, backend, mode = guard.target
     start = time.perf_counter()
-    _, loaded = install(model, compile_config(backend, mode, device), guard.records, root_override=cache_dir, strict=guard.policy != "warn")
+    _, loaded = install(model, compile_config(backend, mode, device), guard.records, trust=guard.artifact_trust, root_override=cache_dir, strict=guard.policy != "warn")
     report.artifact_load_seconds = time.perf_counter() - start
     report.artifacts_loaded = len(loaded.loaded)
     report.artifact_errors = loaded.errors

@@ -39,6 +39,7 @@ from warmcache.settings import RegistryLocation
 from warmcache.shapes import WORKLOADS
 from warmcache.status import warmup_status
 from warmcache.statuses import PLAN_STATUSES
+from warmcache.trust import SigningKey
 
 T = TypeVar("T")
 
@@ -57,6 +58,8 @@ class ServiceConfig:
     """The manifest ``/v1/status`` reports on (none: ``/v1/status`` answers 404)."""
     refresh_interval: float = 5.0
     max_body_bytes: int = MAX_BODY_BYTES
+    signing_key: SigningKey | None = None
+    """Signs every ``/v1/guard/{model}`` answer, so guards with trusted keys load the precompiled code it names."""
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -163,7 +166,7 @@ class Handlers:
 
     async def guard(self, request: Request) -> Response:
         workload = choice(request.query_params, "workload", WORKLOADS)
-        etag, body = guard_document(self.view.current(), request.path_params["model"], workload, self.view.display_url)
+        etag, body = guard_document(self.view.current(), request.path_params["model"], workload, self.view.display_url, self.config.signing_key)
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers=headers)

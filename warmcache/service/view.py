@@ -32,6 +32,7 @@ from warmcache.registry.models import utcnow
 from warmcache.service.http import ApiError, dumps
 from warmcache.settings import RegistryLocation
 from warmcache.statuses import DONE_STATUSES
+from warmcache.trust import SigningKey
 
 log = logging.getLogger("warmcache.service")
 
@@ -166,8 +167,9 @@ class RegistryView:
                 self._registry = None
 
 
-def guard_document(state: RegistryState, model: str, workload: str | None, source: str) -> tuple[str, bytes]:
-    """``(etag, body)`` of the guard snapshot of ``model``: its compiled rows, as ``warmcache guard export`` writes them.
+def guard_document(state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None) -> tuple[str, bytes]:
+    """``(etag, body)`` of the guard snapshot of ``model``: its compiled rows, as ``warmcache guard export`` writes them
+    (signed with ``signing_key``, once per state).
 
     The ETag hashes the rows only (not the export time), so an unchanged registry answers
     ``304 Not Modified`` however often the view refreshes.
@@ -178,7 +180,7 @@ def guard_document(state: RegistryState, model: str, workload: str | None, sourc
         rows = [r for r in state.records if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES]
         if not rows:
             raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
-        document = snapshot_document(rows, source)
+        document = snapshot_document(rows, source, signing_key)
         etag = hashlib.sha256(dumps(document["records"])).hexdigest()[:32]
         return f'"{etag}"', dumps(document)
 

@@ -3,7 +3,9 @@
 A store (``s3://bucket/prefix`` or ``file:///path``) holds compiled cache files as
 content-addressed blobs and one index per compiled shape (:mod:`.index`);
 :mod:`.push` publishes a manifest's compiled shapes, :mod:`.pull` installs exactly
-what a manifest needs, :mod:`.maintenance` lists and garbage-collects.
+what a manifest needs, :mod:`.maintenance` lists and garbage-collects. An OCI registry
+(``oci://host/repository:tag``, :mod:`.oci`) holds the same indexes and files as a
+container image: the same commands push, pull, list, collect and check it.
 """
 
 from __future__ import annotations
@@ -12,21 +14,28 @@ from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.settings import STORE, choose
 from warmcache.store.backends import ObjectStore, open_store
+from warmcache.store.oci.reference import is_oci_url
+from warmcache.store.oci.store import OciStore
 
 STORE_ENV = STORE.env
+#: What push, pull and the store commands take: an object store, or one repository of an OCI registry.
+Store = ObjectStore | OciStore
 
 
 def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
     chosen = choose(STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None)
     if chosen is None or not chosen.text:
-        raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path), set ${STORE_ENV}, or add [store] url to the manifest")
+        raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), set ${STORE_ENV}, or add [store] url to the manifest")
     return chosen.text
 
 
-def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> ObjectStore:
-    """The store to use; the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own settings."""
-    return open_store(store_url(cli_url, manifest), endpoint_url or (manifest.store.endpoint_url if manifest else None))
+def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> Store:
+    """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own settings."""
+    url = store_url(cli_url, manifest)
+    if is_oci_url(url):
+        return OciStore.open(url)
+    return open_store(url, endpoint_url or (manifest.store.endpoint_url if manifest else None))
 
 
-__all__ = ["STORE_ENV", "ObjectStore", "open_store", "resolve_store", "store_url"]
+__all__ = ["STORE_ENV", "ObjectStore", "OciStore", "Store", "open_store", "resolve_store", "store_url"]

@@ -99,7 +99,7 @@ def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
         if parsed.netloc not in ("", "localhost"):
             raise UsageError(f"store URL {url!r}: a file store is file:///absolute/path")
         return FileStore(Path(unquote(parsed.path)))
-    raise UsageError(f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix or file:///path)")
+    raise UsageError(f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix, file:///path or oci://host/repository:tag)")
 
 
 class FileStore:

@@ -29,6 +29,7 @@ from warmcache.store.index import (
     blob_key,
     parse_index,
 )
+from warmcache.store.oci.store import OciStore
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
 DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
@@ -52,6 +53,8 @@ class StoreGroup(FieldsJson):
     toolchain_hash: str
     shapes: int
     newest: float
+    #: The OCI tag holding these shapes (an S3 or file store has no tags).
+    tag: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,12 @@ class StoreListing:
         return fields_json(self, {"url": "store"})
 
 
-def list_store(store: ObjectStore) -> StoreListing:
+def list_store(store: ObjectStore | OciStore) -> StoreListing:
     """Shapes per model and toolchain (from index keys alone), and the blobs' count and size."""
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.maintenance import list_repository  # it builds on this module
+
+        return list_repository(store)
     groups: dict[tuple[str, str], list[StoredObject]] = defaultdict(list)
     for item in store.list(INDEX_PREFIX):
         parts = item.key[len(INDEX_PREFIX) :].split("/")
@@ -107,8 +114,12 @@ class GcPlan:
         }
 
 
-def plan_gc(store: ObjectStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
+def plan_gc(store: ObjectStore | OciStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
     """Which blobs no index references (and old temporary files), read before anything is deleted."""
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.maintenance import plan_repository_gc
+
+        return plan_repository_gc(store, grace_seconds, now)
     now = time.time() if now is None else now
     referenced, indexes = referenced_blobs(store)
     removals, young = [], 0
@@ -143,7 +154,7 @@ def referenced_blobs(store: ObjectStore) -> tuple[set[str], int]:
     return referenced, indexes
 
 
-def execute_gc(store: ObjectStore, plan: GcPlan) -> int:
+def execute_gc(store: ObjectStore | OciStore, plan: GcPlan) -> int:
     """Delete the plan's objects that are still unreferenced and old; returns how many. Indexes are never touched.
 
     The consistency rule push relies on (:func:`warmcache.store.push._refresh_reused`):
@@ -152,6 +163,10 @@ def execute_gc(store: ObjectStore, plan: GcPlan) -> int:
     :data:`GC_DECISION_SECONDS` of that ``stat`` (else it is left for the next run), and
     only within :data:`REFRESH_AGE_SECONDS` of that second read.
     """
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.maintenance import execute_repository_gc
+
+        return execute_repository_gc(store, plan)
     referenced, _ = referenced_blobs(store)
     read_at = time.monotonic()
     deleted = 0

@@ -18,7 +18,7 @@ from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
-from warmcache.store.backends import ObjectStore
+from warmcache.store import Store
 from warmcache.store.push import push_manifest
 from warmcache.trust import SigningKey
 
@@ -29,7 +29,7 @@ class ShapePublisher:
 
     manifest: Manifest
     registry: RegistryLocation
-    store: ObjectStore
+    store: Store
     cache_dir: CacheFolder | None = None
     signing_key: SigningKey | None = None
     pushed: int = 0

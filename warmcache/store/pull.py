@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from warmcache.cache.bundle import BundleFile, Progress, sha256_of
 from warmcache.cache.bundle_rows import MergeResult
@@ -57,6 +57,7 @@ from warmcache.store.index import (
     index_key,
     parse_index,
 )
+from warmcache.store.oci.store import OciStore
 from warmcache.store.push import TRANSFER_THREADS
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 
@@ -64,6 +65,35 @@ from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
 #: A blob that does not match its hash is fetched this many times in all before the pull is refused.
 FETCH_ATTEMPTS = 3
+
+
+class PullSource(Protocol):
+    """Where a pull finds shapes and their files: an object store's indexes and blobs, or an OCI image's (:class:`~warmcache.store.oci.store.OciStore`)."""
+
+    url: str
+
+    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+        """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by identity."""
+
+    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+        """Every file (by sha256) checked into ``folder/<sha256>``; ``(downloaded, reused)`` bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSource:
+    """An S3 or file store as a pull source: one index object per shape, one blob per file."""
+
+    store: ObjectStore
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+        return _read_indexes(self.store, wanted, location, trusted)
+
+    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+        return _fetch_blobs(self.store, sizes, folder, progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +125,7 @@ class PullResult:
 def pull_manifest(
     scope: ShipmentScope,
     registry: RegistryLocation,
-    store: ObjectStore,
+    store: ObjectStore | OciStore,
     *,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     trusted: TrustedKeys = NOT_CONFIGURED,
@@ -110,19 +140,20 @@ def pull_manifest(
     is created only once everything is checked: a refused pull leaves no new, empty
     registry file (and no cache folder) behind.
     """
-    require_trust(trusted, allow_unsigned, f"pull from {store.url}")
+    source = store if isinstance(store, OciStore) else ObjectSource(store)
+    require_trust(trusted, allow_unsigned, f"pull from {source.url}")
     planned = plan_manifest(scope.manifest, scope.model_name)
     location = scope.location
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
-    found = _read_indexes(store, wanted, location, trusted)
+    found = source.read_indexes(wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
     files, held = _files_to_install(list(found.values()), location)
     fetch = {f.sha256: f.size for f in files.values()}
-    check_room(files.values(), location.root, max_bytes, store.url)  # what lands in the cache: a blob at two paths counts twice
+    check_room(files.values(), location.root, max_bytes, source.url)  # what lands in the cache: a blob at two paths counts twice
     common: dict[str, Any] = {
-        "store": store.url,
+        "store": source.url,
         "cache_dir": location.root,
         "already_present": len(present),
         "pulled": len(found),
@@ -135,7 +166,7 @@ def pull_manifest(
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
     created = [p for p in (location.root, *location.root.parents) if not p.exists()]
     try:
-        downloaded, reused = _fetch_blobs(store, fetch, folder, progress)
+        downloaded, reused = source.fetch_blobs(fetch, folder, progress)
         result = install_staged(meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging))
     except CacheError:  # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
         shutil.rmtree(folder, ignore_errors=True)

@@ -42,6 +42,7 @@ from warmcache.store.index import (
     index_key,
 )
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
+from warmcache.store.oci.store import OciStore
 from warmcache.trust import SigningKey, sign_document
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
@@ -63,7 +64,7 @@ class PushResult(ShippedJson):
 def push_manifest(
     scope: ShipmentScope,
     registry: Registry,
-    store: ObjectStore,
+    store: ObjectStore | OciStore,
     *,
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
@@ -75,11 +76,16 @@ def push_manifest(
     With ``signing_key`` each index is signed as a whole (its file list with every
     sha256 included), so a puller that trusts the key can tell a tampered index.
     Ed25519 signatures are deterministic: a signed re-push still writes nothing.
+    An ``oci://`` store gets the same shapes as one image (:mod:`warmcache.store.oci.push`).
     """
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.push import push_image  # it builds on this module
+
+        return push_image(scope, registry, store, verified_only=verified_only, identities=identities, signing_key=signing_key, progress=progress)
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
     try:
-        shapes = _files_per_shape(records, location)
+        shapes = files_per_shape(records, location)
     except OSError as exc:
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
     blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
@@ -129,7 +135,7 @@ def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tupl
     return len(gone)
 
 
-def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
+def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
     """Each shape's files (its entries plus the cache's kernel files), each file hashed once."""
     kernels = shared_kernels(location)
     hashed: dict[str, BundleFile] = {}

@@ -22,6 +22,7 @@ from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
 from warmcache.store.maintenance import is_blob, stored_indexes
+from warmcache.store.oci.store import OciStore
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
@@ -50,8 +51,12 @@ class CheckReport:
         return {**fields_json(self, {"url": "store"}), "ok": not self.problems}
 
 
-def check_store(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, dict[str, set[str]]]:
-    """The report, and for each referenced blob the cache paths the indexes give it (what a repair looks for)."""
+def check_store(store: ObjectStore | OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, Any]:
+    """The report, and what a repair needs: for each referenced blob the cache paths the indexes give it (an OCI store: each damaged layer)."""
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.maintenance import check_repository  # it builds on this module
+
+        return check_repository(store, trusted, progress)
     problems: list[StoreProblem] = []
     named: dict[str, set[str]] = {}
     indexes = 0
@@ -79,8 +84,12 @@ def check_store(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progr
     return CheckReport(store.url, indexes, len(blobs), tuple(problems)), named
 
 
-def repair_store(store: ObjectStore, report: CheckReport, named: dict[str, set[str]], cache_root: Path) -> CheckReport:
+def repair_store(store: ObjectStore | OciStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
     """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is left."""
+    if isinstance(store, OciStore):
+        from warmcache.store.oci.maintenance import repair_repository
+
+        return repair_repository(store, report, named, cache_root)
     repaired: list[str] = []
     left: list[StoreProblem] = []
     for problem in report.problems:

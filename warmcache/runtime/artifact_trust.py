@@ -1,0 +1,99 @@
+"""Which precompiled artifacts a guard may load: files its rows vouch for, inside the cache folder it was given.
+
+A precompiled artifact is code: an AOTInductor package is a ``.so`` that is
+``dlopen``-ed (its constructors run at that moment), an ``aot_compile`` artifact is
+a pickle that carries bytecode. Its bytes are checked against the sha256 in its
+name before anything in it runs, but that name, and the folder it is read from,
+come from the guard's rows. So the rows must come from a source an attacker cannot
+forge:
+
+* the registry: written by warmup on the fleet's own hosts and by pulls and unpacks
+  that checked signatures (a database the operator named is the local authority);
+* a guard snapshot (a file, a folder, or ``warmcache serve``'s answer) whose
+  signature a trusted key verified, or whose caller explicitly allowed unsigned code.
+
+A snapshot's ``cache_root`` is never followed: it names a folder on the host that
+exported it. Its artifacts load from the cache folder configured here (``cache_dir=``,
+the snapshot folder, ``$WARMCACHE_CACHE_DIR``, then Inductor's own folder), and an
+entry that is not a plain ``precompiled/<sha256>`` or ``aotinductor/<sha256>`` file of
+that folder (a link out of it included) is refused. Every refusal here is a
+:class:`~warmcache.errors.TrustError`, raised under every guard policy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, entry_of
+from warmcache.errors import TrustError, shown
+from warmcache.settings import resolve_cache_folder
+from warmcache.targets.inductor import CACHE_ENV, inductor_default_cache_dir
+from warmcache.trust import ALLOW_UNSIGNED_ENV, TRUSTED_KEYS_ENV
+
+if TYPE_CHECKING:
+    from warmcache.registry.records import ShapeRecord
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactTrust:
+    """What a guard's rows are worth as a licence to load the code they name.
+
+    ``signed_by``: ``None`` for rows read from the registry; otherwise the id of the
+    trusted key that verified the snapshot, or ``""`` when nobody checked it.
+    """
+
+    source: str
+    signed_by: str | None = None
+    allow_unsigned: bool = False
+    #: A snapshot folder's own cache (the default place its artifacts load from).
+    folder: Path | None = None
+
+    @classmethod
+    def registry(cls, source: str) -> ArtifactTrust:
+        return cls(source)
+
+    @property
+    def from_snapshot(self) -> bool:
+        return self.signed_by is not None
+
+    def require_trusted_rows(self) -> None:
+        """Refuse (before any file is read) to load artifacts named by a snapshot nobody verified, unless the caller opted out."""
+        if self.signed_by == "" and not self.allow_unsigned:
+            raise TrustError(
+                f"{self.source}: guard snapshot not verified (no trusted keys configured), and its precompiled artifacts are native code; refused: "
+                f"pass trust=[KEY.pub] (or set ${TRUSTED_KEYS_ENV}), or allow_unsigned=True (${ALLOW_UNSIGNED_ENV}=1) to load them unverified"
+            )
+
+    def root(self, record: ShapeRecord, override: Path | None) -> Path | None:
+        """The cache folder ``record``'s artifacts load from: ``override``, else the rows' own (registry) or the configured one (snapshot)."""
+        if override is not None:
+            return override
+        if not self.from_snapshot:
+            return Path(record.cache_root) if record.cache_root else None
+        return self.folder or configured_cache_folder()
+
+    def confined(self, root: Path, entry: str) -> Path:
+        """``root / entry``, refused unless ``entry`` is one artifact file of ``root``'s layout that stays inside ``root``."""
+        found = entry_of("inductor", entry)
+        name = entry.rsplit("/", 1)[-1] if found else ""
+        if found is None or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR) or found[1] != entry or len(name) != 64 or not set(name) <= _HEX:
+            raise TrustError(f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or aotinductor/<sha256> entry; refused")
+        path = root / entry
+        real, inside = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, inside]) != inside:
+            raise TrustError(f"{path}: precompiled artifact leads outside the cache folder {root} (to {real}); refused")
+        return path
+
+
+def configured_cache_folder() -> Path:
+    """Where a snapshot's artifacts load from when no folder is given: ``$WARMCACHE_CACHE_DIR``, ``$TORCHINDUCTOR_CACHE_DIR``, then Inductor's default."""
+    chosen = resolve_cache_folder(None)
+    if chosen is not None:
+        return chosen.path
+    inductor = os.environ.get(CACHE_ENV)
+    return Path(inductor) if inductor else inductor_default_cache_dir()

@@ -1,0 +1,285 @@
+"""The registry API warmcache needs, over the oras client: manifests, blobs, tags, deletes.
+
+oras (the ORAS project's Python SDK) brings what is not ours to reimplement: reference
+and URL building, and authentication as registries do it, both HTTP basic (``htpasswd``,
+Harbor robot accounts) and the bearer-token dance (Docker Hub, ECR, Artifact Registry,
+GHCR), with credentials from the docker config and its credential helpers
+(:mod:`.credentials`). What it lacks for a service, this module adds around it:
+
+- **Deadlines.** Every request runs under :class:`~warmcache.store.deadline.Deadline`
+  (60 s plus 1 s per MiB moved, never past the command's ``--timeout``), and the socket
+  gets 5 s to connect and 20 s per read: a registry that is down or stalls is one
+  :class:`~warmcache.errors.StoreError` line naming the URL, never a hang. oras's own
+  retry (up to 131 s of sleeps on a refused connection) is bypassed for ours: 5 attempts,
+  0.2 s doubling, only on connection errors, 429 and 5xx.
+- **Streaming.** Blobs go up from a file and come down in 1 MiB blocks (oras's monolithic
+  upload reads a whole file into memory: a Neuron layer can be gigabytes).
+- **One-line failures** naming the URL and never a credential: unreachable, access
+  denied, not found, or the registry's own error code and message.
+- **Byte-exact manifests.** A manifest is sent as the bytes whose sha256 is its digest
+  (oras re-serialises JSON, which would change the digest a signature or a pod names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from http.cookiejar import DefaultCookiePolicy
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import oras.auth
+import oras.container
+import oras.provider
+import requests
+
+from warmcache.errors import StoreError, first_line
+from warmcache.store.deadline import Deadline
+from warmcache.store.oci.credentials import docker_config_path, load_docker_config
+from warmcache.store.oci.reference import OciReference
+
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+#: Attempts per request on a refused connection, 429 or 5xx (as the S3 store's botocore ``standard`` mode).
+ATTEMPTS = 5
+FIRST_BACKOFF_SECONDS = 0.2
+CONNECT_SECONDS, READ_SECONDS = 5.0, 20.0
+BLOCK = 1 << 20
+#: Tags per page when listing (the registry may send fewer and a ``Link`` to the next page).
+TAGS_PAGE = 1000
+
+# oras logs through the standard logging module; its lines (retries, "requires a token") would
+# reach stderr beside ours. Every failure it meets surfaces here as one StoreError instead.
+logging.getLogger("oras.logger").addHandler(logging.NullHandler())
+logging.getLogger("oras.logger").propagate = False
+
+
+class _TimedSession(requests.Session):
+    """A session whose every request has socket timeouts (requests has none by default)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", (CONNECT_SECONDS, READ_SECONDS))
+        return super().request(*args, **kwargs)
+
+
+class _ChallengeAuth(oras.auth.TokenAuth):
+    """oras's token auth, plus HTTP basic when the registry's challenge asks for it.
+
+    oras picks one scheme up front; a registry says which it wants in ``WWW-Authenticate``
+    (``Basic`` for htpasswd, ``Bearer realm=...`` for a token service), so this follows it.
+    After the first basic challenge the credentials go with every request (no 401 round trip each).
+    """
+
+    basic = False
+
+    def authenticate_request(self, original: requests.Response, headers: dict[str, str], refresh: bool = False) -> tuple[dict[str, str], bool]:
+        if original.headers.get("Www-Authenticate", "").lower().startswith("basic"):
+            if not getattr(self, "_basic_auth", None):
+                return headers, False
+            self.basic = True
+            return {**(headers or {}), "Authorization": f"Basic {self._basic_auth}"}, True
+        return super().authenticate_request(original, headers, refresh)
+
+
+class _Oras(oras.provider.Registry):
+    """oras's registry client with our session, auth and (in :class:`RegistryClient`) retries."""
+
+    def __init__(self, reference: OciReference) -> None:
+        super().__init__(hostname=reference.host, insecure=reference.plain_http, auth_backend="token")
+        session = _TimedSession()
+        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # oras ignores cookies (Harbor's CSRF ones)
+        auth = _ChallengeAuth()
+        auth.session, auth.prefix, auth._tls_verify = session, self.prefix, True
+        # Our reading of the docker config ($DOCKER_CONFIG honoured, URL keys normalised): oras looks the host up in it.
+        auth._auth_config = load_docker_config()
+        self.session, self.auth = session, auth
+
+    def request_once(self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False) -> requests.Response:
+        """One request with oras's authentication (a 401 answered once), without its sleeping retry decorator."""
+        if self.auth.basic and getattr(self.auth, "_basic_auth", None):
+            headers = {**headers, "Authorization": f"Basic {self.auth._basic_auth}"}
+        undecorated = oras.provider.Registry.do_request.__wrapped__
+        response: requests.Response = undecorated(self, url, method, data=data, headers=headers, stream=stream)
+        return response
+
+
+class RegistryClient:
+    """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming ``where``."""
+
+    def __init__(self, reference: OciReference) -> None:
+        self.reference = reference
+        self.where = reference.repository_url
+        self.deadline = Deadline(reference.url)
+        self._oras = _Oras(reference)
+        self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
+        self._oras.auth.load_configs(self._container)  # finds this host's credentials (inline, or through a credential helper)
+        self._base = f"{self._oras.prefix}://"
+
+    # ------------------------------------------------------------ manifests and tags
+
+    def manifest(self, ref: str) -> tuple[str, bytes] | None:
+        """``(digest, bytes)`` of the manifest a tag or digest names, or ``None`` when there is none."""
+        response = self._request("GET", self._container.manifest_url(ref), f"reading manifest {ref}", headers={"Accept": MANIFEST_MEDIA_TYPE}, absent_ok=True)
+        if response is None:
+            return None
+        data = response.content
+        return f"sha256:{hashlib.sha256(data).hexdigest()}", data
+
+    def put_manifest(self, ref: str, data: bytes) -> str:
+        """Store ``data`` (exactly these bytes) as the manifest of tag ``ref``; its digest."""
+        self._request("PUT", self._container.manifest_url(ref), f"writing manifest {ref}", headers={"Content-Type": MANIFEST_MEDIA_TYPE}, data=data)
+        return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+    def tags(self) -> list[str]:
+        """Every tag of the repository (none for a repository that does not exist yet)."""
+        found: list[str] = []
+        url: str | None = f"{self._container.tags_url()}?n={TAGS_PAGE}"
+        while url:
+            response = self._request("GET", url, "listing tags", absent_ok=True)
+            if response is None:
+                return found
+            found += response.json().get("tags") or []
+            link = response.links.get("next", {}).get("url")
+            url = urljoin(f"{self._base}{self.reference.host}/", link)[len(self._base) :] if link else None
+        return found
+
+    def delete_manifest(self, digest: str) -> None:
+        """Remove a manifest by digest (absent is fine); the registry drops every tag that pointed at it."""
+        self._request("DELETE", self._container.manifest_url(digest), f"deleting manifest {digest[:19]}", absent_ok=True)
+
+    # ------------------------------------------------------------ blobs
+
+    def blob_size(self, digest: str) -> int | None:
+        """The blob's size in this repository, or ``None`` when it is not there."""
+        response = self._request("HEAD", self._container.get_blob_url(digest), f"checking blob {digest[:19]}", absent_ok=True)
+        return int(response.headers.get("Content-Length", -1)) if response is not None else None
+
+    def upload(self, path: Path, digest: str, size: int, progress: Callable[[int], None] | None = None) -> None:
+        """Upload a file as the blob ``digest`` (the registry checks the digest and refuses other bytes)."""
+
+        def send() -> None:
+            with path.open("rb") as source:
+                self._put_blob(digest, _Upload(source, size, progress), size)
+
+        self._retried(send, f"uploading blob {digest[:19]}", size)
+
+    def upload_bytes(self, data: bytes) -> str:
+        """Upload a small blob held in memory (a config); its digest."""
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        if self.blob_size(digest) != len(data):
+            self._retried(lambda: self._put_blob(digest, data, len(data)), f"uploading blob {digest[:19]}", len(data))
+        return digest
+
+    def blocks(self, digest: str) -> Iterator[bytes]:
+        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not there."""
+        response = self._request("GET", self._container.get_blob_url(digest), f"downloading blob {digest[:19]}", stream=True)
+        assert response is not None
+        try:
+            yield from self.deadline.blocks(response.iter_content(BLOCK), f"downloading blob {digest[:19]}")
+        except requests.RequestException as exc:
+            raise StoreError(f"{self.where}: downloading blob {digest[:19]}: connection lost ({first_line(exc)})") from None
+        finally:
+            response.close()
+
+    def read_blob(self, digest: str, max_bytes: int) -> bytes:
+        """A small blob, whole (refused above ``max_bytes``), checked against its digest."""
+        data = bytearray()
+        for block in self.blocks(digest):
+            data += block
+            if len(data) > max_bytes:
+                raise StoreError(f"{self.where}: blob {digest[:19]} is larger than {max_bytes} bytes; refused")
+        if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+            raise StoreError(f"{self.where}: blob {digest[:19]} does not hash to its digest; refused")
+        return bytes(data)
+
+    def delete_blob(self, digest: str) -> None:
+        """Unlink a blob from this repository (absent is fine)."""
+        self._request("DELETE", self._container.get_blob_url(digest), f"deleting blob {digest[:19]}", absent_ok=True)
+
+    def _put_blob(self, digest: str, body: Any, size: int) -> None:
+        """One upload session: POST for a location, then one PUT of the whole body with its digest."""
+        started = self._once("POST", self._container.upload_blob_url(), f"starting upload of {digest[:19]}", {"Content-Length": "0"})
+        assert started is not None  # only a 404 is None, and only when absent_ok
+        location = started.headers.get("Location", "")
+        if not location:
+            raise StoreError(f"{self.where}: the registry started an upload without a Location header")
+        url = urljoin(f"{self._base}{self.reference.host}/", location)
+        url += ("&" if "?" in url else "?") + f"digest={digest}"
+        self._once("PUT", url[len(self._base) :], f"uploading blob {digest[:19]}", {"Content-Type": "application/octet-stream", "Content-Length": str(size)}, data=body)
+
+    # ------------------------------------------------------------ requests, retries and errors
+
+    def _request(
+        self, method: str, url: str, what: str, headers: dict[str, str] | None = None, data: Any = None, stream: bool = False, absent_ok: bool = False
+    ) -> requests.Response | None:
+        """One API call with retries: the response, or ``None`` for a 404 when ``absent_ok``."""
+        return self._retried(lambda: self._once(method, url, what, headers or {}, data, stream, absent_ok), what, len(data) if isinstance(data, bytes) else 0)
+
+    def _once(self, method: str, url: str, what: str, headers: dict[str, str], data: Any = None, stream: bool = False, absent_ok: bool = False) -> requests.Response | None:
+        try:
+            response = self._oras.request_once(f"{self._base}{url}", method, headers, data, stream)
+        except ValueError as exc:  # oras: "Cannot respond to request for authentication" (no credentials for a challenge)
+            raise StoreError(f"{self.where}: {what}: {self._denied('no usable credentials')} ({first_line(exc)})") from None
+        status = response.status_code
+        if status < 300:
+            return response
+        if status == 404 and absent_ok:
+            response.close()
+            return None
+        if status in (401, 403):
+            raise StoreError(f"{self.where}: {what}: {self._denied(f'access denied (HTTP {status})')}")
+        if status == 429 or status >= 500:
+            raise _Retryable(f"HTTP {status} {_registry_error(response)}")
+        raise StoreError(f"{self.where}: {what}: HTTP {status} {_registry_error(response)}")
+
+    def _retried(self, call: Callable[[], Any], what: str, nbytes: int = 0) -> Any:
+        """``call()`` under the deadline, again after a connection error, 429 or 5xx (0.2 s, doubling), at most :data:`ATTEMPTS` times."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return self.deadline.run(call, what, nbytes)
+            except (_Retryable, requests.ConnectionError, requests.Timeout) as exc:
+                if attempt == ATTEMPTS:
+                    reason = "cannot reach the registry" if isinstance(exc, requests.ConnectionError) else "the registry keeps failing"
+                    raise StoreError(f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} attempts ({first_line(str(exc))})") from None
+                time.sleep(FIRST_BACKOFF_SECONDS * 2 ** (attempt - 1))
+            except requests.RequestException as exc:
+                raise StoreError(f"{self.where}: {what}: {type(exc).__name__}: {first_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def _denied(self, reason: str) -> str:
+        return f"{reason}: check the credentials for {self.reference.host} in {docker_config_path()} (docker login, or a credential helper)"
+
+
+class _Retryable(Exception):
+    """A transient answer (429, 5xx): worth another attempt."""
+
+
+class _Upload:
+    """A file sent as a request body in blocks, with its length known (so it goes as one PUT, not chunked) and progress reported."""
+
+    def __init__(self, source: Any, size: int, progress: Callable[[int], None] | None) -> None:
+        self.source, self.size, self.progress = source, size, progress
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(lambda: self.read(BLOCK), b"")
+
+    def read(self, amount: int = -1) -> bytes:
+        block: bytes = self.source.read(amount)
+        if block and self.progress:
+            self.progress(len(block))
+        return block
+
+
+def _registry_error(response: requests.Response) -> str:
+    """The registry's own error code and message (distribution spec ``errors`` body), or the HTTP reason."""
+    try:
+        errors = response.json().get("errors") or []
+        first = errors[0]
+        return f"{first.get('code', '')}: {first_line(str(first.get('message', '')))}".strip(": ")
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return response.reason or ""

@@ -1,0 +1,303 @@
+"""What a pushed tag is: an OCI image whose layers, applied in order, are a ready cache folder.
+
+::
+
+    manifest (application/vnd.oci.image.manifest.v1+json), annotations: models, toolchains, shapes
+      config   (application/vnd.oci.image.config.v1+json): os/architecture, rootfs diff_ids, the same summary as labels
+      layers   up to 32 data layers (:mod:`.layers`): the cache entries at their own paths
+               1 metadata layer, last: .warmcache-image/index.json and warmcache-guard.json
+
+``index.json`` holds one store index per shape, exactly as the S3 store writes them
+(:mod:`warmcache.store.index`: the row, the fingerprints, every file with its sha256 and
+size; signed by ``--sign``), which data layer holds which files, and the manifests this
+tag replaced (``store gc`` removes them once older than its grace period).
+``warmcache-guard.json`` is a ``guard export`` snapshot of the same rows (signed by the
+same key): the mounted tag is a snapshot folder, so a pod builds its
+:class:`~warmcache.runtime.guard.ShapeGuard` from it with no registry database
+(``ShapeGuard.from_snapshot(<mount>, model, trust=...)``). The ``.warmcache-image``
+folder starts with ``.warmcache-``, so cache scans, bundles and pushes never take it for
+a cache entry.
+
+Layers are pushed uncompressed, but a copy may compress them (``skopeo copy`` to a registry
+gzips every layer and drops layer annotations): a layer is therefore found through the
+config's ``diff_ids`` (the digest of its uncompressed tar, which is what ``index.json``
+records and what every reader checks), and the metadata layer is simply the last one.
+
+Only the shape indexes are trusted (by their signatures); the layer map and the list of
+replaced manifests are hints that every reader checks against them: a file is accepted
+only if its bytes are what a signed index lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from warmcache.bounds import MAX_NESTING, json_nesting
+from warmcache.cache.bundle import BundleFile
+from warmcache.cache.layout import CacheFlavor
+from warmcache.cache.locate import FLAVORS
+from warmcache.errors import CacheError, shown
+from warmcache.runtime.snapshot import SNAPSHOT_FILE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, decode_snapshot, snapshot_document
+from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
+from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
+from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
+
+IMAGE_FORMAT = 1
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+METADATA_DIR = ".warmcache-image"
+INDEX_MEMBER = f"{METADATA_DIR}/index.json"
+#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its entries).
+GUARD_MEMBER = SNAPSHOT_FILE
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
+DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+#: Marks the metadata layer among the image's layers (for people: a copy may drop it; readers take the last layer).
+LAYER_ROLE = "dev.warmcache.layer"
+ANNOTATION_PREFIX = "dev.warmcache."
+#: A manifest or config is a few KiB; anything far larger is not ours.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+#: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
+MAX_SUPERSEDED = 256
+#: An annotation is shown by ``skopeo inspect`` and registry UIs: a summary, not the full shape list.
+MAX_ANNOTATION_CHARS = 2000
+_ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """A manifest this tag pointed at before a push replaced it, and when (Unix seconds)."""
+
+    digest: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Descriptor:
+    """A blob as the manifest names it: media type, digest (of the bytes stored, compressed or not) and size."""
+
+    media_type: str
+    digest: str
+    size: int
+
+    def as_json(self, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size, **({"annotations": annotations} if annotations else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced manifests."""
+
+    tag: str
+    digest: str
+    flavor: CacheFlavor
+    indexes: dict[str, dict[str, Any]]
+    layers: tuple[Layer, ...]
+    superseded: tuple[Superseded, ...]
+    #: When the push that wrote this tag finished its metadata (Unix seconds).
+    pushed_at: float
+    #: Every blob the manifest names (config, data layers, metadata layer): what gc must keep.
+    blobs: frozenset[str]
+    #: Each layer's stored blob by its diff_id (uncompressed digest, as ``index.json`` names layers).
+    descriptors: dict[str, Descriptor]
+
+    def layer_blocks(self, client: RegistryClient, diff_id: str) -> Iterator[bytes]:
+        """The uncompressed bytes of the layer ``diff_id`` names (the caller checks them against ``diff_id``)."""
+        return layer_blocks(client, self.descriptors[diff_id])
+
+    def shape_index(self, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
+        """One shape's index, validated as the S3 store validates its own (signature first, with ``trusted`` keys)."""
+        return parse_index(index_bytes(self.indexes[key]), key, where, trusted)
+
+    def layer_of(self) -> dict[str, Layer]:
+        """Which data layer holds each file path (the first one listing it)."""
+        found: dict[str, Layer] = {}
+        for layer in self.layers:
+            for file in layer.files:
+                found.setdefault(file.path, layer)
+        return found
+
+
+def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
+    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller); ``None`` without the tag."""
+    found = client.manifest(tag)
+    if found is None:
+        return None
+    digest, data = found
+    where = f"{client.reference.with_tag(tag).url}"
+    manifest = _json(data, f"{where}: manifest", MAX_MANIFEST_BYTES)
+    layers = manifest.get("layers")
+    if manifest.get("mediaType") != MANIFEST_MEDIA_TYPE or not isinstance(layers, list) or not layers or not isinstance(manifest.get("config"), dict):
+        raise CacheError(f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused")
+    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), int(layer["size"])) for layer in layers]
+    config_digest = _digest(manifest["config"], where)
+    config = _json(client.read_blob(config_digest, MAX_MANIFEST_BYTES), f"{where}: image config", MAX_MANIFEST_BYTES)
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
+    if not isinstance(diff_ids, list) or len(diff_ids) != len(stored) or not all(isinstance(d, str) for d in diff_ids):
+        raise CacheError(f"{where}: the image config's rootfs.diff_ids do not match its {len(stored)} layers; refused")
+    descriptors = dict(zip(diff_ids, stored))
+    metadata = bytearray()
+    for block in layer_blocks(client, stored[-1]):
+        metadata += block
+        if len(metadata) > MAX_INDEX_BYTES:
+            raise CacheError(f"{where}: the metadata layer is larger than {MAX_INDEX_BYTES} bytes; refused")
+    if f"sha256:{hashlib.sha256(metadata).hexdigest()}" != diff_ids[-1]:
+        raise CacheError(f"{where}: the last layer does not hash to its diff_id: corrupt or tampered; refused")
+    member = read_member(bytes(metadata), INDEX_MEMBER, where)
+    if member is None:
+        raise CacheError(f"{where}: not a warmcache image (its last layer holds no {INDEX_MEMBER}); refused")
+    index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
+        raise CacheError(
+            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout {shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
+        )
+    pushed_at = index.get("pushed_at")
+    pushed = float(pushed_at) if isinstance(pushed_at, (int, float)) else 0.0
+    blobs = frozenset({config_digest, *(d.digest for d in stored)})
+    indexes, layer_map, superseded = _indexes(index, where), _layers(index, where), _superseded(index, where)
+    unknown = [layer.digest for layer in layer_map if layer.digest not in descriptors]
+    if unknown:
+        raise CacheError(f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused")
+    return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
+
+
+def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[bytes]:
+    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``)."""
+    if descriptor.media_type in (LAYER_MEDIA_TYPE, DOCKER_LAYER):
+        yield from client.blocks(descriptor.digest)
+        return
+    if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
+        raise CacheError(
+            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+        )
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    for block in client.blocks(descriptor.digest):
+        try:
+            yield inflate.decompress(block)
+        except zlib.error as exc:
+            raise CacheError(f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused") from None
+    yield inflate.flush()
+
+
+def metadata_members(
+    flavor: CacheFlavor,
+    indexes: dict[str, dict[str, Any]],
+    layers: list[Layer],
+    superseded: list[Superseded],
+    source: str,
+    pushed_at: float,
+    signing_key: SigningKey | None,
+) -> list[tuple[str, bytes]]:
+    """The metadata layer's two files: ``index.json`` and the ``guard export`` snapshot of the same rows."""
+    document = {
+        "format": IMAGE_FORMAT,
+        "flavor": flavor,
+        "pushed_at": pushed_at,
+        "indexes": indexes,
+        "layers": [{"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]} for layer in layers],
+        "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
+    }
+    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source, signing_key))]
+
+
+def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
+    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own fields, such as its cache folder, left empty)."""
+    local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
+    rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
+    unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
+    records = decode_snapshot(unsigned, source).records
+    return json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True).encode()
+
+
+def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
+    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (= digests: uncompressed)."""
+    architecture = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
+    return canonical_bytes({"architecture": architecture, "os": "linux", "config": {"Labels": labels}, "rootfs": {"type": "layers", "diff_ids": diff_ids}})
+
+
+def manifest_bytes(config: tuple[str, int], layers: list[Descriptor], metadata: Descriptor, annotations: dict[str, str]) -> bytes:
+    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for people)."""
+    descriptors = [layer.as_json() for layer in layers] + [metadata.as_json({LAYER_ROLE: "metadata"})]
+    return canonical_bytes(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config[0], "size": config[1]},
+            "layers": descriptors,
+            "annotations": annotations,
+        }
+    )
+
+
+def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as annotations and labels)."""
+    rows = [document["row"] for _, document in sorted(indexes.items())]
+    toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
+    families: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else "")
+        families[family].append(f"{row['batch_size']}x{row['seq_len']}")
+    return {
+        f"{ANNOTATION_PREFIX}flavor": flavor,
+        f"{ANNOTATION_PREFIX}models": ",".join(sorted({row["model_name"] for row in rows})),
+        f"{ANNOTATION_PREFIX}toolchains": _bounded("; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))),
+        f"{ANNOTATION_PREFIX}shapes": _bounded("; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))),
+        f"{ANNOTATION_PREFIX}shape-count": str(len(rows)),
+    }
+
+
+def _describe_toolchain(toolchain: dict[str, Any]) -> str:
+    packages = " ".join(f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version)
+    return f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on {toolchain.get('platform')} ({packages})"
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ANNOTATION_CHARS else text[: MAX_ANNOTATION_CHARS - 1] + "…"
+
+
+def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
+    if len(data) > max_bytes or json_nesting(data) > MAX_NESTING:
+        raise CacheError(f"{where}: larger or deeper than warmcache writes; refused")
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CacheError(f"{where}: not valid JSON ({exc}); refused") from None
+    if not isinstance(value, dict):
+        raise CacheError(f"{where}: not a JSON object; refused")
+    return value
+
+
+def _digest(descriptor: Any, where: str) -> str:
+    digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
+    if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71 or not isinstance(descriptor.get("size"), int):
+        raise CacheError(f"{where}: descriptor {shown(descriptor)} has no sha256 digest and size; refused")
+    return digest
+
+
+def _indexes(index: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    indexes = index.get("indexes")
+    if not isinstance(indexes, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in indexes.items()):
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'indexes' must map index keys to index documents; refused")
+    return indexes
+
+
+def _layers(index: dict[str, Any], where: str) -> tuple[Layer, ...]:
+    try:
+        return tuple(
+            Layer(_digest(layer, where), layer["size"], tuple(BundleFile(str(path), str(sha), int(size)) for path, sha, size in layer["files"])) for layer in index["layers"]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'layers' is malformed ({exc}); refused") from None
+
+
+def _superseded(index: dict[str, Any], where: str) -> tuple[Superseded, ...]:
+    try:
+        return tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
+    except (TypeError, ValueError) as exc:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' is malformed ({exc}); refused") from None
