@@ -51,7 +51,7 @@ for lengths in args["requests"]:
     seconds.append(time.perf_counter() - begin)
     generated = out[:, ids.shape[1]:]
     agreement = judge(reference_logits(model, ids, mask, generated), generated, args["dtype"], forbidden=eos_token_ids(model))
-    results.append({"agrees": agreement.agrees, "agreement": agreement.describe(), "new_tokens": generated.flatten().tolist()})
+    results.append({"agrees": agreement.agrees, "agreement": agreement.describe(), "worst": agreement.token_deficit, "new_tokens": generated.flatten().tolist()})
 decoder = model.get_compiled_call(compile_config(*[guard.target[i] for i in (1, 2, 0)]))
 print(json.dumps({
     "artifacts_loaded": report.artifacts_loaded,

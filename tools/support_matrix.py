@@ -14,6 +14,7 @@ README's support table from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
+    python tools/support_matrix.py --real          # published configs at real width, every route and dtype (tools/real_matrix.py; hours)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from real_matrix import DTYPES, ROUTES, run_matrix  # noqa: E402
+from real_matrix import markdown as real_markdown  # noqa: E402
+from real_model import real_configs  # noqa: E402
 from tiny_model import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model  # noqa: E402
 
 #: One compiled batch size (the guard pads 1 to 2) and two prompt buckets sharing its decode graph.
@@ -205,17 +209,25 @@ def markdown(rows: Sequence[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
+    parser.add_argument("--real", action="store_true", help="Published configs at real width through every route and dtype (tools/real_matrix.py).")
+    parser.add_argument("--config", choices=sorted(real_configs()), action="append", help="With --real: config(s) to run (default: all).")
+    parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
+    parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="warmcache-matrix-") as tmp:
-        prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)
-        rows = [row(prepared, arch) for arch in prepared.models]
-    table = markdown(rows, time.perf_counter() - start)
+        if args.real:
+            cells = run_matrix(Path(tmp), args.config or sorted(real_configs()), args.dtype or DTYPES, args.route or ROUTES, lambda line: print(line, file=sys.stderr))
+            table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
+        else:
+            prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)
+            rows = [row(prepared, arch) for arch in prepared.models]
+            table, ok = markdown(rows, time.perf_counter() - start), all(r.ok for r in rows)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
-    return 0 if all(r.ok for r in rows) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""The support matrix on published configs: every config × route × dtype at real width, depth cut to 2 layers.
+
+Run through ``python tools/support_matrix.py --real`` (``--config``, ``--dtype`` and ``--route``
+narrow it). Each cell is what a user's deployment would run, through the CLI in fresh
+processes, on its own registry and cache folder:
+
+* ``inductor``: ``warmcache warmup`` (real Inductor compiles, decoding to the full cache,
+  unpadded and left-padded), ``warmcache verify`` (zero cache misses in a fresh process), then
+  a fresh serving process that primes a ``ShapeGuard`` and sends ragged requests
+  (``tools/serving_check.py``): 0 graphs after priming, every token agreeing with the
+  model's eager logits under the dtype's criterion (``warmcache.warmup.verify.agreement``);
+* ``precompile``: the same with ``precompile = true`` (each bucket's decode step saved with
+  ``aot_compile``; verify proves the artifact to the cache's end);
+* ``aotinductor``: ``precompile = "aotinductor"``; the serving process must also trace no
+  Dynamo frame and import no compiler module;
+* ``train``: two real ``Trainer`` steps (unpadded, then right-padded), Inductor; the
+  ``bfloat16`` column trains the float32 model under ``bf16`` mixed precision.
+
+A cell ``plan`` refuses is shown with its reason: nothing compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from real_model import build_real_model, real_configs
+from serving_check import serve
+
+ROUTES = ("inductor", "precompile", "aotinductor", "train")
+DTYPES = ("float32", "bfloat16")
+LAYERS = 2
+BATCH, PROMPT, MAX_CACHE_LEN = 2, 8, 24
+#: A single prompt padded onto the batch-2 bucket with a dummy row, and a left-padded pair.
+REQUESTS = ((5,), (8, 3))
+TRAIN_LENGTH = 16
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One config × dtype × route: passed, refused at plan time, or failed, and what was seen."""
+
+    config: str
+    dtype: str
+    route: str
+    outcome: str  # "pass" | "refused" | "FAIL"
+    detail: str
+    seconds: float
+
+    def text(self) -> str:
+        return f"{self.outcome}: {self.detail}" if self.detail else self.outcome
+
+
+def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
+    done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+    try:
+        report = json.loads(done.stdout) if done.stdout.strip() else None
+    except json.JSONDecodeError:
+        report = None
+    return done.returncode, report, (done.stderr.strip().splitlines() or [""])[-1]
+
+
+def _declared(model_path: Path, dtype: str, route: str) -> str:
+    head = f'[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = "m"\npath = "{model_path}"\nbackend = "inductor"\n'
+    if route == "train":
+        return head + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = [{TRAIN_LENGTH}]\nbf16 = {"true" if dtype == "bfloat16" else "false"}\n'
+    precompile = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}[route]
+    return head + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = [{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n'
+
+
+def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) -> Cell:
+    """Plan, warm, verify and serve one cell in its own folder."""
+    start = time.perf_counter()
+    root = work / f"{config}-{dtype}-{route}"
+    root.mkdir(parents=True)
+    manifest = root / "manifest.toml"
+    manifest.write_text(_declared(model_path, dtype, route).replace("REGISTRY", str(root / "registry.sqlite")).replace("CACHE", str(root / "cache")))
+
+    def cell(outcome: str, detail: str) -> Cell:
+        return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start)
+
+    code, _, last = _cli("plan", manifest)
+    if code:
+        return cell("refused", last)
+    code, report, last = _cli("warmup", manifest)
+    failed = [s["error"] for s in (report or {}).get("specs", []) if s["status"] != "compiled"]
+    if code or failed:
+        return cell("FAIL", f"warmup: {failed[0] if failed else last}")
+    if route == "train":
+        return cell("pass", "2 Trainer steps (unpadded, right-padded)")
+    code, report, last = _cli("verify", manifest)
+    verdicts = [s for s in (report or {}).get("specs", [])]
+    if code or any(v["verdict"] != "verified" for v in verdicts):
+        return cell("FAIL", f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}")
+    served = serve(root, model_path, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, dtype=dtype)
+    problems = []
+    if served["graphs_after_priming"] or served["artifact_errors"]:
+        problems.append(f"{served['graphs_after_priming']} graphs after priming {served['artifact_errors']}")
+    if route == "aotinductor" and (served["frames"] or served["compiler_modules"]):
+        problems.append(f"{served['frames']} Dynamo frames, imported {served['compiler_modules']}")
+    problems += [r["agreement"] for r in served["results"] if not r["agrees"]]
+    if problems:
+        return cell("FAIL", "; ".join(problems))
+    worst = max(served["results"], key=lambda r: r["worst"])
+    frames = ", 0 Dynamo frames, no compiler imported" if route == "aotinductor" else ""
+    return cell("pass", f"verified; 0 graphs after priming{frames}; tokens within {worst['worst']:.2%} of eager's best")
+
+
+def run_matrix(work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print) -> list[Cell]:
+    """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
+    known = real_configs()
+    cells = []
+    for config in configs:
+        model_path = build_real_model(known[config], work / "models" / config, layers=LAYERS)
+        for dtype in dtypes:
+            for route in routes:
+                cell = run_cell(work, config, model_path, dtype, route)
+                progress(f"{config} {dtype} {route}: {cell.text()} ({cell.seconds:.0f}s)")
+                cells.append(cell)
+    return cells
+
+
+def markdown(cells: Sequence[Cell], seconds: float) -> str:
+    routes = list(dict.fromkeys(c.route for c in cells))
+    lines = [f"| config | dtype | {' | '.join(routes)} |", f"| --- | --- |{' --- |' * len(routes)}"]
+    for config, dtype in dict.fromkeys((c.config, c.dtype) for c in cells):
+        row = {c.route: c.text() for c in cells if (c.config, c.dtype) == (config, dtype)}
+        lines.append(f"| {config} | {dtype} | {' | '.join(row.get(r, '') for r in routes)} |")
+    lines += [
+        "",
+        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, random weights, Inductor, CPU; "
+        f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
+    ]
+    return "\n".join(lines)
