@@ -112,12 +112,21 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     return cell("pass", f"verified; 0 graphs after priming{frames}; tokens within {worst['worst']:.2%} of eager's best")
 
 
+def config_file(name: str) -> Path:
+    """A config kept in ``tests/data/realconfigs`` by its stem, or any ``config.json`` by its path (configs the project never saw)."""
+    known = real_configs()
+    path = known[name] if name in known else Path(name)
+    if not path.is_file():
+        raise SystemExit(f"{name}: neither a config in tests/data/realconfigs ({', '.join(known)}) nor a file")
+    return path
+
+
 def run_matrix(work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print) -> list[Cell]:
     """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
-    known = real_configs()
     cells = []
-    for config in configs:
-        model_path = build_real_model(known[config], work / "models" / config, layers=LAYERS)
+    for config_path in map(config_file, configs):
+        config = config_path.stem
+        model_path = build_real_model(config_path, work / "models" / config, layers=LAYERS)
         for dtype in dtypes:
             for route in routes:
                 cell = run_cell(work, config, model_path, dtype, route)

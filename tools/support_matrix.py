@@ -210,7 +210,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
     parser.add_argument("--real", action="store_true", help="Published configs at real width through every route and dtype (tools/real_matrix.py).")
-    parser.add_argument("--config", choices=sorted(real_configs()), action="append", help="With --real: config(s) to run (default: all).")
+    parser.add_argument("--config", action="append", help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path (default: all kept).")
     parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
     parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
