@@ -79,18 +79,18 @@ def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(write_m
     from warmcache.plan import plan_manifest
     from warmcache.warmup.worker import Worker
 
-    # What the worker sets process-wide, restored after the test: the training workload's, the cache folder's, the target's limits.
+    # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's, the target's recompile limits.
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "0")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    for limit in ("recompile_limit", "accumulated_recompile_limit"):
-        monkeypatch.setattr(torch._dynamo.config, limit, getattr(torch._dynamo.config, limit))
+    dynamo = torch._dynamo.config
     path = write_manifest(manifest_toml(model("m", backend="eager", generate=[generate(prompt_lengths=[8], max_cache_len=16)], train=[train()])))
     reports: list[PhaseReport] = []
     worker = Worker(load_manifest(path), tmp_path / "cache", on_phase=reports.append)
     torch._dynamo.reset()
     try:
-        for planned in sorted(plan_manifest(load_manifest(path)), key=lambda p: p.spec.workload):
-            worker.run(planned)
+        with dynamo.patch(recompile_limit=dynamo.recompile_limit, accumulated_recompile_limit=dynamo.accumulated_recompile_limit):
+            for planned in sorted(plan_manifest(load_manifest(path)), key=lambda p: p.spec.workload):
+                worker.run(planned)
     finally:
         torch._dynamo.reset()  # the next test starts with Dynamo as a fresh process has it
     generate_spec, train_spec = sorted({r.spec for r in reports})
