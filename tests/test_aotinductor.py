@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ def _warm(root: Path, model_path: Path, device: str) -> Path:
     for command in ("warmup", "verify"):
         done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
         assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
+        (root / f"{command}.stderr").write_text(done.stderr)  # its plain progress lines
     return root
 
 
@@ -61,6 +63,23 @@ def _package(row: Any) -> str:
 
 def _assert_served_by_packages(served: dict[str, Any]) -> None:
     assert_served_by_packages(served, packages=len(BATCHES), min_calls=len(REQUESTS) * (MAX_CACHE_LEN - PROMPT))
+
+
+@pytest.mark.slow
+def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -> None:
+    # The reference decode is eager and runs only the short call the package is exported from; verify proves the package to the cache's end.
+    for command, then in (("warmup", ["exporting the decode step", "building the package"]), ("verify", ["proving the precompiled artifact"])):
+        said = (packaged / f"{command}.stderr").read_text()
+        loads = 0
+        for batch in BATCHES:
+            spec = f"m/generate float32 max_cache_len={MAX_CACHE_LEN} batch={batch} seq={PROMPT}: "
+            # Each phase as it starts, less how long the one before took.
+            phases = [re.sub(r" \([^()]* took [^()]*\)$", "", line[len(spec) :]) for line in said.splitlines() if line.startswith(spec) and " for " not in line]
+            if phases[:1] == ["loading the model"]:
+                loads += 1
+                phases = phases[1:]
+            assert phases == ["eager first decode steps", *then], said
+        assert loads == 1  # the first spec loads the model, the other reuses it
 
 
 @pytest.mark.slow

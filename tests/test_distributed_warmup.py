@@ -98,6 +98,10 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     assert (rows["tp", "generate"].tp_size, rows["tp", "generate"].status, rows["tp", "generate"].attempts) == (2, "compiled", 1)
     assert (rows["tp", "train"].status, rows["tp", "train"].attempts) == ("failed", 1)
     assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
+    # Rank 0 sends its phases through the torchrun child to this process, which names each line's spec; the other rank sends none.
+    lines = done.stderr.splitlines()
+    for phase in ("loading the model", "compiling the decode step"):
+        assert sum(line.startswith(f"{outcomes['tp/generate']['spec']}: {phase}") and " for " not in line for line in lines) == 1, done.stderr[-4000:]
 
 
 def test_verify_replays_sharded_specs_under_torchrun(two_ranks: TwoRanks, tmp_path: Path, write_manifest) -> None:
@@ -112,6 +116,8 @@ def test_verify_replays_sharded_specs_under_torchrun(two_ranks: TwoRanks, tmp_pa
     # aot_eager keeps no persistent cache: the proof is a replay without error on both ranks.
     assert (spec["verdict"], spec["reason"]) == ("replay-only", "backend keeps no persistent cache")
     assert spec["graphs_traced"] >= 1
+    # The replay's rank 0 says its phases (once: the other rank reports nowhere).
+    assert sum(line.startswith(f"{spec['spec']}: loading the model") for line in done.stderr.splitlines()) == 1, done.stderr[-4000:]
     with Registry.open(url) as registry:
         (row,) = [r for r in registry.rows(model="tp") if r.batch_size == 2]
     assert (row.tp_size, row.status) == (2, "compiled")

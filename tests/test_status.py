@@ -14,7 +14,8 @@ from warmcache.cli import main
 from warmcache.manifest import load_manifest
 from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.status import format_duration, warmup_status
+from warmcache.status import warmup_status
+from warmcache.units import format_duration
 
 MANIFEST = manifest_toml(
     model("gen", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[8, 16], max_cache_len=32)]),

@@ -205,17 +205,3 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
 def _error_summary(text: str | None) -> str:
     """The first line of a recorded error: what a status table has room for."""
     return first_line(text) or "(no error text recorded)"
-
-
-def format_duration(seconds: float | None) -> str:
-    """``1h02m``, ``3m05s``, ``42s``; ``unknown`` when there is no estimate."""
-    if seconds is None:
-        return "unknown"
-    total = round(seconds)
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"

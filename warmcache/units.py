@@ -57,3 +57,17 @@ def format_age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.0f}s"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``42s``; ``unknown`` when there is no estimate."""
+    if seconds is None:
+        return "unknown"
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

@@ -6,8 +6,9 @@ from typing import Any, Protocol
 
 import click
 
-from warmcache.cli._common import cache_dir_option, db_option, is_terminal, json_option, print_json, registry_location
+from warmcache.cli._common import F, cache_dir_option, db_option, is_terminal, json_option, print_json, registry_location
 from warmcache.cli.quiet import quiet_libraries, verbose_option
+from warmcache.cli.running import PHASE_LINE_SECONDS
 from warmcache.cli.store import sign_option, signing_key, store_options
 from warmcache.manifest import load_manifest
 from warmcache.settings import CacheFolder
@@ -37,6 +38,20 @@ def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None =
 CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
 
 
+def progress_every_option(func: F) -> F:
+    """``--progress-every SECONDS``: how often plain output (not a terminal) repeats a running spec's phase."""
+    return click.option(
+        "--progress-every",
+        "progress_every",
+        metavar="SECONDS",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="WARMCACHE_PROGRESS_EVERY",
+        default=PHASE_LINE_SECONDS,
+        show_default=True,
+        help="In plain output (CI logs), repeat each running spec's phase after this many silent seconds (env WARMCACHE_PROGRESS_EVERY).",
+    )(func)
+
+
 @click.command("warmup")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes, each claiming specs from the registry.")
@@ -49,6 +64,7 @@ CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the mani
 @sign_option
 @store_options
 @db_option
+@progress_every_option
 @json_option
 @verbose_option
 def warmup(
@@ -64,6 +80,7 @@ def warmup(
     store_url: str | None,
     endpoint_url: str | None,
     db_url: str | None,
+    progress_every: float,
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -90,7 +107,7 @@ def warmup(
         store = resolve_store(store_url, endpoint_url, parsed)
         publisher = ShapePublisher(parsed, options.registry, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal, label="warmup"), publisher)
+    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal, label="warmup", every=progress_every), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json, publisher)
@@ -100,9 +117,10 @@ def warmup(
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @cache_dir_option(CACHE_HELP)
 @db_option
+@progress_every_option
 @json_option
 @verbose_option
-def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, as_json: bool, verbose: bool) -> None:
+def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, progress_every: float, as_json: bool, verbose: bool) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
     quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress
@@ -111,6 +129,9 @@ def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, as_
     parsed = load_manifest(manifest)
     terminal = is_terminal()
     summary = run_verify(
-        parsed, registry_location(db_url, parsed), str(cache_dir) if cache_dir else None, lambda total: spec_progress(total, terminal=terminal, label="verify")
+        parsed,
+        registry_location(db_url, parsed),
+        str(cache_dir) if cache_dir else None,
+        lambda total: spec_progress(total, terminal=terminal, label="verify", every=progress_every),
     )
     _finish(summary, as_json)

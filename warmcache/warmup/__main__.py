@@ -22,11 +22,11 @@ def main(request_path: str, report_path: str) -> None:
     with ReportWriter(report_path if distributed.is_registry_writer() else None) as reports, reports.failures_reported():
         request: ClaimRequest | WarmupRequest | ReplayRequest = read_request(request_path, [ClaimRequest, WarmupRequest, ReplayRequest])
         if isinstance(request, ClaimRequest):
-            claim_as_worker(request, reports.send)
+            claim_as_worker(request, reports.send, reports.send)
         elif isinstance(request, WarmupRequest):
-            warm_as_torchrun_child(request, reports.send)
+            warm_as_torchrun_child(request, reports.send, reports.send)
         else:
-            replay(request, reports.send)
+            replay(request, reports.send, reports.send)
 
 
 if __name__ == "__main__":

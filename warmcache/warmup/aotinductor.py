@@ -27,6 +27,7 @@ from warmcache.decode_inputs import flatten, input_signature, scalars
 from warmcache.errors import CacheError
 from warmcache.kv_cache import PositionTensorCache
 from warmcache.runtime.aotinductor import named_tensors, open_loader
+from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +70,7 @@ def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: 
     layer.is_initialized = True
 
 
-def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int) -> tuple[bytes, dict[str, Any]]:
+def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES) -> tuple[bytes, dict[str, Any]]:
     """Export and package the decode step of exactly these arguments.
 
     Returns the package bytes and the header fields production checks before
@@ -87,9 +88,11 @@ def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_ca
     # Warmup captured inference tensors (generate() runs under inference_mode); export wants plain ones.
     example = tuple(t.clone() for t in tensors)
     with torch.no_grad():
+        phases.enter(Phase.EXPORTING)
         program = torch.export.export(step, example, strict=False)
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
             path = Path(work) / "decode.pt2"
+            phases.enter(Phase.PACKAGING)
             torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS)
             payload = path.read_bytes()
             # The package's own list: tied weights appear once, folded buffers not at all.

@@ -24,6 +24,7 @@ from warmcache.cache.precompiled import AOTINDUCTOR_DIR, Fingerprint, Header, wr
 from warmcache.errors import UsageError
 from warmcache.manifest import PRECOMPILE_BACKENDS
 from warmcache.runtime.precompiled import decode_signature
+from warmcache.warmup.phases import NO_PHASES, SpecPhases
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -86,10 +87,10 @@ def save_precompiled(root: Path, compiled: Any, decode_kwargs: dict[str, Any], f
     return write_artifact(root, Header(fingerprint, modules), payload)
 
 
-def save_package(root: Path, model: PreTrainedModel, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]) -> str:
+def save_package(root: Path, model: PreTrainedModel, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any], phases: SpecPhases = NO_PHASES) -> str:
     """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
     from warmcache.warmup.aotinductor import package_decode
 
-    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"])
+    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)

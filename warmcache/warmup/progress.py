@@ -1,7 +1,7 @@
 """What warmup and verify report about each finished spec, and the callback they report to.
 
 The library only reports; ``warmcache.cli.progress`` renders (a bar on a terminal,
-plain lines otherwise).
+plain lines otherwise). What a spec reports *while* it runs is :mod:`warmcache.warmup.phases`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from warmcache.units import format_count
+from warmcache.warmup.phases import PhaseReport
 
 
 class Outcome(StrEnum):
@@ -83,8 +84,10 @@ F_contra = TypeVar("F_contra", bound=Finished, contravariant=True)
 
 
 class Progress(Protocol[F_contra]):
-    """What a run reports each finished spec to (``warmcache.cli.progress`` renders any :class:`Finished`)."""
+    """What a run reports each finished spec, and each running spec's phases, to (``warmcache.cli.progress`` renders any :class:`Finished`)."""
 
     def advance(self, finished: F_contra) -> None: ...
+
+    def phase(self, report: PhaseReport) -> None: ...
 
     def close(self) -> None: ...

@@ -35,6 +35,7 @@ from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt
 from warmcache.warmup.claims import Report, claim_loop
 from warmcache.warmup.ordering import expected_seconds, longest_first
+from warmcache.warmup.phases import PhaseListener, PhaseReport, routed
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
@@ -89,15 +90,16 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         expected = expected_seconds(registry, here)
         here = longest_first(here, expected)
         bar = progress(len(todo))
+        worker.on_phase = bar.phase  # the specs this process runs show their phases on the bar
         report = _collecting(summary.outcomes, bar.advance, on_compiled)
         try:
             with sigterm_as_interrupt():
                 if here and options.jobs > 1:
-                    _run_jobs(manifest, options, here, lease, expected, report)
+                    _run_jobs(manifest, options, here, lease, expected, routed(report, bar.phase))
                 elif here:
                     claim_loop(registry, worker, here, lease, report, distributed.coordination(), expected)
                 for nproc in sorted(sharded):
-                    _warm_under_torchrun(manifest, options, nproc, report)
+                    _warm_under_torchrun(manifest, options, nproc, routed(report, bar.phase))
         finally:
             bar.close()
         summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
@@ -148,8 +150,10 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
 # ------------------------------------------------------------------ child processes
 
 
-def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, expected: Mapping[str, float], report: Report) -> None:
-    """N worker processes, each claiming from the registry; their outcomes arrive as they finish."""
+def _run_jobs(
+    manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, expected: Mapping[str, float], receive: Callable[[SpecOutcome | PhaseReport], None]
+) -> None:
+    """N worker processes, each claiming from the registry; their phases arrive as they run, their outcomes as they finish."""
     identities = tuple(p.identity for p in todo)
     request = ClaimRequest(str(manifest.path), options.registry, options.cache_dir, identities, lease, tuple(expected.get(i) for i in identities))
     # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
@@ -158,37 +162,38 @@ def _run_jobs(manifest: Manifest, options: WarmupOptions, todo: Sequence[Planned
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // options.jobs)), **os.environ}
     launches = [Launch(f"warmup worker {i}", distributed.child_command(1), request, env) for i in range(1, options.jobs + 1)]
     # A worker that stopped abnormally held at most one batch of specs: they are claimed again once its lease expires.
-    raise_first_error(run_children(launches, [SpecOutcome], report))
+    raise_first_error(run_children(launches, [SpecOutcome, PhaseReport], receive))
 
 
-def _warm_under_torchrun(manifest: Manifest, options: WarmupOptions, nproc: int, report: Report) -> None:
-    """Warm the manifest's ``nproc``-rank models in a torchrun child; its rank 0 reports each outcome as it finishes."""
+def _warm_under_torchrun(manifest: Manifest, options: WarmupOptions, nproc: int, receive: Callable[[SpecOutcome | PhaseReport], None]) -> None:
+    """Warm the manifest's ``nproc``-rank models in a torchrun child; its rank 0 reports each phase and each outcome."""
     models = ", ".join(sorted({m.name for m in manifest.models if m.world_size == nproc}))
     launch = Launch(f"torchrun warmup of {models} ({nproc} ranks)", distributed.child_command(nproc), WarmupRequest.of(str(manifest.path), options))
-    raise_first_error(run_children([launch], [SpecOutcome], report))
+    raise_first_error(run_children([launch], [SpecOutcome, PhaseReport], receive))
 
 
-def claim_as_worker(request: ClaimRequest, report: Report) -> None:
-    """The ``--jobs`` worker process: claim and run the request's specs, reporting each outcome."""
+def claim_as_worker(request: ClaimRequest, report: Report, on_phase: PhaseListener) -> None:
+    """The ``--jobs`` worker process: claim and run the request's specs, reporting each phase and each outcome."""
     with sigterm_as_interrupt():
         manifest = load_manifest(request.manifest)
         planned = {p.identity: p for p in plan_manifest(manifest)}
         todo = [planned[identity] for identity in request.identities if identity in planned]  # in the parent's order
         with Registry.open(request.registry, hold_connections=False) as registry:
             expected = {i: s for i, s in zip(request.identities, request.expected_seconds) if s is not None}
-            claim_loop(registry, Worker(manifest, request.cache_dir), todo, request.lease_seconds, report, expected=expected)
+            claim_loop(registry, Worker(manifest, request.cache_dir, on_phase=on_phase), todo, request.lease_seconds, report, expected=expected)
 
 
 class _Forward:
-    """The progress of a torchrun child: each outcome goes to the parent, which renders it."""
+    """The progress of a torchrun child: each outcome and phase goes to the parent, which renders it."""
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, on_phase: PhaseListener) -> None:
         self.advance = report
+        self.phase = on_phase
 
     def close(self) -> None:
         pass
 
 
-def warm_as_torchrun_child(request: WarmupRequest, report: Report) -> None:
-    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` reaches the parent."""
-    run_warmup(load_manifest(request.manifest), request.options(), lambda total: _Forward(report))
+def warm_as_torchrun_child(request: WarmupRequest, report: Report, on_phase: PhaseListener) -> None:
+    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` and phases reach the parent."""
+    run_warmup(load_manifest(request.manifest), request.options(), lambda total: _Forward(report, on_phase))

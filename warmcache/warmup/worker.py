@@ -24,6 +24,7 @@ from warmcache.manifest import Manifest, ModelSpec
 from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
 from warmcache.targets import Target, resolve_cache_dir, target_for
+from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
 from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
@@ -66,6 +67,8 @@ class Worker:
     cache_dir: str | Path | None = None
     #: Save precompiled artifacts for models that ask (warmup); verify replays without writing any.
     precompile: bool = True
+    #: Told each spec's phases as it runs (the CLI's renderer, or a child's report file).
+    on_phase: PhaseListener | None = None
     _roots: dict[Target, Path] = field(default_factory=dict)
     #: Precompiled artifact per decode graph already written by this process (rows of one batch share it).
     _precompiled: dict[tuple[Any, ...], str] = field(default_factory=dict)
@@ -89,9 +92,10 @@ class Worker:
         from warmcache.compile_counter import CompileCounter
 
         model_spec, spec = planned.model, planned.spec
+        phases = SpecPhases(spec.describe(), self.on_phase)
         target = target_for(model_spec)
         root = self.cache_root(target)
-        model = self._model(model_spec, target, spec.family.settings)
+        model = self._model(model_spec, target, spec.family.settings, phases)
         flavor = target.cache_flavor
         if flavor == "inductor":
             # Forget graphs compiled for earlier specs so this spec looks its own graphs
@@ -111,11 +115,12 @@ class Worker:
                     capture_decode_call(model, eager=eager_decode) if precompile or eager_decode else contextlib.nullcontext({})
                 )
                 with capturing as decode_kwargs:
-                    result = run_generate(model, spec, target.compile_config(), target.input_device(), capture_only=eager_decode)
+                    phases.enter(Phase.FIRST_STEPS if eager_decode else Phase.COMPILING)
+                    result = run_generate(model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode)
             else:
-                result = run_train(model, spec, target.device, target.backend, target.mode)
+                result = run_train(model, spec, target.device, target.backend, target.mode, phases)
         if precompile:
-            entry = self._precompile(planned, model, root, decode_kwargs)
+            entry = self._precompile(planned, model, root, decode_kwargs, phases)
         seconds = time.perf_counter() - start
         after = list_entries(root, flavor) if flavor else {}
         new = {e: k for e, k in after.items() if e not in before}
@@ -134,7 +139,7 @@ class Worker:
             reused_entries=reused,
         )
 
-    def _precompile(self, planned: PlannedShape, model: PreTrainedModel, root: Path, decode_kwargs: dict[str, Any]) -> str:
+    def _precompile(self, planned: PlannedShape, model: PreTrainedModel, root: Path, decode_kwargs: dict[str, Any], phases: SpecPhases) -> str:
         """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
         spec, model_spec = planned.spec, planned.model
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
@@ -153,8 +158,9 @@ class Worker:
             "mode": model_spec.mode,
         }
         if model_spec.aotinductor:
-            entry = save_package(root, model, decode_kwargs, fields)
+            entry = save_package(root, model, decode_kwargs, fields, phases)
         else:
+            phases.enter(Phase.PRECOMPILING)
             entry = save_precompiled(root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields)
         self._precompiled[key] = entry
         return entry
@@ -164,12 +170,13 @@ class Worker:
         target = target_for(planned.model)
         return self._model(planned.model, target, planned.spec.family.settings), target
 
-    def _model(self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings) -> PreTrainedModel:
+    def _model(self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings, phases: SpecPhases = NO_PHASES) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
         key: tuple[Any, ...] = (model_spec.name, settings.workload) + ((settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ())
         model = self._models.get(key)
         if model is None:
+            phases.enter(Phase.LOADING)
             model = self._models[key] = load_model(model_spec, target, train=settings.workload == "train")
         return model
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.errors import DecodeRecompileError
 from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.shapes import ShapeSpec
+from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +72,9 @@ def pad_token_id(model: PreTrainedModel) -> int:
     return 0
 
 
-def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str, *, capture_only: bool = False) -> WorkloadResult:
+def run_generate(
+    model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str, phases: SpecPhases = NO_PHASES, *, capture_only: bool = False
+) -> WorkloadResult:
     """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
 
     Both forms first run a few tokens (compiling or loading the decode graphs), then
@@ -79,6 +82,7 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
     decode step that compiles again at a later position (a cache keeping its
     position in a Python int, a custom model) raises :class:`DecodeRecompileError`
     naming the guard, here, instead of recompiling at every step in production.
+    Each decode to the cache's end reports its steps to ``phases``.
 
     ``capture_only``: the model decodes eagerly here because its production serves an
     AOTInductor package, never ``torch.compile``; nothing can recompile, so one short
@@ -100,7 +104,7 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
-    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int) -> None:
+    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None) -> None:
         kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
@@ -109,6 +113,7 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
                 # A random-weight (or any) model may emit EOS early; the decode steps must run.
                 min_new_tokens=new_tokens,
                 pad_token_id=pad_id,
+                streamer=streamer,
                 **kwargs,
             )
 
@@ -135,8 +140,10 @@ def run_generate(model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig,
                     f"to max_cache_len={settings.max_cache_len}); production would recompile at every position: {reason}"
                 )
 
+            counted = settings.num_beams == 1  # generate() refuses a streamer under beam search: the phase then shows no steps
+            phases.enter(Phase.DECODING, steps=full_length if counted else 0, detail=form)
             with fail_on_recompile(recompiled):
-                generate(form_ids, form_mask, full_length)
+                generate(form_ids, form_mask, full_length, phases.decode_streamer() if counted else None)
     return WorkloadResult(padded_graphs=padded_graphs)
 
 
@@ -169,8 +176,8 @@ def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[
     return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2 * batch)]
 
 
-def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str) -> WorkloadResult:
-    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one."""
+def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES) -> WorkloadResult:
+    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step reported to ``phases``."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as transformers_logging
 
@@ -206,9 +213,10 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             **extra,
         )
         steps = _StepGraphs()
-        trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback()])
+        trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)])
         if transformers_logging.get_verbosity() > transformers_logging.WARNING:  # quiet (warmup without --verbose): no metrics dict
             trainer.remove_callback(PrinterCallback)
+        phases.enter(Phase.TRAINING, steps=TRAIN_STEPS)
         trainer.train()
     return WorkloadResult(padded_graphs=steps.padded_graphs)
 
@@ -217,6 +225,17 @@ def _checkpointing_argument(arguments: type) -> str:
     """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else ``gradient_checkpointing``."""
     names = {field.name for field in fields(arguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def _step_phases(phases: SpecPhases) -> Any:
+    """A ``TrainerCallback`` telling ``phases`` each training step as it ends (the first one compiles)."""
+    from transformers import TrainerCallback
+
+    class StepPhases(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, *rest: Any, **kwargs: Any) -> None:
+            phases.step(state.global_step)
+
+    return StepPhases()
 
 
 class _StepGraphs:

@@ -34,6 +34,7 @@ from warmcache.statuses import DONE_STATUSES
 from warmcache.units import format_count
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, run_children, sigterm_as_interrupt
+from warmcache.warmup.phases import PhaseListener, PhaseReport, routed
 from warmcache.warmup.progress import Progress
 from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary, judge
@@ -42,7 +43,7 @@ from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary
 def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | None = None, progress: Callable[[int], Progress[SpecVerdict]] | None = None) -> VerifySummary:
     """Replay the manifest's compiled specs in a fresh process and record what it proves.
 
-    ``progress(total)`` is told each spec's verdict as its replay finishes.
+    ``progress(total)`` is told each spec's phases as its replay runs, and its verdict as the replay finishes.
     """
     start = time.perf_counter()
     summary = VerifySummary()
@@ -64,7 +65,7 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
             try:
                 with sigterm_as_interrupt():  # a cancelled CI job stops the replay (a torchrun too), not just us
-                    _replay_in_fresh_processes(manifest, compiled, cache_dir, location, record)
+                    _replay_in_fresh_processes(manifest, compiled, cache_dir, location, record, bar.phase if bar else None)
             finally:
                 if bar:
                     bar.close()
@@ -80,7 +81,7 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
 
 def _replay_in_fresh_processes(
-    manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, location: RegistryLocation, record: Callable[[ReplayResult], None]
+    manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, location: RegistryLocation, record: Callable[[ReplayResult], None], on_phase: PhaseListener | None
 ) -> None:
     """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world size, as they were warmed.
 
@@ -101,7 +102,8 @@ def _replay_in_fresh_processes(
         if not group:
             continue
         request = ReplayRequest(str(manifest.path), tuple(p.identity for p in group), cache_dir, location)
-        (ended,) = run_children([Launch(f"verify's replay ({format_count(nproc, 'rank')})", distributed.child_command(nproc), request)], [ReplayResult], receive)
+        launch = Launch(f"verify's replay ({format_count(nproc, 'rank')})", distributed.child_command(nproc), request)
+        (ended,) = run_children([launch], [ReplayResult, PhaseReport], routed(receive, on_phase))
         if (error := ended.error()) is not None:
             stopped.append((group, error))
     if stopped and not replayed:

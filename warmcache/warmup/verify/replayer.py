@@ -17,19 +17,20 @@ from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
 from warmcache.warmup import distributed
+from warmcache.warmup.phases import Phase, PhaseListener, SpecPhases
 from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 
 if TYPE_CHECKING:
     from warmcache.warmup.worker import Worker
 
 
-def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> None:
-    """The fresh process: run each spec once through the same Worker warmup used, and measure."""
+def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_phase: PhaseListener) -> None:
+    """The fresh process: run each spec once through the same Worker warmup used, and measure; ``on_phase`` is told each spec's phases."""
     from warmcache.warmup.worker import Worker
 
     manifest = load_manifest(request.manifest)
     by_identity = {p.identity: p for p in plan_manifest(manifest)}
-    worker = Worker(manifest, request.cache_dir, precompile=False)
+    worker = Worker(manifest, request.cache_dir, precompile=False, on_phase=on_phase)
     ranks = distributed.in_torchrun()
     if ranks:
         distributed.init_process_group(by_identity[request.identities[0]].model.device)
@@ -38,7 +39,7 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> No
         start = time.perf_counter()
         try:
             run = worker.run(planned)
-            proof = _prove_precompiled(worker, planned, request.registry)
+            proof = _prove_precompiled(worker, planned, request.registry, SpecPhases(planned.spec.describe(), on_phase))
         except DecodeRecompileError as exc:
             result = ReplayResult(identity, time.perf_counter() - start, recompiled=exc.message)
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
@@ -52,7 +53,7 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None]) -> No
         distributed.shutdown()
 
 
-def _prove_precompiled(worker: Worker, planned: PlannedShape, location: RegistryLocation | None) -> str | None:
+def _prove_precompiled(worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
     if not (location and planned.model.precompile and planned.spec.workload == "generate"):
         return None
@@ -61,6 +62,7 @@ def _prove_precompiled(worker: Worker, planned: PlannedShape, location: Registry
     with Registry.open(location) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
     model, target = worker.model_for(planned)
+    phases.enter(Phase.PROVING)
     return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
 
 
