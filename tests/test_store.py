@@ -32,8 +32,8 @@ from warmcache.settings import RegistryLocation
 from warmcache.store import open_store
 from warmcache.store.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
+from warmcache.store.operations import push_manifest
 from warmcache.store.pull import BLOB_FOLDER, pull_manifest
-from warmcache.store.push import push_manifest
 from warmcache.trust import generate_key
 
 #: The build machine of the bundle tests: two compiled Neuron shapes, one declared but not compiled.

@@ -28,9 +28,8 @@ from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key
-from warmcache.store.maintenance import execute_gc, plan_gc
+from warmcache.store.operations import execute_gc, plan_gc, push_manifest
 from warmcache.store.pull import pull_manifest
-from warmcache.store.push import push_manifest
 
 built = test_bundle.built
 #: gc's grace in these races: S3's LastModified counts whole seconds, so a refresh 0.3 s ago may read as 1.3 s.

@@ -173,7 +173,7 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(built
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.store import OciStore
-    from warmcache.store.push import push_manifest
+    from warmcache.store.operations import push_manifest
 
     planned = planned_by_batch(built.manifest)
     scope = ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test"))

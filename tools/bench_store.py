@@ -97,8 +97,8 @@ def main() -> None:
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
     from warmcache.store import open_store
+    from warmcache.store.operations import push_manifest
     from warmcache.store.pull import pull_manifest
-    from warmcache.store.push import push_manifest
 
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, moto_server() as endpoint:
         work = Path(tmp)
@@ -168,8 +168,8 @@ def bench_oci(running, work: Path, manifest, cache: Path, url: str, entries: int
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
     from warmcache.store import OciStore
+    from warmcache.store.operations import push_manifest
     from warmcache.store.pull import pull_manifest
-    from warmcache.store.push import push_manifest
 
     store = OciStore.open(running.url("bench/cache", "v1"))
     parsed = manifest

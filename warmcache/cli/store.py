@@ -27,16 +27,9 @@ from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
-from warmcache.store.maintenance import (
-    DEFAULT_GC_GRACE_SECONDS,
-    MIN_SAFE_GRACE_SECONDS,
-    execute_gc,
-    list_store,
-    plan_gc,
-)
+from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
+from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
-from warmcache.store.push import push_manifest
-from warmcache.store.scrub import check_store, repair_store
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 

@@ -29,7 +29,6 @@ from warmcache.store.index import (
     blob_key,
     parse_index,
 )
-from warmcache.store.oci.store import OciStore
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
 DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
@@ -68,12 +67,8 @@ class StoreListing:
         return fields_json(self, {"url": "store"})
 
 
-def list_store(store: ObjectStore | OciStore) -> StoreListing:
+def list_objects(store: ObjectStore) -> StoreListing:
     """Shapes per model and toolchain (from index keys alone), and the blobs' count and size."""
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.maintenance import list_repository  # it builds on this module
-
-        return list_repository(store)
     groups: dict[tuple[str, str], list[StoredObject]] = defaultdict(list)
     for item in store.list(INDEX_PREFIX):
         parts = item.key[len(INDEX_PREFIX) :].split("/")
@@ -114,12 +109,8 @@ class GcPlan:
         }
 
 
-def plan_gc(store: ObjectStore | OciStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
+def plan_object_gc(store: ObjectStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
     """Which blobs no index references (and old temporary files), read before anything is deleted."""
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.maintenance import plan_repository_gc
-
-        return plan_repository_gc(store, grace_seconds, now)
     now = time.time() if now is None else now
     referenced, indexes = referenced_blobs(store)
     removals, young = [], 0
@@ -154,7 +145,7 @@ def referenced_blobs(store: ObjectStore) -> tuple[set[str], int]:
     return referenced, indexes
 
 
-def execute_gc(store: ObjectStore | OciStore, plan: GcPlan) -> int:
+def execute_object_gc(store: ObjectStore, plan: GcPlan) -> int:
     """Delete the plan's objects that are still unreferenced and old; returns how many. Indexes are never touched.
 
     The consistency rule push relies on (:func:`warmcache.store.push._refresh_reused`):
@@ -163,10 +154,6 @@ def execute_gc(store: ObjectStore | OciStore, plan: GcPlan) -> int:
     :data:`GC_DECISION_SECONDS` of that ``stat`` (else it is left for the next run), and
     only within :data:`REFRESH_AGE_SECONDS` of that second read.
     """
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.maintenance import execute_repository_gc
-
-        return execute_repository_gc(store, plan)
     referenced, _ = referenced_blobs(store)
     read_at = time.monotonic()
     deleted = 0

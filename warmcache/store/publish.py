@@ -19,7 +19,7 @@ from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
 from warmcache.store import Store
-from warmcache.store.push import push_manifest
+from warmcache.store.operations import push_manifest
 from warmcache.trust import SigningKey
 
 

@@ -42,7 +42,6 @@ from warmcache.store.index import (
     index_key,
 )
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
-from warmcache.store.oci.store import OciStore
 from warmcache.trust import SigningKey, sign_document
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
@@ -61,10 +60,10 @@ class PushResult(ShippedJson):
     not_compiled: int
 
 
-def push_manifest(
+def push_objects(
     scope: ShipmentScope,
     registry: Registry,
-    store: ObjectStore | OciStore,
+    store: ObjectStore,
     *,
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
@@ -76,12 +75,7 @@ def push_manifest(
     With ``signing_key`` each index is signed as a whole (its file list with every
     sha256 included), so a puller that trusts the key can tell a tampered index.
     Ed25519 signatures are deterministic: a signed re-push still writes nothing.
-    An ``oci://`` store gets the same shapes as one image (:mod:`warmcache.store.oci.push`).
     """
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.push import push_image  # it builds on this module
-
-        return push_image(scope, registry, store, verified_only=verified_only, identities=identities, signing_key=signing_key, progress=progress)
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
     try:

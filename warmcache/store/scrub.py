@@ -22,7 +22,6 @@ from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.store.backends import ObjectStore
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
 from warmcache.store.maintenance import is_blob, stored_indexes
-from warmcache.store.oci.store import OciStore
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
@@ -51,12 +50,8 @@ class CheckReport:
         return {**fields_json(self, {"url": "store"}), "ok": not self.problems}
 
 
-def check_store(store: ObjectStore | OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, Any]:
-    """The report, and what a repair needs: for each referenced blob the cache paths the indexes give it (an OCI store: each damaged layer)."""
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.maintenance import check_repository  # it builds on this module
-
-        return check_repository(store, trusted, progress)
+def check_objects(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, Any]:
+    """The report, and what a repair needs: for each referenced blob the cache paths the indexes give it."""
     problems: list[StoreProblem] = []
     named: dict[str, set[str]] = {}
     indexes = 0
@@ -84,12 +79,8 @@ def check_store(store: ObjectStore | OciStore, trusted: TrustedKeys = NOT_CONFIG
     return CheckReport(store.url, indexes, len(blobs), tuple(problems)), named
 
 
-def repair_store(store: ObjectStore | OciStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
+def repair_objects(store: ObjectStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
     """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is left."""
-    if isinstance(store, OciStore):
-        from warmcache.store.oci.maintenance import repair_repository
-
-        return repair_repository(store, report, named, cache_root)
     repaired: list[str] = []
     left: list[StoreProblem] = []
     for problem in report.problems:
