@@ -375,3 +375,27 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
         assert not constructor_ran, f"{name}: the planted constructor ran ({outcome})"
         assert re.match(expected[name.split("/")[0].removesuffix(" over HTTP")], outcome), f"{name}: {outcome}"
         assert "\n" not in outcome
+
+
+def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing_one_is_one_line() -> None:
+    """A rotary ``inv_freq`` is a non-persistent buffer ``state_dict()`` leaves out; a tied weight has two names."""
+    import torch
+
+    from warmcache.runtime.aotinductor import named_tensors
+    from warmcache.warmup.aotinductor import constant_header
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = self.embed.weight  # tied
+            self.register_buffer("inv_freq", torch.ones(2), persistent=False)
+
+    step = Step()
+    assert "inv_freq" not in step.state_dict()
+    assert {"embed.weight", "head.weight", "inv_freq"} <= set(named_tensors(step))
+    assert constant_header(step, ["inv_freq", "head.weight"]) == {"head.weight": [[8, 4], "torch.float32"], "inv_freq": [[2], "torch.float32"]}
+    with pytest.raises(CacheError) as missing:
+        constant_header(step, ["inv_freq", "rotary.inv_freq", "other"])
+    assert str(missing.value) == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"

@@ -208,3 +208,17 @@ def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_the
     # The parent repeats a running phase: a compile (the slowest phase, seconds even for a tiny model) outlasts 0.1 s.
     assert any(line.startswith(f"{generate_spec}: compiling the decode step for ") for line in lines)
     assert sum(line.startswith("[") for line in lines) == 2
+
+
+def test_a_failure_says_the_phase_it_broke_in_and_why_in_one_line() -> None:
+    from warmcache.errors import CacheError, SpecFailure
+    from warmcache.warmup.phases import Phase, SpecPhases
+
+    phases = SpecPhases("m/generate", None)  # nobody listens: the phase is still known
+    phases.enter(Phase.PACKAGING)
+    with pytest.raises(SpecFailure) as failed, phases.naming_the_phase():
+        raise KeyError("model.model.rotary_emb.inv_freq")
+    assert str(failed.value) == "building the package: KeyError: 'model.model.rotary_emb.inv_freq'"
+    # warmcache's own errors are such lines already, and some are told apart by type: they pass as they are.
+    with pytest.raises(CacheError, match="^aotinductor package: constant x"), phases.naming_the_phase():
+        raise CacheError("aotinductor package: constant x is not a parameter or buffer of the loaded model")

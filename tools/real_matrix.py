@@ -93,7 +93,7 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     if code or failed:
         return cell("FAIL", f"warmup: {failed[0] if failed else last}")
     if route == "train":
-        return cell("pass", "2 Trainer steps (unpadded, right-padded)")
+        return cell("pass", "")
     code, report, last = _cli("verify", manifest)
     verdicts = [s for s in (report or {}).get("specs", [])]
     if code or any(v["verdict"] != "verified" for v in verdicts):
@@ -107,9 +107,8 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     problems += [r["agreement"] for r in served["results"] if not r["agrees"]]
     if problems:
         return cell("FAIL", "; ".join(problems))
-    worst = max(served["results"], key=lambda r: r["worst"])
-    frames = ", 0 Dynamo frames, no compiler imported" if route == "aotinductor" else ""
-    return cell("pass", f"verified; 0 graphs after priming{frames}; tokens within {worst['worst']:.2%} of eager's best")
+    worst = max(r["worst"] for r in served["results"])
+    return cell("pass", f"{worst:.2%}")
 
 
 def config_file(name: str) -> Path:
@@ -143,6 +142,9 @@ def markdown(cells: Sequence[Cell], seconds: float) -> str:
         lines.append(f"| {config} | {dtype} | {' | '.join(row.get(r, '') for r in routes)} |")
     lines += [
         "",
+        "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), then a fresh serving process with "
+        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module imported at all), every generated token within the given "
+        "share of the step's logit RMS of eager's best (the criterion's tolerance: 4 % in bfloat16, 0.1 % in float32). train: two real Trainer steps.",
         f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, random weights, Inductor, CPU; "
         f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]

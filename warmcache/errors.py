@@ -49,8 +49,10 @@ def shown(value: object) -> str:
 
 
 def error_line(exc: BaseException) -> str:
-    """``Type: first line`` of a spec's error, as the registry stores it."""
+    """A spec's error as the registry stores it: warmcache's own message, else ``Type: first line``."""
     first = first_line(str(exc))
+    if isinstance(exc, WarmcacheError) and first:
+        return first[:500]
     return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__
 
 
@@ -72,6 +74,10 @@ class UsageError(WarmcacheError):
     """The caller asked for something malformed (bad flag value, unknown model)."""
 
     exit_code = 2
+
+
+class SpecFailure(WarmcacheError):
+    """A spec's workload broke in torch or transformers: the phase it was in and the underlying error, one line."""
 
 
 class ManifestError(UsageError):

@@ -17,13 +17,16 @@ once a second, and always the last one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypeVar
+
+from warmcache.errors import SpecFailure, WarmcacheError, error_line
 
 log = logging.getLogger("warmcache.warmup")
 
@@ -89,10 +92,12 @@ class SpecPhases:
         self._spec = spec
         self._listener = listener
         self._clock = clock
+        self._phase: Phase | None = None
         self._current: PhaseReport | None = None
         self._started = self._reported = 0.0
 
     def enter(self, phase: Phase, *, steps: int = 0, detail: str = "") -> None:
+        self._phase = phase  # known even unheard: a failure names it (:meth:`naming_the_phase`)
         if self._listener is None:
             return
         self._started = self._reported = self._clock()
@@ -109,6 +114,20 @@ class SpecPhases:
             return
         self._reported = now
         self._send(replace(current, step=step, seconds=now - self._started))
+
+    @contextlib.contextmanager
+    def naming_the_phase(self) -> Iterator[None]:
+        """A failure inside leaves as one line saying where and why: ``building the package: KeyError: 'x'``.
+
+        warmcache's own errors already are such lines (and callers tell some apart by
+        type, e.g. a decode that recompiles), so they leave as they are.
+        """
+        try:
+            yield
+        except WarmcacheError:
+            raise
+        except Exception as exc:
+            raise SpecFailure(f"{self._phase}: {error_line(exc)}" if self._phase else error_line(exc)) from exc
 
     def decode_streamer(self) -> DecodeSteps | None:
         """A ``generate(streamer=...)`` reporting each decoded token as a step; ``None`` when nothing listens (no streamer, no cost)."""

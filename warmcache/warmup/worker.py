@@ -88,11 +88,15 @@ class Worker:
         return root
 
     def run(self, planned: PlannedShape) -> SpecRun:
-        """Run the spec's real workload once and measure it."""
+        """Run the spec's real workload once and measure it; a failure names the phase it broke in."""
+        phases = SpecPhases(planned.spec.describe(), self.on_phase)
+        with phases.naming_the_phase():
+            return self._run(planned, phases)
+
+    def _run(self, planned: PlannedShape, phases: SpecPhases) -> SpecRun:
         from warmcache.compile_counter import CompileCounter
 
         model_spec, spec = planned.model, planned.spec
-        phases = SpecPhases(spec.describe(), self.on_phase)
         target = target_for(model_spec)
         root = self.cache_root(target)
         model = self._model(model_spec, target, spec.family.settings, phases)
