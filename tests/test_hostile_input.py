@@ -108,6 +108,34 @@ def test_a_long_invalid_value_is_echoed_cut_with_its_length(tmp_path: Path) -> N
     assert line.count("x") < 300
 
 
+# ------------------------------------------------------------------ model configs
+
+
+def _model_with_config(tmp_path: Path, config: str) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    return write(tmp_path, manifest_text(path=str(folder)).replace('dtype = "float32"', 'dtype = "float32"\nbackend = "eager"'))
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0}', "transformers cannot read its config: ZeroDivisionError"),
+        ('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "config.json nests 100001 levels deep; a model config needs at most 64"),
+        ('{"model_type": "llama", "x": "' + "a" * (5 << 20) + '"}', "config.json is larger than 4194304 bytes"),
+    ],
+    ids=["zero-heads", "nested-100k", "5-MiB"],
+)
+def test_a_hostile_model_config_is_one_line_for_every_command_that_reads_it(config: str, says: str, tmp_path: Path) -> None:
+    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain, warmup)."""
+    manifest = _model_with_config(tmp_path, config)
+    db = tmp_path / "reg.sqlite"
+    assert cli("db", "upgrade", "--db", str(db)).exit_code == 0
+    for command in ("plan", "explain", "warmup"):
+        one_line_error(cli(command, str(manifest), "--db", str(db)), 2, says)
+
+
 # ------------------------------------------------------------------ registry URLs
 
 

@@ -138,3 +138,13 @@ def test_a_plan_that_outlives_its_answer_stops_using_cpu(service: str, tmp_path:
     busy = (time.process_time() - cpu) / (time.monotonic() - wall)
     assert busy < 0.3, f"the server process used {busy:.0%} of a core a second after answering 503"
     assert call(f"{service}/healthz")[0] == 200
+
+
+def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_path: Path) -> None:  # noqa: F811
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    body = f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
+    assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
+    assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]  # the server's disk is not described

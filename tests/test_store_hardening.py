@@ -90,6 +90,42 @@ def test_a_whole_gc_between_a_pushs_blob_check_and_its_index_write_never_leaves_
     assert deleted == [0] and dangling(store) == []
 
 
+def test_a_gc_that_takes_a_reused_blob_before_the_push_refreshes_it_is_uploaded_again(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads it again
+    (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
+    push(built, store)
+    monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every re-used blob is refreshed
+    monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.0)
+    target, refresh, taken = object_store(store), push_module._refresh_reused, []
+
+    def gc_took_them_first(store_: object, reused: list[str], blobs: dict) -> int:
+        for sha256 in reused:
+            target.delete(blob_key(sha256))
+            taken.append(sha256)
+        return refresh(store_, reused, blobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(push_module, "_refresh_reused", gc_took_them_first)
+    code, data, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store)
+    assert code == 0 and data is not None, err
+    assert taken and data["blobs_uploaded"] == len(taken) and dangling(store) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("file://", "a file store is file:///absolute/path"),
+        ("file://relative/folder", "a file store is file:///absolute/path"),
+        ("s3://bucket/prefix?versionId=1", "a query (?...) is not part of a store location"),
+        ("s3://bucket/prefix#x", "a fragment (#...) is not part of a store location"),
+        ("s3://bucket/pre\nfix", "holds a control character"),
+        ("file:///tmp/store\t", "holds a control character"),
+    ],
+)
+def test_a_store_url_whose_parts_a_parser_would_drop_is_refused(url: str, says: str) -> None:
+    code, _, err = run("store", "ls", "--store", url)
+    assert code == 2 and len(error_lines(err)) == 1 and says in err and "Traceback" not in err, err
+
+
 def corrupt_in_place(store: list[str], endpoint: str | None) -> str:
     """Flip a blob's bytes, keeping its size: as another tool (no checksum) or a bad disk would."""
     target = object_store(store)
