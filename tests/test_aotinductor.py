@@ -411,3 +411,25 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
         assert not constructor_ran, f"{name}: the planted constructor ran ({outcome})"
         assert re.match(expected[name.split("/")[0].removesuffix(" over HTTP")], outcome), f"{name}: {outcome}"
         assert "\n" not in outcome
+
+
+@pytest.mark.slow
+def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C++ loader unpacks into ``$TMPDIR/aotinductor_*`` and removed it only when a load succeeded: a package whose
+    ``.so`` does not load (here an empty one: undefined symbols) left the folder behind."""
+    from warmcache.runtime.aotinductor import load_package
+    from warmcache.runtime.precompiled import expected_fingerprint
+
+    (tmp_path / "empty.c").write_text("int nothing(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "empty.so"), str(tmp_path / "empty.c")], check=True)
+    row = _rows(packaged)[1]
+    broken = _swapped_package(packaged / "cache" / _package(row), tmp_path / "empty.so", tmp_path / "cache")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    with pytest.raises(CacheError, match="AOTInductor package does not load") as refused:
+        load_package(tmp_path / "cache", broken, expected_fingerprint(row), _model(tiny_models["llama"]))
+    assert "\n" not in str(refused.value)
+    assert list(temporary.iterdir()) == []
