@@ -148,3 +148,45 @@ def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_
     status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
     assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]  # the server's disk is not described
+
+
+def test_connections_that_never_finish_their_headers_are_closed(service: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Slowloris: silent connections and ones trickling a header byte at a time are closed at the header deadline;
+    a normal request on a kept-alive connection is unaffected."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    from warmcache.service.protocol import HeaderDeadlineProtocol
+
+    monkeypatch.setattr(HeaderDeadlineProtocol, "header_timeout_s", 1.0)
+    address = urllib.parse.urlsplit(service)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    silent = [socket.create_connection((host, port)) for _ in range(20)]
+    trickling = [socket.create_connection((host, port)) for _ in range(20)]
+    for sock in trickling:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    kept = http.client.HTTPConnection(host, port, timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() and kept.sock is not None
+    kept.sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")  # a second request on the kept-alive connection, never finished
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:
+        for sock in trickling:
+            try:
+                sock.send(b"a")
+            except OSError:
+                pass  # closed already
+        time.sleep(0.25)
+    held = []
+    for sock in [*silent, *trickling, kept.sock]:
+        sock.settimeout(3)
+        try:
+            held.append(sock.recv(1) != b"")
+        except ConnectionResetError:
+            held.append(False)
+        except TimeoutError:
+            held.append(True)
+        sock.close()
+    assert not any(held), f"{sum(held)} of {len(held)} connections still open past the header deadline"
+    assert call(f"{service}/healthz")[0] == 200

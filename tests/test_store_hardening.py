@@ -275,3 +275,15 @@ def test_a_trickling_or_silent_endpoint_cannot_hold_a_pull_past_its_timeout(buil
     started = time.monotonic()
     code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
     assert code == 6 and time.monotonic() - started < 15 and "the per-request deadline" in err and nothing_left(tmp_path), err
+
+
+def test_a_timeout_from_the_environment_is_named_as_the_environment(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ["--store", f"s3://{s3_bucket}/p", "--endpoint-url", s3_endpoint]
+    monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "banana")
+    code, _, err = run("store", "ls", *store)
+    assert code == 2 and "$WARMCACHE_STORE_TIMEOUT: 'banana' is not an age" in err and "--timeout" not in err, err
+    monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "0s")  # spent before the first request
+    code, _, err = run("store", "ls", *store)
+    assert code == 6 and "the command's deadline of 0 s passed" in err and "($WARMCACHE_STORE_TIMEOUT to change it)" in err, err
+    code, _, err = run("store", "ls", *store, "--timeout", "0s")  # the flag wins, and is named
+    assert code == 6 and "(--timeout to change it)" in err, err

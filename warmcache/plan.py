@@ -73,5 +73,5 @@ def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[Pla
         except UsageError as exc:
             # The model's config is unreachable: name the manifest entry that points there.
             index = manifest.models.index(model)
-            raise ManifestError(f"{manifest.path}: model[{index}].path: {exc}") from None
+            raise ManifestError(f"{manifest.path}: model {model.name!r}: model[{index}].path: {exc}") from None
     return planned

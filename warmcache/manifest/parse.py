@@ -158,10 +158,12 @@ def _model_path(text: str, anchor: Anchor) -> str:
 
 def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
     before = len(check.problems)
-    check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     name = check.string(entry, "name", where, required=True)
     if name is not None and not _NAME_RE.match(name):
         check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+    elif name is not None:
+        check.name(where, f"model {name!r}")  # every later problem of this entry says which model it is
+    check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     path = check.file_path(entry, "path", where, required=True)
     revision = check.string(entry, "revision", where)
 
