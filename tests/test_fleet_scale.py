@@ -354,7 +354,7 @@ def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_na
     from warmcache.warmup.claims import claim_loop
 
     (spec,) = _planned(tmp_path, model("m", generate=[generate()]))
-    lease, root = 4.0, tmp_path / "cache"
+    lease, root = 2.5, tmp_path / "cache"
     with Registry.open(registry_url) as registry:
         registry.ensure_pending([spec])
     (tmp_path / "holder.py").write_text(_HOLDER)
