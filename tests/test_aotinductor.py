@@ -278,45 +278,47 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
 
 #: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL cases), then
 #: whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case comes last.
-ATTACK = """
-import http.server, json, sys, threading
-from pathlib import Path
-import torch
-from transformers import AutoModelForCausalLM
-from warmcache.runtime.guard import ShapeGuard
+ATTACK = textwrap.dedent(
+    """
+    import http.server, json, sys, threading
+    from pathlib import Path
+    import torch
+    from transformers import AutoModelForCausalLM
+    from warmcache.runtime.guard import ShapeGuard
 
-model_path, cases_file, marker = sys.argv[1:4]
-model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-served = {}
+    model_path, cases_file, marker = sys.argv[1:4]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    served = {}
 
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(served["body"])
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(served["body"])
 
-    def log_message(self, *args):
-        pass
+        def log_message(self, *args):
+            pass
 
-server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-results = {}
-for case in json.loads(Path(cases_file).read_text()):
-    served["body"] = Path(case["path"]).read_bytes()
-    for policy in ("pad", "refuse", "warn"):
-        try:
-            if case["url"]:
-                guard = ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", policy=policy, telemetry=False, trust=case["trust"])
-            else:
-                guard = ShapeGuard.from_snapshot(case["path"], "m", policy=policy, trust=case["trust"])
-            report = guard.prime(model, cache_dir=case["cache_dir"])
-            outcome = f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, {report.cache_misses} cache misses"
-        except Exception as exc:
-            outcome = f"{type(exc).__name__}: {exc}"
-        results[f"{case['name']}/{policy}"] = [outcome, Path(marker).exists()]
-print(json.dumps(results))
-"""
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    results = {}
+    for case in json.loads(Path(cases_file).read_text()):
+        served["body"] = Path(case["path"]).read_bytes()
+        for policy in ("pad", "refuse", "warn"):
+            try:
+                if case["url"]:
+                    guard = ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", policy=policy, telemetry=False, trust=case["trust"])
+                else:
+                    guard = ShapeGuard.from_snapshot(case["path"], "m", policy=policy, trust=case["trust"])
+                report = guard.prime(model, cache_dir=case["cache_dir"])
+                outcome = f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, {report.cache_misses} cache misses"
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+            results[f"{case['name']}/{policy}"] = [outcome, Path(marker).exists()]
+    print(json.dumps(results))
+    """
+)
 
 #: A shared object whose constructor runs at dlopen and leaves a file behind: what a swapped package ``.so`` could do.
 CONSTRUCTOR = '#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
