@@ -399,3 +399,25 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     with pytest.raises(CacheError) as missing:
         constant_header(step, ["inv_freq", "rotary.inv_freq", "other"])
     assert str(missing.value) == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
+
+
+@pytest.mark.slow
+def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C++ loader unpacks into ``$TMPDIR/aotinductor_*`` and removed it only when a load succeeded: a package whose
+    ``.so`` does not load (here an empty one: undefined symbols) left the folder behind."""
+    from warmcache.runtime.aotinductor import load_package
+    from warmcache.runtime.precompiled import expected_fingerprint
+
+    (tmp_path / "empty.c").write_text("int nothing(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "empty.so"), str(tmp_path / "empty.c")], check=True)
+    row = _rows(packaged)[1]
+    broken = _swapped_package(packaged / "cache" / _package(row), tmp_path / "empty.so", tmp_path / "cache")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    with pytest.raises(CacheError, match="AOTInductor package does not load") as refused:
+        load_package(tmp_path / "cache", broken, expected_fingerprint(row), _model(tiny_models["llama"]))
+    assert "\n" not in str(refused.value)
+    assert list(temporary.iterdir()) == []

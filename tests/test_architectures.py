@@ -20,6 +20,7 @@ from manifests import generate, manifest_toml, model
 from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, SLIDING_WINDOW, Prepared, prepare, serve
 
 from warmcache.cli import main
+from warmcache.registry import Registry
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
     Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
     manifest = tmp_path / "m.toml"
     manifest.write_text(manifest_toml(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
+    Registry.open(f"sqlite:///{tmp_path / 'r.sqlite'}").close()  # plan reads a registry, it never creates one
     for command in ("plan", "warmup"):
         result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
         assert result.exit_code == 2, result.output
@@ -59,6 +61,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
 
 
 def test_plan_accepts_every_matrix_architecture(prepared_configs: Path) -> None:
+    Registry.open(f"sqlite:///{prepared_configs.parent / 'r.sqlite'}").close()
     result = CliRunner().invoke(main, ["plan", str(prepared_configs), "--db", f"sqlite:///{prepared_configs.parent / 'r.sqlite'}", "--json"])
     assert result.exit_code == 0, result.output
     assert {item["model"] for item in json.loads(result.output)} == set(ARCHITECTURES)

@@ -119,6 +119,7 @@ def test_snippet_pasted_into_a_manifest_passes_plan(workload: str, lengths_file:
 
     manifest = write_manifest(MANIFEST_HEAD + snippet)
     db = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    Registry.open(db).close()  # an empty registry: plan only reads one
     planned = CliRunner().invoke(main, ["plan", str(manifest), "--db", db, "--json"])
     assert planned.exit_code == 0, planned.output
     shapes = json.loads(planned.stdout)

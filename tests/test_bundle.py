@@ -132,8 +132,11 @@ def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_comp
     gone = pack(built, tmp_path / "b.tar.gz")
     assert gone.exit_code == 5 and "is gone" in gone.stderr and "cache doctor" in gone.stderr
     assert not (tmp_path / "b.tar.gz").exists() and not list(tmp_path.glob(".b.tar.gz.partial*"))
+    Registry.open(f"sqlite:///{tmp_path / 'empty.sqlite'}").close()
     empty = cli("bundle", "pack", str(built.manifest), "-o", str(tmp_path / "e.tar"), "--cache-dir", str(built.root), "--db", f"sqlite:///{tmp_path / 'empty.sqlite'}")
     assert empty.exit_code == 5 and "no compiled shapes" in empty.stderr
+    missing = cli("bundle", "pack", str(built.manifest), "-o", str(tmp_path / "e.tar"), "--cache-dir", str(built.root), "--db", f"sqlite:///{tmp_path / 'typo.sqlite'}")
+    assert missing.exit_code == 3 and "does not exist" in missing.stderr and not (tmp_path / "typo.sqlite").exists()  # packing only reads
     suffix = pack(built, tmp_path / "b.zip")
     assert suffix.exit_code == 2 and "*.tar" in suffix.stderr
 

@@ -15,7 +15,7 @@ import pytest
 from test_cache_neuron import cli
 from test_precompiled import _header
 
-from warmcache.cache.precompiled import PRECOMPILED_DIR, write_artifact
+from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR, write_artifact
 
 
 def test_a_failed_artifact_write_leaves_no_partial_file(tmp_path: Path) -> None:
@@ -32,14 +32,15 @@ def test_a_failed_artifact_write_leaves_no_partial_file(tmp_path: Path) -> None:
     assert list((tmp_path / PRECOMPILED_DIR).iterdir()) == []
 
 
-def test_a_leftover_partial_artifact_is_shown_by_scan_and_removed_by_doctor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("folder", [PRECOMPILED_DIR, AOTINDUCTOR_DIR])
+def test_a_leftover_partial_artifact_is_shown_by_scan_and_removed_by_doctor(folder: str, tmp_path: Path) -> None:
     root, db = tmp_path / "cache", f"sqlite:///{tmp_path / 'r.sqlite'}"
-    partial = root / PRECOMPILED_DIR / f".{'ab' * 32}.partial"
+    partial = root / folder / f".{'ab' * 32}.partial"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"x" * 1_400_000)
     os.utime(partial, (time.time() - 7200, time.time() - 7200))
     [info] = json.loads(cli("cache", "scan", "--cache-dir", str(root), "--db", db, "--json").stdout)
-    assert [(w["path"], w["size_bytes"]) for w in info["work_dirs"]] == [(f"{PRECOMPILED_DIR}/{partial.name}", 1_400_000)]
+    assert [(w["path"], w["size_bytes"]) for w in info["work_dirs"]] == [(f"{folder}/{partial.name}", 1_400_000)]
     text = cli("cache", "scan", "--cache-dir", str(root), "--db", db).stdout
     assert "1 leftovers of interrupted work (1.3 MiB" in text and partial.name in text
     fixed = cli("cache", "doctor", "--cache-dir", str(root), "--db", db, "--fix")

@@ -185,3 +185,46 @@ def test_children_import_the_warmcache_their_parent_runs() -> None:
 
     first, *rest = _importing_this_warmcache({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].split(os.pathsep)
     assert Path(first, "warmcache", "__init__.py").resolve() == Path(warmcache.__file__).resolve() and rest == ["/elsewhere"]
+
+
+#: A parent that starts one child and waits; the child writes the registry URL its request gave it, then waits too.
+_PARENT = """
+import sys
+from warmcache.settings import RegistryLocation
+from warmcache.warmup.child import Launch, run_children
+from warmcache.warmup.summary import ClaimRequest
+
+child = (
+    "import os, sys, time\\n"
+    "from warmcache.warmup.child import read_request\\n"
+    "from warmcache.warmup.summary import ClaimRequest\\n"
+    "request = read_request(sys.argv[1], [ClaimRequest])\\n"
+    f"open({sys.argv[1]!r}, 'w').write(f'{{os.getpid()}} {{request.registry.url}} {{os.environ.get(\\"WARMCACHE_CHILD_REGISTRY_URLS\\")}}')\\n"
+    "time.sleep(120)\\n"
+)
+request = ClaimRequest("m.toml", RegistryLocation.parse(sys.argv[2]), None, ("a",), 60.0, (None,))
+run_children([Launch("probe", [sys.executable, "-c", child], request)], [ClaimRequest], print)
+"""
+
+
+def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_path: Path) -> None:
+    """The request folder outlives a parent killed with -9; the password was never in it (it travels in the child's environment)."""
+    import os
+    import signal
+
+    url = "postgresql://warm:s3cret-pw@db.example:5432/reg"
+    got, temporary = tmp_path / "got.txt", tmp_path / "tmp"
+    temporary.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(got), url], env={**os.environ, "TMPDIR": str(temporary)})
+    deadline = time.monotonic() + 60
+    while not got.exists() or not got.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None, "the child never read its request"
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    pid, received, remembered = got.read_text().split(" ", 2)
+    os.kill(int(pid), signal.SIGKILL)
+    assert received == RegistryLocation.parse(url).url and remembered == "None"  # whole in the child, then forgotten by its environment
+    (left,) = temporary.glob("warmcache-child-*")  # what kill -9 leaves
+    request = (left / "request-0.json").read_text()
+    assert "s3cret-pw" not in request and "warm:***@db.example" in request

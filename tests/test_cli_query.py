@@ -40,6 +40,7 @@ def test_plan_json_lists_every_spec_with_status(registry_url: str, write_manifes
 
 def test_plan_text_has_a_summary_line(registry_url: str, write_manifest) -> None:
     path = write_manifest(MANIFEST)
+    Registry.open(registry_url).close()  # an empty registry (plan only reads one)
     result = CliRunner().invoke(main, ["plan", str(path), "--db", registry_url])
     assert result.exit_code == 0
     assert result.output.strip().splitlines()[-1] == "7 shapes: 7 missing"
@@ -91,21 +92,25 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
 
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flag, then environment, then manifest, then the default: each named by the read that finds it missing (and creates none)."""
     in_manifest = tmp_path / "from-manifest.sqlite"
     path = write_manifest(manifest_toml(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
     runner = CliRunner()
-    runner.invoke(main, ["plan", str(path)])
-    assert in_manifest.exists()
+
+    def missing(*args: str) -> str:
+        result = runner.invoke(main, list(args))
+        assert result.exit_code == 3 and "does not exist" in result.stderr, result.output
+        return result.stderr
+
+    assert str(in_manifest) in missing("plan", str(path))
     env_db = tmp_path / "from-env.sqlite"
     monkeypatch.setenv("WARMCACHE_DB", f"sqlite:///{env_db}")
-    runner.invoke(main, ["plan", str(path)])
-    assert env_db.exists()
+    assert str(env_db) in missing("plan", str(path))
     flag_db = tmp_path / "from-flag.sqlite"
-    runner.invoke(main, ["plan", str(path), "--db", f"sqlite:///{flag_db}"])
-    assert flag_db.exists()
+    assert str(flag_db) in missing("plan", str(path), "--db", f"sqlite:///{flag_db}")
     monkeypatch.delenv("WARMCACHE_DB")
-    runner.invoke(main, ["shapes"])
-    assert (tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite").exists()
+    assert str(tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite") in missing("shapes")
+    assert not [p for p in tmp_path.rglob("*.sqlite")]
 
 
 def test_python_dash_m_runs_the_cli() -> None:

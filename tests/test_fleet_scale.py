@@ -315,3 +315,67 @@ def test_a_waiting_worker_looks_again_less_and_less_often() -> None:
         waits = [_poll_wait(looks, 60) for _ in range(200)]
         assert all(longest / 2 <= wait <= longest for wait in waits), (looks, min(waits), max(waits))
     assert all(_poll_wait(looks, 1.5) <= 0.5 for looks in range(10))
+
+
+#: Worker A in its own process: claims the spec and "compiles" it for ten minutes under its cache lock (it is stopped meanwhile).
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from warmcache.manifest import load_manifest
+from warmcache.plan import plan_manifest
+from warmcache.registry import Registry
+from warmcache.warmup.claims import claim_loop
+
+url, manifest, root, lease = sys.argv[1:5]
+
+class Compiles:
+    def cache_root(self, target):
+        return Path(root)
+
+    def run(self, planned):
+        print("compiling", flush=True)
+        time.sleep(600)
+
+with Registry.open(url) as registry:
+    claim_loop(registry, Compiles(), plan_manifest(load_manifest(manifest)), float(lease), print)
+"""
+
+
+def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_naming_it(registry_url: str, tmp_path: Path) -> None:
+    """A holds the spec's cache lock and is stopped (SIGSTOP); its lease runs out and B reclaims the spec. B's wait for the
+    lock ends before B's own claim would (its heartbeat does not renew a claim whose spec cannot start), the spec is
+    recorded failed with a line naming A's host and pid, and B's loop ends: nothing is left waiting forever."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from warmcache.warmup.claims import claim_loop
+
+    (spec,) = _planned(tmp_path, model("m", generate=[generate()]))
+    lease, root = 2.5, tmp_path / "cache"
+    with Registry.open(registry_url) as registry:
+        registry.ensure_pending([spec])
+    (tmp_path / "holder.py").write_text(_HOLDER)
+    holder = subprocess.Popen(
+        [sys.executable, str(tmp_path / "holder.py"), registry_url, str(tmp_path / "fleet.toml"), str(root), str(lease)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "compiling"
+        os.kill(holder.pid, signal.SIGSTOP)
+        outcomes: list = []
+        with Registry.open(registry_url) as registry:
+            worker_b = threading.Thread(target=claim_loop, args=(registry, _Sleeps(root, 0.0), [spec], lease, outcomes.append), daemon=True)
+            worker_b.start()
+            worker_b.join(3 * lease)  # A's lease runs out, B claims and waits: all within three leases, or never
+            assert not worker_b.is_alive(), "worker B is still waiting on the stopped worker's lock"
+            (row,) = registry.rows(identities=[spec.identity])
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    (outcome,) = outcomes
+    assert outcome.status == Outcome.FAILED and outcome.seconds < lease, outcome
+    assert f"host {socket.gethostname()} pid {holder.pid} since " in (outcome.error or ""), outcome.error
+    assert outcome.error and outcome.error.startswith("TimeoutError: ") and "cache lock held by" in outcome.error and "\n" not in outcome.error
+    assert (row.status, row.claimed_by, row.error) == ("failed", None, outcome.error)

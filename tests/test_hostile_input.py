@@ -108,6 +108,34 @@ def test_a_long_invalid_value_is_echoed_cut_with_its_length(tmp_path: Path) -> N
     assert line.count("x") < 300
 
 
+# ------------------------------------------------------------------ model configs
+
+
+def _model_with_config(tmp_path: Path, config: str) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    return write(tmp_path, manifest_text(path=str(folder)).replace('dtype = "float32"', 'dtype = "float32"\nbackend = "eager"'))
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0}', "transformers cannot read its config: ZeroDivisionError"),
+        ('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "config.json nests 100001 levels deep; a model config needs at most 64"),
+        ('{"model_type": "llama", "x": "' + "a" * (5 << 20) + '"}', "config.json is larger than 4194304 bytes"),
+    ],
+    ids=["zero-heads", "nested-100k", "5-MiB"],
+)
+def test_a_hostile_model_config_is_one_line_for_every_command_that_reads_it(config: str, says: str, tmp_path: Path) -> None:
+    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain, warmup)."""
+    manifest = _model_with_config(tmp_path, config)
+    db = tmp_path / "reg.sqlite"
+    assert cli("db", "upgrade", "--db", str(db)).exit_code == 0
+    for command in ("plan", "explain", "warmup"):
+        one_line_error(cli(command, str(manifest), "--db", str(db)), 2, says)
+
+
 # ------------------------------------------------------------------ registry URLs
 
 
@@ -125,7 +153,86 @@ def test_a_bare_word_or_unknown_scheme_is_not_a_registry(tmp_path: Path, monkeyp
     one_line_error(cli("shapes", "--db", "not-a-url"), 2, "--db 'not-a-url' is neither a database URL nor a file path", "sqlite:///PATH", "postgresql://")
     one_line_error(cli("shapes", "--db", "mysql://db/x"), 2, "unknown scheme 'mysql'", "postgresql://")
     assert list(tmp_path.iterdir()) == []
-    assert cli("shapes", "--db", "./reg.sqlite").exit_code == 0  # a path is still a path
+    # A path is still a path: named as the registry that is not there (a read creates none).
+    one_line_error(cli("shapes", "--db", "./reg.sqlite"), 3, f"registry sqlite:///{tmp_path / 'reg.sqlite'} does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://", "names no database"),
+        ("postgresql://127.0.0.1:5432", "names no database"),
+        ("postgres://user@db.example/", "names no database"),
+        ("sqlite://", "names no database file"),
+        ("sqlite:///:memory:", "names no database file"),
+        ("sqlite://relative.db", "names no database file"),
+    ],
+)
+def test_a_location_that_names_no_database_is_refused(url: str, says: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """libpq would fall back to the local socket and a database named after the user (where a read created warmcache's
+    tables); SQLite would open an in-memory database that keeps nothing."""
+    one_line_error(cli("shapes", "--db", url), 2, says, "postgresql://[USER@]HOST[:PORT]/DATABASE")
+    monkeypatch.setenv("WARMCACHE_DB", url)
+    one_line_error(cli("check", "--model", "m", "--batch", "1", "--seq", "8"), 2, f"$WARMCACHE_DB {url!r} {says}")
+
+
+READ_ONLY_COMMANDS = {
+    "shapes": ["shapes", "--json"],
+    "check": ["check", "--model", "m", "--batch", "1", "--seq", "8"],
+    "plan": ["plan", "{manifest}", "--json"],
+    "explain": ["explain", "{manifest}"],
+    "status": ["status", "{manifest}"],
+    "misses": ["misses"],
+    "guard export": ["guard", "export", "--model", "m", "--out", "{out}"],
+    "db current": ["db", "current"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(READ_ONLY_COMMANDS))
+def test_a_read_only_command_creates_no_registry_anywhere(command: str, tmp_path: Path, write_manifest) -> None:
+    """A missing file (and its folder), a file name beside system files, and the default registry: one line naming the
+    path and the command that creates one; nothing is created."""
+    manifest = write_manifest("[[model]]\nname = 'm'\npath = '{qwen3}'\nbackend = 'eager'\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n")
+    args = [a.format(manifest=manifest, out=tmp_path / "guard.json") for a in READ_ONLY_COMMANDS[command]]
+    before = sorted(tmp_path.rglob("*"))
+    for db in (tmp_path / "nonexistent" / "dir" / "reg.sqlite", tmp_path / "passwd.db", None):
+        where = ["--db", str(db)] if db else []
+        shown = db or tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite"  # the default, under the test's $XDG_CACHE_HOME
+        one_line_error(cli(*args, *where), 3, f"registry sqlite:///{shown} does not exist", f"warmcache db upgrade --db sqlite:///{shown}")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_serve_reads_a_missing_registry_as_unavailable_and_creates_none(tmp_path: Path) -> None:
+    from test_service import call
+
+    from warmcache.service import ServiceConfig
+    from warmcache.service.server import running_server
+    from warmcache.settings import RegistryLocation
+
+    missing = tmp_path / "typo" / "reg.sqlite"
+    with running_server(ServiceConfig(RegistryLocation.parse(str(missing)), refresh_interval=0.2)) as base:
+        deadline = time.monotonic() + 15
+        while "does not exist" not in str(answer := call(f"{base}/readyz")):
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.1)
+        assert answer[0] == 503 and "warmcache db upgrade --db" in answer[1]["error"]["message"]
+    assert not missing.parent.exists()
+
+
+@pytest.mark.postgres
+def test_a_search_path_naming_no_schema_says_which_and_how_to_create_it(postgres_url: str) -> None:
+    missing = postgres_url.replace("search_path%3D", "search_path%3Dnope_")
+    for args in (["shapes"], ["db", "upgrade"], ["db", "current"]):
+        one_line_error(cli(*args, "--db", missing), 3, "names no schema that exists in this database", 'CREATE SCHEMA "nope_')
+    one_line_error(cli("shapes", "--db", postgres_url), 3, "holds no warmcache schema", "warmcache db upgrade --db")
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(postgres_url)
+    try:
+        assert sa.inspect(engine).get_table_names() == []  # the reads created nothing
+    finally:
+        engine.dispose()
 
 
 def test_an_empty_db_is_an_error_not_the_default_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

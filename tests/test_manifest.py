@@ -144,10 +144,10 @@ def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
         "m.toml: cache.zz: unknown key (allowed: dir)",
         "m.toml: trust.zz: unknown key (allowed: keys)",
         "m.toml: store.zz: unknown key (allowed: url, endpoint_url, push, max_pull_size, sign_key)",
-        "m.toml: model[0].zz: unknown key (allowed: name, path, revision, dtype, device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
-        "m.toml: model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
-        "m.toml: model[0].generate[0].zz: unknown key (allowed: batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, prefill_chunk_size, cache_implementation)",
-        "m.toml: model[0].train[0].zz: unknown key (allowed: batch_sizes, seq_lengths, bf16, gradient_checkpointing)",
+        "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
+        "m.toml: model 'm': model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
+        "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, prefill_chunk_size, cache_implementation)",
+        "m.toml: model 'm': model[0].train[0].zz: unknown key (allowed: batch_sizes, seq_lengths, bf16, gradient_checkpointing)",
     ]
 
 
@@ -188,6 +188,17 @@ def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_va
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"warmcache: error: {manifest}: model[0].path: ")
+    assert lines[0].startswith(f"warmcache: error: {manifest}: model 'm': model[0].path: ")
     assert path_value.lstrip("./") in lines[0] and expected in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_a_problem_in_a_named_model_says_which_model_it_is() -> None:
+    """In a manifest of many models an index alone is hard to find: once an entry's name is read, its problems carry it."""
+    text = GOOD + GOOD.replace('name = "m"', 'name = "tiny-llama"').replace("prompt_lengths = [8, 16]", "prompt_lengths = [8, 40]")
+    with pytest.raises(ManifestError) as info:
+        loads(text + '[[model]]\nname = "bad name"\npath = "x"\n', "m.toml")
+    assert info.value.problems == [
+        "m.toml: model 'tiny-llama': model[1].generate[0].prompt_lengths: prompt length 40 + 1 new token exceeds max_cache_len 32",
+        "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only letters, digits, '.', '_' and '-'",  # no name to give
+    ]

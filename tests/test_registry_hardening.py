@@ -25,13 +25,13 @@ UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] i
 
 @pytest.mark.parametrize("trial", range(3))  # the race was lost in 5 of 8 trials before the lock
 def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_schema(postgres_url: str, trial: int) -> None:
-    barrier, failures = threading.Barrier(4), []
+    barrier, failures, changes = threading.Barrier(4), [], []
 
     def upgrade() -> None:
         engine = create_registry_engine(postgres_url)
         try:
             barrier.wait()
-            schema.upgrade(engine)
+            changes.append(schema.upgrade(engine))
         except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
             failures.append(exc)
         finally:
@@ -45,9 +45,12 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
     assert failures == [] and not any(thread.is_alive() for thread in threads)  # racing DDL could also wait on itself forever
     engine = create_registry_engine(postgres_url)
     try:
-        assert schema.current_revision(engine) == schema.head_revision(engine)
+        head = schema.head_revision(engine)
+        assert schema.current_revision(engine) == head
     finally:
         engine.dispose()
+    # Only the upgrade that did the work says "empty -> head": the others read the revision under the lock, after it.
+    assert sorted(changes, key=lambda change: change[0] is not None) == [(None, head)] + [(head, head)] * 3
 
 
 READ_ONLY_READS = """

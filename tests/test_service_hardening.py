@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -94,3 +95,98 @@ def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path
         server.terminate()
     assert shown in lines[-1], lines
     assert any("reachable beyond this machine" in line for line in lines) is warned, lines
+
+
+def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
+    """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no weights)."""
+    folder = tmp_path / "config-only"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}))
+    values = list(range(1, side + 1))
+    table = f'path = "{folder}"\n[[model.generate]]\nbatch_sizes = {values}\nprompt_lengths = {values}\nmax_cache_len = {side + 1}\n'
+    return "\n".join(f'[[model]]\nname = "m{i}"\n{table}' for i in range(models)).encode()
+
+
+def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(service: str, tmp_path: Path) -> None:  # noqa: F811
+    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI alike."""
+    body = grid_manifest(tmp_path, 50, 299)
+    assert len(body) < 150_000  # far inside the 1 MiB a manifest may be
+    start = time.monotonic()
+    status, answer, _ = call(f"{service}/v1/plan", "POST", body, AUTH)
+    seconds = time.monotonic() - start
+    assert status == 400 and seconds < 1.0, (status, seconds)
+    message = answer["error"]["message"]
+    assert "declares 4,470,050 shapes" in message and "more than the 100,000 a manifest may" in message
+    assert "model[0] 'm0' generate[0]: 299 batch sizes × 299 lengths = 89,401" in message and "\n" not in message
+    (tmp_path / "big.toml").write_bytes(body)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "warmcache", "plan", str(tmp_path / "big.toml"), "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "declares 4,470,050 shapes" in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - start < 10  # interpreter start-up included; the refusal itself is milliseconds
+
+
+def test_a_plan_that_outlives_its_answer_stops_using_cpu(service: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """97,200 shapes (within the limit) against a 0.3 s budget: the 503 comes, and the planning thread stops within a second."""
+    from warmcache.service import app
+
+    monkeypatch.setattr(app, "PLAN_TIMEOUT_S", 0.3)
+    status, answer, _ = call(f"{service}/v1/plan", "POST", grid_manifest(tmp_path, 3, 180), AUTH)
+    assert status == 503 and "took more than 0.3s" in answer["error"]["message"], answer
+    time.sleep(1.0)
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(1.0)
+    busy = (time.process_time() - cpu) / (time.monotonic() - wall)
+    assert busy < 0.3, f"the server process used {busy:.0%} of a core a second after answering 503"
+    assert call(f"{service}/healthz")[0] == 200
+
+
+def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_path: Path) -> None:  # noqa: F811
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    body = f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
+    assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
+    assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]  # the server's disk is not described
+
+
+def test_connections_that_never_finish_their_headers_are_closed(service: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Slowloris: silent connections and ones trickling a header byte at a time are closed at the header deadline;
+    a normal request on a kept-alive connection is unaffected."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    from warmcache.service.protocol import HeaderDeadlineProtocol
+
+    monkeypatch.setattr(HeaderDeadlineProtocol, "header_timeout_s", 1.0)
+    address = urllib.parse.urlsplit(service)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    silent = [socket.create_connection((host, port)) for _ in range(20)]
+    trickling = [socket.create_connection((host, port)) for _ in range(20)]
+    for sock in trickling:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    kept = http.client.HTTPConnection(host, port, timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() and kept.sock is not None
+    kept.sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")  # a second request on the kept-alive connection, never finished
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:
+        for sock in trickling:
+            try:
+                sock.send(b"a")
+            except OSError:
+                pass  # closed already
+        time.sleep(0.25)
+    held = []
+    for sock in [*silent, *trickling, kept.sock]:
+        sock.settimeout(3)
+        try:
+            held.append(sock.recv(1) != b"")
+        except ConnectionResetError:
+            held.append(False)
+        except TimeoutError:
+            held.append(True)
+        sock.close()
+    assert not any(held), f"{sum(held)} of {len(held)} connections still open past the header deadline"
+    assert call(f"{service}/healthz")[0] == 200

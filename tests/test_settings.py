@@ -13,6 +13,7 @@ import warmcache
 from warmcache.cli import main
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
+from warmcache.registry import Registry
 from warmcache.settings import CACHE_DIR, REGISTRY, SETTINGS, STORE, TRUSTED_KEYS, Chosen, RegistryLocation, Setting, choose, resolve_cache_folder, resolve_registry
 
 PACKAGE = Path(warmcache.__file__).parent
@@ -91,6 +92,8 @@ def test_the_registry_url_is_normalised_in_exactly_one_function(tmp_path: Path, 
         return real(text, source, base)
 
     monkeypatch.setattr(settings, "normalise_url", counted)
+    Registry.open(f"sqlite:///{tmp_path / 'r.sqlite'}").close()  # shapes only reads a registry
+    calls.clear()
     result = CliRunner().invoke(main, ["shapes", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
     assert result.exit_code == 0, result.output
     assert calls == ["--db"]  # not again in Registry.open or the engine

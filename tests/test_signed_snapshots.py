@@ -136,3 +136,33 @@ def test_a_snapshot_nested_deep_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="nests 100000 levels deep") as refused:
         ShapeGuard.from_snapshot(path, "m")
     assert str(path) in str(refused.value)
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_service_answer_nested_deep_is_one_line(status: int) -> None:
+    """``from_url`` (and each refresh) reads the answer with the snapshot's bounds; an error body nested deep is no traceback either."""
+    import http.server
+    import threading
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(deep)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(UsageError) as refused:
+            ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", telemetry=False)
+    finally:
+        server.shutdown()
+    message = str(refused.value)
+    assert "/v1/guard/m" in message and "\n" not in message
+    assert ("nests 100000 levels deep" if status == 200 else "500") in message

@@ -89,6 +89,42 @@ def test_a_whole_gc_between_a_pushs_blob_check_and_its_index_write_never_leaves_
     assert deleted == [0] and dangling(store) == []
 
 
+def test_a_gc_that_takes_a_reused_blob_before_the_push_refreshes_it_is_uploaded_again(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads it again
+    (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
+    push(built, store)
+    monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every re-used blob is refreshed
+    monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.0)
+    target, refresh, taken = object_store(store), push_module._refresh_reused, []
+
+    def gc_took_them_first(store_: object, reused: list[str], blobs: dict) -> int:
+        for sha256 in reused:
+            target.delete(blob_key(sha256))
+            taken.append(sha256)
+        return refresh(store_, reused, blobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(push_module, "_refresh_reused", gc_took_them_first)
+    code, data, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store)
+    assert code == 0 and data is not None, err
+    assert taken and data["blobs_uploaded"] == len(taken) and dangling(store) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("file://", "a file store is file:///absolute/path"),
+        ("file://relative/folder", "a file store is file:///absolute/path"),
+        ("s3://bucket/prefix?versionId=1", "a query (?...) is not part of a store location"),
+        ("s3://bucket/prefix#x", "a fragment (#...) is not part of a store location"),
+        ("s3://bucket/pre\nfix", "holds a control character"),
+        ("file:///tmp/store\t", "holds a control character"),
+    ],
+)
+def test_a_store_url_whose_parts_a_parser_would_drop_is_refused(url: str, says: str) -> None:
+    code, _, err = run("store", "ls", "--store", url)
+    assert code == 2 and len(error_lines(err)) == 1 and says in err and "Traceback" not in err, err
+
+
 def corrupt_in_place(store: list[str], endpoint: str | None) -> str:
     """Flip a blob's bytes, keeping its size: as another tool (no checksum) or a bad disk would."""
     target = object_store(store)
@@ -238,3 +274,15 @@ def test_a_trickling_or_silent_endpoint_cannot_hold_a_pull_past_its_timeout(buil
     started = time.monotonic()
     code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
     assert code == 6 and time.monotonic() - started < 15 and "the per-request deadline" in err and nothing_left(tmp_path), err
+
+
+def test_a_timeout_from_the_environment_is_named_as_the_environment(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ["--store", f"s3://{s3_bucket}/p", "--endpoint-url", s3_endpoint]
+    monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "banana")
+    code, _, err = run("store", "ls", *store)
+    assert code == 2 and "$WARMCACHE_STORE_TIMEOUT: 'banana' is not an age" in err and "--timeout" not in err, err
+    monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "0s")  # spent before the first request
+    code, _, err = run("store", "ls", *store)
+    assert code == 6 and "the command's deadline of 0 s passed" in err and "($WARMCACHE_STORE_TIMEOUT to change it)" in err, err
+    code, _, err = run("store", "ls", *store, "--timeout", "0s")  # the flag wins, and is named
+    assert code == 6 and "(--timeout to change it)" in err, err

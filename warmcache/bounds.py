@@ -20,6 +20,12 @@ MAX_NESTING = 64
 #: a real manifest has a few per model. Each builds a table, so thousands of lines of
 #: 60-part keys, each within the nesting bound, would still keep tomllib busy for seconds.
 MAX_KEY_DOTS = 4096
+#: Shapes one manifest may declare (batch sizes × lengths, summed over every grid of every model), checked before
+#: any is built: each costs ~30 µs to plan and a registry row, and 300 × 300 grids of 50 models (4.5 million
+#: shapes, from a 116 KB file) kept a planner busy for minutes. A real fleet declares thousands.
+MAX_MANIFEST_SHAPES = 100_000
+#: A model's ``config.json`` is input too: published ones are kilobytes (Phi-3.5's 48-entry rope lists included).
+MAX_CONFIG_BYTES = 4 << 20
 #: Registry counts (batch size, lengths, attempts) are ``Integer`` columns: 32-bit on PostgreSQL.
 MAX_COUNT = 2**31 - 1
 #: Byte sizes are ``BigInteger`` columns and torch sizes: int64.

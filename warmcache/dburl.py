@@ -38,12 +38,25 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
         raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
-    if scheme in ("postgresql", "postgres"):
+    if scheme.split("+", 1)[0] in ("postgresql", "postgres"):
+        _require_database(url, rest, source)
         return "postgresql+psycopg://" + rest
-    if scheme == "sqlite" and rest.startswith("/") and rest != "/:memory:":
-        path, mark, query = rest[1:].partition("?")
-        return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
-    return url
+    path, mark, query = rest[1:].partition("?")
+    if not rest.startswith("/") or path in ("", ":memory:"):
+        # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
+        raise UsageError(f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps nothing between commands); give {ACCEPTED_FORMS}")
+    return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
+
+
+def _require_database(url: str, rest: str, source: str) -> None:
+    """A PostgreSQL URL must name its database: without one libpq silently picks the database named after the user."""
+    location, _, query = rest.partition("?")
+    database = location.partition("/")[2]
+    if not database and "dbname=" not in query:
+        raise UsageError(
+            f"{source} {shown(url)} names no database (libpq would fall back to a database named after the user, on the local socket "
+            f"unless a host is given); give {ACCEPTED_FORMS}"
+        )
 
 
 def _checked_file(path: str, source: str, base: Path | None) -> Path:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmcache.bounds import MAX_CONFIG_BYTES, MAX_NESTING, json_nesting
 from warmcache.compile_env import compile_env
 from warmcache.errors import UsageError, first_line
 from warmcache.shapes import short_hash
@@ -102,14 +103,29 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def model_config_hash(model_path: str, revision: str | None = None) -> str:
     """Fingerprint a model from its ``config.json`` alone; no weights are read."""
-    path = config_path(model_path, revision)
+    return config_hash(read_config_json(config_path(model_path, revision)))
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A model's ``config.json``, read with the bounds a manifest gets: size and nesting are checked before ``json``
+    parses it (it recurses once per level), and every problem is one line naming the file."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: unreadable config.json: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: config.json is larger than {MAX_CONFIG_BYTES} bytes, far more than any model's; refused")
+    depth = json_nesting(data)
+    if depth > MAX_NESTING:
+        raise UsageError(f"{path}: config.json nests {depth} levels deep; a model config needs at most {MAX_NESTING}; refused")
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for a file that is not UTF-8
         raise UsageError(f"{path}: unreadable config.json: {exc}") from None
     if not isinstance(config, dict):
         raise UsageError(f"{path}: config.json must hold a JSON object")
-    return config_hash(config)
+    return config
 
 
 def normalise_neuron_cc_flags(flags: str | None) -> str:

@@ -7,6 +7,7 @@ torch or a changed config yields a new identity and the old row reads as stale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmcache.errors import ManifestError, UsageError
@@ -45,10 +46,21 @@ class PlannedShape:
         return self.spec.shape_hash
 
 
-def plan_model(model: ModelSpec) -> list[PlannedShape]:
+#: Shapes planned between two calls of a plan's ``checkpoint`` (a few milliseconds).
+CHECKPOINT_EVERY = 256
+
+
+def plan_model(model: ModelSpec, checkpoint: Callable[[], None] | None = None) -> list[PlannedShape]:
+    """The model's shapes, fingerprinted; ``checkpoint`` is called every few milliseconds and may raise to stop
+    (the service abandons a plan that outlived its answer)."""
     config = model_config_hash(model.path, model.revision)
     toolchain = current_toolchain(model.device, model.backend, model.mode)
-    return [PlannedShape(spec, model, config, toolchain) for spec in model.specs()]
+    planned: list[PlannedShape] = []
+    for i, spec in enumerate(model.iter_specs()):
+        if checkpoint is not None and i % CHECKPOINT_EVERY == 0:
+            checkpoint()
+        planned.append(PlannedShape(spec, model, config, toolchain))
+    return planned
 
 
 def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[PlannedShape]:
@@ -61,5 +73,5 @@ def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[Pla
         except UsageError as exc:
             # The model's config is unreachable: name the manifest entry that points there.
             index = manifest.models.index(model)
-            raise ManifestError(f"{manifest.path}: model[{index}].path: {exc}") from None
+            raise ManifestError(f"{manifest.path}: model {model.name!r}: model[{index}].path: {exc}") from None
     return planned

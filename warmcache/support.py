@@ -34,8 +34,8 @@ def model_problems(model: ModelSpec) -> list[str]:
     where = f"model {model.name!r} ({model.path})"
     try:
         config: Any = AutoConfig.from_pretrained(model.path, revision=model.revision)
-    except (OSError, ValueError, KeyError) as exc:
-        return [f"{where}: transformers cannot read its config: {' '.join(str(exc).split())[:200]}"]
+    except Exception as exc:  # the config is input: transformers' own checks raise anything (ZeroDivisionError for 0 heads)
+        return [f"{where}: transformers cannot read its config: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"]
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # a key lookup: imports no modeling code
         return [f"{where}: {config.model_type!r} has no causal-LM class in transformers (AutoModelForCausalLM cannot load it)"]
     problems: list[str] = []

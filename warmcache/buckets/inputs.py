@@ -110,7 +110,7 @@ def model_length_limit(model_path: str) -> LengthLimit | None:
 
     try:
         config = AutoConfig.from_pretrained(model_path)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - an unreadable config just has no limit to offer (transformers' checks raise anything)
         return None
     value = getattr(config.get_text_config(), "max_position_embeddings", None)
     if not isinstance(value, int) or value < 1:

@@ -16,7 +16,7 @@ It finds, for one cache root:
   ``any_host``. Rows recorded before warmcache kept the folder fall back to "compiled
   on this host";
 - leftover ``.warmcache-*`` work folders of interrupted prunes and unpacks, and
-  ``precompiled/.<sha256>.partial`` files of interrupted artifact writes.
+  ``precompiled/`` and ``aotinductor/`` ``.<sha256>.partial`` files of interrupted artifact writes.
 
 Removing an entry also forgets every row that references it.
 """

@@ -24,7 +24,7 @@ from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, SHARED_KINDS, STA
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
-from warmcache.cache.precompiled import PARTIAL_SUFFIX, PRECOMPILED_DIR
+from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
@@ -267,9 +267,13 @@ def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
 
 
 def _partial_artifacts(root: Path, now: float) -> tuple[WorkDir, ...]:
-    """Precompiled artifacts a writer never renamed into place (a full disk, a kill): ``precompiled/.<sha256>.partial``."""
-    folder = root / PRECOMPILED_DIR
-    if not folder.is_dir():
-        return ()
-    found = ((f"{PRECOMPILED_DIR}/{child.name}", _lstat_or_none(child)) for child in sorted(folder.iterdir()) if child.name.endswith(PARTIAL_SUFFIX))
+    """Artifacts a writer never renamed into place (a full disk, a kill): ``precompiled/.<sha256>.partial`` and
+    ``aotinductor/.<sha256>.partial`` (both written by :func:`~warmcache.cache.precompiled.write_artifact`)."""
+    found = (
+        (f"{name}/{child.name}", _lstat_or_none(child))
+        for name in (PRECOMPILED_DIR, AOTINDUCTOR_DIR)
+        if (root / name).is_dir()
+        for child in sorted((root / name).iterdir())
+        if child.name.endswith(PARTIAL_SUFFIX)
+    )
     return tuple(WorkDir(path, info.st_size, max(0.0, now - info.st_mtime)) for path, info in found if info is not None)

@@ -65,8 +65,10 @@ def load_signing_key(_context: click.Context, _parameter: click.Parameter, value
     return SigningKey.load(value) if value else None
 
 
-def open_registry(db_url: str | None, manifest: Manifest | None = None) -> Registry:
-    return Registry.open(registry_location(db_url, manifest))
+def open_registry(db_url: str | None, manifest: Manifest | None = None, *, create: bool) -> Registry:
+    """The registry the command names; ``create=False`` for a command that only reads: a missing registry (or schema)
+    is then one line naming the command that makes one, never a new file, folder or schema."""
+    return Registry.open(registry_location(db_url, manifest), create=create)
 
 
 def print_json(data: Any) -> None:

@@ -61,7 +61,7 @@ class LengthSource:
             with _progress(f"tokenising {self.dataset_file}") as progress:
                 return read_dataset_lengths(self.dataset_file, field=self.field, tokenizer_path=self.tokenizer_path, limit=limit, progress=progress)
         assert model_name is not None
-        with open_registry(db_url) as registry:
+        with open_registry(db_url, create=False) as registry:
             summary = registry.miss_summary(model_name)
             where = display_url(registry.url)
         return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)

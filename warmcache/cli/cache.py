@@ -89,7 +89,7 @@ def scan(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str |
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
     remote = _remote_neuron(cache_dir, manifest)
-    with open_registry(db_url, manifest) as registry:
+    with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
     if as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
@@ -147,7 +147,7 @@ def doctor(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str
     remote = _remote_neuron(cache_dir, manifest)
     if remote and not as_json:
         click.echo(_describe_remote(remote, doctor=True))
-    with open_registry(db_url, manifest) as registry:
+    with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
         _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix",
                 extra=[{**remote.as_json(), "applied": False}] if remote else [])  # fmt: skip
@@ -187,7 +187,7 @@ def prune(
     )
     rules.check()
     manifest = _manifest(manifest_path)
-    with open_registry(db_url, manifest) as registry:
+    with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
         _report([plan_prune(info, rules) for info in infos], registry, apply=not dry_run, as_json=as_json, how_to_apply="without --dry-run")
 

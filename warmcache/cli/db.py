@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 from warmcache.cli._common import db_option, json_option, print_json, registry_location
-from warmcache.registry import schema
-from warmcache.registry.engine import create_registry_engine
+from warmcache.registry import Registry, schema
 
 
 @click.group("db")
@@ -20,14 +19,9 @@ def db_group() -> None:
 def upgrade(db_url: str | None, revision: str) -> None:
     """Bring the registry database to the newest schema revision."""
     location = registry_location(db_url)
-    engine = create_registry_engine(location)
-    try:
-        before = schema.current_revision(engine)
-        schema.upgrade(engine, revision)
-        after = schema.current_revision(engine)
-    finally:
-        engine.dispose()
-    click.echo(f"{location.display}: schema {before or 'empty'} -> {after}")
+    with Registry.open(location, check_schema=False) as registry:  # a PostgreSQL search_path naming no schema is refused here
+        before, after = schema.upgrade(registry.engine, revision)
+    click.echo(f"{location.display}: schema {before or 'empty'} -> {after}" if before != after else f"{location.display}: schema {after} (already current)")
 
 
 @db_group.command("current")
@@ -36,12 +30,9 @@ def upgrade(db_url: str | None, revision: str) -> None:
 def current(db_url: str | None, as_json: bool) -> None:
     """Show the registry's schema revision and whether it is up to date."""
     location = registry_location(db_url)
-    engine = create_registry_engine(location)
-    try:
-        revision = schema.current_revision(engine)
-        head = schema.head_revision(engine)
-    finally:
-        engine.dispose()
+    with Registry.open(location, check_schema=False, create=False) as registry:  # a read: a missing registry is an error, not a new file
+        revision = schema.current_revision(registry.engine)
+        head = schema.head_revision(registry.engine)
     if as_json:
         print_json({"url": location.display, "revision": revision, "head": head, "up_to_date": revision == head})
         return

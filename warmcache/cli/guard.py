@@ -20,7 +20,7 @@ from warmcache.trust import SigningKey
 @json_option
 def misses(model_name: str | None, db_url: str | None, as_json: bool) -> None:
     """Summarise the requests runtime guards padded, clipped, truncated or refused, per shape."""
-    with open_registry(db_url) as registry:
+    with open_registry(db_url, create=False) as registry:
         summary = registry.miss_summary(model_name)
     if as_json:
         print_json(summary)
@@ -64,7 +64,7 @@ def export(model_name: str, workload: str | None, out_path: Path, signing_key: S
     Rows of every toolchain are exported: the production process, not this one,
     decides which are stale for its own torch and compiler.
     """
-    with open_registry(db_url) as registry:
+    with open_registry(db_url, create=False) as registry:
         records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES, with_artifacts=True)
         source = registry.display_url
     if not records:

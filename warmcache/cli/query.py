@@ -22,7 +22,7 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     """List every shape MANIFEST declares with its registry status."""
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)  # first: a model path that is not there is named by its key
-    with open_registry(db_url, parsed) as registry:
+    with open_registry(db_url, parsed, create=False) as registry:
         explained = explain_plan(registry, planned)
     statuses = [e.status for e in explained]
     # A model with a row for every shape under this config and toolchain passed this check when it was
@@ -57,7 +57,7 @@ def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: 
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)
     check_supported(parsed)
-    with open_registry(db_url, parsed) as registry:
+    with open_registry(db_url, parsed, create=False) as registry:
         unusable = [e for e in explain_plan(registry, planned) if e.reason is not None]
     if as_json:
         print_json([e.as_json() for e in unusable])
@@ -77,11 +77,11 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
     """List the shapes in the registry (rows of another toolchain show as stale)."""
     if as_json:
         # Streamed: a registry of 100,000 rows is listed without holding every row in memory.
-        with open_registry(db_url) as registry:
+        with open_registry(db_url, create=False) as registry:
             streamed = (r for r in registry.iter_rows(model=model_name, workload=workload) if status is None or effective_status(r) == status)
             print_json_array(shape_json(r) for r in streamed)
         return
-    with open_registry(db_url) as registry:
+    with open_registry(db_url, create=False) as registry:
         records = registry.rows(model=model_name, workload=workload)
     listed = [(r, effective_status(r)) for r in records]
     if status is not None:
@@ -126,7 +126,7 @@ def check(
     as_json: bool,
 ) -> None:
     """Exit 0 if a request can run without compiling (exactly or padded), 1 if not."""
-    with open_registry(db_url) as registry:
+    with open_registry(db_url, create=False) as registry:
         result = check_request(
             registry,
             model=model_name,

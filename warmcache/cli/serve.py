@@ -36,6 +36,7 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
 
         from warmcache.service import ServiceConfig, create_app
         from warmcache.service.auth import load_token
+        from warmcache.service.protocol import HeaderDeadlineProtocol
     except ImportError as exc:
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
     location = registry_location(db_url, load_manifest(manifest) if manifest else None)
@@ -45,7 +46,8 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
         click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
     click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False)
+    # The header deadline closes connections that never finish a request (slowloris).
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False, http=HeaderDeadlineProtocol)
 
 
 def base_url(host: str, port: int) -> str:

@@ -19,7 +19,7 @@ def status(manifest: str, model_name: str | None, db_url: str | None, as_json: b
     """Per model and workload: counts by status, claims in flight, failures and the time left."""
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)
-    with open_registry(db_url, parsed) as registry:
+    with open_registry(db_url, parsed, create=False) as registry:
         report = warmup_status(registry, planned)
     if as_json:
         print_json(report.as_json())

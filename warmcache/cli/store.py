@@ -37,6 +37,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 STORE_HELP = "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
+STORE_TIMEOUT_ENV = "WARMCACHE_STORE_TIMEOUT"
 NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
 
 
@@ -58,13 +59,16 @@ def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
 
 
 def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    set_command_timeout(parse_age(value, option="--timeout") if value is not None else DEFAULT_COMMAND_SECONDS)
+    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about it."""
+    from_env = param.name is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+    source = f"${STORE_TIMEOUT_ENV}" if from_env else "--timeout"
+    set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
 def store_options(func: F) -> F:
     """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
     func = click.option(
-        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar="WARMCACHE_STORE_TIMEOUT",
+        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar=STORE_TIMEOUT_ENV,
         help=f"Give up on the store after this long in all (e.g. 90s, 30m; default {int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
     )(func)  # fmt: skip
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)

@@ -1,7 +1,8 @@
 """The manifest checker: walks the parsed TOML, one line per problem, never stopping at the first.
 
-Each line names the file, the key path (``model[0].generate[1].batch_sizes[2]``) and the
-value at fault, with a did-you-mean for a misspelt key or value.
+Each line names the file, the entry's name once it is known (``model 'tiny-llama'``), the
+key path (``model[0].generate[1].batch_sizes[2]``) and the value at fault, with a
+did-you-mean for a misspelt key or value.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ class Checker:
 
     file: Path
     problems: list[str] = field(default_factory=list)
+    #: ``{entry key: what it is called}`` (``{"model[0]": "model 'tiny-llama'"}``): an index alone is hard to find in a long manifest.
+    names: dict[str, str] = field(default_factory=dict)
 
     def problem(self, key: str, message: str) -> None:
-        self.problems.append(f"{self.file}: {key}: {message}")
+        name = self.names.get(key.split(".", 1)[0])
+        self.problems.append(f"{self.file}: {f'{name}: ' if name else ''}{key}: {message}")
+
+    def name(self, where: str, called: str) -> None:
+        """From now on, problems under ``where`` also say what the entry is ``called``."""
+        self.names[where] = called
 
     def unknown_keys(self, table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
         for key in table:

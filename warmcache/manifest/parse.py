@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.anchor import Anchor
+from warmcache.bounds import MAX_MANIFEST_SHAPES
 from warmcache.errors import ManifestError, UsageError, shown
 from warmcache.generation import prompt_fits
 from warmcache.manifest.checker import Checker, show
@@ -82,6 +83,7 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         seen[model.name] = index
         models.append(model)
 
+    _check_expansion(check, models, seen)
     if check.problems:
         raise ManifestError(check.problems)
     return Manifest(
@@ -93,6 +95,19 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         store=store,
         trusted_keys=trusted,
     )
+
+
+def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, int]) -> None:
+    """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths (nothing is built)."""
+    grids = [(len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}") for m in models for table, _, b, lengths in m.grids()]
+    total = sum(count for count, *_ in grids)
+    if total > MAX_MANIFEST_SHAPES:
+        count, batches, lengths, where = max(grids, key=lambda grid: grid[0])  # the first of the largest
+        check.problem(
+            "model",
+            f"declares {total:,} shapes (batch sizes × lengths, over every grid), more than the {MAX_MANIFEST_SHAPES:,} a manifest may; "
+            f"the largest grid, {where}: {batches} batch sizes × {lengths} lengths = {count:,} (choose buckets with warmcache buckets suggest, or split the manifest)",
+        )
 
 
 def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> StoreSettings:
@@ -143,10 +158,12 @@ def _model_path(text: str, anchor: Anchor) -> str:
 
 def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
     before = len(check.problems)
-    check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     name = check.string(entry, "name", where, required=True)
     if name is not None and not _NAME_RE.match(name):
         check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+    elif name is not None:
+        check.name(where, f"model {name!r}")  # every later problem of this entry says which model it is
+    check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     path = check.file_path(entry, "path", where, required=True)
     revision = check.string(entry, "revision", where)
 

@@ -7,6 +7,7 @@ accepts are stated once, here, next to the value they fill.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -109,18 +110,28 @@ class ModelSpec:
     def family(self, settings: WorkloadSettings) -> ShapeFamily:
         return ShapeFamily(model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
 
-    def specs(self) -> list[ShapeSpec]:
-        """Every declared shape of this model, deduplicated, in a stable order."""
-        grids: list[tuple[WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [(gen.settings, gen.batch_sizes, gen.prompt_lengths) for gen in self.generate]
-        grids += [(train.settings, train.batch_sizes, train.seq_lengths) for train in self.train]
-        out: dict[str, ShapeSpec] = {}
-        for settings, batch_sizes, lengths in grids:
+    def grids(self) -> list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]]:
+        """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then ``train[i]`` (sequence lengths)."""
+        grids: list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [
+            (f"generate[{i}]", gen.settings, gen.batch_sizes, gen.prompt_lengths) for i, gen in enumerate(self.generate)
+        ]
+        return grids + [(f"train[{i}]", train.settings, train.batch_sizes, train.seq_lengths) for i, train in enumerate(self.train)]
+
+    def iter_specs(self) -> Iterator[ShapeSpec]:
+        """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop between two)."""
+        seen: set[str] = set()
+        for _, settings, batch_sizes, lengths in self.grids():
             family = self.family(settings)
             for b in batch_sizes:
                 for length in lengths:
                     spec = ShapeSpec(family, b, length)
-                    out.setdefault(spec.shape_hash, spec)
-        return list(out.values())
+                    if spec.shape_hash not in seen:
+                        seen.add(spec.shape_hash)
+                        yield spec
+
+    def specs(self) -> list[ShapeSpec]:
+        """Every declared shape of this model, deduplicated, in a stable order."""
+        return list(self.iter_specs())
 
 
 @dataclass(frozen=True, slots=True)

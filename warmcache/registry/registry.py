@@ -69,8 +69,10 @@ class Registry(ClaimRows, RowQueries, MissLog):
             _refuse_missing_sqlite_file(location)
         engine = create_registry_engine(location, hold_connections=hold_connections)
         try:
+            if location.is_postgresql:
+                schema.require_search_path(engine, display_url(url))
             if check_schema and not create and schema.is_empty(engine):
-                raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); check the URL")
+                raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); {_how_to_create(url)}")
             if check_schema:
                 schema.ensure_current(engine, display_url(url))
         except DBAPIError as exc:
@@ -250,9 +252,17 @@ class Registry(ClaimRows, RowQueries, MissLog):
 
 
 def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
-    """A read path must not create a SQLite file (connecting would)."""
-    if location.sqlite_file is not None and not location.sqlite_file.is_file():
-        raise RegistryError(f"registry {location.display} does not exist; check the URL (a read never creates a registry)")
+    """A read path must not create a SQLite file (connecting would), nor its folder."""
+    file = location.sqlite_file
+    if file is not None and not file.is_file():
+        if file.is_dir():
+            raise RegistryError(f"registry {location.display} is a folder, not a registry file; check the URL")
+        raise RegistryError(f"registry {location.display} does not exist (a read never creates one); check the URL, or {_how_to_create(location.url)}")
+
+
+def _how_to_create(url: str) -> str:
+    """The commands that make a registry, for a read that found none."""
+    return f"create it with: warmcache db upgrade --db {display_url(url)} (or a warmcache warmup)"
 
 
 def _unavailable(exc: DBAPIError) -> bool:

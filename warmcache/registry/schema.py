@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
-from warmcache.errors import SchemaOutOfDateError, UsageError, shown
+from warmcache.errors import RegistryError, SchemaOutOfDateError, UsageError, shown
 
 #: Serialises first-time initialisation and ``db upgrade`` of a PostgreSQL registry ("warm" in ASCII).
 _INIT_LOCK_KEY = 0x7761726D
@@ -45,8 +45,10 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate to ``revision``; a database with tables but no warmcache revision is refused.
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate to ``revision``; returns the revisions before and after, both read under the lock (so of several
+    concurrent upgrades only the one that did the work reports a change). A database with tables but no warmcache
+    revision is refused.
 
     Such a database belongs to another application: adding warmcache's tables to it
     would mix two schemas that every later command then refuses. There is no
@@ -54,7 +56,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """
     with engine.begin() as conn:
         _lock_schema(conn)  # as first-use initialisation does: concurrent upgrades run one after another
-        if MigrationContext.configure(conn).get_current_revision() is None:
+        before = MigrationContext.configure(conn).get_current_revision()
+        if before is None:
             tables = inspect(conn).get_table_names()
             if tables:
                 raise _foreign(engine.url.render_as_string(hide_password=True), tables)
@@ -62,6 +65,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             _upgrade_on(conn, engine, revision)
         except CommandError as exc:
             raise UsageError(f"--revision {shown(revision)}: {exc}") from None
+        return before, MigrationContext.configure(conn).get_current_revision()
 
 
 def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
@@ -74,6 +78,19 @@ def _lock_schema(conn: Connection) -> None:
     """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions lock already)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
+
+
+def require_search_path(engine: Engine, display_url: str) -> None:
+    """Refuse a PostgreSQL ``search_path`` none of whose schemas exists: tables would be created nowhere (or a read
+    would find "no schema"), where the fix is one ``CREATE SCHEMA``."""
+    with engine.connect() as conn:
+        current, search_path = conn.execute(text("SELECT current_schema(), current_setting('search_path')")).one()
+    if current is None:
+        first = next((name.strip().strip('"') for name in search_path.split(",") if name.strip() and name.strip() != '"$user"'), search_path)
+        raise RegistryError(
+            f"registry {display_url}: its search_path {shown(search_path)} names no schema that exists in this database; "
+            f'create it first (CREATE SCHEMA "{first}";) or fix options=-csearch_path=... in the URL'
+        )
 
 
 def is_empty(engine: Engine) -> bool:

@@ -16,7 +16,10 @@ contiguity on every call.
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,11 +112,32 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
 
 
 def open_loader(package: Path) -> Any:
-    """The C++ loader on one package file: its ``model`` entry, multi-threaded, one runner, the package's own device."""
+    """The C++ loader on one package file: its ``model`` entry, multi-threaded, one runner, the package's own device.
+
+    The loader unpacks the package into ``$TMPDIR/aotinductor_*`` and removes that folder only when it is destroyed, so
+    a load that fails (a foreign or broken ``.so``) left it in ``/tmp``. It unpacks beside the package instead, in the
+    caller's work folder, which the caller removes either way (a loaded ``.so`` stays mapped after its file is gone).
+    """
     import torch
 
-    # pybind takes these positionally only: model name, run single-threaded, runners, device index (-1: as built).
-    return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    with _temporary_files_in(package.parent):
+        # pybind takes these positionally only: model name, run single-threaded, runners, device index (-1: as built).
+        return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+
+
+@contextmanager
+def _temporary_files_in(folder: Path) -> Iterator[None]:
+    """``$TMPDIR`` is ``folder`` inside the block (the C++ loader reads it); Python's own temporary folder is chosen (and kept) first."""
+    tempfile.gettempdir()
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = previous
 
 
 def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -131,12 +132,20 @@ class Handlers:
     async def plan(self, request: Request) -> Response:
         body = await self.write_body(request)
         model = request.query_params.get("model")
+        abandoned = threading.Event()
+
+        def checkpoint() -> None:
+            # The worker thread cannot be cancelled from here: it stops itself, within milliseconds of the 503.
+            if abandoned.is_set():
+                raise ApiError(503, "plan abandoned")
+
         try:
             # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's disk are never disclosed.
-            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model)), PLAN_TIMEOUT_S)
+            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model, checkpoint)), PLAN_TIMEOUT_S)
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
         except TimeoutError:
+            abandoned.set()
             raise ApiError(503, f"planning the manifest took more than {PLAN_TIMEOUT_S:g}s; refused", "body") from None
         explained = await self.in_registry(lambda registry: explain_plan(registry, planned))
         return json_response([plan_json(e.status, e.reason) for e in explained])

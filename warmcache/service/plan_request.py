@@ -10,6 +10,8 @@ as the server resolved it nor why it failed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.plan import PlannedShape, plan_model
@@ -18,8 +20,10 @@ from warmcache.service.http import ApiError
 NOT_CHECKED = "model path not checked by the service (it plans only models whose config.json it holds; run warmcache plan where the model is)"
 
 
-def plan_request(manifest: Manifest, model_name: str | None) -> list[PlannedShape]:
-    """Every shape the posted manifest declares (optionally for one model), or one 400 that says nothing about paths."""
+def plan_request(manifest: Manifest, model_name: str | None, checkpoint: Callable[[], None] | None = None) -> list[PlannedShape]:
+    """Every shape the posted manifest declares (optionally for one model), or one 400 that says nothing about paths.
+
+    ``checkpoint`` is called every few milliseconds while planning and may raise to stop it."""
     try:
         models = [manifest.model(model_name)] if model_name else list(manifest.models)
     except UsageError as exc:
@@ -27,7 +31,7 @@ def plan_request(manifest: Manifest, model_name: str | None) -> list[PlannedShap
     planned: list[PlannedShape] = []
     for model in models:
         try:
-            planned.extend(plan_model(model))
+            planned.extend(plan_model(model, checkpoint))
         except (UsageError, OSError):
             index = manifest.models.index(model)
             raise ApiError(400, f"model[{index}] {model.name!r}: {NOT_CHECKED}", f"model[{index}].path") from None

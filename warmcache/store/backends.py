@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from warmcache.errors import CacheError, StoreError, UsageError, first_line
+from warmcache.errors import CacheError, StoreError, UsageError, first_line, shown
 from warmcache.store.deadline import Deadline
 
 #: Default attempts per request (botocore ``standard`` retry mode, exponential backoff with jitter).
@@ -63,7 +63,8 @@ class ObjectStore(Protocol):
         """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when there is none."""
 
     def touch(self, key: str) -> None:
-        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs)."""
+        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is fine
+        (a ``store gc`` took it meanwhile: the push that touches it looks again and uploads it)."""
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         """The whole object (refused above ``max_bytes``), or ``None`` when there is none."""
@@ -90,16 +91,27 @@ class ObjectStore(Protocol):
 
 def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
     """The store a URL names: ``s3://bucket[/prefix]`` or ``file:///path``."""
+    _refuse_dropped_parts(url)
     parsed = urlparse(url)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise UsageError(f"store URL {url!r}: name the bucket (s3://bucket/prefix)")
         return S3Store(parsed.netloc, parsed.path.strip("/"), endpoint_url)
     if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise UsageError(f"store URL {url!r}: a file store is file:///absolute/path")
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise UsageError(f"store URL {shown(url)}: a file store is file:///absolute/path")
         return FileStore(Path(unquote(parsed.path)))
     raise UsageError(f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix, file:///path or oci://host/repository:tag)")
+
+
+def _refuse_dropped_parts(url: str) -> None:
+    """What URL parsing would silently drop (a ``?query``, a ``#fragment``, control characters such as a newline,
+    which ``urlparse`` strips) would make the store another one than the text names: refused instead."""
+    if any(ord(c) < 32 or c == "\x7f" for c in url):
+        raise UsageError(f"store URL {shown(url)}: holds a control character (a newline?); refused")
+    for mark, part in (("?", "query"), ("#", "fragment")):
+        if mark in url:
+            raise UsageError(f"store URL {shown(url)}: a {part} ({mark}...) is not part of a store location; refused")
 
 
 class FileStore:
@@ -135,6 +147,8 @@ class FileStore:
     def touch(self, key: str) -> None:
         try:
             os.utime(self._path(key))
+        except FileNotFoundError:
+            return  # taken by a gc since it was seen: the caller uploads it again
         except OSError as exc:
             raise StoreError(f"{self.url}/{key}: cannot refresh ({exc.strerror or exc})") from None
 
@@ -269,7 +283,7 @@ class S3Store:
         return None
 
     def touch(self, key: str) -> None:
-        with self._errors(key):
+        with self._errors(key, absent_ok=True):  # taken by a gc since it was seen: the caller uploads it again
             source = {"Bucket": self.bucket, "Key": self._key(key)}
             self._call("copy_object", key, CopySource=source, MetadataDirective="REPLACE", ChecksumAlgorithm="SHA256")
 

@@ -29,20 +29,23 @@ SECONDS_PER_BYTE = 1.0 / (1 << 20)
 #: A whole push, pull or store command.
 DEFAULT_COMMAND_SECONDS = 3 * 3600.0
 
-#: The command deadline stores opened now get (``--timeout``): ``(seconds allowed, monotonic start)``.
-command_timeout: ContextVar[tuple[float, float] | None] = ContextVar("warmcache_store_command_timeout", default=None)
+#: The command deadline stores opened now get: ``(seconds allowed, monotonic start, where it was set)``.
+command_timeout: ContextVar[tuple[float, float, str] | None] = ContextVar("warmcache_store_command_timeout", default=None)
+#: What sets the command deadline when nothing did, as messages name it.
+TIMEOUT_FLAG = "--timeout"
 
 
-def set_command_timeout(seconds: float) -> None:
-    """Start the command's clock: stores opened from now on give up ``seconds`` from now."""
-    command_timeout.set((seconds, time.monotonic()))
+def set_command_timeout(seconds: float, source: str = TIMEOUT_FLAG) -> None:
+    """Start the command's clock: stores opened from now on give up ``seconds`` from now; ``source`` (``--timeout``,
+    ``$WARMCACHE_STORE_TIMEOUT``) is what the messages tell the user to change."""
+    command_timeout.set((seconds, time.monotonic(), source))
 
 
 class Deadline:
     """The command's deadline and the per-request limit, applied to calls made from any thread."""
 
     def __init__(self, where: str) -> None:
-        seconds, start = command_timeout.get() or (DEFAULT_COMMAND_SECONDS, time.monotonic())
+        seconds, start, self.source = command_timeout.get() or (DEFAULT_COMMAND_SECONDS, time.monotonic(), TIMEOUT_FLAG)
         self.where, self.seconds, self.ends = where, seconds, start + seconds
         self.request_seconds = REQUEST_SECONDS
 
@@ -51,7 +54,7 @@ class Deadline:
         remaining = self.ends - time.monotonic()
         limit = min(self.request_seconds + nbytes * SECONDS_PER_BYTE, remaining)
         if limit <= 0:
-            raise StoreError(f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} (--timeout to change it)")
+            raise StoreError(f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} ({self.source} to change it)")
         outcome: list[T] = []
         failure: list[BaseException] = []
 
@@ -66,7 +69,7 @@ class Deadline:
         worker.join(limit)
         if worker.is_alive():
             which = "the command's deadline" if limit >= remaining else "the per-request deadline"
-            raise StoreError(f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; --timeout to change it)")
+            raise StoreError(f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; {self.source} to change it)")
         if failure:
             raise failure[0]
         return outcome[0]

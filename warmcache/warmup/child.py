@@ -7,7 +7,9 @@ the same way:
 
 * The parent writes the child's **request**, a frozen dataclass, as one JSON
   file in a private temporary folder: not on the command line, where a registry
-  password would show in ``ps``.
+  password would show in ``ps``; and without the password, which travels in the
+  child's environment (:mod:`warmcache.warmup.request_secrets`): a parent killed
+  with ``kill -9`` leaves the folder behind.
 * The child appends each **message** (a result, as soon as it has it) as one
   JSON line to its report file and flushes it. The parent reads the file as it
   grows, so progress is live; a child that crashes still leaves every result it
@@ -45,6 +47,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any, Generic, TypeVar
 
 from warmcache.errors import WarmcacheError, first_line, shown
+from warmcache.warmup.request_secrets import with_secrets, without_secrets
 
 M = TypeVar("M")
 
@@ -134,8 +137,8 @@ def _dataclass_fields(kind: type) -> dict[str, type]:
 
 
 def read_request(path: str | Path, kinds: Sequence[type[M]]) -> M:
-    """The child's side: the request its parent wrote."""
-    return decode(Path(path).read_text(encoding="utf-8"), kinds)
+    """The child's side: the request its parent wrote (its registry passwords come from the environment)."""
+    return with_secrets(decode(Path(path).read_text(encoding="utf-8"), kinds))
 
 
 class ReportWriter:
@@ -242,8 +245,10 @@ def run_children(launches: Sequence[Launch], kinds: Sequence[type[M]], on_messag
         try:
             for index, launch in enumerate(launches):
                 request, report = Path(tmp) / f"request-{index}.json", Path(tmp) / f"report-{index}.jsonl"
-                request.write_text(encode(launch.request), encoding="utf-8")
-                process = subprocess.Popen([*launch.command, str(request), str(report)], stdout=_STDERR_FD, env=_importing_this_warmcache(launch.env))
+                written, secrets = without_secrets(launch.request)  # a parent killed with -9 leaves the file behind
+                request.write_text(encode(written), encoding="utf-8")
+                env = {**_importing_this_warmcache(launch.env), **secrets}
+                process = subprocess.Popen([*launch.command, str(request), str(report)], stdout=_STDERR_FD, env=env)
                 started.append((launch, process, ReportReader(report, kinds)))
             while True:
                 running = any(process.poll() is None for _, process, _ in started)

@@ -42,6 +42,7 @@ from warmcache.targets import Target, target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.claim_queue import ClaimQueue
 from warmcache.warmup.progress import Outcome, SpecOutcome
+from warmcache.warmup.spec_lock import spec_lock
 from warmcache.warmup.worker import SpecRun, lock_path
 
 Report = Callable[[SpecOutcome], None]
@@ -162,7 +163,7 @@ def run_claimed(
                     continue
                 ranks.announce(planned.identity)
                 start = time.perf_counter()
-                run, error = _run_locked(worker, planned)
+                run, error = _run_locked(worker, planned, heartbeat, row_id)
                 error = ranks.agree(error)
                 ran.append(_Ran(planned, row_id, run, error, time.perf_counter() - start, run.artifacts() if run and error is None else []))
         unstarted = [row_id for _, row_id in claimed[done:]]
@@ -246,35 +247,70 @@ def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me:
             return
 
 
-def _run_locked(worker: SpecRunner, planned: PlannedShape) -> tuple[SpecRun | None, str | None]:
-    """Run the spec under its per-spec file lock; an exception becomes the spec's error line."""
+def _run_locked(worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int) -> tuple[SpecRun | None, str | None]:
+    """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's error line."""
     try:
         root = worker.cache_root(target_for(planned.model))
-        with _file_lock(lock_path(root, planned.identity)):
+        with heartbeat.waiting(row_id) as deadline, spec_lock(lock_path(root, planned.identity), deadline):
+            heartbeat.started(row_id)
             return worker.run(planned), None
     except Exception as exc:
         return None, error_line(exc)
 
 
 class _Heartbeat:
-    """Renews claims' leases, in one statement, every third of their length until their specs are done."""
+    """Renews claims' leases, in one statement, every third of their length until their specs are done.
+
+    A claim whose spec waits for its cache lock is not renewed meanwhile: work that cannot
+    start must not keep a row ``compiling`` (its wait ends before the claim runs out).
+    """
 
     def __init__(self, registry: Registry, row_ids: Sequence[int], worker: str, lease_seconds: float) -> None:
         self._args = (registry, worker, lease_seconds)
         self._held = frozenset(row_ids)
+        self._waiting: frozenset[int] = frozenset()
+        #: When the claims were last renewed (claimed, at first): each runs out a lease after it, by the registry's clock.
+        self._renewed_at = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"warmcache-lease-{row_ids[0]}", daemon=True)
 
     def holds(self, row_id: int) -> bool:
         """Whether the claim is still this worker's (not lost to an expired lease)."""
         return row_id in self._held
 
+    @contextmanager
+    def waiting(self, row_id: int) -> Iterator[float]:
+        """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end (``time.monotonic()``):
+        a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is still this worker's to record."""
+        lease = self._args[2]
+        self._waiting |= {row_id}
+        try:
+            yield self._renewed_at + lease - min(lease / 10, 10.0)
+        finally:
+            self.started(row_id)
+
+    def started(self, row_id: int) -> None:
+        """The spec is under way (or gave up): renew its claim again, at once if a renewal went by while it waited
+        (its lease may be nearly out; a lock taken at once costs no extra statement)."""
+        if row_id in self._waiting:
+            self._waiting -= {row_id}
+            if time.monotonic() - self._renewed_at >= self._args[2] / 3:
+                self._wake.set()
+
     def _run(self) -> None:
         registry, worker, lease = self._args
-        while self._held and not self._stop.wait(max(lease / 3, 0.2)):
+        while self._held and not self._stop.is_set():
+            self._wake.wait(max(lease / 3, 0.2))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            waiting = self._waiting
             try:
                 # A lost claim's spec is not started, and its result is not recorded (mark_compiled says so).
-                self._held = frozenset(registry.renew_leases(sorted(self._held), worker, lease))
+                renewed = registry.renew_leases(sorted(self._held - waiting), worker, lease) if self._held - waiting else set()
+                self._held = frozenset(renewed) | (self._held & waiting)
+                self._renewed_at = time.monotonic() if not waiting else self._renewed_at
             except WarmcacheError:
                 continue  # a transient registry error (RegistryError): the leases still have two thirds left
             finally:
@@ -286,13 +322,5 @@ class _Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    from filelock import FileLock
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path)):
-        yield
