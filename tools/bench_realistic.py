@@ -242,7 +242,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16, help="New tokens of each timed request.")
     parser.add_argument("--routes", default=",".join(ROUTES), help=f"Comma-separated, of {', '.join(ROUTES)}.")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="OMP_NUM_THREADS of every measured process.")
+    # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is steady.
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process (default 1: steady on a shared machine).")
     parser.add_argument("--quick", action="store_true", help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.")
     parser.add_argument("--child", choices=("cold", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
