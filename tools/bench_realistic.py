@@ -9,7 +9,8 @@ The model is built from the published ``config.json`` (``tests/data/realconfigs`
 real width with random weights (``tools/real_model.py``; compile cost depends on the
 config, not on the weights' values). Each route warms its own cache folder and registry
 with ``warmcache warmup`` and proves it with ``warmcache verify`` (subprocesses), then a
-fresh production process starts from it. Routes:
+fresh production process starts from it as a pod would: from a signed guard snapshot
+(``warmcache guard export --sign``) beside the cache entries, no registry database. Routes:
 
 * ``inductor``: plain ``torch.compile`` warmup; production primes the guard from the Inductor cache;
 * ``precompile``: ``precompile = true``, each bucket's decode step saved with ``aot_compile``;
@@ -18,7 +19,7 @@ fresh production process starts from it. Routes:
 
 Printed side by side: per route, warmup seconds, the warmup process's peak RSS, bytes
 written to its cache folder, verify seconds; per production start (fresh processes, timed
-after the model is loaded): the start (``ShapeGuard.prime``), the first request, the
+after the model is loaded): the start (reading and checking the snapshot, ``ShapeGuard.prime``), the first request, the
 steady request of the same size in the same process (median of 3), and the first
 request's compile overhead (start + first - steady), in wall seconds and in CPU seconds
 (the process's and its compile workers': unlike wall time, not inflated by whatever else
@@ -121,12 +122,20 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
     return Warmed(route, root, warmup_s, spec["seconds"], peak, folder_bytes(root / "cache"), verify_s, verified)
 
 
-def start(args: argparse.Namespace, route: str, model: Path, env: dict[str, str], registry: str | None, cache: Path) -> dict[str, Any]:
+def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
+    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no database."""
+    cache = warmed.root / "cache"
+    command = [sys.executable, "-m", "warmcache", "guard", "export", "--model", "bench", "--out", str(cache), "--sign", str(key), "--db", warmed.registry]
+    run_measured(command, env)
+    return cache
+
+
+def start(args: argparse.Namespace, route: str, model: Path, env: dict[str, str], snapshot: Path | None, trusted: Path | None, inductor_cache: Path) -> dict[str, Any]:
     """A fresh production process (``--child``): its start, first and steady request, and what it compiled."""
     command = [sys.executable, __file__, "--child", route, "--model", str(model), "--dtype", args.dtype, "--batch", str(args.batch)]
     command += ["--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), "--new-tokens", str(args.new_tokens), "--backend", args.backend]
-    command += ["--registry", registry] if registry else []
-    _, _, out = run_measured(command, {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    command += ["--snapshot", str(snapshot), "--trust", str(trusted)] if snapshot and trusted else []
+    _, _, out = run_measured(command, {**env, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -163,7 +172,7 @@ def child(args: argparse.Namespace) -> None:
                 model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=new, pad_token_id=0, **kwargs)
 
     else:
-        guard = ShapeGuard.from_registry(args.registry, "bench", telemetry=False)
+        guard = ShapeGuard.from_snapshot(args.snapshot, "bench", trust=[args.trust])
         guard.prime(model)
 
         def request() -> None:
@@ -247,7 +256,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.")
     parser.add_argument("--child", choices=("cold", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--registry", help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", help=argparse.SUPPRESS)
+    parser.add_argument("--trust", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -270,9 +280,13 @@ def main() -> None:
             args.label = f"{config.stem} ({layers} layers, real width, random weights)"
         params_m = parameters(model) / 1e6
         warmed = [warm(args, route, model, work, env) for route in routes]
-        starts = {"cold": start(args, "cold", model, env, None, work / "cold-cache")}
+        starts = {"cold": start(args, "cold", model, env, None, None, work / "cold-cache")}
+        key = work / "signing-key"
+        run_measured([sys.executable, "-m", "warmcache", "keys", "generate", str(key)], env)
         for w in warmed:
-            starts[w.route] = start(args, w.route, model, env, w.registry, w.root / "cache" if w.route != "aotinductor" else work / "empty-cache")
+            # The package route needs no Inductor cache at all: its process gets an empty one.
+            inductor_cache = w.root / "cache" if w.route != "aotinductor" else work / "empty-cache"
+            starts[w.route] = start(args, w.route, model, env, export_snapshot(w, key, env), key.with_name(key.name + ".pub"), inductor_cache)
     report(args, warmed, starts, params_m)
     if not all(w.verified for w in warmed):
         raise SystemExit("a route did not verify")
