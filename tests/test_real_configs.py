@@ -94,16 +94,18 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.warmup.verify.agreement import eos_token_ids, judge, reference_logits
+    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 
     root, _ = qwen3_packaged
     other = build_real_model(real_configs()["Qwen__Qwen3-0.6B"], tmp_path / "other", seed=1)
     right, wrong = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval() for path in (qwen3, other))
     ids = torch.randint(5, 300, (BATCH, PROMPT), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
     verdicts = {}
     for name, serving in {"right": right, "wrong": wrong}.items():
         tokens, logits = _served_by(root, serving, ids)
-        verdicts[name] = judge(reference_logits(right, ids, torch.ones_like(ids), tokens), tokens, "bfloat16", logits, forbidden=eos_token_ids(right))
+        reference, eager = reference_logits(right, ids, mask, tokens), eager_decode_logits(right, ids, mask, tokens, pad_token_id=0)
+        verdicts[name] = judge(reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right))
     assert verdicts["right"].agrees, verdicts["right"].describe()
     assert verdicts["right"].steps == MAX_CACHE_LEN - PROMPT + 1
     assert not verdicts["wrong"].agrees and verdicts["wrong"].logit_error is not None and verdicts["wrong"].logit_error > 0.5, verdicts["wrong"].describe()

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from warmcache.generation import compile_config
 from warmcache.runtime.guard import ShapeGuard
-from warmcache.warmup.verify.agreement import eos_token_ids, judge, reference_logits
+from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 
 args = json.loads(sys.argv[1])
 model = AutoModelForCausalLM.from_pretrained(args["path"], dtype=getattr(torch, args["dtype"]), device_map=args["device"]).eval()
@@ -50,7 +50,8 @@ for lengths in args["requests"]:
     out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
     seconds.append(time.perf_counter() - begin)
     generated = out[:, ids.shape[1]:]
-    agreement = judge(reference_logits(model, ids, mask, generated), generated, args["dtype"], forbidden=eos_token_ids(model))
+    reference, eager = reference_logits(model, ids, mask, generated), eager_decode_logits(model, ids, mask, generated, pad_token_id=0)
+    agreement = judge(reference, eager, generated, args["dtype"], forbidden=eos_token_ids(model))
     results.append({"agrees": agreement.agrees, "agreement": agreement.describe(), "worst": agreement.token_deficit, "new_tokens": generated.flatten().tolist()})
 decoder = model.get_compiled_call(compile_config(*[guard.target[i] for i in (1, 2, 0)]))
 print(json.dumps({
