@@ -90,7 +90,7 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     assert outcomes["solo/generate"]["status"] == "compiled"
     assert outcomes["tp/generate"]["status"] == "compiled"
     assert outcomes["tp/train"]["status"] == "failed"
-    assert outcomes["tp/train"]["error"].startswith("rank 0: ValueError: ParallelismConfig is only compatible")
+    assert outcomes["tp/train"]["error"].startswith("rank 0: loading the model: ValueError: ParallelismConfig is only compatible")
 
     with Registry.open(url) as registry:
         rows = {(r.model_name, r.workload): r for r in registry.rows()}
