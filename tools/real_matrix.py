@@ -86,7 +86,9 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
         return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start)
 
     # plan is read-only and refuses a registry that does not exist yet: create it first, as a pipeline would.
-    created = subprocess.run([sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"], capture_output=True, text=True, check=False)
+    created = subprocess.run(
+        [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"], capture_output=True, text=True, check=False
+    )
     if created.returncode:
         return cell("FAIL", f"db upgrade: {(created.stderr.strip().splitlines() or [''])[-1]}")
     code, _, last = _cli("plan", manifest)
