@@ -6,6 +6,8 @@
   must resolve to a module file that mentions the name after it. A miss is a warning naming the
   page and the path, so ``mkdocs build --strict`` fails on it. ``tests/test_docs.py`` runs the
   same check over README.md and every page without MkDocs.
+- Docstrings are written for Sphinx: the roles mkdocstrings leaves as text (``:meth:`refresh```
+  renders as ``:meth:`` before the code) are dropped from the rendered page.
 - ``::: warmcache.NAME`` (mkdocstrings) may name any public name of ``warmcache/__init__.py``.
   The names it serves lazily (its ``_LAZY`` table, which static analysis cannot follow) are
   rewritten to the module that table names, so pages never spell an internal module path.
@@ -31,6 +33,9 @@ PACKAGE = "warmcache"
 PATH_RE = re.compile(r"(?<![\w./:@~$-])((?:warmcache|tools|tests|examples|migrations)/[\w.*/-]*[\w*/])")
 #: A dotted name inside the package: ``warmcache.kv_cache.PositionTensorCache``.
 DOTTED_RE = re.compile(r"(?<![\w./:@~$-])(warmcache(?:\.[A-Za-z_]\w*)+)")
+
+#: A Sphinx role mkdocstrings rendered as text in front of its code span.
+SPHINX_ROLE_RE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):(?=<code)")
 
 log = logging.getLogger("mkdocs.plugins.warmcache_docs")
 
@@ -110,3 +115,8 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     for name in missing_references(markdown):
         log.warning("docs/%s names %s, which does not exist in the repository", page.file.src_uri, name)
     return resolve_lazy_directives(markdown)
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    """MkDocs hook: drop the Sphinx roles the API page's docstrings leave in front of code spans."""
+    return SPHINX_ROLE_RE.sub("", html)
