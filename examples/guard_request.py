@@ -24,6 +24,9 @@ def main() -> int:
     parser.add_argument("--model", default="tiny-llama", help="Model name in the manifest.")
     parser.add_argument("--model-path", type=Path, default=None, help="Checkpoint folder (default: the registry row's path).")
     args = parser.parse_args()
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise in a quickstart's output
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -113,18 +113,18 @@ def test_plain_lines_say_each_phase_as_it_starts_and_repeat_a_silent_one() -> No
     assert running.due(30) == [f"{SPEC}: decoding: 57/96 steps (unpadded) for 50s"]
     assert running.now_showing() == f"{SPEC}: decoding: 57/96 steps (unpadded) for 50s"  # what a bar shows
     assert running.update(PhaseReport(SPEC, Phase.DECODING, steps=96, detail="left-padded", process=1)) == (
-        f"{SPEC}: decoding: 0/96 steps (left-padded) (decoding took 50s, 57/96 steps)"
+        f"{SPEC}: decoding 96 steps (left-padded) (decoding took 50s, 57/96 steps)"
     )
 
     # --jobs: each child's spec is named on its own lines; a finished spec is not repeated.
     other = "m/train float32 batch=2 seq=8"
-    assert running.update(PhaseReport(other, Phase.TRAINING, steps=2, process=2)) == f"{other}: training: 0/2 steps"
+    assert running.update(PhaseReport(other, Phase.TRAINING, steps=2, process=2)) == f"{other}: training 2 steps"
     clock.now += 30
-    assert running.due(30) == [f"{SPEC}: decoding: 0/96 steps (left-padded) for 30s", f"{other}: training: 0/2 steps for 30s"]
+    assert running.due(30) == [f"{SPEC}: decoding 96 steps (left-padded) for 30s", f"{other}: training 2 steps for 30s"]
     assert " | " in running.now_showing()
     running.finished(SPEC)
     clock.now += 30
-    assert running.due(30) == [f"{other}: training: 0/2 steps for 1m00s"]
+    assert running.due(30) == [f"{other}: training 2 steps for 1m00s"]
 
     # The spec claimed again by another worker (its first one died): only the living one is repeated.
     running.update(PhaseReport(other, Phase.LOADING, process=3))
@@ -202,9 +202,9 @@ def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_the
 
     assert said(generate_spec)[0] == "loading the model"
     assert said(generate_spec)[1].startswith("compiling the decode step (loading the model took ")
-    assert said(generate_spec)[2].startswith("decoding: 0/9 steps (unpadded) (compiling the decode step took ")
-    assert said(generate_spec)[3].startswith("decoding: 0/9 steps (left-padded) (decoding took ") and said(generate_spec)[3].endswith(", 9/9 steps)")
-    assert said(train_spec)[0] == "loading the model" and said(train_spec)[1].startswith("training: 0/2 steps (loading the model took ")
+    assert said(generate_spec)[2].startswith("decoding 9 steps (unpadded) (compiling the decode step took ")
+    assert said(generate_spec)[3].startswith("decoding 9 steps (left-padded) (decoding took ") and said(generate_spec)[3].endswith(", 9/9 steps)")
+    assert said(train_spec)[0] == "loading the model" and said(train_spec)[1].startswith("training 2 steps (loading the model took ")
     # The parent repeats a running phase: a compile (the slowest phase, seconds even for a tiny model) outlasts 0.1 s.
     assert any(line.startswith(f"{generate_spec}: compiling the decode step for ") for line in lines)
     assert sum(line.startswith("[") for line in lines) == 2

@@ -104,6 +104,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD)
     args = parser.parse_args()
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise in a quickstart's output
     known = real_configs()
     path = known[args.config] if args.config in known else Path(args.config)
     if not path.is_file():

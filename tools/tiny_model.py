@@ -133,6 +133,9 @@ def main() -> None:
     parser.add_argument("out_root", type=Path, help="Folder that receives one sub-folder per model (tiny-<arch>).")
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: qwen3 and llama).")
     args = parser.parse_args()
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise in a quickstart's output
     for arch in args.arch or DEFAULT_ARCHITECTURES:
         path = build_tiny_model(arch, args.out_root / f"tiny-{arch}")
         print(f"tiny-{arch}: {path}")

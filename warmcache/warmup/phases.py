@@ -73,8 +73,12 @@ class PhaseReport:
         object.__setattr__(self, "phase", Phase(self.phase))
 
     def text(self) -> str:
-        """``decoding: 57/96 steps (unpadded)``: the steps done so far."""
-        text = str(self.phase) + (f": {self.step}/{self.steps} steps" if self.steps else "")
+        """``decoding 96 steps (unpadded)`` as a phase starts, ``decoding: 57/96 steps (unpadded)`` once steps are done.
+
+        A start line saying "0/96" read as if nothing were happening.
+        """
+        counted = f": {self.step}/{self.steps} steps" if self.step else f" {self.steps} steps"
+        text = str(self.phase) + (counted if self.steps else "")
         return text + (f" ({self.detail})" if self.detail else "")
 
 
