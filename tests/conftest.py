@@ -121,3 +121,15 @@ def inductor_warmup(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[
     # Flags, not the environment: a session fixture runs before the per-test isolation of WARMCACHE_*.
     report = warmcache_json("warmup", str(warmed.manifest), "--db", warmed.db, "--cache-dir", str(warmed.cache), "--push", *warmed.s3_store)
     return dataclasses.replace(warmed, report=report)
+
+
+@pytest.fixture(scope="session")
+def packaged(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The suite's one AOTInductor warmup and verify (tiny llama, two buckets, ≈50 s on 2 cores).
+
+    Defined here, not in a test module that others import it from: pytest caches a
+    session fixture per module that registers it, so a shared one compiled twice.
+    """
+    from test_aotinductor import warm_packages
+
+    return warm_packages(tmp_path_factory.mktemp("aotinductor"), tiny_models["llama"], "cpu")

@@ -30,7 +30,7 @@ BATCHES = (1, 4)
 REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
-def _warm(root: Path, model_path: Path, device: str) -> Path:
+def warm_packages(root: Path, model_path: Path, device: str) -> Path:
     """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify`` with ``precompile = "aotinductor"``."""
     manifest = root / "manifest.toml"
     declared = model("m", str(model_path), device=device, backend="inductor", precompile="aotinductor", generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)])
@@ -40,11 +40,6 @@ def _warm(root: Path, model_path: Path, device: str) -> Path:
         assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
         (root / f"{command}.stderr").write_text(done.stderr)  # its plain progress lines
     return root
-
-
-@pytest.fixture(scope="session")
-def packaged(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _warm(tmp_path_factory.mktemp("aotinductor"), tiny_models["llama"], "cpu")
 
 
 def _serve(root: Path, model_path: Path, device: str = "cpu") -> dict[str, Any]:
@@ -174,7 +169,7 @@ def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], work
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device on this machine (CI has none); runs on a GPU host")
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    root = _warm(tmp_path, tiny_models["llama"], "cuda")
+    root = warm_packages(tmp_path, tiny_models["llama"], "cuda")
     served = _serve(root, tiny_models["llama"], "cuda")
     print(json.dumps({k: v for k, v in served.items() if k != "results"}))  # the figures tools/cuda_aoti_check.sh collects
     _assert_served_by_packages(served)

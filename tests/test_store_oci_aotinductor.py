@@ -1,6 +1,6 @@
 """The issue's "done when": AOTInductor packages through a registry, and a pod that starts from the tag mounted read-only.
 
-Host A is the suite's AOTInductor warmup (``test_aotinductor.packaged``: warmup and verify
+Host A is the suite's AOTInductor warmup (``conftest.packaged``: warmup and verify
 with ``precompile = "aotinductor"``). It pushes, signed, to the session's registry. Host B,
 with an empty cache and no registry database, pulls by manifest and ``warmcache verify``
 passes with zero compiles. A "pod" copies the tag with skopeo into an OCI layout and
@@ -24,13 +24,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import test_aotinductor
 from inductor_host import warmcache_json as warmcache
 from oci_registry import RunningRegistry
 
 from warmcache.trust import generate_key
-
-packaged = test_aotinductor.packaged
 
 #: A production process: the guard from the mounted tag (a snapshot folder), prime, ragged requests, no compile.
 SERVE = textwrap.dedent(
