@@ -149,8 +149,9 @@ def markdown(cells: Sequence[Cell], seconds: float) -> str:
     lines += [
         "",
         "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), then a fresh serving process with "
-        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module imported at all), every generated token within the given "
-        "share of the step's logit RMS of eager's best (the criterion's tolerance: 4 % in bfloat16, 0.1 % in float32). train: two real Trainer steps.",
+        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module imported at all), every step judged by "
+        "warmcache.warmup.verify.agreement; the figure is the largest distance of a served token's logit below the best, as a share of the step's "
+        "logit RMS. train: two real Trainer steps.",
         f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, random weights, Inductor, CPU; "
         f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]
