@@ -390,9 +390,9 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     step = Step()
     assert "inv_freq" not in step.state_dict()
     assert {"embed.weight", "head.weight", "inv_freq"} <= set(named_tensors(step))
-    assert constant_header(step, ["inv_freq", "head.weight"]) == {"head.weight": [[8, 4], "torch.float32"], "inv_freq": [[2], "torch.float32"]}
+    assert constant_header(step, ["inv_freq", "head.weight"], {}) == {"head.weight": [[8, 4], "torch.float32"], "inv_freq": [[2], "torch.float32"]}
     with pytest.raises(CacheError) as missing:
-        constant_header(step, ["inv_freq", "rotary.inv_freq", "other"])
+        constant_header(step, ["inv_freq", "rotary.inv_freq", "other"], {})
     assert str(missing.value) == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
 
 
@@ -416,3 +416,92 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
         load_package(tmp_path / "cache", broken, expected_fingerprint(row), _model(tiny_models["llama"]))
     assert "\n" not in str(refused.value)
     assert list(temporary.iterdir()) == []
+
+
+class _LongRope:
+    """A step whose forward keeps a tensor it computes as a plain attribute, as transformers' longrope does with
+    ``long_inv_freq`` (48 wide, as Phi-3.5's: Inductor inlines a constant of 4 into the code instead of listing it)."""
+
+    WIDTH = 48
+
+    @classmethod
+    def module(cls) -> Any:
+        import torch
+
+        width = cls.WIDTH
+
+        class Rotary(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.register_buffer("inv_freq", torch.zeros(width), persistent=False)
+                self.register_buffer("original_inv_freq", torch.linspace(0.1, 1.0, width), persistent=False)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if getattr(self, "long_inv_freq", None) is None:
+                    self.long_inv_freq = 1.0 / (1e4 ** (torch.arange(0, 2 * width, 2, dtype=torch.float32) / (2 * width)))
+                self.inv_freq.copy_(torch.where(x.abs().amax() > 1.0, self.long_inv_freq, self.original_inv_freq))
+                return x * self.inv_freq
+
+        class Step(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.proj = torch.nn.Linear(width, width)
+                self.rotary = Rotary()
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.rotary(self.proj(x))
+
+        return Step().eval()
+
+
+@pytest.mark.slow
+def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_name(tmp_path: Path) -> None:
+    """Phi-3.5's longrope keeps ``long_inv_freq`` as a plain attribute: exported as a constant, AOTInductor named it
+    ``_tensor_constant0`` and no model tensor could be bound to it. Re-declared as a buffer, the package lists it by
+    name; its value travels in the header and binds, with the model's weights, to a package that computes what eager does.
+    """
+    import torch
+
+    from warmcache.runtime.aotinductor import decode_tensor, encode_tensor, named_tensors, open_loader
+    from warmcache.warmup.aotinductor import INDUCTOR_CONFIGS, _constants_as_buffers, constant_header
+
+    step, x = _LongRope.module(), torch.randn(2, _LongRope.WIDTH) * 4
+    with torch.no_grad():
+        expected = step(x).clone()
+        program = torch.export.export(step, (x,), strict=False)
+        computed = _constants_as_buffers(program)
+        assert set(computed) == {"rotary.long_inv_freq"}
+        path = tmp_path / "step.pt2"
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS)
+    listed = open_loader(path).get_constant_fqns()
+    assert "rotary.long_inv_freq" in listed and not [n for n in listed if n.startswith("_tensor_constant")], listed
+    header = constant_header(step, listed, computed)
+    assert "rotary.long_inv_freq" not in header and "proj.weight" in header
+    carried = {fqn: decode_tensor(path, fqn, encode_tensor(computed[fqn]), "cpu") for fqn in computed}
+    assert torch.equal(carried["rotary.long_inv_freq"], computed["rotary.long_inv_freq"])
+    assert "rotary.long_inv_freq" not in named_tensors(_LongRope.module())  # a fresh process's model: not before a forward
+    own = named_tensors(step)
+    bound = {fqn: carried[fqn] if fqn in carried else own[fqn].clone() for fqn in listed}
+    loader = open_loader(path)
+    loader.load_constants(bound, False, True, True)
+    (got,) = loader.run([x])
+    assert torch.allclose(got, expected), (got, expected)
+
+
+def test_computed_constants_are_bounded_and_a_malformed_one_is_one_line(tmp_path: Path) -> None:
+    import torch
+
+    from warmcache.runtime.aotinductor import decode_tensor, encode_tensor
+    from warmcache.warmup.aotinductor import MAX_COMPUTED_CONSTANT_BYTES, constant_header
+
+    step = torch.nn.Linear(2, 2)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        value = torch.arange(6, dtype=dtype).reshape(2, 3) / 7 if dtype.is_floating_point else torch.arange(6).reshape(2, 3)
+        assert torch.equal(decode_tensor(tmp_path, "t", encode_tensor(value), "cpu"), value)
+    huge = {"table": torch.zeros(MAX_COMPUTED_CONSTANT_BYTES // 4 + 1)}
+    with pytest.raises(CacheError, match=r"^aotinductor package: the decode step computes \d+ bytes of tensor constants .*first: table"):
+        constant_header(step, ["weight", "table"], huge)
+    for broken in (["x"], [[2], "torch.float32", "not base64!"], [[3], "torch.float32", encode_tensor(torch.zeros(2))[2]], [[1], "torch.nothing", ""]):
+        with pytest.raises(CacheError) as refused:
+            decode_tensor(tmp_path / "p.pt2", "rotary.long_inv_freq", broken, "cpu")
+        assert "computed constant rotary.long_inv_freq is malformed" in str(refused.value) and "\n" not in str(refused.value)

@@ -118,3 +118,18 @@ def test_llama_3_2_at_real_width_in_bfloat16_warms_and_verifies_through_inductor
     verified = _warm_and_verify(tmp_path, declared)
     (spec,) = verified["specs"]
     assert spec["verdict"] == "verified" and spec["cache_misses"] == 0, spec
+
+
+def test_prompt_ids_avoid_every_special_token_when_a_config_lists_several() -> None:
+    """Gemma 3's published config has ``eos_token_id: [1, 106]``: the warmup's prompt builder hashed the list and failed
+    every spec of the family ('TypeError: unhashable type: list') before anything compiled."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig, LlamaConfig
+
+    from warmcache.warmup.workloads import token_ids
+
+    config = LlamaConfig(vocab_size=8, bos_token_id=2, eos_token_id=[1, 6], pad_token_id=0)
+    model = SimpleNamespace(config=config, generation_config=GenerationConfig(eos_token_id=[1, 6, 7]))
+    ids = token_ids(model, 4, 64)  # type: ignore[arg-type]
+    assert ids.shape == (4, 64) and set(ids.flatten().tolist()) == {3, 4, 5}

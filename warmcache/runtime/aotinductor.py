@@ -16,6 +16,7 @@ contiguity on every call.
 
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
 from collections.abc import Iterator
@@ -52,6 +53,8 @@ class PackagedDecodeStep:
     fixed: dict[str, Any]
     device: str
     where: str
+    computed: tuple[Any, ...] = ()
+    """The constants the package carries (:func:`decode_tensor`): bound without a copy, so they live as long as the step."""
 
     def __call__(self, model: Any, /, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -91,6 +94,8 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
     if device == "cpu" and not cpu_can_run(info["cpu_capability"], here):
         raise CacheError(f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it")
     constants = _constants_to_bind(path, model, info["constants"])
+    computed = {fqn: decode_tensor(path, fqn, value, device) for fqn, value in info.get("computed_constants", {}).items()}
+    constants.update(computed)
     try:
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
             # The checked bytes, not the file again: what runs is what was hashed.
@@ -107,7 +112,7 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
     except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
         raise CacheError(f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})") from None
     inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
-    step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path))
+    step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path), tuple(computed.values()))
     return header.fingerprint.signature, step
 
 
@@ -150,6 +155,29 @@ def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:
     tensors = dict(module.named_parameters(remove_duplicate=False))
     tensors.update(module.named_buffers(remove_duplicate=False))
     return {prefix + name: tensor.detach() for name, tensor in tensors.items()}
+
+
+def encode_tensor(tensor: Any) -> list[Any]:
+    """``[shape, dtype, base64 of its bytes]``: a small tensor as a JSON header holds it, exactly (bfloat16 included)."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return [list(tensor.shape), str(tensor.dtype), base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode()]
+
+
+def decode_tensor(path: Path, fqn: str, value: Any, device: str) -> Any:
+    """The tensor :func:`encode_tensor` wrote, on ``device``; a malformed entry is one line naming the package and constant."""
+    import torch
+
+    try:
+        shape, dtype_name, data = value
+        dtype = getattr(torch, str(dtype_name).removeprefix("torch."))
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"not a dtype: {dtype_name}")
+        raw = bytearray(base64.b64decode(data, validate=True))
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape([int(d) for d in shape]).to(device)
+    except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        raise CacheError(f"{path}: AOTInductor package's computed constant {fqn} is malformed ({exc}); refusing to load it") from None
 
 
 def _model_device(model: Any) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.decode_inputs import flatten, input_signature, scalars
 from warmcache.errors import CacheError
 from warmcache.kv_cache import PositionTensorCache
-from warmcache.runtime.aotinductor import named_tensors, open_loader
+from warmcache.runtime.aotinductor import encode_tensor, named_tensors, open_loader
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: Inductor options of every package: weights stay with the model that loads it.
 INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+#: Tensor constants a package may carry in its header: what a model computes from its config (rotary frequencies), never weights.
+MAX_COMPUTED_CONSTANT_BYTES = 1 << 20
 
 
 def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int) -> torch.nn.Module:
@@ -90,6 +92,7 @@ def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_ca
     with torch.no_grad():
         phases.enter(Phase.EXPORTING)
         program = torch.export.export(step, example, strict=False)
+        computed = _constants_as_buffers(program)
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
             path = Path(work) / "decode.pt2"
             phases.enter(Phase.PACKAGING)
@@ -97,27 +100,59 @@ def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_ca
             payload = path.read_bytes()
             # The package's own list: tied weights appear once, folded buffers not at all.
             listed = open_loader(path).get_constant_fqns()
-    constants = constant_header(step, listed)
+    constants = constant_header(step, listed, computed)
     header = {
         "inputs": input_signature(names, tensors),
         "mask_kinds": mask_kinds,
         "scalars": fixed,
         "constants": constants,
+        "computed_constants": {fqn: encode_tensor(computed[fqn]) for fqn in sorted(set(listed) & set(computed))},
         "device": str(tensors[0].device.type),
         "cpu_capability": cpu_capability(),
     }
     return payload, header
 
 
-def constant_header(step: torch.nn.Module, listed: list[str]) -> dict[str, list[Any]]:
-    """``{fqn: [shape, dtype]}`` of every constant the package lists, each found among the step's parameters and buffers."""
+def _constants_as_buffers(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    """The tensors the model's forward computes and keeps as plain attributes, re-declared as non-persistent buffers.
+
+    Export lifts such a tensor (Phi-3.5's longrope ``long_inv_freq``, made on the first
+    forward) as a constant; AOTInductor's own re-trace would then list it as an
+    anonymous ``_tensor_constant0`` whose origin is lost. As a buffer it keeps its
+    name, and its value, which the model derives from its config and no checkpoint
+    holds, travels in the package header (:func:`encode_tensor`). Returns
+    ``{fqn: value}`` of those re-declared.
+    """
+    from torch.export.graph_signature import InputKind
+
+    computed: dict[str, torch.Tensor] = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.CONSTANT_TENSOR and spec.target is not None:
+            spec.kind, spec.persistent = InputKind.BUFFER, False
+            computed[spec.target] = program.constants[spec.target]
+    return computed
+
+
+def constant_header(step: torch.nn.Module, listed: list[str], computed: dict[str, torch.Tensor]) -> dict[str, list[Any]]:
+    """``{fqn: [shape, dtype]}`` of every weight the package lists, each found among the step's parameters and buffers.
+
+    A listed constant the step computes (``computed``) is not bound from the model
+    but carried by value; its size is bounded, as a header is read whole.
+    """
     own = named_tensors(step)
-    missing = sorted(set(listed) - set(own))
+    missing = sorted(set(listed) - set(own) - set(computed))
     if missing:
         raise CacheError(
             f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
         )
-    return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(listed)}
+    carried = sorted(set(listed) & set(computed) - set(own))
+    size = sum(computed[fqn].numel() * computed[fqn].element_size() for fqn in carried)
+    if size > MAX_COMPUTED_CONSTANT_BYTES:
+        raise CacheError(
+            f"aotinductor package: the decode step computes {size} bytes of tensor constants that are not parameters or buffers (first: {carried[0]}); "
+            f"a package carries at most {MAX_COMPUTED_CONSTANT_BYTES}"
+        )
+    return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(set(listed) - set(carried))}
 
 
 def cpu_capability() -> str:

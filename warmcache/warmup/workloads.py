@@ -48,17 +48,11 @@ def token_ids(model: PreTrainedModel, batch: int, length: int) -> torch.Tensor:
     """``batch × length`` ids drawn from the vocabulary, never a special token, same every run."""
     import torch
 
-    special = {
-        getattr(source, name, None)
-        for source in (model.config, getattr(model, "generation_config", None))
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-    }
     flat: set[int] = set()
-    for value in special:
-        if isinstance(value, int):
-            flat.add(value)
-        elif isinstance(value, (list, tuple)):
-            flat.update(v for v in value if isinstance(v, int))
+    for source in (model.config, getattr(model, "generation_config", None)):
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(source, name, None)  # an id, a list of ids (Gemma 3's eos: [1, 106]) or None
+            flat.update([value] if isinstance(value, int) else [v for v in value or () if isinstance(v, int)])
     vocab = torch.tensor([i for i in range(model.config.vocab_size) if i not in flat])
     generator = torch.Generator().manual_seed(SEED + 7919 * batch + length)
     return vocab[torch.randint(len(vocab), (batch, length), generator=generator)]
