@@ -51,6 +51,8 @@ ROUTES = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinducto
 COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
 #: Steady requests timed after the first; the median is reported.
 STEADY_REPEATS = 3
+#: The smallest overhead a ratio divides by (seconds): below the steady requests' spread, or this, only a bound is printed.
+RESOLUTION_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def child(args: argparse.Namespace) -> None:
         "first_cpu_s": first_cpu - started_cpu,
         "steady_s": sorted(steady)[len(steady) // 2],
         "steady_cpu_s": sorted(steady_cpu)[len(steady_cpu) // 2],
+        "steady_spread_s": max(steady) - min(steady),
+        "steady_spread_cpu_s": max(steady_cpu) - min(steady_cpu),
         "graphs": counter.graphs,
         "frames": sum(counters["frames"].values()),
         "compiler_modules": [m for m in COMPILER_MODULES if m in sys.modules],
@@ -210,6 +214,19 @@ def overhead(r: dict[str, Any], clock: str = "") -> float:
     return float(r["start" + suffix] + r["first" + suffix] - r["steady" + suffix])
 
 
+def versus_cold(cold: dict[str, Any], r: dict[str, Any], clock: str = "") -> str:
+    """Cold's overhead over ``r``'s, as ``"237x"``; ``"≥4615x"`` when ``r``'s is within the spread of its steady requests.
+
+    An overhead that small (even negative: start + first request faster than the median
+    steady one) cannot be told apart from run-to-run noise, so the ratio is only bounded,
+    by the spread (at least :data:`RESOLUTION_S`), never divided by a near-zero difference.
+    """
+    suffix = "_cpu_s" if clock == "cpu" else "_s"
+    noise = max(float(r.get("steady_spread" + suffix, 0.0)), RESOLUTION_S)
+    mine = overhead(r, clock)
+    return f"{overhead(cold, clock) / mine:.0f}x" if mine > noise else f"≥{overhead(cold, clock) / noise:.0f}x"
+
+
 def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dict[str, Any]], params_m: float) -> None:
     print(
         f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU {os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
@@ -221,8 +238,8 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
     cold = starts["cold"]
     print(f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} {'CPU overhead':>13} {'vs cold':>8}  compiled in production")
     for name, r in starts.items():
-        versus = "" if name == "cold" else f"{overhead(cold) / max(overhead(r), 1e-6):7.0f}x"
-        versus_cpu = "" if name == "cold" else f"{overhead(cold, 'cpu') / max(overhead(r, 'cpu'), 1e-6):7.0f}x"
+        versus = "" if name == "cold" else versus_cold(cold, r)
+        versus_cpu = "" if name == "cold" else versus_cold(cold, r, "cpu")
         compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {', '.join(r['compiler_modules']) or 'none'}"
         print(
             f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s {overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
@@ -234,8 +251,8 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
     if "aotinductor" in starts:
         packaged = starts["aotinductor"]
         print(
-            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s = 1/{overhead(cold) / max(overhead(packaged), 1e-6):.0f} of cold's "
-            f"{overhead(cold):.1f}s (CPU: 1/{overhead(cold, 'cpu') / max(overhead(packaged, 'cpu'), 1e-6):.0f}); "
+            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s (steady requests spread {packaged['steady_spread_s']:.3f}s): "
+            f"cold's {overhead(cold):.1f}s is {versus_cold(cold, packaged)} that (CPU: {versus_cold(cold, packaged, 'cpu')}); "
             f"packaged first request {packaged['first_s'] / packaged['steady_s']:.2f}x a steady request"
         )
 
