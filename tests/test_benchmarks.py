@@ -6,10 +6,10 @@ from pathlib import Path
 
 from manifests import generate, manifest_toml, model
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import ShapeRecord
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 

@@ -17,8 +17,8 @@ from click.testing import Result
 from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
 
 import warmcache.cache.bundle as bundle_module
-from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
+from warmcache.reports.query import local_toolchain_hash
 
 
 @dataclass(frozen=True)

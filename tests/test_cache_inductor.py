@@ -15,8 +15,8 @@ from pathlib import Path
 from manifests import generate, manifest_toml, model
 from test_cache_neuron import cli  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
 

@@ -28,11 +28,11 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.cache.neuron import neuron_compiler_running
 from warmcache.cache.prune import PruneRules, plan_prune
 from warmcache.cli import main
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
+from warmcache.reports.query import local_toolchain_hash
 
 VERSION = "2.15.128.0+56dc5a86"
 HOUR = 3600.0

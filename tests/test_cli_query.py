@@ -13,8 +13,8 @@ from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
 MODEL = model("m", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16, 32], max_cache_len=64)], train=[train(seq_lengths=[32])])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from warmcache.errors import UsageError
-from warmcache.fingerprint import config_hash, current_toolchain, model_config_hash, normalise_neuron_cc_flags
+from warmcache.identity.fingerprint import config_hash, current_toolchain, model_config_hash, normalise_neuron_cc_flags
 
 CONFIG = {
     "model_type": "qwen3",
@@ -78,14 +78,14 @@ def test_toolchain_depends_on_backend_mode_and_flags(monkeypatch: pytest.MonkeyP
 
 
 def test_toolchain_hash_is_stable_across_processes() -> None:
-    code = "from warmcache.fingerprint import current_toolchain; print(current_toolchain('cpu','inductor').hash)"
+    code = "from warmcache.identity.fingerprint import current_toolchain; print(current_toolchain('cpu','inductor').hash)"
     out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)}
     assert out == {current_toolchain("cpu", "inductor").hash}
 
 
 def test_fingerprinting_does_not_import_torch() -> None:
     code = (
-        "import sys; from warmcache.fingerprint import current_toolchain; current_toolchain('cpu','inductor');"
+        "import sys; from warmcache.identity.fingerprint import current_toolchain; current_toolchain('cpu','inductor');"
         "from warmcache.cli import main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from manifests import generate, manifest_toml, model
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
 MANIFEST = manifest_toml(

@@ -21,13 +21,13 @@ from fleet_sim import worker_url
 from manifests import generate, manifest_toml, model
 
 from warmcache.cli.status import render
-from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
-from warmcache.status import warmup_status
+from warmcache.reports.status import warmup_status
+from warmcache.settings import normalise_url
 from warmcache.warmup.claim_queue import WINDOW, ClaimQueue
 from warmcache.warmup.claims import _poll_wait, run_claimed
 from warmcache.warmup.ordering import expected_seconds, longest_first
@@ -322,7 +322,7 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
+from warmcache.identity.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.warmup.claims import claim_loop
 

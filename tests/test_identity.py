@@ -18,14 +18,14 @@ from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
-from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
 from warmcache.errors import UsageError
-from warmcache.explain import toolchain_differences
-from warmcache.fingerprint import current_toolchain, nvidia_driver_version
+from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
+from warmcache.identity.fingerprint import current_toolchain, nvidia_driver_version
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest, loads
-from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.query import local_toolchain_hash
 from warmcache.registry.registry import pending_row_values
+from warmcache.reports.explain import toolchain_differences
+from warmcache.reports.query import local_toolchain_hash
 from warmcache.runtime.guard import ShapeGuard
 
 #: The config modules whose variables decide what Inductor, Dynamo and AOTAutograd compile.
@@ -92,7 +92,7 @@ def test_toolchain_differences_name_each_part() -> None:
 
 
 #: What a host computes before it touches any registry or cache: the identity of each planned shape.
-HOST_CODE = "from warmcache.manifest import load_manifest; from warmcache.plan import plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in plan_manifest(load_manifest('manifest.toml'))]"
+HOST_CODE = "from warmcache.manifest import load_manifest; from warmcache.identity.plan import plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in plan_manifest(load_manifest('manifest.toml'))]"
 
 
 def test_two_hosts_compute_the_same_identity(tmp_path: Path, tiny_models: dict[str, Path]) -> None:

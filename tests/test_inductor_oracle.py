@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV
+from warmcache.identity.fingerprint import current_toolchain
 
 torch = pytest.importorskip("torch")
 

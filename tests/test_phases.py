@@ -160,8 +160,8 @@ def test_a_bar_shows_the_running_phase_with_its_time(capsys: pytest.CaptureFixtu
 def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     import torch
 
+    from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
-    from warmcache.plan import plan_manifest
     from warmcache.warmup.worker import Worker
 
     # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's, the target's recompile limits.

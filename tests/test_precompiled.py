@@ -147,7 +147,7 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.generation import compile_config
+    from warmcache.modeling.generation import compile_config
     from warmcache.runtime.precompiled import PrecompiledDecoder, decode_signature
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen3"], dtype=torch.float32)

@@ -72,9 +72,9 @@ def _served_by(package_root: Path, serving: Any, ids: Any) -> tuple[Any, Any]:
     """Greedy tokens and logits of ``serving`` decoding through the bucket's package, to the cache's end."""
     import torch
 
-    from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.runtime.precompiled import install
-    from warmcache.workload_settings import GenerateSettings
+    from warmcache.shapes.workload_settings import GenerateSettings
 
     with Registry.open(f"sqlite:///{package_root}/registry.sqlite") as registry:
         (row,) = registry.rows(model="m", with_artifacts=True)

@@ -17,13 +17,13 @@ from manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import SchemaOutOfDateError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import ArtifactRef, MissEvent, Registry
 from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
 from warmcache.registry.registry import pending_row_values
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
 
 MANIFEST = manifest_toml(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
 

@@ -12,13 +12,13 @@ import pytest
 from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.generation import compile_config, generate_kwargs
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import compile_config, generate_kwargs
 from warmcache.runtime.budget import reserve_recompile_room
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.serving import PrimeReport
-from warmcache.workload_settings import GenerateSettings
+from warmcache.shapes.workload_settings import GenerateSettings
 
 pytestmark = pytest.mark.slow
 

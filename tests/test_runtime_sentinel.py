@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError
+from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.runtime.sentinel import recompile_sentinel
 
 pytestmark = pytest.mark.slow

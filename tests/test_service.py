@@ -22,8 +22,8 @@ from test_guard import silent_postgres  # noqa: F401 - fixture: a PostgreSQL ser
 
 from warmcache.cli import main
 from warmcache.errors import TrustError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.service import ServiceConfig

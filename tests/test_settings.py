@@ -70,12 +70,11 @@ def test_errors_name_the_source_of_the_bad_value(tmp_path: Path, monkeypatch: py
 
 
 def test_the_registry_url_is_normalised_in_exactly_one_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dburl.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command normalises once."""
+    """``settings.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command normalises once."""
     callers = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
-        if path.name != "dburl.py"
-        and any(
+        if any(
             isinstance(node, ast.Name | ast.alias | ast.Attribute) and "normalise_url" in (getattr(node, "id", None), getattr(node, "name", None), getattr(node, "attr", None))
             for node in ast.walk(ast.parse(path.read_text()))
         )

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmcache.errors import RegistryError, UsageError
-from warmcache.generation import max_new_tokens_that_fit, prompt_fits
+from warmcache.modeling.generation import max_new_tokens_that_fit, prompt_fits
 from warmcache.shapes import BucketTable, ShapeFamily
-from warmcache.workload_settings import GenerateSettings, TrainSettings, from_stored
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, from_stored
 
 GRID = {(b, n) for b in (1, 2, 4) for n in (16, 32, 64)}
 

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from manifests import generate, manifest_toml, model, train
 
 from warmcache.cli import main
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.status import warmup_status
+from warmcache.reports.status import warmup_status
 from warmcache.units import format_duration
 
 MANIFEST = manifest_toml(

@@ -79,7 +79,7 @@ def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_pat
 
 
 def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
-    from warmcache.plan import plan_manifest
+    from warmcache.identity.plan import plan_manifest
 
     parsed = load_manifest(write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))]))))
     planned = plan_manifest(parsed)

@@ -17,8 +17,8 @@ from manifests import generate, manifest_toml, model
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.cli import main
 from warmcache.errors import UsageError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.settings import RegistryLocation

@@ -16,8 +16,8 @@ import pytest
 from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
 
 

@@ -57,10 +57,10 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
-    from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.modeling.compile_counter import CompileCounter
+    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.shapes.workload_settings import GenerateSettings
     from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
-    from warmcache.workload_settings import GenerateSettings
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -49,8 +49,8 @@ import fleet_sim  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 
 #: The default time scale: specs a second the simulated fleet claims on average over its LPT makespan. This
 #: machine runs the server and all the workers on two cores, and each claim costs it 15-30 ms of CPU (a new

@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import PlannedShape, plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import PlannedShape, plan_manifest  # noqa: E402
 from warmcache.registry import ShapeRecord  # noqa: E402
 from warmcache.registry.registry import pending_row_values  # noqa: E402
+from warmcache.registry.statuses import Status  # noqa: E402
 from warmcache.runtime.guard import ShapeGuard  # noqa: E402
-from warmcache.statuses import Status  # noqa: E402
 
 BATCH_SIZES = list(range(1, 101))
 LENGTHS = list(range(64, 6464, 64))  # 100 lengths x 100 batch sizes = 10,000 compiled shapes

@@ -152,11 +152,11 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
-    from warmcache.generation import compile_config, generate_kwargs
+    from warmcache.modeling.compile_counter import CompileCounter
+    from warmcache.modeling.generation import compile_config, generate_kwargs
     from warmcache.runtime.guard import ShapeGuard
+    from warmcache.shapes.workload_settings import GenerateSettings
     from warmcache.warmup.workloads import token_ids
-    from warmcache.workload_settings import GenerateSettings
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     ids = token_ids(model, args.batch, args.prompt)

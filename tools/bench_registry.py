@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from postgres_schema import temporary_schema  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 from warmcache.registry import Registry  # noqa: E402
 from warmcache.registry.models import CompiledShape  # noqa: E402
-from warmcache.statuses import Status  # noqa: E402
+from warmcache.registry.statuses import Status  # noqa: E402
 
 PLAN_GOAL_SECONDS = 3.0
 

@@ -44,8 +44,8 @@ MIB = 1024 * 1024
 
 def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path, str]:
     """A manifest of ``entries`` Neuron shapes, their cache entries, and a registry recording them compiled."""
+    from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
-    from warmcache.plan import plan_manifest
     from warmcache.registry import Registry
     from warmcache.registry.records import ArtifactRef
 

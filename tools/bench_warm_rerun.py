@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fill import mark_all_compiled  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 
 TARGET_SECONDS = 2.0
 

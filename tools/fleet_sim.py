@@ -47,13 +47,13 @@ import sqlalchemy as sa
 from fleet_faults import BackendTerminator, Killer, OutageProxy
 from postgres_schema import temporary_schema
 
-from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import CompiledShape
 from warmcache.registry.patience import patiently
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
+from warmcache.settings import normalise_url
 from warmcache.targets import Target
 from warmcache.warmup.claims import claim_loop
 from warmcache.warmup.ordering import expected_seconds, longest_first

@@ -24,7 +24,7 @@ SERVE = """
 import json, sys, time
 import torch
 from transformers import AutoModelForCausalLM
-from warmcache.generation import compile_config
+from warmcache.modeling.generation import compile_config
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 

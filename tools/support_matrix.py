@@ -129,7 +129,7 @@ def serve(prepared: Prepared, arch: str) -> Served:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
+    from warmcache.modeling.compile_counter import CompileCounter
     from warmcache.runtime.guard import ShapeGuard
 
     torch._dynamo.reset()  # as a fresh serving process has it

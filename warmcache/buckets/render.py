@@ -8,7 +8,7 @@ from typing import Any
 
 from warmcache.buckets.suggest import Suggestion
 from warmcache.errors import UsageError
-from warmcache.generation import prompt_fits
+from warmcache.modeling.generation import prompt_fits
 from warmcache.shapes import Workload
 from warmcache.units import format_count
 

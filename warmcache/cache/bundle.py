@@ -35,7 +35,7 @@ from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
 from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord

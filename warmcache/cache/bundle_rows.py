@@ -23,7 +23,7 @@ from warmcache.jsonable import FieldsJson
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
 
 #: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
 _LOCAL_ONLY = frozenset({"id", "claimed_by", "lease_expires_at", "cache_root", "error"})

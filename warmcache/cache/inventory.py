@@ -26,9 +26,9 @@ from warmcache.cache.locks import warmup_running
 from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
 from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.jsonable import FieldsJson, fields_json
-from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.query import effective_status
 
 
 @dataclass(frozen=True, slots=True)

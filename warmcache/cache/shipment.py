@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from warmcache.cache.install import (
 from warmcache.cache.layout import WORK_DIR_PREFIX, CacheFlavor
 from warmcache.cache.locate import CacheLocation, detect_flavor, locate_caches
 from warmcache.errors import CacheError, UsageError, shown
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust

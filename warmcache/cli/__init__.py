@@ -23,7 +23,7 @@ from warmcache.cli.status import status
 from warmcache.cli.store import pull, push, store_group
 from warmcache.cli.warmup import verify, warmup
 from warmcache.errors import RegistryError, WarmcacheError, first_line
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
 
 
 class _Group(click.Group):

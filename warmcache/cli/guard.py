@@ -8,9 +8,9 @@ import click
 
 from warmcache.cli._common import db_option, format_table, json_option, load_signing_key, open_registry, print_json
 from warmcache.errors import UsageError
+from warmcache.registry.statuses import DONE_STATUSES
 from warmcache.runtime.snapshot import SNAPSHOT_FILE, write_snapshot
 from warmcache.shapes import WORKLOADS
-from warmcache.statuses import DONE_STATUSES
 from warmcache.trust import SigningKey
 
 

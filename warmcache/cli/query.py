@@ -7,13 +7,13 @@ from collections import Counter
 import click
 
 from warmcache.cli._common import db_option, format_table, json_option, manifest_query_options, open_registry, print_json, print_json_array
-from warmcache.explain import explain_plan
+from warmcache.identity.plan import plan_manifest
+from warmcache.identity.support import check_supported
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.query import check_request, effective_status, plan_json, shape_json
+from warmcache.registry.statuses import PLAN_STATUSES, Status
+from warmcache.reports.explain import explain_plan
+from warmcache.reports.query import check_request, effective_status, plan_json, shape_json
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
-from warmcache.statuses import PLAN_STATUSES, Status
-from warmcache.support import check_supported
 
 
 @click.command("plan")

@@ -7,9 +7,9 @@ import datetime as dt
 import click
 
 from warmcache.cli._common import format_table, manifest_query_options, open_registry, print_json
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.status import STATUS_ORDER, WarmupStatus, warmup_status
+from warmcache.reports.status import STATUS_ORDER, WarmupStatus, warmup_status
 from warmcache.units import format_count, format_duration
 
 

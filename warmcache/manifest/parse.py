@@ -16,7 +16,6 @@ from typing import Any
 from warmcache.anchor import Anchor
 from warmcache.bounds import MAX_MANIFEST_SHAPES
 from warmcache.errors import ManifestError, UsageError, shown
-from warmcache.generation import prompt_fits
 from warmcache.manifest.checker import Checker, show
 from warmcache.manifest.schema import (
     AOTINDUCTOR,
@@ -34,11 +33,12 @@ from warmcache.manifest.schema import (
     TrainWorkload,
     allowed_keys,
 )
+from warmcache.modeling.generation import prompt_fits
 from warmcache.settings import REGISTRY, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
-from warmcache.workload_settings import GenerateSettings, TrainSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

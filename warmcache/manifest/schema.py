@@ -15,8 +15,8 @@ from typing import Any
 from warmcache.errors import ManifestError, shown
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import ShapeFamily, ShapeSpec
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
 from warmcache.trust import TrustedKeys
-from warmcache.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
 
 DEVICES = ("neuron", "cpu", "cuda")
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")

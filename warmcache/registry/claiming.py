@@ -16,8 +16,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from warmcache.registry.models import CompiledShape
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import Status
 from warmcache.registry.transactional import Transactional, chunks
-from warmcache.statuses import Status
 
 #: Identities one SQLite claim statement looks at, in the caller's order (a ``CASE`` ranks them).
 _CLAIM_CHUNK = 128

@@ -15,10 +15,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from warmcache.dburl import ACCEPTED_FORMS
 from warmcache.errors import RegistryError, UsageError, shown
 from warmcache.registry.readonly import in_read_only_folder, read_only_sqlite_engine
-from warmcache.settings import RegistryLocation
+from warmcache.settings import ACCEPTED_FORMS, RegistryLocation
 
 BUSY_TIMEOUT_MS = 30_000
 

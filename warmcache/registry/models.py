@@ -13,7 +13,7 @@ from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, Forei
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from warmcache.statuses import STORED_STATUSES, Status
+from warmcache.registry.statuses import STORED_STATUSES, Status
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

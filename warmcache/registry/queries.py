@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, select
 from sqlalchemy.orm import selectinload
 
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry.models import Artifact, CompiledShape
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.registry.transactional import Transactional, chunks
-from warmcache.statuses import DONE_STATUSES, Status
 
 
 @dataclass(frozen=True, slots=True)

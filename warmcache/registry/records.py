@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.bounds import MAX_COUNT
 from warmcache.errors import UsageError
 from warmcache.shapes import ShapeFamily, ShapeSpec
-from warmcache.workload_settings import from_stored
+from warmcache.shapes.workload_settings import from_stored
 
 if TYPE_CHECKING:
     from warmcache.registry.models import Artifact, CompiledShape

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.claiming import ClaimRows
 from warmcache.registry.engine import create_registry_engine, display_url
@@ -34,9 +34,9 @@ from warmcache.registry.misses import MissLog
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.queries import PlanStatus, RowQueries
 from warmcache.registry.records import ArtifactRef, MissEvent
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.registry.transactional import chunks
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES, Status
 
 
 def worker_id() -> str:

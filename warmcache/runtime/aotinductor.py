@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.cache.precompiled import read_checked
-from warmcache.decode_inputs import flatten, scalars
 from warmcache.errors import CacheError, UsageError, first_line
+from warmcache.modeling.decode_inputs import flatten, scalars
 
 if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord

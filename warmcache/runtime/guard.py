@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.explain import UNSET, describe, stale_differences
-from warmcache.fingerprint import config_hash
-from warmcache.query import bucket_tables, stale_records, usable_records
+from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
+from warmcache.reports.explain import UNSET, describe, stale_differences
+from warmcache.reports.query import bucket_tables, stale_records, usable_records
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot, snapshot_file

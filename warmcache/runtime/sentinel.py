@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, WarmcacheError
+from warmcache.modeling.compile_counter import CompileCounter
 
 log = logging.getLogger("warmcache.runtime")
 

@@ -2,7 +2,7 @@
 
 The decode graph depends on the effective batch, the static cache length and the
 generation settings, so the guard builds the call with
-:func:`warmcache.generation.generate_kwargs` and :func:`compile_config` (the
+:func:`warmcache.modeling.generation.generate_kwargs` and :func:`compile_config` (the
 definition warmup compiles with), pins ``max_cache_len`` to the compiled value
 and keeps ``max_new_tokens`` inside it: a prompt bucket of ``L`` leaves room for
 ``max_cache_len - L + 1`` new tokens before the cache grows and recompiles.
@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.runtime.padding import fit_generate_inputs
 from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
     from warmcache.runtime.guarded import Guard
-    from warmcache.workload_settings import GenerateSettings
+    from warmcache.shapes.workload_settings import GenerateSettings
 
 log = logging.getLogger("warmcache.runtime")
 

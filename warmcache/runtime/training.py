@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.shapes import Decision
 

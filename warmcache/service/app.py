@@ -21,12 +21,14 @@ from starlette.routing import Route
 
 from warmcache import manifest as manifests
 from warmcache.errors import UsageError
-from warmcache.explain import explain_plan
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.query import effective_status, plan_json, shape_json
 from warmcache.registry import Registry
+from warmcache.registry.statuses import PLAN_STATUSES
+from warmcache.reports.explain import explain_plan
+from warmcache.reports.query import effective_status, plan_json, shape_json
+from warmcache.reports.status import warmup_status
 from warmcache.service import dashboard
 from warmcache.service.auth import WriteAuthorisation
 from warmcache.service.check import CheckRoute
@@ -38,8 +40,6 @@ from warmcache.service.plan_request import plan_request
 from warmcache.service.view import RegistryView, guard_document
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import WORKLOADS
-from warmcache.status import warmup_status
-from warmcache.statuses import PLAN_STATUSES
 from warmcache.trust import SigningKey
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from html import escape
 
 from warmcache.errors import first_line
-from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, PLAN_STATUSES, Status
+from warmcache.reports.query import effective_status
 from warmcache.service.view import RegistryState
-from warmcache.statuses import DONE_STATUSES, PLAN_STATUSES, Status
 
 #: When several rows share a cell (families, toolchains), the cell shows the most useful status.
 _CELL_PRIORITY = (Status.VERIFIED, Status.COMPILED, Status.COMPILING, Status.PENDING, Status.FAILED, Status.STALE)

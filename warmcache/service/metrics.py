@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from warmcache.query import effective_status
 from warmcache.registry.models import utcnow
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.query import effective_status
 from warmcache.service.view import RegistryView
-from warmcache.statuses import DONE_STATUSES, Status
 
 #: Compile-time histogram bucket bounds, seconds (Neuron compiles run to an hour).
 COMPILE_SECONDS_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from warmcache.registry.statuses import PLAN_STATUSES
 from warmcache.shapes import WORKLOADS
-from warmcache.statuses import PLAN_STATUSES
 
 
 def _param(name: str, description: str, schema: dict[str, Any], required: bool = False, where: str = "query") -> dict[str, Any]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape, plan_model
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_model
 from warmcache.service.http import ApiError
 
 NOT_CHECKED = "model path not checked by the service (it plans only models whose config.json it holds; run warmcache plan where the model is)"

@@ -1,7 +1,7 @@
 """An in-memory view of the registry, refreshed in the background: the hot path never queries the database.
 
 The refresher loads every row and the miss totals every ``interval`` seconds (and on
-demand), builds one :class:`~warmcache.query.RequestChecker` per model and workload, and
+demand), builds one :class:`~warmcache.reports.query.RequestChecker` per model and workload, and
 swaps the whole :class:`RegistryState` at once, so a request sees either the old view or
 the new one. Answers computed from a state (``/v1/check`` bodies, guard snapshots) are
 memoised on that state and vanish with it.
@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from warmcache.errors import WarmcacheError, first_line
-from warmcache.query import RequestChecker
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
+from warmcache.registry.statuses import DONE_STATUSES
+from warmcache.reports.query import RequestChecker
 from warmcache.service.http import ApiError, dumps
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES
 from warmcache.trust import SigningKey
 
 log = logging.getLogger("warmcache.service")

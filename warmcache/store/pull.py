@@ -45,8 +45,8 @@ from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.jsonable import fields_json
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
 from warmcache.store.backends import ObjectStore

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.flavors import CacheFlavor
+from warmcache.targets.flavors import CacheFlavor
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
@@ -69,6 +69,6 @@ class Target(ABC):
         return "cpu"
 
     def compile_config(self) -> CompileConfig:
-        from warmcache.generation import compile_config
+        from warmcache.modeling.generation import compile_config
 
         return compile_config(self.backend, self.mode, self.device)

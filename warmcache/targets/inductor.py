@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import TargetUnavailableError
-from warmcache.flavors import CacheFlavor
 from warmcache.targets.base import Target
+from warmcache.targets.flavors import CacheFlavor
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 

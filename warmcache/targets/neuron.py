@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import TargetUnavailableError, UsageError
-from warmcache.flavors import CacheFlavor
 from warmcache.targets.base import Target
+from warmcache.targets.flavors import CacheFlavor
 
 FLAGS_ENV = "NEURON_CC_FLAGS"
 CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"

@@ -3,8 +3,8 @@
 The step is the call generate() makes to its compiled forward (captured during
 warmup's real generate(), see :func:`warmcache.warmup.precompile.capture_decode_call`),
 with the static cache taken apart into plain tensor inputs
-(:mod:`warmcache.decode_inputs`). Inside the step a
-:class:`~warmcache.kv_cache.PositionTensorCache` is built around those tensors, so
+(:mod:`warmcache.modeling.decode_inputs`). Inside the step a
+:class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors, so
 the model runs its own attention and mask code unchanged; the exported graph keeps
 the cache's in-place updates, and AOTInductor writes them back into the caller's
 tensors (measured, torch 2.13).
@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.decode_inputs import flatten, input_signature, scalars
 from warmcache.errors import CacheError
-from warmcache.kv_cache import PositionTensorCache
+from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
+from warmcache.modeling.kv_cache import PositionTensorCache
 from warmcache.runtime.aotinductor import named_tensors, open_loader
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from warmcache.errors import RegistryError, WarmcacheError, error_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
 from warmcache.registry.records import ArtifactRef

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from warmcache.errors import UsageError, error_line
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.warmup.child import CHILD_MODULE
 from warmcache.warmup.summary import WarmupOptions, WarmupPlan, WarmupSummary
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.queries import CompileTime
 

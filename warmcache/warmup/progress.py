@@ -15,7 +15,7 @@ from warmcache.warmup.phases import PhaseReport
 
 
 class Outcome(StrEnum):
-    """How this run finished one claimed spec (what it *did*; the row's state is a :class:`~warmcache.statuses.Status`)."""
+    """How this run finished one claimed spec (what it *did*; the row's state is a :class:`~warmcache.registry.statuses.Status`)."""
 
     COMPILED = "compiled"
     FAILED = "failed"

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape, plan_manifest
+from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.statuses import DONE_STATUSES, Status
-from warmcache.support import check_supported
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmcache.errors import UsageError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry.registry import PlanStatus
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.warmup.progress import Outcome, SpecOutcome
 
 

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape
 from warmcache.manifest import Manifest, ModelSpec
-from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
+from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
 from warmcache.targets import Target, resolve_cache_dir, target_for
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
 from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import run_generate, run_train
-from warmcache.workload_settings import TrainSettings, WorkloadSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -94,7 +94,7 @@ class Worker:
             return self._run(planned, phases)
 
     def _run(self, planned: PlannedShape, phases: SpecPhases) -> SpecRun:
-        from warmcache.compile_counter import CompileCounter
+        from warmcache.modeling.compile_counter import CompileCounter
 
         model_spec, spec = planned.model, planned.spec
         target = target_for(model_spec)

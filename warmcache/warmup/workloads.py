@@ -1,6 +1,6 @@
 """Drive the real ``generate()`` and the real ``Trainer`` step over one declared shape.
 
-These are the calls production makes, built the same way (``warmcache.generation``
+These are the calls production makes, built the same way (``warmcache.modeling.generation``
 for generate, standard causal-LM batches for training), so the graphs compiled
 here are the graphs production asks for. Both mask forms a runtime guard sends
 are exercised: an unpadded batch and a padded one (left padding for generate,
@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import DecodeRecompileError
-from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.shapes import ShapeSpec
 from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
 
@@ -94,7 +94,7 @@ def run_generate(
     import torch
     from transformers import GenerationMixin
 
-    from warmcache.compile_counter import CompileCounter
+    from warmcache.modeling.compile_counter import CompileCounter
     from warmcache.runtime.sentinel import fail_on_recompile
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
@@ -242,7 +242,7 @@ class _StepGraphs:
     """Counts Dynamo graphs per training step, to tell what the padded (second) batch added."""
 
     def __init__(self) -> None:
-        from warmcache.compile_counter import CompileCounter
+        from warmcache.modeling.compile_counter import CompileCounter
 
         self.counter = CompileCounter()
         self.after_first_step = 0

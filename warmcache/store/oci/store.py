@@ -18,7 +18,7 @@ from pathlib import Path
 from warmcache.cache.bundle import BundleFile, sha256_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError, StoreError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
 from warmcache.store.oci.image import StoredImage, read_image

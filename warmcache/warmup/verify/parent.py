@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 
 from warmcache.errors import WarmcacheError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
+from warmcache.registry.statuses import DONE_STATUSES
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES
 from warmcache.units import format_count
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, run_children, sigterm_as_interrupt

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import first_line
-from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.precompiled import install, precompiled_entries
 from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 from warmcache.warmup.workloads import pad_token_id, token_ids

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmcache.errors import ManifestError, UsageError
-from warmcache.fingerprint import Toolchain, current_toolchain, model_config_hash
+from warmcache.identity.fingerprint import Toolchain, current_toolchain, model_config_hash
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.shapes import ShapeSpec, short_hash
 

@@ -4,7 +4,7 @@ A model warmcache cannot compile once per bucket must be refused when the
 manifest is planned or warmed, with the reason, not discovered by a request
 in production. What is checked, from the config alone (no weights are read):
 
-* generate: every decoder layer is one :class:`warmcache.kv_cache.PositionTensorCache`
+* generate: every decoder layer is one :class:`warmcache.modeling.kv_cache.PositionTensorCache`
   can hold (full or sliding-window attention, or no cache at all); linear-attention,
   chunked, indexed and other layer kinds keep state it does not model. The model
   class must take a ``Cache`` object at all (recurrent families like Mamba do not).
@@ -29,7 +29,7 @@ def model_problems(model: ModelSpec) -> list[str]:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from warmcache.kv_cache import unsupported_layer_kinds
+    from warmcache.modeling.kv_cache import unsupported_layer_kinds
 
     where = f"model {model.name!r} ({model.path})"
     try:

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warmcache.explain import describe, stale_differences
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.explain import describe, stale_differences
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
-from warmcache.statuses import DONE_STATUSES, Status
 
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus, Registry
@@ -172,7 +172,7 @@ def shape_json(record: ShapeRecord) -> dict[str, Any]:
 
 
 def plan_json(status: PlanStatus, reason: str | None = None) -> dict[str, Any]:
-    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable (see :mod:`warmcache.explain`)."""
+    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable (see :mod:`warmcache.reports.explain`)."""
     planned, family = status.planned, status.planned.spec.family
     record = status.record
     return {

@@ -75,7 +75,7 @@ EXCLUDED_ENV: dict[str, str] = {
 }
 
 #: Neuron variables that change what the native backend (``torch.compile(backend="neuron")``) compiles.
-#: ``NEURON_CC_FLAGS`` is fingerprinted separately, normalised (see :mod:`warmcache.fingerprint`).
+#: ``NEURON_CC_FLAGS`` is fingerprinted separately, normalised (see :mod:`warmcache.identity.fingerprint`).
 NEURON_GRAPH_ENV = (
     "TORCH_NEURONX_COMPLEX_DECOMPOSE",
     "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",

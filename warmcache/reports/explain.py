@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import first_line
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.jsonable import FieldsJson
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.shapes import BucketTable, ShapeSpec
-from warmcache.statuses import DONE_STATUSES, Status
 
 if TYPE_CHECKING:
-    from warmcache.plan import PlannedShape
+    from warmcache.identity.plan import PlannedShape
     from warmcache.registry.registry import PlanStatus, Registry
 
 UNSET = "unset"

@@ -3,7 +3,8 @@
 A ``StrEnum`` so a status compares equal to its stored text (``Status.COMPILED ==
 "compiled"``): the database, JSON output and bundles keep plain strings, while code
 names members and a typo is an ``AttributeError`` instead of a silent mismatch.
-This module imports nothing, so every layer (guard snapshots included) can use it.
+This module imports nothing; it lives with the registry, whose status column it names,
+below every layer that reads or shows a status (reports, warmup, cache, service).
 """
 
 from __future__ import annotations

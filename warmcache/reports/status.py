@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.errors import first_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import PlanStatus, Registry
 from warmcache.registry.models import utcnow
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
 
 #: Every status a planned shape can show, in lifecycle order.
 STATUS_ORDER = (Status.MISSING, Status.STALE, Status.PENDING, Status.COMPILING, Status.COMPILED, Status.VERIFIED, Status.FAILED)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.bounds import MAX_CONFIG_BYTES, MAX_NESTING, json_nesting
-from warmcache.compile_env import compile_env
 from warmcache.errors import UsageError, first_line
+from warmcache.identity.compile_env import compile_env
 from warmcache.shapes import short_hash
 
 #: Config keys that never change a compiled graph: bookkeeping, token ids (data,
@@ -212,7 +212,7 @@ class Toolchain:
     packages: tuple[tuple[str, str | None], ...]
     platform: str
     neuron_cc_flags: str
-    #: The graph-changing compiler variables set (see :mod:`warmcache.compile_env`).
+    #: The graph-changing compiler variables set (see :mod:`warmcache.identity.compile_env`).
     compile_env: tuple[tuple[str, str], ...] = ()
     #: The NVIDIA driver on a CUDA target (``None`` elsewhere).
     cuda_driver: str | None = None
