@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from warmcache.errors import UsageError
-from warmcache.identity.fingerprint import config_hash, current_toolchain, model_config_hash, normalise_neuron_cc_flags
+from warmcache.identity.fingerprint import config_hash, current_toolchain, model_config_hash
+from warmcache.targets.neuron import normalise_neuron_cc_flags
 
 CONFIG = {
     "model_type": "qwen3",

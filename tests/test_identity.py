@@ -20,13 +20,14 @@ from registry_fill import mark_all_compiled
 from warmcache.cli import main
 from warmcache.errors import UsageError
 from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
-from warmcache.identity.fingerprint import current_toolchain, nvidia_driver_version
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest, loads
 from warmcache.registry.registry import pending_row_values
 from warmcache.reports.explain import toolchain_differences
 from warmcache.reports.query import local_toolchain_hash
 from warmcache.runtime.guard import ShapeGuard
+from warmcache.targets.inductor import nvidia_driver_version
 
 #: The config modules whose variables decide what Inductor, Dynamo and AOTAutograd compile.
 TORCH_CONFIG_MODULES = ("torch._inductor.config", "torch._dynamo.config", "torch._functorch.config")

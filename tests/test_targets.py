@@ -90,3 +90,24 @@ def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
     for bad in ("0/3", "4/3", "1-3", "a/b"):
         with pytest.raises(UsageError, match="--shard"):
             Shard.parse(bad)
+
+
+def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint combines what a target names (vLLM's ``compute_hash`` per backend); it never branches on the device itself."""
+    from warmcache.identity import fingerprint
+    from warmcache.identity.fingerprint import current_toolchain
+    from warmcache.targets.inductor import CUDA_PACKAGES
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "-O1 --cache_dir /var/cache --model-type transformer")
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    neuron = NeuronTarget("neuron", "neuron").toolchain_factors()
+    assert (neuron.platform, neuron.neuron_cc_flags, neuron.packages, neuron.cuda_driver) == ("neuron:trn2", "--model-type=transformer -O1", (), None)
+    cpu = InductorTarget("cpu", "inductor").toolchain_factors()
+    assert cpu.platform.startswith("cpu:") and (cpu.neuron_cc_flags, cpu.packages, cpu.cuda_driver) == ("", (), None)
+    cuda = InductorTarget("cuda", "inductor").toolchain_factors()
+    assert cuda.platform.startswith("cuda:") and cuda.packages == CUDA_PACKAGES and cuda.cuda_driver is not None
+    for device, backend, factors in (("neuron", "neuron", neuron), ("cpu", "inductor", cpu), ("cuda", "inductor", cuda)):
+        toolchain = current_toolchain(device, backend)
+        assert (toolchain.platform, toolchain.neuron_cc_flags, toolchain.cuda_driver) == (factors.platform, factors.neuron_cc_flags, factors.cuda_driver)
+        assert tuple(name for name, _ in toolchain.packages) == (*fingerprint._TOOLCHAIN_PACKAGES, *factors.packages)
+    assert '"neuron"' not in Path(fingerprint.__file__).read_text() and '"cuda"' not in Path(fingerprint.__file__).read_text()

@@ -11,15 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from warmcache.manifest import Manifest, ModelSpec
-from warmcache.targets.base import Target
+from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.inductor import InductorTarget
 from warmcache.targets.neuron import NeuronTarget
 
 
+def target_of(device: str, backend: str, mode: str = "default") -> Target:
+    """The target that compiles for ``device``: Neuron on ``neuron``, Inductor (or its cache-less backends) on CPU and CUDA."""
+    if device == "neuron":
+        return NeuronTarget(device, backend, mode)
+    return InductorTarget(device, backend, mode)
+
+
 def target_for(model: ModelSpec) -> Target:
-    if model.device == "neuron":
-        return NeuronTarget(model.device, model.backend, model.mode)
-    return InductorTarget(model.device, model.backend, model.mode)
+    return target_of(model.device, model.backend, model.mode)
 
 
 def resolve_cache_dir(target: Target, cli_dir: str | Path | None, manifest: Manifest | None) -> tuple[Path, bool]:
@@ -30,4 +35,4 @@ def resolve_cache_dir(target: Target, cli_dir: str | Path | None, manifest: Mani
     return target.default_cache_dir(), False
 
 
-__all__ = ["InductorTarget", "NeuronTarget", "Target", "resolve_cache_dir", "target_for"]
+__all__ = ["InductorTarget", "NeuronTarget", "Target", "ToolchainFactors", "resolve_cache_dir", "target_for", "target_of"]

@@ -26,6 +26,26 @@ WARMUP_RECOMPILE_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
+class ToolchainFactors:
+    """The parts of the toolchain fingerprint a target reads for itself (:func:`warmcache.identity.fingerprint.current_toolchain`
+    adds the common packages, the compiler's environment variables and the target's name).
+
+    Each field is stored with every registry row as it is named here, so a target
+    that has nothing to say for one leaves its default: the stored identity of a row
+    never depends on how a target computes it.
+    """
+
+    #: Which machine the code is generated for (``cpu:x86_64:avx512f``, ``cuda:sm_90``, ``neuron:trn1``).
+    platform: str
+    #: Packages beyond the common ones whose version changes what this target compiles.
+    packages: tuple[str, ...] = ()
+    #: The Neuron compiler's flags, normalised; empty on every other target.
+    neuron_cc_flags: str = ""
+    #: The NVIDIA driver of a CUDA target; ``None`` on every other target.
+    cuda_driver: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Target(ABC):
     """One ``(device, backend, mode)`` a model compiles for."""
 
@@ -45,6 +65,10 @@ class Target(ABC):
     @abstractmethod
     def point_cache_at(self, root: Path) -> None:
         """Make the compiler cache under ``root``; must run before the first compile."""
+
+    @abstractmethod
+    def toolchain_factors(self) -> ToolchainFactors:
+        """What on this machine decides what this target compiles, beyond the common packages (read without torch where it can be)."""
 
     @abstractmethod
     def check_available(self) -> None:

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import TargetUnavailableError, UsageError
-from warmcache.targets.base import Target
+from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.flavors import CacheFlavor
 
 FLAGS_ENV = "NEURON_CC_FLAGS"
 CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("/var/tmp/neuron-compile-cache")
+#: Neuron compiler flags that say where or how often to compile, not what.
+_CACHE_ONLY_NEURON_FLAGS = ("--cache_dir", "--retry_failed_compilation")
 
 
 def _flag_cache_dir(flags: str) -> str | None:
@@ -65,6 +67,43 @@ def remote_cache_url() -> str | None:
     return location if location and location.startswith("s3://") and not os.environ.get(NEFF_CACHE_ENV) else None
 
 
+def normalise_neuron_cc_flags(flags: str | None) -> str:
+    """Canonical form of ``NEURON_CC_FLAGS``: cache-location flags dropped, options sorted.
+
+    ``--opt a --opt=b`` spellings collapse to ``--opt=a``; the order of options does
+    not change the compile, so it does not change the fingerprint.
+    """
+    if not flags:
+        return ""
+    try:
+        tokens = shlex.split(flags)
+    except ValueError as exc:
+        raise UsageError(f"NEURON_CC_FLAGS={flags!r}: {exc}") from None
+    options: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("-") and "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            token = f"{token}={tokens[i + 1]}"
+            i += 1
+        i += 1
+        if token.split("=", 1)[0] in _CACHE_ONLY_NEURON_FLAGS:
+            continue
+        options.append(token)
+    return " ".join(sorted(options))
+
+
+def _neuron_platform() -> str:
+    override = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    if override:
+        return override
+    try:
+        product = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip()
+    except OSError:
+        return "unknown"
+    return product.split(".", 1)[0] or "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class NeuronTarget(Target):
     """``device="neuron"``; backend ``neuron`` (or eager/aot_eager, which still run on the chip)."""
@@ -89,6 +128,10 @@ class NeuronTarget(Target):
         os.environ[CACHE_URL_ENV] = str(root)
         if os.environ.get(NEFF_CACHE_ENV):
             os.environ[NEFF_CACHE_ENV] = str(root)
+
+    def toolchain_factors(self) -> ToolchainFactors:
+        """The instance family the compiler targets and its flags (normalised: where it caches is not what it compiles)."""
+        return ToolchainFactors(platform=f"neuron:{_neuron_platform()}", neuron_cc_flags=normalise_neuron_cc_flags(os.environ.get(FLAGS_ENV)))
 
     def check_available(self) -> None:
         try:
