@@ -36,6 +36,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("WARMCACHE_DB", raising=False)
     monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
     monkeypatch.delenv("WARMCACHE_STORE", raising=False)
+    monkeypatch.delenv("WARMCACHE_DEBUG", raising=False)  # a developer's --debug environment changes what commands print
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 

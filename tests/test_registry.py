@@ -24,6 +24,7 @@ from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
 from warmcache.registry.registry import pending_row_values
 from warmcache.registry.statuses import Status
+from warmcache.settings import RegistryLocation
 
 MANIFEST = manifest_toml(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
 
@@ -47,7 +48,7 @@ def test_migrations_build_an_empty_database_to_the_model_schema(registry_url: st
 
 def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> None:
     Registry.open(registry_url).close()
-    engine = create_registry_engine(registry_url)
+    engine = create_registry_engine(RegistryLocation.parse(registry_url))
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffff'"))
     with pytest.raises(SchemaOutOfDateError, match="newer warmcache"):
@@ -68,8 +69,8 @@ def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> 
 def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_url: str, planned: list[PlannedShape]) -> None:
     from warmcache.registry import schema
 
-    engine = create_registry_engine(registry_url)
-    schema.upgrade(engine, "0001")  # a registry written by the first release, with the rows it could hold
+    engine = create_registry_engine(RegistryLocation.parse(registry_url))
+    schema.upgrade(engine, "0001", display_url="test registry")  # a registry written by the first release, with the rows it could hold
     with engine.begin() as conn:
         table = sa.Table("compiled_shapes", sa.MetaData(), autoload_with=conn)
         conn.execute(table.insert(), [{k: v for k, v in pending_row_values(p).items() if k in table.c} for p in planned])

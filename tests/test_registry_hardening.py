@@ -17,6 +17,7 @@ from test_bundle import Built
 
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine
+from warmcache.settings import RegistryLocation
 
 built = test_bundle.built  # a SQLite registry with two compiled rows (a fixture)
 #: ``setpriv`` to the ``nobody`` user, where this runs as root.
@@ -28,10 +29,10 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
     barrier, failures, changes = threading.Barrier(4), [], []
 
     def upgrade() -> None:
-        engine = create_registry_engine(postgres_url)
+        engine = create_registry_engine(RegistryLocation.parse(postgres_url))
         try:
             barrier.wait()
-            changes.append(schema.upgrade(engine))
+            changes.append(schema.upgrade(engine, display_url="test registry"))
         except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
             failures.append(exc)
         finally:
@@ -43,7 +44,7 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
     for thread in threads:
         thread.join(60)
     assert failures == [] and not any(thread.is_alive() for thread in threads)  # racing DDL could also wait on itself forever
-    engine = create_registry_engine(postgres_url)
+    engine = create_registry_engine(RegistryLocation.parse(postgres_url))
     try:
         head = schema.head_revision(engine)
         assert schema.current_revision(engine) == head

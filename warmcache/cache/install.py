@@ -12,6 +12,7 @@ anything is fetched or extracted, a file list that would not fit.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import uuid
@@ -29,6 +30,8 @@ from warmcache.errors import CacheError
 from warmcache.registry import Registry
 from warmcache.trust import SignatureCheck
 from warmcache.units import format_size
+
+log = logging.getLogger(__name__)
 
 #: What one unpack may write unless told otherwise (``--max-size``, ``$WARMCACHE_MAX_UNPACK_SIZE``):
 #: room for the Neuron cache of a large model, not for a disk-filling bundle.
@@ -198,8 +201,10 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
         move = _Move(dest)
         if os.path.lexists(dest):
             if holds_files(root, files):
+                log.debug("cache hit: %s already holds these files; kept", dest)
                 present += 1
                 continue
+            log.debug("cache entry %s differs; replaced (the old one parked until the install succeeds)", dest)
             parked.mkdir(exist_ok=True)
             os.rename(dest, parked / str(index))
             move.original = parked / str(index)
@@ -216,6 +221,7 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
             if not holds_files(root, files):
                 raise
             # A concurrent unpack of the same entry won the race: it is present, not ours.
+            log.debug("cache entry %s: a concurrent install put the same files there first", dest)
             added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
             continue
         move.installed = True

@@ -25,7 +25,6 @@ from warmcache.buckets.traffic import Traffic
 from warmcache.cli._common import db_option, format_table, is_terminal, json_option, open_registry, print_json
 from warmcache.cli.progress import amount_progress
 from warmcache.errors import UsageError
-from warmcache.registry.engine import display_url
 from warmcache.shapes import WORKLOADS, Workload
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,7 +62,7 @@ class LengthSource:
         assert model_name is not None
         with open_registry(db_url, create=False) as registry:
             summary = registry.miss_summary(model_name)
-            where = display_url(registry.url)
+            where = registry.display_url
         return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)
 
 

@@ -45,7 +45,7 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+def upgrade(engine: Engine, revision: str = "head", *, display_url: str) -> tuple[str | None, str | None]:
     """Migrate to ``revision``; returns the revisions before and after, both read under the lock (so of several
     concurrent upgrades only the one that did the work reports a change). A database with tables but no warmcache
     revision is refused.
@@ -60,7 +60,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
         if before is None:
             tables = inspect(conn).get_table_names()
             if tables:
-                raise _foreign(engine.url.render_as_string(hide_password=True), tables)
+                raise _foreign(display_url, tables)
         try:
             _upgrade_on(conn, engine, revision)
         except CommandError as exc:

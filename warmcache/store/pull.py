@@ -21,6 +21,7 @@ leaves no partial entry and no row naming a missing file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
@@ -60,6 +61,8 @@ from warmcache.store.index import (
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import TRANSFER_THREADS
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
+
+log = logging.getLogger(__name__)
 
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
@@ -147,9 +150,13 @@ def pull_manifest(
     identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
     present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
+    log.debug("pull from %s: skip %d shape(s) the registry and %s already hold; %d wanted", source.url, len(present), location.root, len(wanted))
     found = source.read_indexes(wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
+    for description in missing:
+        log.debug("store miss: %s is not in %s", description, source.url)
     files, held = _files_to_install(list(found.values()), location)
+    log.debug("store hit: %d shape(s); %d cache entr(ies) already held, %d file(s) to fetch", len(found), held, len(files))
     fetch = {f.sha256: f.size for f in files.values()}
     check_room(files.values(), location.root, max_bytes, source.url)  # what lands in the cache: a blob at two paths counts twice
     common: dict[str, Any] = {
@@ -249,6 +256,7 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
     def one(sha256: str) -> None:
         target, size = folder / sha256, sizes[sha256]
         if target.is_file() and target.stat().st_size == size and sha256_of(target) == sha256:
+            log.debug("blob %s: kept from an earlier pull, not fetched again", sha256[:16])
             advance(size, "reused")
             return
         for attempt in range(1, FETCH_ATTEMPTS + 1):
@@ -263,6 +271,7 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
                 partial.unlink(missing_ok=True)
                 if attempt == FETCH_ATTEMPTS:
                     raise CacheError(f"{exc} (fetched {FETCH_ATTEMPTS} times)") from None
+                log.debug("blob %s refused on fetch %d of %d, fetching again: %s", sha256[:16], attempt, FETCH_ATTEMPTS, exc)
                 continue
             except BaseException:
                 partial.unlink(missing_ok=True)

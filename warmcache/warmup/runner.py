@@ -20,6 +20,7 @@ Order of work, and why:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,6 +40,8 @@ from warmcache.warmup.phases import PhaseListener, PhaseReport, routed
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
+
+log = logging.getLogger(__name__)
 
 
 def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
@@ -74,6 +77,12 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
         summary = WarmupSummary(plan, options.dry_run)
         todo = plan.todo
+        log.debug(
+            "plan: %d spec(s), %d to warm; skip %d already compiled for this toolchain",
+            len(plan.statuses),
+            len(todo),
+            len(plan.statuses) - len(todo),
+        )
         if options.dry_run or not todo:
             summary.seconds = time.perf_counter() - start
             return summary
@@ -103,6 +112,8 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         finally:
             bar.close()
         summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
+        for line in summary.unfinished:
+            log.warning("not compiled by another worker: %s", line)
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -141,6 +152,7 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
     def report(outcome: SpecOutcome) -> None:
         into.append(outcome)
         then(outcome)
+        log.debug("%s: %s in %.1f s%s", outcome.description, outcome.status, outcome.seconds, f" ({outcome.error})" if outcome.error else "")
         if on_compiled is not None and outcome.status == Outcome.COMPILED:
             on_compiled(outcome.identity)
 
