@@ -42,5 +42,5 @@ def records_to_ship(registry: Registry, scope: ShipmentScope, verified_only: boo
         records = [r for r in records if r.identity in wanted]
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+        raise CacheError(f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.location.display}; run warmcache {run} first")
     return records, not_compiled

@@ -62,7 +62,7 @@ class LengthSource:
         assert model_name is not None
         with open_registry(db_url, create=False) as registry:
             summary = registry.miss_summary(model_name)
-            where = registry.display_url
+            where = registry.location.display
         return lengths_from_misses(summary, registry=where, model=model_name, workload=workload, limit=limit)
 
 

@@ -20,7 +20,7 @@ def upgrade(db_url: str | None, revision: str) -> None:
     """Bring the registry database to the newest schema revision."""
     location = registry_location(db_url)
     with Registry.open(location, check_schema=False) as registry:  # a PostgreSQL search_path naming no schema is refused here
-        before, after = schema.upgrade(registry.engine, revision, display_url=registry.display_url)
+        before, after = schema.upgrade(registry.engine, revision, display_url=registry.location.display)
     click.echo(f"{location.display}: schema {before or 'empty'} -> {after}" if before != after else f"{location.display}: schema {after} (already current)")
 
 

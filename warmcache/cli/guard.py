@@ -66,7 +66,7 @@ def export(model_name: str, workload: str | None, out_path: Path, signing_key: S
     """
     with open_registry(db_url, create=False) as registry:
         records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES, with_artifacts=True)
-        source = registry.display_url
+        source = registry.location.display
     if not records:
         raise UsageError(f"model {model_name!r} has no compiled shapes in registry {source}")
     written = write_snapshot(out_path, records, source, signing_key)

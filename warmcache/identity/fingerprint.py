@@ -143,8 +143,8 @@ class Toolchain:
     def as_dict(self) -> dict[str, Any]:
         """The fingerprint's parts, as stored with each registry row (``warmcache explain`` compares them).
 
-        The newer parts appear only when they say something, so a toolchain with no
-        compiler variables set hashes as it did before they were fingerprinted.
+        ``compile_env`` and ``cuda_driver`` appear only when they say something: a toolchain
+        with no compiler variables set, off CUDA, hashes the six base parts alone.
         """
         out: dict[str, Any] = {
             "device": self.device,

@@ -19,7 +19,8 @@ from warmcache.shapes import ShapeSpec, short_hash
 def shape_identity(shape_hash: str, config_hash: str, toolchain_hash: str, attn_implementation: str | None = None) -> str:
     """A row's key: the declared shape, the model (config and attention implementation) and the toolchain.
 
-    An undeclared attention implementation adds nothing, so rows recorded before it was a part keep their identity.
+    The attention implementation is a part only when the manifest declares one: an undeclared one adds nothing to the
+    hash, so the identity of a model that does not choose one is the hash of shape, config and toolchain alone.
     """
     parts = {"shape": shape_hash, "config": config_hash, "toolchain": toolchain_hash}
     if attn_implementation is not None:

@@ -158,55 +158,15 @@ def _model_path(text: str, anchor: Anchor) -> str:
 
 def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
     before = len(check.problems)
-    name = check.string(entry, "name", where, required=True)
-    if name is not None and not _NAME_RE.match(name):
-        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
-    elif name is not None:
-        check.name(where, f"model {name!r}")  # every later problem of this entry says which model it is
+    name = _parse_name(check, entry, where)
     check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     path = check.file_path(entry, "path", where, required=True)
     revision = check.string(entry, "revision", where)
-
-    dtype_raw = check.string(entry, "dtype", where, default="float32")
-    dtype = DTYPE_ALIASES.get(dtype_raw or "")
-    if dtype is None:
-        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
-
-    if entry.get("device") == "auto":
-        check.problem(
-            f"{where}.device",
-            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and compiles nothing; name the device (neuron, cpu or cuda)",
-        )
-        device = None
-    else:
-        device = check.choice(entry, "device", where, DEVICES, "cpu")
-    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
-    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
-        check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
-    mode = check.choice(entry, "mode", where, MODES, "default")
+    dtype = _parse_dtype(check, entry, where)
+    device, backend, mode = _parse_target(check, entry, where)
     attn_implementation = check.string(entry, "attn_implementation", where)
-    aotinductor = entry.get("precompile") == AOTINDUCTOR
-    if isinstance(entry.get("precompile"), str) and not aotinductor:
-        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
-        precompile = False
-    else:
-        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
-    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
-        check.problem(
-            f"{where}.precompile",
-            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
-        )
-    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
-        check.problem(
-            f"{where}.precompile",
-            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
-        )
-
-    distributed = check.table(entry, "distributed", f"{where}.distributed")
-    check.unknown_keys(distributed, allowed_keys(ModelSpec, "distributed"), f"{where}.distributed")
-    tp = check.positive_int(distributed, "tp_size", f"{where}.distributed", default=1) or 1
-    fsdp = check.positive_int(distributed, "fsdp_size", f"{where}.distributed", default=1) or 1
-
+    precompile, aotinductor = _parse_precompile(check, entry, where, device, backend, mode)
+    tp, fsdp = _parse_distributed(check, entry, where)
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
     if aotinductor:
@@ -233,6 +193,72 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
         generate=tuple(generate),
         train=tuple(train),
     )
+
+
+def _parse_name(check: Checker, entry: dict[str, Any], where: str) -> str | None:
+    """The model's name; once it is known, every later problem of the entry names the model."""
+    name = check.string(entry, "name", where, required=True)
+    if name is not None and not _NAME_RE.match(name):
+        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+    elif name is not None:
+        check.name(where, f"model {name!r}")
+    return name
+
+
+def _parse_dtype(check: Checker, entry: dict[str, Any], where: str) -> str | None:
+    """The canonical dtype name of any spelling the manifest accepts (``float32`` when unset)."""
+    dtype_raw = check.string(entry, "dtype", where, default="float32")
+    dtype = DTYPE_ALIASES.get(dtype_raw or "")
+    if dtype is None:
+        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
+    return dtype
+
+
+def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[str | None, str | None, str | None]:
+    """``(device, backend, mode)``: a device named outright, and a backend that compiles for it."""
+    if entry.get("device") == "auto":
+        check.problem(
+            f"{where}.device",
+            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and compiles nothing; name the device (neuron, cpu or cuda)",
+        )
+        device = None
+    else:
+        device = check.choice(entry, "device", where, DEVICES, "cpu")
+    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
+    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
+        check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
+    mode = check.choice(entry, "mode", where, MODES, "default")
+    return device, backend, mode
+
+
+def _parse_precompile(check: Checker, entry: dict[str, Any], where: str, device: str | None, backend: str | None, mode: str | None) -> tuple[bool, bool]:
+    """``(precompile, aotinductor)``: ``precompile = true`` or ``"aotinductor"``, each only where it can be built."""
+    aotinductor = entry.get("precompile") == AOTINDUCTOR
+    if isinstance(entry.get("precompile"), str) and not aotinductor:
+        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
+        precompile = False
+    else:
+        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
+    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
+        check.problem(
+            f"{where}.precompile",
+            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+        )
+    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+        check.problem(
+            f"{where}.precompile",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
+        )
+    return precompile, aotinductor
+
+
+def _parse_distributed(check: Checker, entry: dict[str, Any], where: str) -> tuple[int, int]:
+    """``(tp_size, fsdp_size)`` of the ``distributed`` table, 1 each when unset."""
+    distributed = check.table(entry, "distributed", f"{where}.distributed")
+    check.unknown_keys(distributed, allowed_keys(ModelSpec, "distributed"), f"{where}.distributed")
+    tp = check.positive_int(distributed, "tp_size", f"{where}.distributed", default=1) or 1
+    fsdp = check.positive_int(distributed, "fsdp_size", f"{where}.distributed", default=1) or 1
+    return tp, fsdp
 
 
 def _check_aotinductor(check: Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:

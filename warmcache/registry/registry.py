@@ -52,6 +52,7 @@ class Registry(ClaimRows, RowQueries, MissLog):
 
     def __init__(self, engine: Engine, location: RegistryLocation) -> None:
         self.engine = engine
+        #: Where it is: shown as ``location.display`` (password hidden), the one way a registry URL is shown.
         self.location = location
         #: What "now" is for leases and timestamps; tests move it instead of sleeping.
         self.clock: Callable[[], dt.datetime] = utcnow
@@ -100,15 +101,6 @@ class Registry(ClaimRows, RowQueries, MissLog):
             self.engine.pool.dispose()
 
     @property
-    def url(self) -> str:
-        """The SQLAlchemy URL, password included: for connecting, never for showing (:attr:`display_url`)."""
-        return self.location.url
-
-    @property
-    def display_url(self) -> str:
-        return self.location.display
-
-    @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
@@ -136,7 +128,7 @@ class Registry(ClaimRows, RowQueries, MissLog):
             # Any driver error (connection lost, not a database, permission denied) is the
             # registry's, reported in one line; callers never see a driver traceback.
             kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
-            raise kind(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
+            raise kind(f"registry {self.location.display}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
 

@@ -160,7 +160,7 @@ def check_request(
     records = registry.rows(model=model, workload=workload)
     if not records:
         # A deployment gate asks "can this run without compiling?": with no rows the answer is no.
-        reason = f"model {model!r} has no {workload} shapes in registry {registry.display_url}"
+        reason = f"model {model!r} has no {workload} shapes in registry {registry.location.display}"
         return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
     checker = RequestChecker(records, model=model, workload=workload)
     return checker.check(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)

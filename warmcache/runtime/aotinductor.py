@@ -120,9 +120,10 @@ def open_loader(package: Path) -> Any:
     """
     import torch
 
+    # The binding names its arguments arg0..arg4, so they can only be passed in order: each is named here.
+    model_name, run_single_threaded, num_runners, device_index = "model", False, 1, -1  # device -1: the package's own
     with _temporary_files_in(package.parent):
-        # pybind takes these positionally only: model name, run single-threaded, runners, device index (-1: as built).
-        return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        return torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, run_single_threaded, num_runners, device_index)
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.identity.fingerprint import config_hash
@@ -67,6 +67,21 @@ class GuardOptions(TypedDict, total=False):
 log = logging.getLogger("warmcache.runtime")
 
 
+class RowFilter(NamedTuple):
+    """Which of a model's rows a guard serves from: each ``None`` keeps every value."""
+
+    dtype: str | None
+    max_cache_len: int | None
+    backend: str | None
+
+    def keeps(self, row: ShapeRecord) -> bool:
+        return (
+            (self.dtype is None or row.dtype == self.dtype)
+            and (self.max_cache_len is None or row.max_cache_len == self.max_cache_len)
+            and (self.backend is None or row.backend == self.backend)
+        )
+
+
 class ShapeGuard:
     """The compiled buckets of one shape family and the policy for everything else."""
 
@@ -96,7 +111,7 @@ class ShapeGuard:
         self.source = source
         self.artifact_trust = artifact_trust or ArtifactTrust.registry(source)
         self.primed = False
-        self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
+        self._filters = RowFilter(DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
         self._load = load
         self._config_hash: str | None = None
         self._attn_implementation: str | None = None
@@ -188,14 +203,9 @@ class ShapeGuard:
         self._reload(expect=self.family)
 
     def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
-        dtype, max_cache_len, backend = self._filters
         if not reuse:
             self._loaded = self._load()
-        loaded = [
-            r
-            for r in self._loaded
-            if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len) and (backend is None or r.backend == backend)
-        ]
+        loaded = [r for r in self._loaded if self._filters.keeps(r)]
         rows = [
             r
             for r in usable_records(loaded)

@@ -78,10 +78,7 @@ def push_objects(
     """
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
-    try:
-        shapes = files_per_shape(records, location)
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+    shapes = files_per_shape(records, location)
     blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
     checked_at = time.monotonic()
     uploaded, present, sent = _upload_missing(store, blobs, progress)
@@ -130,7 +127,15 @@ def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tupl
 
 
 def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
-    """Each shape's files (its entries plus the cache's kernel files), each file hashed once."""
+    """Each shape's files (its entries plus the cache's kernel files), each file hashed once; a file that cannot be
+    read is one line naming it, before anything is pushed."""
+    try:
+        return _files_per_shape(records, location)
+    except OSError as exc:
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+
+
+def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
     kernels = shared_kernels(location)
     hashed: dict[str, BundleFile] = {}
 

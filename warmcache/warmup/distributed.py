@@ -25,15 +25,12 @@ model's collectives leaves the others blocked in it: torch.distributed cannot
 recover that in-process, so torchrun tears the group down (or the collective
 times out), rank 0's claim is given back or expires, and the spec is claimed again.
 
-Measured on CPU, torch 2.13 + transformers 5.24, tiny Qwen3/Llama, gloo, 2 ranks:
-TP=2 loads sharded (q_proj local shard 32×64 of 64×64) and ``generate()`` with a
-static cache compiles one decode graph per rank (aot_eager, eager and Inductor)
-with the same tokens as one process; FSDP=2 generates too (5 graphs: FSDP hooks
-break the graph). A plain compiled TP training step recompiles once on its second
-step (transformers installs gradient hooks lazily on the first forward), then is
-stable. The ``Trainer`` refuses TP on CPU (accelerate: "ParallelismConfig is only
-compatible DistributedType.FSDP (version 2) or DistributedType.Multi{Device} or
-DistributedType.DEEPSPEED, but got DistributedType.MULTI_CPU").
+What holds on CPU (torch 2.13, transformers 5.24, gloo, 2 ranks): TP=2 loads
+sharded and ``generate()`` with a static cache compiles one decode graph per rank (aot_eager, eager and Inductor) with the same tokens as one
+process; FSDP=2 generates too, in 5 graphs (FSDP hooks break the graph). A compiled
+TP training step recompiles once, on its second step (transformers installs gradient
+hooks lazily on the first forward), then is stable. The ``Trainer`` refuses TP on CPU
+(accelerate allows ParallelismConfig only with FSDP2, multi-device or DeepSpeed).
 """
 
 from __future__ import annotations
@@ -42,7 +39,8 @@ import datetime as dt
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -158,11 +156,14 @@ def coordination() -> Coordination:
     return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
 
 
-def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], WarmupSummary]) -> WarmupSummary:
-    """One rank of a torchrun warmup: rank 0 runs ``warm`` (the normal runner), the others follow it.
+@contextmanager
+def rank_group(manifest: Manifest, options: WarmupOptions) -> Iterator[bool]:
+    """This process as one rank of a torchrun warmup's process group; yields whether it leads (rank 0).
 
-    Rank 0's summary is the group's; the other ranks return an empty one and
-    print nothing (see ``is_registry_writer``).
+    Rank 0 runs the normal runner inside the block and speaks for the group; the
+    other ranks run :func:`follow` there and print nothing (see ``is_registry_writer``).
+    When rank 0's block ends without an error it tells the followers it is done; the
+    group is shut down either way.
     """
     models = [m for m in manifest.models if m.world_size == world_size()]
     if not models:
@@ -174,16 +175,20 @@ def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], W
         raise UsageError(f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests")
     init_process_group(devices[0])
     try:
-        if is_registry_writer():
-            summary = warm()
+        leads = is_registry_writer()
+        yield leads
+        if leads:
             broadcast_from_writer(None)  # done: the followers leave their loop
-            return summary
-        from warmcache.warmup.worker import Worker
-
-        follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
-        return WarmupSummary(WarmupPlan([], options.retry_failed), options.dry_run)
     finally:
         shutdown()
+
+
+def follow(manifest: Manifest, options: WarmupOptions) -> WarmupSummary:
+    """A follower rank's part of the warmup: run what rank 0 announces; its summary is empty (rank 0's is the group's)."""
+    from warmcache.warmup.worker import Worker
+
+    follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
+    return WarmupSummary(WarmupPlan([], options.retry_failed), options.dry_run)
 
 
 def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:

@@ -66,9 +66,10 @@ def run_warmup(
     summary is empty, rank 0 speaks for the group. Outside torchrun, models that
     need several ranks are warmed by a torchrun this launches.
     """
-    if distributed.in_torchrun():
-        return distributed.run_as_rank(manifest, options, lambda: _warm(manifest, options, progress, on_compiled))
-    return _warm(manifest, options, progress, on_compiled)
+    if not distributed.in_torchrun():
+        return _warm(manifest, options, progress, on_compiled)
+    with distributed.rank_group(manifest, options) as leads:
+        return _warm(manifest, options, progress, on_compiled) if leads else distributed.follow(manifest, options)
 
 
 def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None) -> WarmupSummary:

@@ -64,10 +64,7 @@ def push_image(
     """Merge the manifest's compiled shapes (only ``identities`` if given) into the tag; see the module docstring."""
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
-    try:
-        shapes = files_per_shape(records, location)
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+    shapes = files_per_shape(records, location)
     ours: dict[str, dict[str, Any]] = {}
     for record in records:
         index = build_index(record, location.flavor, shapes[record.identity])
