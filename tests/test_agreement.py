@@ -32,7 +32,9 @@ BEST = torch.tensor([[0, 1, 2]])
 
 
 @pytest.mark.parametrize(("times_eager", "agrees"), [(0.5, True), (FACTOR * 0.9, True), (FACTOR * 1.2, False)])
-def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_times_the_factor(times_eager: float, agrees: bool) -> None:
+def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_times_the_factor(
+    times_eager: float, agrees: bool
+) -> None:
     reference = _reference()
     eager = _off_by(reference, 0.01, seed=1)  # the model's own step-by-step decode: 1 % from its one-pass logits
     verdict = judge(reference, eager, BEST, "bfloat16", _off_by(reference, 0.01 * times_eager, seed=2))
@@ -40,8 +42,13 @@ def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_time
     assert verdict.agrees is agrees, verdict.describe()
 
 
-@pytest.mark.parametrize(("dtype", "distance", "agrees"), [("float32", 2e-7, True), ("float32", 1e-5, False), ("bfloat16", 0.01, True), ("bfloat16", 0.03, False)])
-def test_when_the_eager_decode_is_the_reference_bitwise_two_epsilons_of_the_dtype_still_pass(dtype: str, distance: float, agrees: bool) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "distance", "agrees"),
+    [("float32", 2e-7, True), ("float32", 1e-5, False), ("bfloat16", 0.01, True), ("bfloat16", 0.03, False)],
+)
+def test_when_the_eager_decode_is_the_reference_bitwise_two_epsilons_of_the_dtype_still_pass(
+    dtype: str, distance: float, agrees: bool
+) -> None:
     reference = _reference()
     verdict = judge(reference, reference.clone(), BEST, dtype, _off_by(reference, distance, seed=3))
     assert verdict.eager_logit_error == 0 and verdict.agrees is agrees, verdict.describe()

@@ -33,10 +33,24 @@ REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 def _warm(root: Path, model_path: Path, device: str) -> Path:
     """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify`` with ``precompile = "aotinductor"``."""
     manifest = root / "manifest.toml"
-    declared = model("m", str(model_path), device=device, backend="inductor", precompile="aotinductor", generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)])
-    manifest.write_text(manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"}))
+    declared = model(
+        "m",
+        str(model_path),
+        device=device,
+        backend="inductor",
+        precompile="aotinductor",
+        generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)],
+    )
+    manifest.write_text(
+        manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"})
+    )
     for command in ("warmup", "verify"):
-        done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
         (root / f"{command}.stderr").write_text(done.stderr)  # its plain progress lines
     return root
@@ -68,13 +82,20 @@ def _assert_served_by_packages(served: dict[str, Any]) -> None:
 @pytest.mark.slow
 def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -> None:
     # The reference decode is eager and runs only the short call the package is exported from; verify proves the package to the cache's end.
-    for command, then in (("warmup", ["exporting the decode step", "building the package"]), ("verify", ["proving the precompiled artifact"])):
+    for command, then in (
+        ("warmup", ["exporting the decode step", "building the package"]),
+        ("verify", ["proving the precompiled artifact"]),
+    ):
         said = (packaged / f"{command}.stderr").read_text()
         loads = 0
         for batch in BATCHES:
             spec = f"m/generate float32 max_cache_len={MAX_CACHE_LEN} batch={batch} seq={PROMPT}: "
             # Each phase as it starts, less how long the one before took.
-            phases = [re.sub(r" \([^()]* took [^()]*\)$", "", line[len(spec) :]) for line in said.splitlines() if line.startswith(spec) and " for " not in line]
+            phases = [
+                re.sub(r" \([^()]* took [^()]*\)$", "", line[len(spec) :])
+                for line in said.splitlines()
+                if line.startswith(spec) and " for " not in line
+            ]
             if phases[:1] == ["loading the model"]:
                 loads += 1
                 phases = phases[1:]
@@ -83,7 +104,9 @@ def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -
 
 
 @pytest.mark.slow
-def test_fresh_process_serves_ragged_requests_from_packages_without_the_compiler(packaged: Path, tiny_models: dict[str, Path]) -> None:
+def test_fresh_process_serves_ragged_requests_from_packages_without_the_compiler(
+    packaged: Path, tiny_models: dict[str, Path]
+) -> None:
     _assert_served_by_packages(_serve(packaged, tiny_models["llama"]))
 
 
@@ -92,7 +115,9 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
     rows = _rows(packaged)
     assert sorted(rows) == list(BATCHES) and all(row.status == "verified" for row in rows.values())
     entries = {batch: _package(row) for batch, row in rows.items()}
-    assert len(set(entries.values())) == len(BATCHES) and all(entry_of("inductor", e) == (AOTINDUCTOR, e) for e in entries.values())
+    assert len(set(entries.values())) == len(BATCHES) and all(
+        entry_of("inductor", e) == (AOTINDUCTOR, e) for e in entries.values()
+    )
     data = (packaged / "cache" / entries[4]).read_bytes()
     header = json.loads(data.split(b"\n")[1])
     assert header["fingerprint"]["batch_size"] == 4 and header["aotinductor"]["cpu_capability"]
@@ -101,7 +126,9 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
 
 
 @pytest.mark.slow
-def test_tampered_package_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_tampered_package_is_refused_before_loading(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     from warmcache.runtime.aotinductor import load_package
     from warmcache.runtime.precompiled import expected_fingerprint
 
@@ -128,7 +155,9 @@ def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path,
 
 
 @pytest.mark.slow
-def test_model_whose_config_differs_from_the_rows_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path]) -> None:
+def test_model_whose_config_differs_from_the_rows_is_refused_before_loading(
+    packaged: Path, tiny_models: dict[str, Path]
+) -> None:
     from warmcache.runtime.guard import ShapeGuard
 
     guard = ShapeGuard.from_registry(f"sqlite:///{packaged}/registry.sqlite", "m", telemetry=False)
@@ -162,7 +191,9 @@ def test_package_built_for_a_wider_cpu_is_refused() -> None:
         ({"precompile": "aotinductr"}, {}, r"model\[0\]\.precompile.*'aotinductor'"),
     ],
 )
-def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], workload: dict[str, Any], at: str, write_manifest) -> None:  # type: ignore[no-untyped-def]
+def test_manifest_refuses_what_a_package_cannot_serve(
+    keys: dict[str, Any], workload: dict[str, Any], at: str, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
     from warmcache.manifest import load_manifest
 
     declared = {"precompile": "aotinductor", "backend": "inductor", **keys}
@@ -172,17 +203,24 @@ def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], work
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device on this machine (CI has none); runs on a GPU host")
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(),
+    reason="no CUDA device on this machine (CI has none); runs on a GPU host",
+)
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = _warm(tmp_path, tiny_models["llama"], "cuda")
     served = _serve(root, tiny_models["llama"], "cuda")
-    print(json.dumps({k: v for k, v in served.items() if k != "results"}))  # the figures tools/cuda_aoti_check.sh collects
+    print(
+        json.dumps({k: v for k, v in served.items() if k != "results"})
+    )  # the figures tools/cuda_aoti_check.sh collects
     _assert_served_by_packages(served)
     shutil.rmtree(root / "cache", ignore_errors=True)
 
 
 @pytest.mark.slow
-def test_packages_run_the_weights_of_the_model_that_loads_them(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_packages_run_the_weights_of_the_model_that_loads_them(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     """Another checkpoint of the same config shares the packages: its own weights are bound, its own tokens come out."""
     import torch
     from tiny_model import build_tiny_model
@@ -194,8 +232,12 @@ def test_packages_run_the_weights_of_the_model_that_loads_them(packaged: Path, t
     assert guard.prime(other).artifacts_loaded == len(BATCHES)
     ids = torch.randint(5, 300, (1, PROMPT), generator=torch.Generator().manual_seed(7))
     out = guard.generate(other, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6)
-    eager = other.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
-    original = _model(tiny_models["llama"]).generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
+    eager = other.generate(
+        input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+    )
+    original = _model(tiny_models["llama"]).generate(
+        input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+    )
     assert out.tolist() == eager.tolist() != original.tolist()
 
 
@@ -231,9 +273,19 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
 
     from warmcache.runtime.aotinductor import PackagedDecodeStep
 
-    step = PackagedDecodeStep(loader=None, inputs=[("cache.layers[0].keys", (1, 2, 4, 8), "torch.float32")], fixed={}, device="cpu", where="pkg")
+    step = PackagedDecodeStep(
+        loader=None,
+        inputs=[("cache.layers[0].keys", (1, 2, 4, 8), "torch.float32")],
+        fixed={},
+        device="cpu",
+        where="pkg",
+    )
     step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {})
-    for bad in (torch.zeros(1, 2, 8, 4).transpose(2, 3), torch.zeros(2, 2, 4, 8), torch.zeros(1, 2, 4, 8, dtype=torch.float16)):
+    for bad in (
+        torch.zeros(1, 2, 8, 4).transpose(2, 3),
+        torch.zeros(2, 2, 4, 8),
+        torch.zeros(1, 2, 4, 8, dtype=torch.float16),
+    ):
         with pytest.raises(UsageError, match="differs from the package's"):
             step._check(["cache.layers[0].keys"], [bad], {})
     with pytest.raises(UsageError, match="is not the one the package was built for"):
@@ -310,7 +362,9 @@ def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every policy,
     over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing compiled."""
     from warmcache.runtime.snapshot import snapshot_document
@@ -330,7 +384,10 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
     document = snapshot_document(list(rows.values()), "build host")
     for record in document["records"]:
         record["cache_root"] = str(evil_root)
-        record["artifacts"] = [{**a, "path": forged} if record["batch_size"] == 1 and a["kind"] == AOTINDUCTOR else a for a in record["artifacts"]]
+        record["artifacts"] = [
+            {**a, "path": forged} if record["batch_size"] == 1 and a["kind"] == AOTINDUCTOR else a
+            for a in record["artifacts"]
+        ]
     keys = {name: tmp_path / name for name in ("ours", "theirs")}
     for key in keys.values():
         generate_key(key)
@@ -360,7 +417,12 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     script = tmp_path / "attack.py"
     script.write_text(ATTACK)
-    done = subprocess.run([sys.executable, str(script), str(tiny_models["llama"]), str(tmp_path / "cases.json"), str(marker)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_models["llama"]), str(tmp_path / "cases.json"), str(marker)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {
@@ -395,10 +457,16 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     step = Step()
     assert "inv_freq" not in step.state_dict()
     assert {"embed.weight", "head.weight", "inv_freq"} <= set(named_tensors(step))
-    assert constant_header(step, ["inv_freq", "head.weight"]) == {"head.weight": [[8, 4], "torch.float32"], "inv_freq": [[2], "torch.float32"]}
+    assert constant_header(step, ["inv_freq", "head.weight"]) == {
+        "head.weight": [[8, 4], "torch.float32"],
+        "inv_freq": [[2], "torch.float32"],
+    }
     with pytest.raises(CacheError) as missing:
         constant_header(step, ["inv_freq", "rotary.inv_freq", "other"])
-    assert str(missing.value) == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
+    assert (
+        str(missing.value)
+        == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
+    )
 
 
 @pytest.mark.slow

@@ -27,4 +27,10 @@ def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) ->
     planned = plan_manifest(load_manifest(path))[0]
     record = compiled_record(planned, 7)
     assert isinstance(record, ShapeRecord)
-    assert (record.id, record.identity, record.status, record.batch_size, record.seq_len) == (7, planned.identity, Status.COMPILED, 1, 8)
+    assert (record.id, record.identity, record.status, record.batch_size, record.seq_len) == (
+        7,
+        planned.identity,
+        Status.COMPILED,
+        1,
+        8,
+    )

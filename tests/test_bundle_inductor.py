@@ -20,7 +20,9 @@ from warmcache.registry import Registry
 
 
 @pytest.mark.slow
-def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(inductor_warmup: InductorWarmup, tmp_path: Path) -> None:
+def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(
+    inductor_warmup: InductorWarmup, tmp_path: Path
+) -> None:
     warmup = inductor_warmup.report
     assert warmup["compiled"] == 4 and warmup["ok"], warmup
     build = inductor_warmup.copy(tmp_path / "build")
@@ -52,7 +54,9 @@ def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_else
     # Production: an empty cache and an empty registry; the build cache is gone.
     shutil.move(build_cache, tmp_path / "build-cache-moved")
     prod_cache, prod_db = tmp_path / "prod-cache", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    unpacked = warmcache("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(prod_cache), "--db", prod_db)
+    unpacked = warmcache(
+        "bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(prod_cache), "--db", prod_db
+    )
     assert unpacked["entries_added"] == packed["entries"] and unpacked["rows"]["inserted"] == 1
     verify = warmcache("verify", str(manifest), "--cache-dir", str(prod_cache), "--db", prod_db, ok_codes=(0, 1))
     [spec] = verify["specs"]

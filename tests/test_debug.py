@@ -29,19 +29,27 @@ def _missing_registry(tmp_path: Path, *flags: str, env: dict[str, str] | None = 
 def test_an_error_is_one_line_without_debug(tmp_path: Path) -> None:
     result = _missing_registry(tmp_path)
     assert result.exit_code == 3
-    assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith("warmcache: error: registry ")
+    assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(
+        "warmcache: error: registry "
+    )
     assert "Traceback" not in result.output and "debug:" not in result.output
 
 
 @pytest.mark.parametrize("how", ["--debug", "WARMCACHE_DEBUG=1"])
 def test_debug_prints_the_decisions_and_the_traceback(tmp_path: Path, how: str) -> None:
-    result = _missing_registry(tmp_path, *([how] if how == "--debug" else []), env={"WARMCACHE_DEBUG": "1"} if how != "--debug" else None)
+    result = _missing_registry(
+        tmp_path, *([how] if how == "--debug" else []), env={"WARMCACHE_DEBUG": "1"} if how != "--debug" else None
+    )
     assert result.exit_code == 3
     lines = result.stderr.splitlines()
-    assert any(line.startswith("warmcache: debug: registry.registry: opening registry sqlite:///") for line in lines), result.stderr
+    assert any(line.startswith("warmcache: debug: registry.registry: opening registry sqlite:///") for line in lines), (
+        result.stderr
+    )
     assert "warmcache: debug: cli: Exception information:" in lines and "Traceback (most recent call last):" in lines
     assert "in _refuse_missing_sqlite_file" in result.stderr  # where it was raised
-    assert lines[-1].startswith("warmcache: error: registry ") and lines[-1].endswith("(or a warmcache warmup)")  # the one line, last
+    assert lines[-1].startswith("warmcache: error: registry ") and lines[-1].endswith(
+        "(or a warmcache warmup)"
+    )  # the one line, last
 
 
 def test_debug_shows_the_cause_that_from_none_keeps_out_of_the_message(tmp_path: Path, write_manifest) -> None:
@@ -86,11 +94,19 @@ def test_a_failed_lease_renewal_is_logged_not_dropped(caplog: pytest.LogCaptureF
         assert registry.failed.wait(5)
         time.sleep(0.05)
     record = next(r for r in caplog.records if "could not renew leases" in r.getMessage())
-    assert record.levelno == logging.WARNING and "rows [7]" in record.getMessage() and "database is locked" in record.getMessage()
+    assert (
+        record.levelno == logging.WARNING
+        and "rows [7]" in record.getMessage()
+        and "database is locked" in record.getMessage()
+    )
 
 
 def test_claims_that_cannot_be_given_back_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="warmcache.warmup.claims")
     claims._give_back(_FlakyRegistry(), [], [3, 4], "host:1")  # type: ignore[arg-type]
     (record,) = [r for r in caplog.records if r.name == "warmcache.warmup.claims"]
-    assert record.levelno == logging.WARNING and "could not give back claims [3, 4]" in record.getMessage() and "disk I/O error" in record.getMessage()
+    assert (
+        record.levelno == logging.WARNING
+        and "could not give back claims [3, 4]" in record.getMessage()
+        and "disk I/O error" in record.getMessage()
+    )

@@ -24,7 +24,9 @@ TWO_RANKS = manifest_toml(
     model("fsdp", "{llama}", backend="aot_eager", distributed={"fsdp_size": 2}, train=[train()]),
 )
 
-TP_ONE_SHAPE = manifest_toml(model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])]))
+TP_ONE_SHAPE = manifest_toml(
+    model("tp", backend="aot_eager", distributed={"tp_size": 2}, generate=[generate(batch_sizes=[2])])
+)
 
 MIXED = manifest_toml(
     model("solo", "{llama}", backend="eager", generate=[generate()]),
@@ -51,9 +53,22 @@ class TwoRanks:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> TwoRanks:
     root = tmp_path_factory.mktemp("two-ranks")
     manifest = root / "manifest.toml"
-    manifest.write_text(TWO_RANKS.replace("{qwen3}", str(tiny_models["qwen3"])).replace("{llama}", str(tiny_models["llama"])))
+    manifest.write_text(
+        TWO_RANKS.replace("{qwen3}", str(tiny_models["qwen3"])).replace("{llama}", str(tiny_models["llama"]))
+    )
     url = f"sqlite:///{root / 'registry.sqlite'}"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "warmcache", "warmup", str(manifest), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "warmcache",
+        "warmup",
+        str(manifest),
+        "--json",
+    ]
     return TwoRanks(manifest, url, root / "cache", _run(command, url, root / "cache"))
 
 
@@ -67,7 +82,9 @@ def test_torchrun_warms_tensor_and_fully_sharded_models(two_ranks: TwoRanks) -> 
 
     with Registry.open(url) as registry:
         rows = registry.rows()
-    assert sorted((r.model_name, r.workload, r.batch_size, r.tp_size, r.fsdp_size, r.status, r.attempts) for r in rows) == [
+    assert sorted(
+        (r.model_name, r.workload, r.batch_size, r.tp_size, r.fsdp_size, r.status, r.attempts) for r in rows
+    ) == [
         ("fsdp", "train", 2, 1, 2, "compiled", 1),
         ("tp", "generate", 1, 2, 1, "compiled", 1),
         ("tp", "generate", 2, 2, 1, "compiled", 1),
@@ -75,7 +92,9 @@ def test_torchrun_warms_tensor_and_fully_sharded_models(two_ranks: TwoRanks) -> 
     assert {r.identity for r in rows} == {p.identity for p in plan_manifest(load_manifest(manifest))}
 
 
-def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_fails_the_spec(tmp_path: Path, write_manifest) -> None:
+def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_fails_the_spec(
+    tmp_path: Path, write_manifest
+) -> None:
     """One ``warmcache warmup``: the single-process model here, the TP model under a torchrun it starts.
 
     The Trainer refuses tensor parallelism on CPU (accelerate's MULTI_CPU), so the
@@ -95,13 +114,22 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     with Registry.open(url) as registry:
         rows = {(r.model_name, r.workload): r for r in registry.rows()}
     assert (rows["solo", "generate"].tp_size, rows["solo", "generate"].status) == (1, "compiled")
-    assert (rows["tp", "generate"].tp_size, rows["tp", "generate"].status, rows["tp", "generate"].attempts) == (2, "compiled", 1)
+    assert (rows["tp", "generate"].tp_size, rows["tp", "generate"].status, rows["tp", "generate"].attempts) == (
+        2,
+        "compiled",
+        1,
+    )
     assert (rows["tp", "train"].status, rows["tp", "train"].attempts) == ("failed", 1)
     assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
     # Rank 0 sends its phases through the torchrun child to this process, which names each line's spec; the other rank sends none.
     lines = done.stderr.splitlines()
     for phase in ("loading the model", "compiling the decode step"):
-        assert sum(line.startswith(f"{outcomes['tp/generate']['spec']}: {phase}") and " for " not in line for line in lines) == 1, done.stderr[-4000:]
+        assert (
+            sum(
+                line.startswith(f"{outcomes['tp/generate']['spec']}: {phase}") and " for " not in line for line in lines
+            )
+            == 1
+        ), done.stderr[-4000:]
 
 
 def test_verify_replays_sharded_specs_under_torchrun(two_ranks: TwoRanks, tmp_path: Path, write_manifest) -> None:
@@ -117,7 +145,9 @@ def test_verify_replays_sharded_specs_under_torchrun(two_ranks: TwoRanks, tmp_pa
     assert (spec["verdict"], spec["reason"]) == ("replay-only", "backend keeps no persistent cache")
     assert spec["graphs_traced"] >= 1
     # The replay's rank 0 says its phases (once: the other rank reports nowhere).
-    assert sum(line.startswith(f"{spec['spec']}: loading the model") for line in done.stderr.splitlines()) == 1, done.stderr[-4000:]
+    assert sum(line.startswith(f"{spec['spec']}: loading the model") for line in done.stderr.splitlines()) == 1, (
+        done.stderr[-4000:]
+    )
     with Registry.open(url) as registry:
         (row,) = [r for r in registry.rows(model="tp") if r.batch_size == 2]
     assert (row.tp_size, row.status) == (2, "compiled")

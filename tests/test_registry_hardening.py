@@ -25,7 +25,9 @@ UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] i
 
 
 @pytest.mark.parametrize("trial", range(3))  # the race was lost in 5 of 8 trials before the lock
-def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_schema(postgres_url: str, trial: int) -> None:
+def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_schema(
+    postgres_url: str, trial: int
+) -> None:
     barrier, failures, changes = threading.Barrier(4), [], []
 
     def upgrade() -> None:
@@ -43,7 +45,9 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert failures == [] and not any(thread.is_alive() for thread in threads)  # racing DDL could also wait on itself forever
+    assert failures == [] and not any(
+        thread.is_alive() for thread in threads
+    )  # racing DDL could also wait on itself forever
     engine = create_registry_engine(RegistryLocation.parse(postgres_url))
     try:
         head = schema.head_revision(engine)

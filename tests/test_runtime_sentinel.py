@@ -25,7 +25,10 @@ def test_strict_sentinel_turns_a_recompile_into_unseen_shape_error(policy: str) 
     with recompile_sentinel(policy, "bucket batch=2") as report:
         double(torch.ones(2))  # a cache hit is fine
     assert report.graphs == 0
-    with pytest.raises(UnseenShapeError, match=r"bucket batch=2: torch.compile would recompile here \(policy " + policy + r"\).*size mismatch"):
+    with pytest.raises(
+        UnseenShapeError,
+        match=r"bucket batch=2: torch.compile would recompile here \(policy " + policy + r"\).*size mismatch",
+    ):
         with recompile_sentinel(policy, "bucket batch=2"):
             double(torch.ones(3))
 

@@ -51,7 +51,9 @@ def test_decision_matches_brute_force(compiled: set[tuple[int, int]], batch: int
 
 
 def test_settings_travel_through_the_registry_object_unchanged() -> None:
-    generate = GenerateSettings(64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid")
+    generate = GenerateSettings(
+        64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid"
+    )
     assert from_stored("generate", generate.stored(), 64, "row g") == generate
     assert "max_cache_len" not in generate.stored()  # a column of its own
     train = TrainSettings(bf16=True)

@@ -81,7 +81,9 @@ def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_pat
 def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
     from warmcache.identity.plan import plan_manifest
 
-    parsed = load_manifest(write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))]))))
+    parsed = load_manifest(
+        write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))])))
+    )
     planned = plan_manifest(parsed)
     shards = [Shard.parse(f"{i}/3").select(planned) for i in (1, 2, 3)]
     ids = [p.identity for shard in shards for p in shard]
@@ -101,13 +103,29 @@ def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("NEURON_CC_FLAGS", "-O1 --cache_dir /var/cache --model-type transformer")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     neuron = NeuronTarget("neuron", "neuron").toolchain_factors()
-    assert (neuron.platform, neuron.neuron_cc_flags, neuron.packages, neuron.cuda_driver) == ("neuron:trn2", "--model-type=transformer -O1", (), None)
+    assert (neuron.platform, neuron.neuron_cc_flags, neuron.packages, neuron.cuda_driver) == (
+        "neuron:trn2",
+        "--model-type=transformer -O1",
+        (),
+        None,
+    )
     cpu = InductorTarget("cpu", "inductor").toolchain_factors()
     assert cpu.platform.startswith("cpu:") and (cpu.neuron_cc_flags, cpu.packages, cpu.cuda_driver) == ("", (), None)
     cuda = InductorTarget("cuda", "inductor").toolchain_factors()
     assert cuda.platform.startswith("cuda:") and cuda.packages == CUDA_PACKAGES and cuda.cuda_driver is not None
-    for device, backend, factors in (("neuron", "neuron", neuron), ("cpu", "inductor", cpu), ("cuda", "inductor", cuda)):
+    for device, backend, factors in (
+        ("neuron", "neuron", neuron),
+        ("cpu", "inductor", cpu),
+        ("cuda", "inductor", cuda),
+    ):
         toolchain = current_toolchain(device, backend)
-        assert (toolchain.platform, toolchain.neuron_cc_flags, toolchain.cuda_driver) == (factors.platform, factors.neuron_cc_flags, factors.cuda_driver)
+        assert (toolchain.platform, toolchain.neuron_cc_flags, toolchain.cuda_driver) == (
+            factors.platform,
+            factors.neuron_cc_flags,
+            factors.cuda_driver,
+        )
         assert tuple(name for name, _ in toolchain.packages) == (*fingerprint._TOOLCHAIN_PACKAGES, *factors.packages)
-    assert '"neuron"' not in Path(fingerprint.__file__).read_text() and '"cuda"' not in Path(fingerprint.__file__).read_text()
+    assert (
+        '"neuron"' not in Path(fingerprint.__file__).read_text()
+        and '"cuda"' not in Path(fingerprint.__file__).read_text()
+    )

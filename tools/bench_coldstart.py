@@ -75,10 +75,17 @@ def child(args: argparse.Namespace) -> None:
 
     def generate() -> float:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
+        kwargs = generate_kwargs(
+            GenerateSettings(args.max_cache_len),
+            max_new_tokens=new,
+            config=compile_config(args.backend, "default", "cpu"),
+            model_config=model.config,
+        )
         begin = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)
+            model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs
+            )
         return time.perf_counter() - begin
 
     with CompileCounter() as counter:
@@ -117,7 +124,13 @@ def guarded_request_seconds(guard: Any, model: Any, ids: Any) -> float:
     from warmcache.warmup.workloads import DECODE_TOKENS
 
     begin = time.perf_counter()
-    guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+    guard.generate(
+        model,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=DECODE_TOKENS,
+        min_new_tokens=DECODE_TOKENS,
+    )
     return time.perf_counter() - begin
 
 
@@ -197,7 +210,12 @@ def aotinductor_child(args: argparse.Namespace) -> None:
     steady = sorted(guarded_request_seconds(guard, model, ids) for _ in range(7))[3]
     from torch._dynamo.utils import counters
 
-    compiler = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+    compiler = (
+        "torch._inductor.compile_fx",
+        "torch._inductor.lowering",
+        "torch._inductor.graph",
+        "torch._inductor.codecache",
+    )
     print(
         json.dumps(
             {
@@ -228,14 +246,23 @@ def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str,
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path, registry: str = "registry.sqlite", backend: str = "", precompile: str = "true") -> None:
+def warm_with_warmcache(
+    args: argparse.Namespace,
+    work: Path,
+    cache_dir: Path,
+    registry: str = "registry.sqlite",
+    backend: str = "",
+    precompile: str = "true",
+) -> None:
     manifest = work / f"bench-{registry}.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / registry}"\n[cache]\ndir = "{cache_dir}"\n'
         f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{backend or args.backend}"\nprecompile = {precompile}\n'
         f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
-    subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True
+    )
 
 
 def show_aotinductor(r: dict[str, Any], cold: dict[str, Any]) -> None:
@@ -273,8 +300,12 @@ def show(name: str, r: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="A causal LM folder (default: build a tiny Qwen3).")
-    parser.add_argument("--batches", default="1,4", help="Comma-separated batch sizes, each measured in its own processes.")
-    parser.add_argument("--layers", type=int, default=4, help="Layers of the tiny Qwen3 built when --model is not given.")
+    parser.add_argument(
+        "--batches", default="1,4", help="Comma-separated batch sizes, each measured in its own processes."
+    )
+    parser.add_argument(
+        "--layers", type=int, default=4, help="Layers of the tiny Qwen3 built when --model is not given."
+    )
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--max-cache-len", type=int, default=32)
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
@@ -333,10 +364,18 @@ def main() -> None:
             if pre["dynamo_frames"]:
                 raise SystemExit(f"precompiled scenario compiled {pre['dynamo_frames']} Dynamo frames; expected none")
             if not args.quick:
-                aoti = measure(args, work / f"aoti-empty-cache-{batch}", "--aotinductor", "--registry", f"sqlite:///{work / 'aoti-registry.sqlite'}")
+                aoti = measure(
+                    args,
+                    work / f"aoti-empty-cache-{batch}",
+                    "--aotinductor",
+                    "--registry",
+                    f"sqlite:///{work / 'aoti-registry.sqlite'}",
+                )
                 show_aotinductor(aoti, cold)
                 if aoti["dynamo_frames"] or aoti["compiler_modules"]:
-                    raise SystemExit(f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported {aoti['compiler_modules']}; expected none")
+                    raise SystemExit(
+                        f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported {aoti['compiler_modules']}; expected none"
+                    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,12 @@ from real_model import build_real_model, real_configs  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 ROUTES = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+COMPILER_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.graph",
+    "torch._inductor.codecache",
+)
 #: Steady requests timed after the first; the median is reported.
 STEADY_REPEATS = 3
 
@@ -125,15 +130,57 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
 def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
     """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no database."""
     cache = warmed.root / "cache"
-    command = [sys.executable, "-m", "warmcache", "guard", "export", "--model", "bench", "--out", str(cache), "--sign", str(key), "--db", warmed.registry]
+    command = [
+        sys.executable,
+        "-m",
+        "warmcache",
+        "guard",
+        "export",
+        "--model",
+        "bench",
+        "--out",
+        str(cache),
+        "--sign",
+        str(key),
+        "--db",
+        warmed.registry,
+    ]
     run_measured(command, env)
     return cache
 
 
-def start(args: argparse.Namespace, route: str, model: Path, env: dict[str, str], snapshot: Path | None, trusted: Path | None, inductor_cache: Path) -> dict[str, Any]:
+def start(
+    args: argparse.Namespace,
+    route: str,
+    model: Path,
+    env: dict[str, str],
+    snapshot: Path | None,
+    trusted: Path | None,
+    inductor_cache: Path,
+) -> dict[str, Any]:
     """A fresh production process (``--child``): its start, first and steady request, and what it compiled."""
-    command = [sys.executable, __file__, "--child", route, "--model", str(model), "--dtype", args.dtype, "--batch", str(args.batch)]
-    command += ["--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), "--new-tokens", str(args.new_tokens), "--backend", args.backend]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        route,
+        "--model",
+        str(model),
+        "--dtype",
+        args.dtype,
+        "--batch",
+        str(args.batch),
+    ]
+    command += [
+        "--prompt",
+        str(args.prompt),
+        "--max-cache-len",
+        str(args.max_cache_len),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--backend",
+        args.backend,
+    ]
     command += ["--snapshot", str(snapshot), "--trust", str(trusted)] if snapshot and trusted else []
     _, _, out = run_measured(command, {**env, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -167,7 +214,9 @@ def child(args: argparse.Namespace) -> None:
         config = compile_config(args.backend, "default", "cpu")
 
         def request() -> None:
-            kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=config, model_config=model.config)
+            kwargs = generate_kwargs(
+                GenerateSettings(args.max_cache_len), max_new_tokens=new, config=config, model_config=model.config
+            )
             with torch.inference_mode():
                 model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=new, pad_token_id=0, **kwargs)
 
@@ -217,9 +266,13 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
     )
     print(f"{'route':<12} {'warmup':>8} {'peak RSS':>9} {'written':>10} {'verify':>8}")
     for w in warmed:
-        print(f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB {w.bytes_written / 2**20:8.1f}MiB {w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}")
+        print(
+            f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB {w.bytes_written / 2**20:8.1f}MiB {w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}"
+        )
     cold = starts["cold"]
-    print(f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} {'CPU overhead':>13} {'vs cold':>8}  compiled in production")
+    print(
+        f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} {'CPU overhead':>13} {'vs cold':>8}  compiled in production"
+    )
     for name, r in starts.items():
         versus = "" if name == "cold" else f"{overhead(cold) / max(overhead(r), 1e-6):7.0f}x"
         versus_cpu = "" if name == "cold" else f"{overhead(cold, 'cpu') / max(overhead(r, 'cpu'), 1e-6):7.0f}x"
@@ -230,7 +283,9 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
     by_route = {w.route: w for w in warmed}
     if "aotinductor" in by_route and "inductor" in by_route:
         package, plain = by_route["aotinductor"].spec_s, by_route["inductor"].spec_s
-        print(f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s ({package / plain:.2f}x)")
+        print(
+            f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s ({package / plain:.2f}x)"
+        )
     if "aotinductor" in starts:
         packaged = starts["aotinductor"]
         print(
@@ -242,7 +297,11 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="Qwen__Qwen3-0.6B", help="A published config.json, or the stem of one in tests/data/realconfigs.")
+    parser.add_argument(
+        "--config",
+        default="Qwen__Qwen3-0.6B",
+        help="A published config.json, or the stem of one in tests/data/realconfigs.",
+    )
     parser.add_argument("--layers", type=int, default=0, help="Decoder layers to keep (0: all the config has).")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--batch", type=int, default=1)
@@ -252,8 +311,17 @@ def main() -> None:
     parser.add_argument("--routes", default=",".join(ROUTES), help=f"Comma-separated, of {', '.join(ROUTES)}.")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is steady.
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process (default 1: steady on a shared machine).")
-    parser.add_argument("--quick", action="store_true", help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of every measured process (default 1: steady on a shared machine).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.",
+    )
     parser.add_argument("--child", choices=("cold", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
@@ -286,7 +354,15 @@ def main() -> None:
         for w in warmed:
             # The package route needs no Inductor cache at all: its process gets an empty one.
             inductor_cache = w.root / "cache" if w.route != "aotinductor" else work / "empty-cache"
-            starts[w.route] = start(args, w.route, model, env, export_snapshot(w, key, env), key.with_name(key.name + ".pub"), inductor_cache)
+            starts[w.route] = start(
+                args,
+                w.route,
+                model,
+                env,
+                export_snapshot(w, key, env),
+                key.with_name(key.name + ".pub"),
+                inductor_cache,
+            )
     report(args, warmed, starts, params_m)
     if not all(w.verified for w in warmed):
         raise SystemExit("a route did not verify")

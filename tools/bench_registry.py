@@ -106,7 +106,9 @@ def fill(url: str, manifest: Path) -> int:
 def timed(program: str, *args: str) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB) and stdout of ``program`` run in a fresh process."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", REPORT_RSS + program, *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", REPORT_RSS + program, *args], capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{program[:60]!r} {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
@@ -125,7 +127,11 @@ def fresh_registry(db: str | None, work: Path) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"), help="PostgreSQL URL (a fresh schema), else a SQLite file.")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"),
+        help="PostgreSQL URL (a fresh schema), else a SQLite file.",
+    )
     parser.add_argument("--quick", action="store_true", help="CI: 10 models x 1,000 shapes.")
     args = parser.parse_args()
     models, per_model = 10, (1_000 if args.quick else 10_000)
@@ -142,12 +148,18 @@ def main() -> None:
             refresh = timed(SERVE_REFRESH, url)
             guard = timed(GUARD_LOAD, url)
         db = "PostgreSQL" if url.startswith("postgres") else "SQLite"
-        print(f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; each in a fresh process")
+        print(
+            f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; each in a fresh process"
+        )
         print(f"{'measurement':<44} {'wall_s':>7} {'inner_s':>7} {'max_rss_MiB':>11}")
         print(f"{f'plan --json of {planned:,} specs':<44} {plan[0]:>7.2f} {'':>7} {plan[1]:>11.0f}")
         print(f"{f'shapes --json of {listed:,} rows (streamed)':<44} {listing[0]:>7.2f} {'':>7} {listing[1]:>11.0f}")
-        print(f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} {float(refresh[2]):>7.2f} {refresh[1]:>11.0f}")
-        print(f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} {float(guard[2]):>7.2f} {guard[1]:>11.0f}")
+        print(
+            f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} {float(refresh[2]):>7.2f} {refresh[1]:>11.0f}"
+        )
+        print(
+            f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} {float(guard[2]):>7.2f} {guard[1]:>11.0f}"
+        )
         if listed != rows or planned != per_model:
             raise SystemExit(f"listed {listed} of {rows} rows, planned {planned} of {per_model} specs")
         if not args.quick and plan[0] > PLAN_GOAL_SECONDS:

@@ -55,7 +55,9 @@ def warm_registry(work: Path, lengths: int) -> tuple[Path, str, int]:
 
 
 def rerun(manifest: Path, url: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(manifest), url], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(manifest), url], capture_output=True, text=True, check=False
+    )
     result = json.loads(done.stderr.strip().splitlines()[-1])
     summary = json.loads(done.stdout)
     if result["exit"] != 0 or summary["to_compile"] != 0:
@@ -65,7 +67,12 @@ def rerun(manifest: Path, url: str) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, default=100, help="Prompt lengths per batch size (10 batch sizes): 100 gives 1,000 specs.")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        default=100,
+        help="Prompt lengths per batch size (10 batch sizes): 100 gives 1,000 specs.",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 100 specs, one rerun.")
     args = parser.parse_args()
@@ -77,7 +84,9 @@ def main() -> None:
     seconds = statistics.median(float(str(r["seconds"])) for r in runs)
     heavy = sorted(name for name in ("torch", "transformers") if any(r[name] for r in runs))
     verdict = "ok" if seconds < TARGET_SECONDS else "ABOVE TARGET"
-    print(f"warm rerun of {specs} compiled specs, fresh process, imports included: median {seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})")
+    print(
+        f"warm rerun of {specs} compiled specs, fresh process, imports included: median {seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})"
+    )
     print(f"heavy imports: {', '.join(heavy) if heavy else 'none (torch and transformers stay unloaded)'}")
     if heavy:
         raise SystemExit("a warm rerun imported " + ", ".join(heavy))

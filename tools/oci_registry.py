@@ -53,7 +53,11 @@ def oci_registry(users: dict[str, str] | None = None) -> Iterator[RunningRegistr
         auth = ""
         if users:
             for number, (user, password) in enumerate(users.items()):
-                subprocess.run(["htpasswd", "-Bb" + ("c" if number == 0 else ""), str(root / "htpasswd"), user, password], check=True, capture_output=True)
+                subprocess.run(
+                    ["htpasswd", "-Bb" + ("c" if number == 0 else ""), str(root / "htpasswd"), user, password],
+                    check=True,
+                    capture_output=True,
+                )
             auth = f"auth:\n  htpasswd:\n    realm: warmcache-test\n    path: {root / 'htpasswd'}\n"
         config = root / "config.yml"
         config.write_text(
@@ -61,7 +65,9 @@ def oci_registry(users: dict[str, str] | None = None) -> Iterator[RunningRegistr
             f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
         )
-        process = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [REGISTRY_BINARY, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         host = f"127.0.0.1:{port}"
         try:
             _wait_until_up(host, process)

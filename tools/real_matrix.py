@@ -58,7 +58,12 @@ class Cell:
 
 
 def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
-    done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         report = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
@@ -69,9 +74,15 @@ def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
 def _declared(model_path: Path, dtype: str, route: str) -> str:
     head = f'[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = "m"\npath = "{model_path}"\nbackend = "inductor"\n'
     if route == "train":
-        return head + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = [{TRAIN_LENGTH}]\nbf16 = {"true" if dtype == "bfloat16" else "false"}\n'
+        return (
+            head
+            + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = [{TRAIN_LENGTH}]\nbf16 = {"true" if dtype == "bfloat16" else "false"}\n'
+        )
     precompile = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}[route]
-    return head + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = [{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n'
+    return (
+        head
+        + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = [{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n'
+    )
 
 
 def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) -> Cell:
@@ -80,7 +91,11 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     root = work / f"{config}-{dtype}-{route}"
     root.mkdir(parents=True)
     manifest = root / "manifest.toml"
-    manifest.write_text(_declared(model_path, dtype, route).replace("REGISTRY", str(root / "registry.sqlite")).replace("CACHE", str(root / "cache")))
+    manifest.write_text(
+        _declared(model_path, dtype, route)
+        .replace("REGISTRY", str(root / "registry.sqlite"))
+        .replace("CACHE", str(root / "cache"))
+    )
 
     def cell(outcome: str, detail: str) -> Cell:
         return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start)
@@ -97,7 +112,10 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     code, report, last = _cli("verify", manifest)
     verdicts = [s for s in (report or {}).get("specs", [])]
     if code or any(v["verdict"] != "verified" for v in verdicts):
-        return cell("FAIL", f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}")
+        return cell(
+            "FAIL",
+            f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}",
+        )
     served = serve(root, model_path, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, dtype=dtype)
     problems = []
     if served["graphs_after_priming"] or served["artifact_errors"]:
@@ -120,7 +138,9 @@ def config_file(name: str) -> Path:
     return path
 
 
-def run_matrix(work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print) -> list[Cell]:
+def run_matrix(
+    work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print
+) -> list[Cell]:
     """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
     cells = []
     for config_path in map(config_file, configs):

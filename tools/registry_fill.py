@@ -12,7 +12,9 @@ from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 
 
-def mark_all_compiled(url: str, planned: Sequence[PlannedShape], *, worker: str = "test", compile_seconds: float = 0.5) -> None:
+def mark_all_compiled(
+    url: str, planned: Sequence[PlannedShape], *, worker: str = "test", compile_seconds: float = 0.5
+) -> None:
     with Registry.open(url) as registry:
         registry.ensure_pending(planned)
         while (row := registry.claim([p.identity for p in planned], worker, 60)) is not None:

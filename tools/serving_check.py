@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+COMPILER_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.graph",
+    "torch._inductor.codecache",
+)
 
 SERVE = """
 import json, sys, time
@@ -72,7 +77,15 @@ print(json.dumps({
 
 
 def serve(
-    root: Path, model_path: Path, requests: Sequence[Sequence[int]], *, prompt: int, max_cache_len: int, name: str = "m", dtype: str = "float32", device: str = "cpu"
+    root: Path,
+    model_path: Path,
+    requests: Sequence[Sequence[int]],
+    *,
+    prompt: int,
+    max_cache_len: int,
+    name: str = "m",
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Run :data:`SERVE` on the registry in ``root``; ``requests`` are each row's prompt length, left-padded to the longest."""
     script = root / "serve.py"

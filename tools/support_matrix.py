@@ -146,11 +146,18 @@ def serve(prepared: Prepared, arch: str) -> Served:
                 ids, mask = _ragged(lengths, seed)
                 guarded = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens)
                 eager = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=guarded.shape[1] - ids.shape[1], do_sample=False, pad_token_id=0, disable_compile=True
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=guarded.shape[1] - ids.shape[1],
+                    do_sample=False,
+                    pad_token_id=0,
+                    disable_compile=True,
                 )
                 compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
                 if not torch.equal(guarded, eager):
-                    mismatches.append(f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager {eager[:, ids.shape[1] :].tolist()}")
+                    mismatches.append(
+                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager {eager[:, ids.shape[1] :].tolist()}"
+                    )
         return Served(primed.graphs, after.graphs, compared, mismatches)
     finally:
         guard.close()
@@ -177,7 +184,11 @@ def _layers(path: Path) -> str:
     sliding = kinds.count("sliding_attention")
     if not sliding:
         return "full"
-    return f"sliding (window {SLIDING_WINDOW})" if sliding == len(kinds) else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
+    return (
+        f"sliding (window {SLIDING_WINDOW})"
+        if sliding == len(kinds)
+        else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
+    )
 
 
 def row(prepared: Prepared, arch: str) -> Row:
@@ -209,8 +220,16 @@ def markdown(rows: Sequence[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
-    parser.add_argument("--real", action="store_true", help="Published configs at real width through every route and dtype (tools/real_matrix.py).")
-    parser.add_argument("--config", action="append", help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path (default: all kept).")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="Published configs at real width through every route and dtype (tools/real_matrix.py).",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path (default: all kept).",
+    )
     parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
     parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
@@ -218,7 +237,13 @@ def main() -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="warmcache-matrix-") as tmp:
         if args.real:
-            cells = run_matrix(Path(tmp), args.config or sorted(real_configs()), args.dtype or DTYPES, args.route or ROUTES, lambda line: print(line, file=sys.stderr))
+            cells = run_matrix(
+                Path(tmp),
+                args.config or sorted(real_configs()),
+                args.dtype or DTYPES,
+                args.route or ROUTES,
+                lambda line: print(line, file=sys.stderr),
+            )
             table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
         else:
             prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)

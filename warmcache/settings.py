@@ -37,10 +37,18 @@ class Setting:
         return (self.flag, f"${self.env}", f"{manifest_path or 'manifest'} {self.manifest_key}", DEFAULT)
 
 
-REGISTRY = Setting("registry", "--db", "WARMCACHE_DB", "[registry] url", "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)")
+REGISTRY = Setting(
+    "registry",
+    "--db",
+    "WARMCACHE_DB",
+    "[registry] url",
+    "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
+)
 CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
 STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
-TRUSTED_KEYS = Setting("trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked")
+TRUSTED_KEYS = Setting(
+    "trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked"
+)
 
 #: Every setting warmcache resolves from flag, environment, manifest and default, in that order.
 SETTINGS = (REGISTRY, CACHE_DIR, STORE, TRUSTED_KEYS)
@@ -55,7 +63,11 @@ class Chosen:
 
 
 def choose(
-    setting: Setting, flag: str | None, manifest_value: str | None = None, manifest_path: Path | str | None = None, environ: Mapping[str, str] | None = None
+    setting: Setting,
+    flag: str | None,
+    manifest_value: str | None = None,
+    manifest_path: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Chosen | None:
     """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the default.
 
@@ -65,7 +77,11 @@ def choose(
     """
     environ = os.environ if environ is None else environ
     flag_source, env_source, manifest_source, _ = setting.sources(manifest_path)
-    for text, source in ((flag, flag_source), (environ.get(setting.env), env_source), (manifest_value, manifest_source)):
+    for text, source in (
+        (flag, flag_source),
+        (environ.get(setting.env), env_source),
+        (manifest_value, manifest_source),
+    ):
         if text is not None:
             return Chosen(text, source)
     return None
@@ -106,7 +122,9 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     path, mark, query = rest[1:].partition("?")
     if not rest.startswith("/") or path in ("", ":memory:"):
         # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
-        raise UsageError(f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps nothing between commands); give {ACCEPTED_FORMS}")
+        raise UsageError(
+            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps nothing between commands); give {ACCEPTED_FORMS}"
+        )
     return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
 
 
@@ -209,7 +227,9 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
     return RegistryLocation(f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}", DEFAULT)
 
 
-def resolve_registry(flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None) -> RegistryLocation:
+def resolve_registry(
+    flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None
+) -> RegistryLocation:
     """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then the default."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:

@@ -87,7 +87,12 @@ def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source
         raise CacheError(f"{source}: needs {format_size(total)} but {existing} has {format_size(free)} free; refused")
 
 
-def install_staged(meta: BundleMeta, location: CacheLocation, open_registry: Callable[[], AbstractContextManager[Registry]], stage: Callable[[Path], None]) -> UnpackResult:
+def install_staged(
+    meta: BundleMeta,
+    location: CacheLocation,
+    open_registry: Callable[[], AbstractContextManager[Registry]],
+    stage: Callable[[Path], None],
+) -> UnpackResult:
     """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
 
     Shared by bundle unpack and store pull: the staging folder lies inside the cache
@@ -122,10 +127,14 @@ def install_staged(meta: BundleMeta, location: CacheLocation, open_registry: Cal
         raise
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(parked, ignore_errors=True)
-    return UnpackResult(root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows, meta.signature)
+    return UnpackResult(
+        root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows, meta.signature
+    )
 
 
-def write_checked(blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False) -> None:
+def write_checked(
+    blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False
+) -> None:
     """Stream ``blocks`` to ``target`` (a new file, never through a link) and check size and sha256.
 
     The size is enforced while writing (bundle members and store blobs alike): a
@@ -184,7 +193,9 @@ class _Move:
     new_dirs: tuple[Path, ...] = ()
 
 
-def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, journal: list[_Move]) -> tuple[int, int, int]:
+def _move_into_place(
+    meta: BundleMeta, staging: Path, parked: Path, root: Path, journal: list[_Move]
+) -> tuple[int, int, int]:
     """Move each staged entry to its place with one rename; an identical entry already there is kept.
 
     Every rename is appended to ``journal`` as it happens, so that :func:`_undo` can
@@ -222,7 +233,9 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
                 raise
             # A concurrent unpack of the same entry won the race: it is present, not ours.
             log.debug("cache entry %s: a concurrent install put the same files there first", dest)
-            added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
+            added, replaced, present = (
+                (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
+            )
             continue
         move.installed = True
     return added, replaced, present
@@ -258,7 +271,12 @@ def holds_files(root: Path, files: list[BundleFile]) -> bool:
     """Whether the cache already has exactly these files (same bytes)."""
     for file in files:
         path = root / file.path
-        if path.is_symlink() or not path.is_file() or path.stat().st_size != file.size or sha256_of(path) != file.sha256:
+        if (
+            path.is_symlink()
+            or not path.is_file()
+            or path.stat().st_size != file.size
+            or sha256_of(path) != file.sha256
+        ):
             return False
     return True
 

@@ -26,7 +26,9 @@ class ShipmentScope:
     model_name: str | None = None
 
 
-def records_to_ship(registry: Registry, scope: ShipmentScope, verified_only: bool, identities: Iterable[str] | None = None) -> tuple[list[ShapeRecord], int]:
+def records_to_ship(
+    registry: Registry, scope: ShipmentScope, verified_only: bool, identities: Iterable[str] | None = None
+) -> tuple[list[ShapeRecord], int]:
     """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how many declared shapes lack one.
 
     ``identities`` narrows the choice (warmup --push ships each shape as it compiles).
@@ -42,5 +44,7 @@ def records_to_ship(registry: Registry, scope: ShipmentScope, verified_only: boo
         records = [r for r in records if r.identity in wanted]
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.location.display}; run warmcache {run} first")
+        raise CacheError(
+            f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.location.display}; run warmcache {run} first"
+        )
     return records, not_compiled

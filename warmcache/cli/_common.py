@@ -22,7 +22,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 DB_HELP = f"Registry database URL (default: ${REGISTRY.env}, then the manifest's {REGISTRY.manifest_key}, then {REGISTRY.default})."
 
 
-CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+CACHE_DIR_HELP = (
+    "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+)
 
 
 def db_option(func: F) -> F:
@@ -80,7 +82,10 @@ def print_json_array(items: Iterable[Any]) -> None:
     out = sys.stdout
     empty = True
     for item in items:
-        out.write(("[\n  " if empty else ",\n  ") + json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  "))
+        out.write(
+            ("[\n  " if empty else ",\n  ")
+            + json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  ")
+        )
         empty = False
     out.write("[]\n" if empty else "\n]\n")
 
@@ -113,7 +118,13 @@ def byte_progress(label: str) -> AbstractContextManager[Callable[[int, int], Non
     """A byte progress bar on a terminal; on CI a plain line at every quarter."""
     from warmcache.cli.progress import amount_progress
 
-    return amount_progress(label, terminal=is_terminal(), steps=4, unit="B", line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}")
+    return amount_progress(
+        label,
+        terminal=is_terminal(),
+        steps=4,
+        unit="B",
+        line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}",
+    )
 
 
 #: ``--trust KEY`` (repeatable): the keys whose signatures a bundle or store index must carry.

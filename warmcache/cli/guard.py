@@ -39,7 +39,11 @@ def misses(model_name: str | None, db_url: str | None, as_json: bool) -> None:
         )
         for m in summary
     ]
-    click.echo(format_table(("model", "workload", "dtype", "batch", "seq", "decision", "padded_to", "count", "last_seen"), rows))
+    click.echo(
+        format_table(
+            ("model", "workload", "dtype", "batch", "seq", "decision", "padded_to", "count", "last_seen"), rows
+        )
+    )
     click.echo(f"{sum(m['count'] for m in summary)} misses over {len(summary)} shapes")
 
 
@@ -51,14 +55,27 @@ def guard_group() -> None:
 @guard_group.command("export")
 @click.option("--model", "model_name", required=True, help="The model whose compiled shapes to export.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None, help="Only this workload (default: all).")
-@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path), help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).")
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).",
+)
 @click.option(
     "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
     help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads precompiled code only from signed rows.",
 )  # fmt: skip
 @db_option
 @json_option
-def export(model_name: str, workload: str | None, out_path: Path, signing_key: SigningKey | None, db_url: str | None, as_json: bool) -> None:
+def export(
+    model_name: str,
+    workload: str | None,
+    out_path: Path,
+    signing_key: SigningKey | None,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
     """Write the model's compiled shapes to a JSON snapshot for ShapeGuard.from_snapshot (no database needed).
 
     Rows of every toolchain are exported: the production process, not this one,
@@ -74,4 +91,7 @@ def export(model_name: str, workload: str | None, out_path: Path, signing_key: S
     if as_json:
         print_json({"path": str(written), "shapes": len(records), "source": source, "signed_by": signed_by})
     else:
-        click.echo(f"wrote {len(records)} compiled shapes of {model_name} to {written}" + (f" (signed by key {signed_by})" if signed_by else " (unsigned)"))
+        click.echo(
+            f"wrote {len(records)} compiled shapes of {model_name} to {written}"
+            + (f" (signed by key {signed_by})" if signed_by else " (unsigned)")
+        )

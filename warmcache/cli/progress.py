@@ -95,13 +95,23 @@ def spec_progress(total: int, *, terminal: bool, label: str, every: float = PHAS
 
 
 @contextmanager
-def amount_progress(label: str, *, terminal: bool, steps: int, line: Callable[[int, int], str], unit: str = "it") -> Iterator[Callable[[int, int], None]]:
+def amount_progress(
+    label: str, *, terminal: bool, steps: int, line: Callable[[int, int], str], unit: str = "it"
+) -> Iterator[Callable[[int, int], None]]:
     """An ``update(done, total)`` callback: a bar on a terminal, else a plain line each ``1/steps`` of the total (and at the end).
 
     ``unit="B"`` shows bytes with binary prefixes on the bar.
     """
     if terminal:
-        bar = tqdm(total=1, desc=label, unit=unit, unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=1,
+            desc=label,
+            unit=unit,
+            unit_scale=unit == "B",
+            unit_divisor=1024,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
         def advance(done: int, total: int) -> None:
             bar.total = max(total, 1)

@@ -21,7 +21,11 @@ QUIET_ENVIRONMENT = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS
 
 
 def verbose_option(func: F) -> F:
-    return click.option("--verbose", is_flag=True, help="Show the libraries' own output: weight-loading bars, transformers warnings, Trainer metrics.")(func)
+    return click.option(
+        "--verbose",
+        is_flag=True,
+        help="Show the libraries' own output: weight-loading bars, transformers warnings, Trainer metrics.",
+    )(func)
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -69,7 +69,9 @@ class RunningPhases:
             # A spec claimed again after its worker died reports from another process: the dead one's entry goes.
             self._running = {process: r for process, r in self._running.items() if r.report.spec != report.spec}
             self._running[report.process] = _Running(report, now, now)
-        return f"{report.spec}: {report.text()}" + (_took(before, now) if before is not None and before.report.spec == report.spec else "")
+        return f"{report.spec}: {report.text()}" + (
+            _took(before, now) if before is not None and before.report.spec == report.spec else ""
+        )
 
     def finished(self, spec: str) -> None:
         """The spec's result arrived: it runs no more."""

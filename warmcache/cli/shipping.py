@@ -32,7 +32,9 @@ class Shipment:
     db_url: str | None
 
     @classmethod
-    def prepare(cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None) -> Shipment:
+    def prepare(
+        cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None
+    ) -> Shipment:
         manifest = load_manifest(manifest_path)
         return cls(ShipmentScope(manifest, single_location(manifest, cache_dir, model_name), model_name), db_url)
 
@@ -43,7 +45,10 @@ class Shipment:
     @contextmanager
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
         """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named ``label``."""
-        with open_registry(self.db_url, self.manifest, create=False) as registry, byte_progress(label) as progress:  # pack and push only read rows
+        with (
+            open_registry(self.db_url, self.manifest, create=False) as registry,
+            byte_progress(label) as progress,
+        ):  # pack and push only read rows
             yield registry, progress
 
 
@@ -55,7 +60,9 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
     """
 
     @functools.wraps(command)
-    def prepared(manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any) -> None:
+    def prepared(
+        manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any
+    ) -> None:
         command(shipment=Shipment.prepare(manifest, cache_dir, model_name, db_url), **options)
 
     prepared = cache_dir_option(CACHE_DIR_HELP)(db_option(prepared))
@@ -65,4 +72,6 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
 
 def verified_only_option(func: F) -> F:
     """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.shipment.records_to_ship`)."""
-    return click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")(func)
+    return click.option(
+        "--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified)."
+    )(func)

@@ -81,19 +81,32 @@ def store_options(func: F) -> F:
 @sign_option
 @store_options
 @json_option
-def push(shipment: Shipment, verified_only: bool, sign_key: str | None, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
+def push(
+    shipment: Shipment,
+    verified_only: bool,
+    sign_key: str | None,
+    store_url: str | None,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
     key = signing_key(sign_key, shipment.manifest)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     with shipment.opened("pushing") as (registry, progress):
-        result = push_manifest(shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress)
+        result = push_manifest(
+            shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
     click.echo(
         f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, {result.indexes_unchanged} unchanged); "
         f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), {result.blobs_present} already there"
-        + (f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
+        + (
+            f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})"
+            if result.not_compiled
+            else ""
+        )
     )
 
 
@@ -106,15 +119,37 @@ def push(shipment: Shipment, verified_only: bool, sign_key: str | None, store_ur
 @allow_unsigned_option
 @store_options
 @json_option
-def pull(shipment: Shipment, max_size: str | None, trust: tuple[str, ...], allow_unsigned: bool, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
+def pull(
+    shipment: Shipment,
+    max_size: str | None,
+    trust: tuple[str, ...],
+    allow_unsigned: bool,
+    store_url: str | None,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
-    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    registry = registry_location(shipment.db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
+    max_bytes = (
+        parse_size(max_size, option="--max-size")
+        if max_size is not None
+        else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
+    )
+    registry = registry_location(
+        shipment.db_url, shipment.manifest
+    )  # checked now; the database is created only once the pull passed its checks
     warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
-        result = pull_manifest(shipment.scope, registry, store, max_bytes=max_bytes, trusted=trusted, allow_unsigned=allow_unsigned, progress=progress)
+        result = pull_manifest(
+            shipment.scope,
+            registry,
+            store,
+            max_bytes=max_bytes,
+            trusted=trusted,
+            allow_unsigned=allow_unsigned,
+            progress=progress,
+        )
     if as_json:
         print_json(result.as_json())
     else:
@@ -137,7 +172,13 @@ def store_group() -> None:
 
 
 def _manifest_option(func: F) -> F:
-    return click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the store from this manifest's [store] table.")(func)
+    return click.option(
+        "--manifest",
+        "manifest_path",
+        metavar="FILE",
+        default=None,
+        help="Take the store from this manifest's [store] table.",
+    )(func)
 
 
 def _manifest(path: str | None) -> Manifest | None:
@@ -156,7 +197,13 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
         return
     tagged = any(g.tag for g in listing.groups)  # an oci:// repository: one group per tag
     rows: list[tuple[object, ...]] = [
-        ((g.tag,) if tagged else ()) + (g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M"))
+        ((g.tag,) if tagged else ())
+        + (
+            g.model,
+            g.toolchain_hash[:16],
+            g.shapes,
+            dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M"),
+        )
         for g in listing.groups
     ]
     headers = (("tag",) if tagged else ()) + ("model", "toolchain", "shapes", "newest (UTC)")
@@ -176,12 +223,17 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 )
 @click.option("--apply", is_flag=True, help="Delete (default: only say what would be deleted).")
 @json_option
-def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:
+def gc(
+    store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool
+) -> None:
     """Delete blobs no index references; a dry run unless --apply."""
     store = resolve_store(store_url, endpoint_url, _manifest(manifest_path))
     grace_seconds = parse_age(grace, option="--grace")
     if apply and grace_seconds < MIN_SAFE_GRACE_SECONDS:
-        click.echo(f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name", err=True)
+        click.echo(
+            f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name",
+            err=True,
+        )
     plan = plan_gc(store, grace_seconds)
     deleted = execute_gc(store, plan) if apply else None
     if as_json:
@@ -199,11 +251,21 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 @store_options
 @_manifest_option
 @trust_option
-@click.option("--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds.")
-@cache_dir_option("The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).")
+@click.option(
+    "--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds."
+)
+@cache_dir_option(
+    "The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir)."
+)
 @json_option
 def check(
-    store_url: str | None, endpoint_url: str | None, manifest_path: str | None, trust: tuple[str, ...], repair: bool, cache_dir: CacheFolder | None, as_json: bool
+    store_url: str | None,
+    endpoint_url: str | None,
+    manifest_path: str | None,
+    trust: tuple[str, ...],
+    repair: bool,
+    cache_dir: CacheFolder | None,
+    as_json: bool,
 ) -> None:
     """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with --trust); exit 5 while anything is wrong."""
     parsed = _manifest(manifest_path)
@@ -223,7 +285,8 @@ def check(
         state = (
             "ok"
             if not report.problems
-            else f"{len(report.problems)} problems" + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
+            else f"{len(report.problems)} problems"
+            + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
         )
         click.echo(f"{report.url}: {report.indexes} indexes, {report.blobs} blobs checked; {state}")
     raise SystemExit(report.exit_code)

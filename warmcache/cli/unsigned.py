@@ -25,4 +25,7 @@ def allow_unsigned_option(func: F) -> F:
 def warn_if_unverified(allow_unsigned: bool, trusted: TrustedKeys) -> None:
     """The one loud line an unverified install prints before it starts."""
     if allow_unsigned and not trusted.configured:
-        click.echo("warmcache: warning: --allow-unsigned: installing compiled code whose origin nobody verified (no trusted keys configured)", err=True)
+        click.echo(
+            "warmcache: warning: --allow-unsigned: installing compiled code whose origin nobody verified (no trusted keys configured)",
+            err=True,
+        )

@@ -277,4 +277,10 @@ def compile_env(device: str, backend: str, environ: Mapping[str, str] | None = N
     A variable set to the empty string counts as unset (torch reads both as its default).
     """
     env = os.environ if environ is None else environ
-    return tuple(sorted((name, value.strip()) for name, value in env.items() if name in GRAPH_ENV and value.strip() and _applies(name, device, backend)))
+    return tuple(
+        sorted(
+            (name, value.strip())
+            for name, value in env.items()
+            if name in GRAPH_ENV and value.strip() and _applies(name, device, backend)
+        )
+    )

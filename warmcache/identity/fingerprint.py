@@ -81,7 +81,9 @@ def config_path(model_path: str, revision: str | None = None) -> Path:
         raise UsageError(f"{model_path!r} is neither a folder nor a valid hub id ({first_line(exc)})") from None
     if isinstance(cached, str):
         return Path(cached)
-    raise UsageError(f"model {model_path!r}: not a local folder and its config.json is not in the Hugging Face cache; download it first")
+    raise UsageError(
+        f"model {model_path!r}: not a local folder and its config.json is not in the Hugging Face cache; download it first"
+    )
 
 
 def normalised_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -112,10 +114,14 @@ def read_config_json(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"{path}: unreadable config.json: {exc.strerror or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise UsageError(f"{path}: config.json is larger than {MAX_CONFIG_BYTES} bytes, far more than any model's; refused")
+        raise UsageError(
+            f"{path}: config.json is larger than {MAX_CONFIG_BYTES} bytes, far more than any model's; refused"
+        )
     depth = json_nesting(data)
     if depth > MAX_NESTING:
-        raise UsageError(f"{path}: config.json nests {depth} levels deep; a model config needs at most {MAX_NESTING}; refused")
+        raise UsageError(
+            f"{path}: config.json nests {depth} levels deep; a model config needs at most {MAX_NESTING}; refused"
+        )
     try:
         config = json.loads(data.decode("utf-8"))
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for a file that is not UTF-8

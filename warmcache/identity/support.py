@@ -34,10 +34,16 @@ def model_problems(model: ModelSpec) -> list[str]:
     where = f"model {model.name!r} ({model.path})"
     try:
         config: Any = AutoConfig.from_pretrained(model.path, revision=model.revision)
-    except Exception as exc:  # the config is input: transformers' own checks raise anything (ZeroDivisionError for 0 heads)
-        return [f"{where}: transformers cannot read its config: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"]
+    except (
+        Exception
+    ) as exc:  # the config is input: transformers' own checks raise anything (ZeroDivisionError for 0 heads)
+        return [
+            f"{where}: transformers cannot read its config: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        ]
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # a key lookup: imports no modeling code
-        return [f"{where}: {config.model_type!r} has no causal-LM class in transformers (AutoModelForCausalLM cannot load it)"]
+        return [
+            f"{where}: {config.model_type!r} has no causal-LM class in transformers (AutoModelForCausalLM cannot load it)"
+        ]
     problems: list[str] = []
     if model.generate:
         kinds = unsupported_layer_kinds(config)
@@ -48,12 +54,18 @@ def model_problems(model: ModelSpec) -> list[str]:
         else:
             model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             if not model_class._supports_default_dynamic_cache():
-                problems.append(f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache")
+                problems.append(
+                    f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache"
+                )
     return problems
 
 
 def check_supported(manifest: Manifest, models: Iterable[ModelSpec] | None = None) -> None:
     """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served, and why."""
-    problems = [f"{manifest.path}: {problem}" for model in (manifest.models if models is None else models) for problem in model_problems(model)]
+    problems = [
+        f"{manifest.path}: {problem}"
+        for model in (manifest.models if models is None else models)
+        for problem in model_problems(model)
+    ]
     if problems:
         raise ManifestError(problems)

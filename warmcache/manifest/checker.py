@@ -64,7 +64,9 @@ class Checker:
             self.problem(f"{where}.{key}", "missing required key")
         return True
 
-    def string(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: str | None = None) -> str | None:
+    def string(
+        self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: str | None = None
+    ) -> str | None:
         if self._absent(table, key, where, required):
             return default
         value = table[key]
@@ -73,7 +75,9 @@ class Checker:
             return default
         return value
 
-    def choice(self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None) -> str | None:
+    def choice(
+        self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None
+    ) -> str | None:
         value = self.string(table, key, where, default=default)
         if value is not None and value not in choices:
             close = close_match(value, choices)
@@ -98,7 +102,9 @@ class Checker:
             return default
         return value
 
-    def positive_int(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: int | None = None) -> int | None:
+    def positive_int(
+        self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: int | None = None
+    ) -> int | None:
         if self._absent(table, key, where, required):
             return default
         return self._positive(table[key], f"{where}.{key}", default)

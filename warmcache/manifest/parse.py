@@ -78,7 +78,10 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         if model is None:
             continue
         if model.name in seen:
-            check.problem(f"model[{index}].name", f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])")
+            check.problem(
+                f"model[{index}].name",
+                f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])",
+            )
             continue
         seen[model.name] = index
         models.append(model)
@@ -99,7 +102,11 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
 
 def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, int]) -> None:
     """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths (nothing is built)."""
-    grids = [(len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}") for m in models for table, _, b, lengths in m.grids()]
+    grids = [
+        (len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}")
+        for m in models
+        for table, _, b, lengths in m.grids()
+    ]
     total = sum(count for count, *_ in grids)
     if total > MAX_MANIFEST_SHAPES:
         count, batches, lengths, where = max(grids, key=lambda grid: grid[0])  # the first of the largest
@@ -117,7 +124,10 @@ def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> Store
     if url is not None and "://" not in url:
         url = anchor.path(url).as_uri()
     elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
-        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, oci://host/repository:tag or a folder path)")
+        check.problem(
+            "store.url",
+            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, oci://host/repository:tag or a folder path)",
+        )
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
     if max_size is not None:
@@ -151,7 +161,11 @@ def _parse_trust(check: Checker, trust: dict[str, Any], anchor: Anchor) -> Trust
 
 def _model_path(text: str, anchor: Anchor) -> str:
     """A local model folder is anchored like any path; anything else is a hub id and stays as written."""
-    if os.path.isabs(os.path.expanduser(text)) or text.startswith((".", "~")) or os.path.exists(anchor.base / os.path.expanduser(text)):
+    if (
+        os.path.isabs(os.path.expanduser(text))
+        or text.startswith((".", "~"))
+        or os.path.exists(anchor.base / os.path.expanduser(text))
+    ):
         return str(anchor.path(text))
     return text
 
@@ -199,7 +213,10 @@ def _parse_name(check: Checker, entry: dict[str, Any], where: str) -> str | None
     """The model's name; once it is known, every later problem of the entry names the model."""
     name = check.string(entry, "name", where, required=True)
     if name is not None and not _NAME_RE.match(name):
-        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
+        check.problem(
+            f"{where}.name",
+            f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'",
+        )
     elif name is not None:
         check.name(where, f"model {name!r}")
     return name
@@ -210,7 +227,10 @@ def _parse_dtype(check: Checker, entry: dict[str, Any], where: str) -> str | Non
     dtype_raw = check.string(entry, "dtype", where, default="float32")
     dtype = DTYPE_ALIASES.get(dtype_raw or "")
     if dtype is None:
-        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
+        check.problem(
+            f"{where}.dtype",
+            f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})",
+        )
     return dtype
 
 
@@ -226,12 +246,17 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
         device = check.choice(entry, "device", where, DEVICES, "cpu")
     backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
-        check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
+        check.problem(
+            f"{where}.backend",
+            f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})",
+        )
     mode = check.choice(entry, "mode", where, MODES, "default")
     return device, backend, mode
 
 
-def _parse_precompile(check: Checker, entry: dict[str, Any], where: str, device: str | None, backend: str | None, mode: str | None) -> tuple[bool, bool]:
+def _parse_precompile(
+    check: Checker, entry: dict[str, Any], where: str, device: str | None, backend: str | None, mode: str | None
+) -> tuple[bool, bool]:
     """``(precompile, aotinductor)``: ``precompile = true`` or ``"aotinductor"``, each only where it can be built."""
     aotinductor = entry.get("precompile") == AOTINDUCTOR
     if isinstance(entry.get("precompile"), str) and not aotinductor:
@@ -264,7 +289,10 @@ def _parse_distributed(check: Checker, entry: dict[str, Any], where: str) -> tup
 def _check_aotinductor(check: Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:
     """What an AOTInductor decode package cannot serve, refused at plan time with the reason."""
     if world_size > 1:
-        check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
+        check.problem(
+            f"{where}.precompile",
+            "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one",
+        )
     for i, workload in enumerate(generate):
         if workload.settings.prefill_chunk_size:
             check.problem(
@@ -272,10 +300,15 @@ def _check_aotinductor(check: Checker, where: str, world_size: int, generate: li
                 "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
             )
         if workload.settings.num_beams > 1:
-            check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
+            check.problem(
+                f"{where}.generate[{i}].num_beams",
+                "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)",
+            )
 
 
-def _parse_each(check: Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[Checker, dict[str, Any], str], Any]) -> list[Any]:
+def _parse_each(
+    check: Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[Checker, dict[str, Any], str], Any]
+) -> list[Any]:
     parsed = []
     for i, table in enumerate(check.tables(entry, key, f"{where}.{key}")):
         item = parse(check, table, f"{where}.{key}[{i}]")
@@ -294,7 +327,10 @@ def _parse_generate(check: Checker, table: dict[str, Any], where: str) -> Genera
         return None
     for length in prompt_lengths:
         if not prompt_fits(length, settings.max_cache_len):
-            check.problem(f"{where}.prompt_lengths", f"prompt length {length} + 1 new token exceeds max_cache_len {settings.max_cache_len}")
+            check.problem(
+                f"{where}.prompt_lengths",
+                f"prompt length {length} + 1 new token exceeds max_cache_len {settings.max_cache_len}",
+            )
     if not settings.do_sample and settings.num_return_sequences > settings.num_beams:
         check.problem(
             f"{where}.num_return_sequences",

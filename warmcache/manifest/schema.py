@@ -108,14 +108,18 @@ class ModelSpec:
         return self.tp_size * self.fsdp_size
 
     def family(self, settings: WorkloadSettings) -> ShapeFamily:
-        return ShapeFamily(model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
+        return ShapeFamily(
+            model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size
+        )
 
     def grids(self) -> list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]]:
         """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then ``train[i]`` (sequence lengths)."""
         grids: list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [
             (f"generate[{i}]", gen.settings, gen.batch_sizes, gen.prompt_lengths) for i, gen in enumerate(self.generate)
         ]
-        return grids + [(f"train[{i}]", train.settings, train.batch_sizes, train.seq_lengths) for i, train in enumerate(self.train)]
+        return grids + [
+            (f"train[{i}]", train.settings, train.batch_sizes, train.seq_lengths) for i, train in enumerate(self.train)
+        ]
 
     def iter_specs(self) -> Iterator[ShapeSpec]:
         """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop between two)."""
@@ -153,7 +157,9 @@ class Manifest:
     """A validated manifest file."""
 
     path: Path = field(metadata=NOT_IN_TOML)
-    registry: RegistryLocation | None = field(default=None, metadata=toml("registry.url"))  # normalised (relative paths against the manifest's folder)
+    registry: RegistryLocation | None = field(
+        default=None, metadata=toml("registry.url")
+    )  # normalised (relative paths against the manifest's folder)
     lease_seconds: int = field(default=DEFAULT_LEASE_SECONDS, metadata=toml("registry.lease_seconds"))
     cache_dir: Path | None = field(default=None, metadata=toml("cache.dir"))
     store: StoreSettings = field(default_factory=lambda: StoreSettings())
@@ -164,7 +170,9 @@ class Manifest:
         for model in self.models:
             if model.name == name:
                 return model
-        raise ManifestError(f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})")
+        raise ManifestError(
+            f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})"
+        )
 
     def specs(self) -> list[ShapeSpec]:
         return [spec for model in self.models for spec in model.specs()]

@@ -70,7 +70,9 @@ def prompt_fits(prompt_len: int, max_cache_len: int) -> bool:
     return max_new_tokens_that_fit(prompt_len, max_cache_len) >= 2
 
 
-def generate_kwargs(settings: GenerateSettings, *, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig) -> dict[str, Any]:
+def generate_kwargs(
+    settings: GenerateSettings, *, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig
+) -> dict[str, Any]:
     """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
 
     Build them per call: a ``static`` family gets a fresh cache object, which one

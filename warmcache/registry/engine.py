@@ -47,7 +47,9 @@ def _sqlite_engine(location: RegistryLocation) -> Engine:
         try:
             database.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RegistryError(f"registry {location.display}: cannot create folder {database.parent}: {exc.strerror}") from None
+            raise RegistryError(
+                f"registry {location.display}: cannot create folder {database.parent}: {exc.strerror}"
+            ) from None
     engine = create_engine(location.url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")

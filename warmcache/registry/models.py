@@ -9,7 +9,21 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, column
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    column,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -97,7 +111,9 @@ class CompiledShape(Base):
     compiled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
-    artifacts: Mapped[list[Artifact]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
+    artifacts: Mapped[list[Artifact]] = relationship(
+        back_populates="shape", cascade="all, delete-orphan", passive_deletes=True
+    )
 
 
 class Artifact(Base):

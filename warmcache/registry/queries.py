@@ -66,7 +66,9 @@ class RowQueries(Transactional):
                 if values is None:
                     continue
                 for chunk in chunks(list(values), 2000):
-                    out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
+                    out.extend(
+                        ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk)))
+                    )
             return out
 
     def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
@@ -82,7 +84,11 @@ class RowQueries(Transactional):
         decide, from the cache alone, which it can skip.
         """
         out: dict[str, list[str]] = {}
-        query = select(CompiledShape.identity, Artifact.path).outerjoin(Artifact, Artifact.shape_id == CompiledShape.id).where(CompiledShape.status.in_(list(DONE_STATUSES)))
+        query = (
+            select(CompiledShape.identity, Artifact.path)
+            .outerjoin(Artifact, Artifact.shape_id == CompiledShape.id)
+            .where(CompiledShape.status.in_(list(DONE_STATUSES)))
+        )
         with self.session() as session:
             for chunk in chunks(list(identities), 2000):
                 for identity, path in session.execute(query.where(CompiledShape.identity.in_(chunk))):
@@ -95,11 +101,19 @@ class RowQueries(Transactional):
         """Every recorded compile time of ``models``' rows, on any toolchain or config: plain column reads."""
         if not models:
             return []
-        query = select(CompiledShape.shape_hash, CompiledShape.model_name, CompiledShape.workload, CompiledShape.compile_seconds, CompiledShape.updated_at).where(
-            CompiledShape.model_name.in_(list(models)), CompiledShape.compile_seconds.is_not(None)
-        )
+        query = select(
+            CompiledShape.shape_hash,
+            CompiledShape.model_name,
+            CompiledShape.workload,
+            CompiledShape.compile_seconds,
+            CompiledShape.updated_at,
+        ).where(CompiledShape.model_name.in_(list(models)), CompiledShape.compile_seconds.is_not(None))
         with self.session() as session:
-            return [CompileTime(shape, model, workload, seconds, updated) for shape, model, workload, seconds, updated in session.execute(query) if seconds is not None]
+            return [
+                CompileTime(shape, model, workload, seconds, updated)
+                for shape, model, workload, seconds, updated in session.execute(query)
+                if seconds is not None
+            ]
 
     def unfinished(self, identities: Sequence[str]) -> set[str]:
         """Those of ``identities`` whose row is ``pending`` or ``compiling``.
@@ -145,7 +159,13 @@ def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str]
         conditions.append(CompiledShape.workload == workload)
     if statuses is not None:
         conditions.append(CompiledShape.status.in_(list(statuses)))
-    order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
+    order = (
+        CompiledShape.model_name,
+        CompiledShape.workload,
+        CompiledShape.batch_size,
+        CompiledShape.seq_len,
+        CompiledShape.id,
+    )
     return select(CompiledShape).where(*conditions).order_by(*order)
 
 

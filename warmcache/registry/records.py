@@ -50,7 +50,9 @@ class MissEvent:
         """Refuse a count or size outside what the registry holds (checked before any write)."""
         name = self.out_of_range()
         if name is not None:
-            raise UsageError(f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the registry holds (0 to {MAX_COUNT}); refused")
+            raise UsageError(
+                f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the registry holds (0 to {MAX_COUNT}); refused"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,9 @@ class ShapeRecord:
     @property
     def family(self) -> ShapeFamily:
         settings = from_stored(self.workload, self.settings, self.max_cache_len, f"registry row {self.identity}")
-        return ShapeFamily(model=self.model_name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
+        return ShapeFamily(
+            model=self.model_name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size
+        )
 
     @property
     def spec(self) -> ShapeSpec:

@@ -59,7 +59,14 @@ class Registry(ClaimRows, RowQueries, MissLog):
         self._together = threading.local()
 
     @classmethod
-    def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
+    def open(
+        cls,
+        location: RegistryLocation | str,
+        *,
+        check_schema: bool = True,
+        create: bool = True,
+        hold_connections: bool = True,
+    ) -> Registry:
         """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
@@ -77,7 +84,9 @@ class Registry(ClaimRows, RowQueries, MissLog):
             if location.is_postgresql:
                 schema.require_search_path(engine, shown)
             if check_schema and not create and schema.is_empty(engine):
-                raise RegistryError(f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); {_how_to_create(location)}")
+                raise RegistryError(
+                    f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); {_how_to_create(location)}"
+                )
             if check_schema:
                 schema.ensure_current(engine, shown)
         except DBAPIError as exc:
@@ -198,10 +207,16 @@ class Registry(ClaimRows, RowQueries, MissLog):
             )
             if won:
                 session.execute(delete(Artifact).where(Artifact.shape_id == row_id))
-                session.add_all(Artifact(shape_id=row_id, kind=a.kind, path=a.path, size_bytes=a.size_bytes) for a in set(artifacts))
+                session.add_all(
+                    Artifact(shape_id=row_id, kind=a.kind, path=a.path, size_bytes=a.size_bytes) for a in set(artifacts)
+                )
                 log.debug("row %d recorded compiled by %s", row_id, worker)
             else:
-                log.warning("row %d compiled here but not recorded: the claim of %s was lost (its lease ran out)", row_id, worker)
+                log.warning(
+                    "row %d compiled here but not recorded: the claim of %s was lost (its lease ran out)",
+                    row_id,
+                    worker,
+                )
             return won
 
     def mark_failed(self, row_id: int, worker: str, error: str, host: str | None = None) -> bool:
@@ -223,7 +238,9 @@ class Registry(ClaimRows, RowQueries, MissLog):
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
-        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock())
+        return self._update_identities(
+            identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock()
+        )
 
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
@@ -252,7 +269,11 @@ class Registry(ClaimRows, RowQueries, MissLog):
             _rows_changed(
                 session,
                 update(CompiledShape)
-                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
+                .where(
+                    CompiledShape.id == row_id,
+                    CompiledShape.claimed_by == worker,
+                    CompiledShape.status == Status.COMPILING,
+                )
                 .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
             )
         )
@@ -264,7 +285,9 @@ def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
     if file is not None and not file.is_file():
         if file.is_dir():
             raise RegistryError(f"registry {location.display} is a folder, not a registry file; check the URL")
-        raise RegistryError(f"registry {location.display} does not exist (a read never creates one); check the URL, or {_how_to_create(location)}")
+        raise RegistryError(
+            f"registry {location.display} does not exist (a read never creates one); check the URL, or {_how_to_create(location)}"
+        )
 
 
 def _how_to_create(location: RegistryLocation) -> str:

@@ -86,7 +86,10 @@ def require_search_path(engine: Engine, display_url: str) -> None:
     with engine.connect() as conn:
         current, search_path = conn.execute(text("SELECT current_schema(), current_setting('search_path')")).one()
     if current is None:
-        first = next((name.strip().strip('"') for name in search_path.split(",") if name.strip() and name.strip() != '"$user"'), search_path)
+        first = next(
+            (name.strip().strip('"') for name in search_path.split(",") if name.strip() and name.strip() != '"$user"'),
+            search_path,
+        )
         raise RegistryError(
             f"registry {display_url}: its search_path {shown(search_path)} names no schema that exists in this database; "
             f'create it first (CREATE SCHEMA "{first}";) or fix options=-csearch_path=... in the URL'
@@ -128,5 +131,9 @@ def ensure_current(engine: Engine, display_url: str) -> None:
     if current is None:
         raise _foreign(display_url, inspect(engine).get_table_names())
     if current not in known:
-        raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache")
-    raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}")
+        raise SchemaOutOfDateError(
+            f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache"
+        )
+    raise SchemaOutOfDateError(
+        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}"
+    )

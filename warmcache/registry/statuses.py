@@ -27,7 +27,13 @@ class Status(StrEnum):
 
 
 #: What the registry stores, in lifecycle order.
-STORED_STATUSES: tuple[Status, ...] = (Status.PENDING, Status.COMPILING, Status.COMPILED, Status.VERIFIED, Status.FAILED)
+STORED_STATUSES: tuple[Status, ...] = (
+    Status.PENDING,
+    Status.COMPILING,
+    Status.COMPILED,
+    Status.VERIFIED,
+    Status.FAILED,
+)
 #: A row in one of these has a usable compiled artifact in the cache.
 DONE_STATUSES: tuple[Status, ...] = (Status.COMPILED, Status.VERIFIED)
 #: Everything ``plan`` and ``shapes`` can show, in the order they show it.

@@ -113,12 +113,21 @@ class RequestChecker:
         self.records = list(records)
         self._tables = bucket_tables(usable_records(self.records))
 
-    def check(self, batch_size: int, seq_len: int, *, exact: bool = False, dtype: str | None = None, max_cache_len: int | None = None) -> CheckResult:
+    def check(
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        exact: bool = False,
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+    ) -> CheckResult:
         """Decide a request against every usable compiled family of the model; the least padding wins."""
         tables = {
             family: table
             for family, table in self._tables.items()
-            if (dtype is None or family.dtype == dtype) and (max_cache_len is None or family.max_cache_len == max_cache_len)
+            if (dtype is None or family.dtype == dtype)
+            and (max_cache_len is None or family.max_cache_len == max_cache_len)
         }
         best: CheckResult | None = None
         nearest: list[tuple[int, int]] = []

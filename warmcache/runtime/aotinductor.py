@@ -40,7 +40,11 @@ def cpu_can_run(built_for: str, here: str) -> bool:
     """Whether code generated for the ``built_for`` ISA runs on a CPU whose best is ``here``."""
     if built_for == here:
         return True
-    return built_for in _X86_CAPABILITIES and here in _X86_CAPABILITIES and _X86_CAPABILITIES.index(here) >= _X86_CAPABILITIES.index(built_for)
+    return (
+        built_for in _X86_CAPABILITIES
+        and here in _X86_CAPABILITIES
+        and _X86_CAPABILITIES.index(here) >= _X86_CAPABILITIES.index(built_for)
+    )
 
 
 @dataclass
@@ -65,12 +69,22 @@ class PackagedDecodeStep:
         if fixed != self.fixed or len(names) != len(self.inputs):
             raise UsageError(f"{self.where}: decode call {names} {fixed} is not the one the package was built for")
         for name, tensor, (expected_name, shape, dtype) in zip(names, tensors, self.inputs):
-            if name != expected_name or tuple(tensor.shape) != shape or str(tensor.dtype) != dtype or tensor.device.type != self.device or not tensor.is_contiguous():
+            if (
+                name != expected_name
+                or tuple(tensor.shape) != shape
+                or str(tensor.dtype) != dtype
+                or tensor.device.type != self.device
+                or not tensor.is_contiguous()
+            ):
                 got = f"{name} {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
-                raise UsageError(f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} {dtype} on {self.device}")
+                raise UsageError(
+                    f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} {dtype} on {self.device}"
+                )
 
 
-def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
+def load_package(
+    root: Path, entry: str, expected: dict[str, Any], model: Any
+) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
     """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound method).
 
     Every check that can be made before the package's code is loaded is made first:
@@ -86,10 +100,14 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
         raise CacheError(f"{path}: not an AOTInductor package (no package header)")
     device = _model_device(model)
     if info["device"] != device:
-        raise CacheError(f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on {device!r}; refusing to load it")
+        raise CacheError(
+            f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on {device!r}; refusing to load it"
+        )
     here = torch.backends.cpu.get_cpu_capability().upper()
     if device == "cpu" and not cpu_can_run(info["cpu_capability"], here):
-        raise CacheError(f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it")
+        raise CacheError(
+            f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it"
+        )
     constants = _constants_to_bind(path, model, info["constants"])
     try:
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
@@ -99,13 +117,17 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
             loader = open_loader(package)
         listed = set(loader.get_constant_fqns())
         if listed != set(constants):
-            raise CacheError(f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it")
+            raise CacheError(
+                f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it"
+            )
         # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
         loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
     except CacheError:
         raise
     except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
-        raise CacheError(f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})") from None
+        raise CacheError(
+            f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
     step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path))
     return header.fingerprint.signature, step
@@ -123,7 +145,9 @@ def open_loader(package: Path) -> Any:
     # The binding names its arguments arg0..arg4, so they can only be passed in order: each is named here.
     model_name, run_single_threaded, num_runners, device_index = "model", False, 1, -1  # device -1: the package's own
     with _temporary_files_in(package.parent):
-        return torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, run_single_threaded, num_runners, device_index)
+        return torch._C._aoti.AOTIModelPackageLoader(
+            str(package), model_name, run_single_threaded, num_runners, device_index
+        )
 
 
 @contextmanager
@@ -164,9 +188,13 @@ def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[s
     for fqn, (shape, dtype) in listed.items():
         tensor = own.get(fqn)
         if tensor is None:
-            raise CacheError(f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of the loaded model; refusing to load it")
+            raise CacheError(
+                f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of the loaded model; refusing to load it"
+            )
         if list(tensor.shape) != list(shape) or str(tensor.dtype) != dtype or not tensor.is_contiguous():
-            raise CacheError(f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it")
+            raise CacheError(
+                f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it"
+            )
         bound[fqn] = tensor
     return bound
 

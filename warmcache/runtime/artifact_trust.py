@@ -81,8 +81,16 @@ class ArtifactTrust:
         """``root / entry``, refused unless ``entry`` is one artifact file of ``root``'s layout that stays inside ``root``."""
         found = entry_of("inductor", entry)
         name = entry.rsplit("/", 1)[-1] if found else ""
-        if found is None or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR) or found[1] != entry or len(name) != 64 or not set(name) <= _HEX:
-            raise TrustError(f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or aotinductor/<sha256> entry; refused")
+        if (
+            found is None
+            or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)
+            or found[1] != entry
+            or len(name) != 64
+            or not set(name) <= _HEX
+        ):
+            raise TrustError(
+                f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or aotinductor/<sha256> entry; refused"
+            )
         path = root / entry
         real, inside = os.path.realpath(path), os.path.realpath(root)
         if os.path.commonpath([real, inside]) != inside:

@@ -125,7 +125,15 @@ class ShapeGuard:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def from_registry(cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]) -> ShapeGuard:
+    def from_registry(
+        cls,
+        registry_url: str,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        telemetry: bool = True,
+        **options: Unpack[GuardOptions],
+    ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
         from warmcache.registry.registry import Registry
@@ -139,7 +147,14 @@ class ShapeGuard:
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
         source = location.display
-        return cls(load, model=model, workload=workload, source=source, telemetry_url=location if telemetry else None, **options)
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            source=source,
+            telemetry_url=location if telemetry else None,
+            **options,
+        )
 
     @classmethod
     def from_snapshot(
@@ -170,7 +185,15 @@ class ShapeGuard:
             return [r for r in read.records if r.model_name == model and r.workload == workload]
 
         artifacts = _snapshot_trust(str(snapshot), trusted, allow_unsigned, folder=given if snapshot != given else None)
-        return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            source=str(snapshot),
+            telemetry_url=telemetry_url,
+            artifact_trust=artifacts,
+            **options,
+        )
 
     @classmethod
     def from_url(
@@ -196,7 +219,15 @@ class ShapeGuard:
         source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trusted)
         artifacts = _snapshot_trust(source.url, trusted, allow_unsigned)
         telemetry_url = service_url if telemetry else None
-        return cls(source.load, model=model, workload=workload, source=source.url, telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
+        return cls(
+            source.load,
+            model=model,
+            workload=workload,
+            source=source.url,
+            telemetry_url=telemetry_url,
+            artifact_trust=artifacts,
+            **options,
+        )
 
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
@@ -209,22 +240,33 @@ class ShapeGuard:
         rows = [
             r
             for r in usable_records(loaded)
-            if (self._config_hash is None or r.config_hash == self._config_hash) and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
+            if (self._config_hash is None or r.config_hash == self._config_hash)
+            and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
         ]
         wanted = f"model {self.model_name!r} {self.workload}"
         tables = bucket_tables(_compiled_for_every_config(rows))
         if not tables:
             stale = stale_records(loaded)
-            why = f"; its compiled rows are stale here: {describe(stale_differences(stale))}" if stale and not rows else ""
-            raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} (see `warmcache explain`)")
+            why = (
+                f"; its compiled rows are stale here: {describe(stale_differences(stale))}"
+                if stale and not rows
+                else ""
+            )
+            raise UsageError(
+                f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} (see `warmcache explain`)"
+            )
         targets = {(r.device, r.backend, r.mode) for r in rows}
         if len(tables) > 1 or len(targets) > 1:
             options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
-            raise UsageError(f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend=")
+            raise UsageError(
+                f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend="
+            )
         ((family, table),) = tables.items()
         if expect is not None and family != expect:
             # Checked before the swap: a refused refresh must leave the old table serving.
-            raise UsageError(f"{self.source}: guard family changed on refresh from {expect.describe()} to {family.describe()}")
+            raise UsageError(
+                f"{self.source}: guard family changed on refresh from {expect.describe()} to {family.describe()}"
+            )
         # Swap whole objects so a concurrent decide() sees either the old table or the new one.
         self._records, self._table = rows, table
         return family
@@ -258,8 +300,16 @@ class ShapeGuard:
         digest = config_hash(config)
         known = sorted({r.config_hash for r in self._records})
         if digest not in known:
-            raise UsageError(f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows (compiled for config_hash {', '.join(known)})")
-        declared = sorted({r.attn_implementation for r in self._records if r.config_hash == digest and r.attn_implementation is not None})
+            raise UsageError(
+                f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows (compiled for config_hash {', '.join(known)})"
+            )
+        declared = sorted(
+            {
+                r.attn_implementation
+                for r in self._records
+                if r.config_hash == digest and r.attn_implementation is not None
+            }
+        )
         if declared and attn_implementation not in declared:
             raise UsageError(
                 f"{self.source}: model {self.model_name!r}: attn_implementation {attn_implementation or UNSET!r} matches no compiled rows "
@@ -381,7 +431,9 @@ def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKey
     return TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
 
 
-def _snapshot_trust(source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None) -> ArtifactTrust:
+def _snapshot_trust(
+    source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None
+) -> ArtifactTrust:
     """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other raises)."""
     verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
     return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)

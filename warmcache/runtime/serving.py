@@ -49,7 +49,9 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     batch, length = fitted.shape
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
+    call = generate_kwargs(
+        settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config
+    )
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
@@ -64,7 +66,9 @@ def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: Gen
             continue
         value = kwargs.pop(name)
         if name in _SET_BY_GUARD or value != expected.get(name):
-            raise UsageError(f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} ({name}={expected.get(name)!r}); the guard sets it")
+            raise UsageError(
+                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} ({name}={expected.get(name)!r}); the guard sets it"
+            )
 
 
 def _pad_token_id(model: Any) -> int | None:
@@ -80,14 +84,14 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
     batch, length = fitted.shape
     room = max_new_tokens_that_fit(length, max_cache_len)
     if room < 1:
-        raise UnseenShapeError(f"{guard.family.describe()}: prompt length {length} leaves no room in max_cache_len={max_cache_len}")
+        raise UnseenShapeError(
+            f"{guard.family.describe()}: prompt length {length} leaves no room in max_cache_len={max_cache_len}"
+        )
     if requested is None:
         return room
     if requested <= room:
         return int(requested)
-    message = (
-        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
-    )
+    message = f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
     if guard.policy == "refuse":
         guard.telemetry.record(fitted.decision, "refuse")
         raise UnseenShapeError(message)
@@ -112,7 +116,14 @@ class PrimeReport:
     artifact_errors: list[str] = field(default_factory=list)
 
 
-def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
+def prime(
+    guard: Guard,
+    model: Any,
+    *,
+    check_config: bool = True,
+    precompiled: bool = True,
+    cache_dir: str | Path | None = None,
+) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
@@ -142,7 +153,9 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     report = PrimeReport(buckets)
     start = time.perf_counter()
     # Buckets an AOTInductor package serves are ready once bound: running them would warm nothing.
-    packaged = _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
+    packaged = (
+        _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
+    )
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
@@ -152,14 +165,23 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
             ids = torch.full((batch, length), int(token), dtype=torch.long)
             new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
             try:
-                guarded_generate(guard, model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+                guarded_generate(
+                    guard,
+                    model,
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                )
             except FailOnRecompileLimitHit:
                 raise UsageError(
                     f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
                     f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process compiles; raise it"
                 ) from None
             # One line per bucket: on Neuron a bucket can take minutes to load, and the log shows where it stands.
-            log.info("primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0)
+            log.info(
+                "primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0
+            )
     report.graphs, report.cache_hits, report.cache_misses = counter.graphs, counter.cache_hits, counter.cache_misses
     report.seconds = time.perf_counter() - start
     guard.primed = True
@@ -174,7 +196,14 @@ def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_di
         return set()
     device, backend, mode = guard.target
     start = time.perf_counter()
-    _, loaded = install(model, compile_config(backend, mode, device), guard.records, trust=guard.artifact_trust, root_override=cache_dir, strict=guard.policy != "warn")
+    _, loaded = install(
+        model,
+        compile_config(backend, mode, device),
+        guard.records,
+        trust=guard.artifact_trust,
+        root_override=cache_dir,
+        strict=guard.policy != "warn",
+    )
     report.artifact_load_seconds = time.perf_counter() - start
     report.artifacts_loaded = len(loaded.loaded)
     report.artifact_errors = loaded.errors

@@ -39,7 +39,9 @@ SNAPSHOT_FILE = "warmcache-guard.json"
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ShapeRecord)}
 _DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" in str(f.type))
-_REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and name not in ADDED_COLUMNS)
+_REQUIRED = frozenset(
+    name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and name not in ADDED_COLUMNS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,9 @@ class Snapshot:
     where: str
 
 
-def snapshot_document(records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None) -> dict[str, Any]:
+def snapshot_document(
+    records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
+) -> dict[str, Any]:
     """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with ``signing_key``)."""
     document = {
         "format": SNAPSHOT_FORMAT,
@@ -68,7 +72,9 @@ def snapshot_file(path: Path) -> Path:
     return path / SNAPSHOT_FILE if path.is_dir() else path
 
 
-def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None) -> Path:
+def write_snapshot(
+    path: Path, records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
+) -> Path:
     """Write ``records`` to ``path`` (a file, or a folder to hold :data:`SNAPSHOT_FILE`) atomically; returns the file written."""
     path = snapshot_file(Path(path))
     text = json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True)
@@ -77,7 +83,9 @@ def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str, sign
     # failed export must not leave it behind.
     tmp: str | None = None
     try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as handle:
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        ) as handle:
             tmp = handle.name
             handle.write(text)
         os.chmod(tmp, _new_file_mode())
@@ -128,7 +136,9 @@ def decode_snapshot(data: bytes, where: str, trusted: TrustedKeys = NOT_CONFIGUR
     if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
         raise UsageError(f"{where}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
     if document.get("version") != SNAPSHOT_VERSION:
-        raise UsageError(f"{where}: snapshot version {shown(document.get('version'))} is not supported (expected {SNAPSHOT_VERSION})")
+        raise UsageError(
+            f"{where}: snapshot version {shown(document.get('version'))} is not supported (expected {SNAPSHOT_VERSION})"
+        )
     signature = trusted.check_document(document, f"{where}: guard snapshot")
     records = document.get("records")
     if not isinstance(records, list):
@@ -155,7 +165,9 @@ def _record(source: str, index: int, item: Any) -> ShapeRecord:
         for name in _DATETIME_FIELDS:
             if values.get(name) is not None:
                 values[name] = dt.datetime.fromisoformat(values[name])
-        values["artifacts"] = tuple(ArtifactRef(a["kind"], a["path"], a.get("size_bytes")) for a in values.get("artifacts", ()))
+        values["artifacts"] = tuple(
+            ArtifactRef(a["kind"], a["path"], a.get("size_bytes")) for a in values.get("artifacts", ())
+        )
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{where}: malformed value: {exc}") from None
     for name in ("batch_size", "seq_len"):

@@ -55,7 +55,9 @@ class WriteAuthorisation:
 
     def require(self, header: str | None) -> None:
         if self._token is None:
-            raise ApiError(403, f"writes are disabled: start the server with ${TOKEN_ENV} or --token-file to allow them")
+            raise ApiError(
+                403, f"writes are disabled: start the server with ${TOKEN_ENV} or --token-file to allow them"
+            )
         scheme, _, given = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not given:
             raise ApiError(401, "write needs an 'Authorization: Bearer <token>' header", "Authorization")

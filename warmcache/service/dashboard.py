@@ -117,10 +117,14 @@ def _panel(panel: Panel) -> str:
     html.extend(_grid(g) for g in panel.grids)
     if panel.failures:
         html.append("<h3>failures</h3>")
-        html.append('<table class="failures"><tr><th>workload</th><th>batch</th><th>length</th><th>attempts</th><th>error</th></tr>')
+        html.append(
+            '<table class="failures"><tr><th>workload</th><th>batch</th><th>length</th><th>attempts</th><th>error</th></tr>'
+        )
         for r in panel.failures:
             error = escape(first_line(r.error) or "(no error text recorded)")
-            html.append(f"<tr><td>{escape(r.workload)}</td><td>{r.batch_size}</td><td>{r.seq_len}</td><td>{r.attempts}</td><td>{error}</td></tr>")
+            html.append(
+                f"<tr><td>{escape(r.workload)}</td><td>{r.batch_size}</td><td>{r.seq_len}</td><td>{r.attempts}</td><td>{error}</td></tr>"
+            )
         html.append("</table>")
     html.append("</section>")
     return "\n".join(html)
@@ -146,7 +150,9 @@ def _grid(grid: Grid) -> str:
     html.append("</table>")
     if grid.refused:
         refused = ", ".join(f"{b}×{s}: {n}" for (b, s), n in sorted(grid.refused.items()))
-        html.append(f'<p class="refused" data-workload="{escape(grid.workload)}">refused (no bucket fits): {refused}</p>')
+        html.append(
+            f'<p class="refused" data-workload="{escape(grid.workload)}">refused (no bucket fits): {refused}</p>'
+        )
     return "\n".join(html)
 
 

@@ -157,7 +157,9 @@ class RegistryView:
     def _open(self) -> Registry:
         with self._open_lock:
             if self._registry is None:
-                self._registry = Registry.open(self.url, create=False)  # serving reads: a missing registry is a 503, never a new one
+                self._registry = Registry.open(
+                    self.url, create=False
+                )  # serving reads: a missing registry is a 503, never a new one
             return self._registry
 
     def _drop(self) -> None:
@@ -167,7 +169,9 @@ class RegistryView:
                 self._registry = None
 
 
-def guard_document(state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None) -> tuple[str, bytes]:
+def guard_document(
+    state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None
+) -> tuple[str, bytes]:
     """``(etag, body)`` of the guard snapshot of ``model``: its compiled rows, as ``warmcache guard export`` writes them
     (signed with ``signing_key``, once per state).
 
@@ -177,7 +181,11 @@ def guard_document(state: RegistryState, model: str, workload: str | None, sourc
     from warmcache.runtime.snapshot import snapshot_document
 
     def build() -> tuple[str, bytes]:
-        rows = [r for r in state.records if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES]
+        rows = [
+            r
+            for r in state.records
+            if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES
+        ]
         if not rows:
             raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
         document = snapshot_document(rows, source, signing_key)

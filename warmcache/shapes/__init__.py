@@ -19,4 +19,15 @@ from warmcache.shapes.spec import (
 )
 from warmcache.shapes.workload_settings import Workload
 
-__all__ = ["DTYPE_ALIASES", "WORKLOADS", "BucketTable", "Decision", "ShapeFamily", "ShapeSpec", "canonical_json", "format_pairs", "Workload", "short_hash"]
+__all__ = [
+    "DTYPE_ALIASES",
+    "WORKLOADS",
+    "BucketTable",
+    "Decision",
+    "ShapeFamily",
+    "ShapeSpec",
+    "canonical_json",
+    "format_pairs",
+    "Workload",
+    "short_hash",
+]

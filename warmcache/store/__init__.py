@@ -24,9 +24,13 @@ Store = ObjectStore | OciStore
 
 def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
-    chosen = choose(STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None)
+    chosen = choose(
+        STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None
+    )
     if chosen is None or not chosen.text:
-        raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), set ${STORE_ENV}, or add [store] url to the manifest")
+        raise UsageError(
+            f"no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), set ${STORE_ENV}, or add [store] url to the manifest"
+        )
     return chosen.text
 
 

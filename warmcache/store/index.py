@@ -91,8 +91,13 @@ def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = NOT_CO
     at = f"{where}/{key}"
     raw, signature, flavor = read_signed_document(data, at, "index", INDEX_FORMAT, trusted)
     [row] = check_rows([raw.get("row")], at)
-    if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
-        raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
+    if (
+        key != index_key(row["model_name"], row["toolchain_hash"], row["identity"])
+        or raw.get("identity") != row["identity"]
+    ):
+        raise CacheError(
+            f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused"
+        )
     files = check_files(raw.get("files"), flavor, at)
     check_artifacts(row, files, flavor, f"{at}: row")
     return ShapeIndex(key, flavor, row, files, signature)

@@ -89,9 +89,22 @@ def push_objects(
             index = sign_document(index, signing_key)
         indexes.append((index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)))
     late = time.monotonic() - checked_at > REFRESH_AGE_SECONDS  # every check is old now: refresh every re-used blob
-    again = _refresh_reused(store, sorted(sha for sha, modified in present.items() if late or time.time() - modified > REFRESH_AGE_SECONDS), blobs)
+    again = _refresh_reused(
+        store,
+        sorted(sha for sha, modified in present.items() if late or time.time() - modified > REFRESH_AGE_SECONDS),
+        blobs,
+    )
     written = _write_indexes(store, indexes)
-    return PushResult(store.url, len(records), written, len(records) - written, uploaded + again, len(present) - again, sent, not_compiled)
+    return PushResult(
+        store.url,
+        len(records),
+        written,
+        len(records) - written,
+        uploaded + again,
+        len(present) - again,
+        sent,
+        not_compiled,
+    )
 
 
 def _write_indexes(store: ObjectStore, indexes: list[tuple[str, bytes]]) -> int:
@@ -144,10 +157,17 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
             hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
         return hashed[path]
 
-    return {record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))] for record in records}
+    return {
+        record.identity: [
+            file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))
+        ]
+        for record in records
+    }
 
 
-def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None) -> tuple[int, dict[str, float], int]:
+def _upload_missing(
+    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None
+) -> tuple[int, dict[str, float], int]:
     """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written}, bytes sent)``.
 
     A blob of the right size is re-used only if its content is its name (S3's own

@@ -82,7 +82,9 @@ class Target(ABC):
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, WARMUP_RECOMPILE_LIMIT)
-        dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, WARMUP_RECOMPILE_LIMIT)
+        dynamo_config.accumulated_recompile_limit = max(
+            dynamo_config.accumulated_recompile_limit, WARMUP_RECOMPILE_LIMIT
+        )
 
     def load_kwargs(self) -> dict[str, Any]:
         """Extra ``from_pretrained`` arguments that place the model on the device."""

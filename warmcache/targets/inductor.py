@@ -91,7 +91,9 @@ class InductorTarget(Target):
     def toolchain_factors(self) -> ToolchainFactors:
         """On CPU the ISA Inductor generates code for; on CUDA the compute capability, the driver and Triton."""
         if self.device == "cuda":
-            return ToolchainFactors(platform=f"cuda:{_cuda_capability()}", packages=CUDA_PACKAGES, cuda_driver=_cuda_driver())
+            return ToolchainFactors(
+                platform=f"cuda:{_cuda_capability()}", packages=CUDA_PACKAGES, cuda_driver=_cuda_driver()
+            )
         return ToolchainFactors(platform=f"cpu:{platform.machine()}:{_cpu_isa()}")
 
     def check_available(self) -> None:
@@ -100,7 +102,9 @@ class InductorTarget(Target):
         import torch
 
         if not torch.cuda.is_available():
-            raise TargetUnavailableError(f"device 'cuda' ({self.describe()}): torch {torch.__version__} sees no CUDA device on this machine")
+            raise TargetUnavailableError(
+                f"device 'cuda' ({self.describe()}): torch {torch.__version__} sees no CUDA device on this machine"
+            )
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"device_map": "cuda"} if self.device == "cuda" else {}

@@ -131,7 +131,10 @@ class NeuronTarget(Target):
 
     def toolchain_factors(self) -> ToolchainFactors:
         """The instance family the compiler targets and its flags (normalised: where it caches is not what it compiles)."""
-        return ToolchainFactors(platform=f"neuron:{_neuron_platform()}", neuron_cc_flags=normalise_neuron_cc_flags(os.environ.get(FLAGS_ENV)))
+        return ToolchainFactors(
+            platform=f"neuron:{_neuron_platform()}",
+            neuron_cc_flags=normalise_neuron_cc_flags(os.environ.get(FLAGS_ENV)),
+        )
 
     def check_available(self) -> None:
         try:
@@ -145,7 +148,9 @@ class NeuronTarget(Target):
 
         neuron = getattr(torch, "neuron", None)
         if neuron is None or not neuron.is_available():
-            raise TargetUnavailableError("device 'neuron': torch_neuronx is installed but no Neuron device is visible (check neuron-ls)")
+            raise TargetUnavailableError(
+                "device 'neuron': torch_neuronx is installed but no Neuron device is visible (check neuron-ls)"
+            )
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"device_map": "neuron"}

@@ -19,8 +19,13 @@ from warmcache.warmup.verify.replayer import replay
 
 def main(request_path: str, report_path: str) -> None:
     # Under torchrun only rank 0 reports: it speaks for the group.
-    with ReportWriter(report_path if distributed.is_registry_writer() else None) as reports, reports.failures_reported():
-        request: ClaimRequest | WarmupRequest | ReplayRequest = read_request(request_path, [ClaimRequest, WarmupRequest, ReplayRequest])
+    with (
+        ReportWriter(report_path if distributed.is_registry_writer() else None) as reports,
+        reports.failures_reported(),
+    ):
+        request: ClaimRequest | WarmupRequest | ReplayRequest = read_request(
+            request_path, [ClaimRequest, WarmupRequest, ReplayRequest]
+        )
         if isinstance(request, ClaimRequest):
             claim_as_worker(request, reports.send, reports.send)
         elif isinstance(request, WarmupRequest):

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
 
 
-def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int) -> torch.nn.Module:
+def _step_module(
+    model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int
+) -> torch.nn.Module:
     """A module whose forward takes the flat decode tensors and returns the logits."""
     import torch
 
@@ -48,14 +50,29 @@ def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str]
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
             given = dict(zip(names, tensors))
-            mask: Any = {kind: given.get(f"attention_mask.{kind}") for kind in mask_kinds} if mask_kinds is not None else given.get("attention_mask")
+            mask: Any = (
+                {kind: given.get(f"attention_mask.{kind}") for kind in mask_kinds}
+                if mask_kinds is not None
+                else given.get("attention_mask")
+            )
             cache = PositionTensorCache(self.model.config, max_cache_len)
             for index, layer in enumerate(cache.layers):
                 keys = given.get(f"cache.layers[{index}].keys")
                 if keys is None:
                     continue
-                _fill_layer(layer, keys, given[f"cache.layers[{index}].values"], given[f"cache.layers[{index}].cumulative_length"])
-            out = self.model(input_ids=given["input_ids"], position_ids=given.get("position_ids"), attention_mask=mask, cache=cache, **fixed)
+                _fill_layer(
+                    layer,
+                    keys,
+                    given[f"cache.layers[{index}].values"],
+                    given[f"cache.layers[{index}].cumulative_length"],
+                )
+            out = self.model(
+                input_ids=given["input_ids"],
+                position_ids=given.get("position_ids"),
+                attention_mask=mask,
+                cache=cache,
+                **fixed,
+            )
             return out.logits
 
     return DecodeStep().eval()
@@ -70,7 +87,9 @@ def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: 
     layer.is_initialized = True
 
 
-def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES) -> tuple[bytes, dict[str, Any]]:
+def package_decode(
+    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
+) -> tuple[bytes, dict[str, Any]]:
     """Export and package the decode step of exactly these arguments.
 
     Returns the package bytes and the header fields production checks before
@@ -115,7 +134,8 @@ def constant_header(step: torch.nn.Module, listed: list[str]) -> dict[str, list[
     missing = sorted(set(listed) - set(own))
     if missing:
         raise CacheError(
-            f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+            f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model"
+            + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
         )
     return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(listed)}
 

@@ -103,7 +103,11 @@ def claim_loop(
             looks = 0
             registry.drop_connections()  # none held while it compiles
             claimed = [(by_identity[r.identity], r.id) for r in records]
-            log.debug("claim taken by %s: %s", me, ", ".join(f"row {row_id} ({planned.spec.describe()})" for planned, row_id in claimed))
+            log.debug(
+                "claim taken by %s: %s",
+                me,
+                ", ".join(f"row {row_id} ({planned.spec.describe()})" for planned, row_id in claimed),
+            )
             outcomes = run_claimed(registry, worker, claimed, me, lease_seconds, ranks, cut_seconds=2 * batch_seconds)
             queue.observe({o.identity: o.seconds for o in outcomes})
             for outcome in outcomes:
@@ -168,13 +172,26 @@ def run_claimed(
                     break
                 done += 1
                 if not heartbeat.holds(row_id):
-                    log.warning("skip %s: its claim (row %d) ran out before it started; another worker has it", planned.spec.describe(), row_id)
+                    log.warning(
+                        "skip %s: its claim (row %d) ran out before it started; another worker has it",
+                        planned.spec.describe(),
+                        row_id,
+                    )
                     continue
                 ranks.announce(planned.identity)
                 start = time.perf_counter()
                 run, error = _run_locked(worker, planned, heartbeat, row_id)
                 error = ranks.agree(error)
-                ran.append(_Ran(planned, row_id, run, error, time.perf_counter() - start, run.artifacts() if run and error is None else []))
+                ran.append(
+                    _Ran(
+                        planned,
+                        row_id,
+                        run,
+                        error,
+                        time.perf_counter() - start,
+                        run.artifacts() if run and error is None else [],
+                    )
+                )
         unstarted = [row_id for _, row_id in claimed[done:]]
         return patiently(lambda: _record(registry, ran, me, unstarted=unstarted), lease_seconds)
     except BaseException:
@@ -195,7 +212,9 @@ class _Ran:
     artifacts: list[ArtifactRef]
 
 
-def _record(registry: Registry, ran: Sequence[_Ran], me: str, *, unstarted: Sequence[int] = (), given_back: Sequence[int] = ()) -> list[SpecOutcome]:
+def _record(
+    registry: Registry, ran: Sequence[_Ran], me: str, *, unstarted: Sequence[int] = (), given_back: Sequence[int] = ()
+) -> list[SpecOutcome]:
     """Record each result and give back the other claims, in one transaction; each spec's outcome.
 
     An unstarted claim goes back as if never taken (its attempt is not counted);
@@ -254,11 +273,17 @@ def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me:
             log.debug("interrupted while giving back claims; trying again")
             continue
         except RegistryError as exc:
-            log.warning("could not give back claims %s (%s): their lease runs out and they are claimed again", list(rest), error_line(exc))
+            log.warning(
+                "could not give back claims %s (%s): their lease runs out and they are claimed again",
+                list(rest),
+                error_line(exc),
+            )
             return
 
 
-def _run_locked(worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int) -> tuple[SpecRun | None, str | None]:
+def _run_locked(
+    worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int
+) -> tuple[SpecRun | None, str | None]:
     """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's error line."""
     try:
         root = worker.cache_root(target_for(planned.model))
@@ -334,10 +359,17 @@ class _Heartbeat:
                 self._renewed_at = time.monotonic() if not waiting else self._renewed_at
                 log.debug("lease renewed for rows %s (%s)", sorted(renewed), worker)
                 if lost := set(due) - set(renewed):
-                    log.warning("lost the claim on rows %s: their lease ran out before it was renewed, and another worker may hold them", sorted(lost))
+                    log.warning(
+                        "lost the claim on rows %s: their lease ran out before it was renewed, and another worker may hold them",
+                        sorted(lost),
+                    )
             except WarmcacheError as exc:
                 # A transient registry error (RegistryError): the leases still have two thirds left; the next beat retries.
-                log.warning("could not renew leases for rows %s, retrying at the next heartbeat: %s", sorted(self._held - waiting), error_line(exc))
+                log.warning(
+                    "could not renew leases for rows %s, retrying at the next heartbeat: %s",
+                    sorted(self._held - waiting),
+                    error_line(exc),
+                )
                 continue
             finally:
                 registry.drop_connections()

@@ -95,7 +95,16 @@ def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache")
     ``--standalone`` picks a free rendezvous port, so several warmups on one host
     (a fleet of processes) never fight over torchrun's default port 29500.
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        module,
+        *argv,
+    ]
 
 
 def child_command(nproc: int) -> list[str]:
@@ -153,7 +162,9 @@ def coordination() -> Coordination:
     """How the claim loop of this process coordinates: alone, or as rank 0 of a torchrun."""
     if not in_torchrun():
         return ALONE
-    return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
+    return Coordination(
+        announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING)
+    )
 
 
 @contextmanager
@@ -167,12 +178,16 @@ def rank_group(manifest: Manifest, options: WarmupOptions) -> Iterator[bool]:
     """
     models = [m for m in manifest.models if m.world_size == world_size()]
     if not models:
-        raise UsageError(f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} or run warmcache warmup without torchrun")
+        raise UsageError(
+            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} or run warmcache warmup without torchrun"
+        )
     if options.jobs > 1:
         raise UsageError("--jobs does not combine with torchrun: each rank group warms one spec at a time")
     devices = sorted({m.device for m in models})
     if len(devices) > 1:
-        raise UsageError(f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests")
+        raise UsageError(
+            f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests"
+        )
     init_process_group(devices[0])
     try:
         leads = is_registry_writer()
@@ -206,7 +221,9 @@ def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
         try:
             spec = by_identity.get(identity)
             if spec is None:
-                raise UsageError(f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with the same toolchain?")
+                raise UsageError(
+                    f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with the same toolchain?"
+                )
             worker.run(spec)
         except Exception as exc:
             error = error_line(exc)

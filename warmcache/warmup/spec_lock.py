@@ -52,7 +52,9 @@ def spec_lock(path: Path, deadline: float) -> Iterator[None]:
 def holder_of(path: Path) -> str:
     """The note the lock's holder left, or why there is none (a holder from before notes, or one that has just taken it)."""
     try:
-        return (path.parent / (path.name + HOLDER_SUFFIX)).read_text(encoding="utf-8").strip()[:200] or "an unknown process (empty holder note)"
+        return (path.parent / (path.name + HOLDER_SUFFIX)).read_text(encoding="utf-8").strip()[
+            :200
+        ] or "an unknown process (empty holder note)"
     except (OSError, UnicodeDecodeError):
         return "an unknown process (no holder note)"
 

@@ -113,7 +113,9 @@ class Worker:
         seconds = time.perf_counter() - start
         new, reused = _entries_needed(root, flavor, before, measured.lookups)
         if precompile:
-            (new if entry not in before else reused)[entry] = AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
+            (new if entry not in before else reused)[entry] = (
+                AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
+            )
         return SpecRun(
             seconds=seconds,
             graphs=measured.counter.graphs,
@@ -126,7 +128,14 @@ class Worker:
             reused_entries=reused,
         )
 
-    def _precompile(self, planned: PlannedShape, model: PreTrainedModel, root: Path, decode_kwargs: dict[str, Any], phases: SpecPhases) -> str:
+    def _precompile(
+        self,
+        planned: PlannedShape,
+        model: PreTrainedModel,
+        root: Path,
+        decode_kwargs: dict[str, Any],
+        phases: SpecPhases,
+    ) -> str:
         """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
         spec, model_spec = planned.spec, planned.model
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
@@ -134,7 +143,9 @@ class Worker:
         if entry is not None and (root / entry).is_file():
             return entry
         if not decode_kwargs:
-            raise UsageError(f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)")
+            raise UsageError(
+                f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)"
+            )
         fields = {
             "config_hash": planned.config_hash,
             "toolchain_hash": planned.toolchain.hash,
@@ -148,7 +159,9 @@ class Worker:
             entry = save_package(root, model, decode_kwargs, fields, phases)
         else:
             phases.enter(Phase.PRECOMPILING)
-            entry = save_precompiled(root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields)
+            entry = save_precompiled(
+                root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields
+            )
         self._precompiled[key] = entry
         return entry
 
@@ -157,10 +170,14 @@ class Worker:
         target = target_for(planned.model)
         return self._model(planned.model, target, planned.spec.family.settings), target
 
-    def _model(self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings, phases: SpecPhases = NO_PHASES) -> PreTrainedModel:
+    def _model(
+        self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings, phases: SpecPhases = NO_PHASES
+    ) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
-        key: tuple[Any, ...] = (model_spec.name, settings.workload) + ((settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ())
+        key: tuple[Any, ...] = (model_spec.name, settings.workload) + (
+            (settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ()
+        )
         model = self._models.get(key)
         if model is None:
             phases.enter(Phase.LOADING)
@@ -202,7 +219,9 @@ def _forget_compiled_graphs() -> None:
     torch._dynamo.reset()
 
 
-def _run_workload(model: PreTrainedModel, planned: PlannedShape, target: Target, phases: SpecPhases, *, capture_decode: bool) -> _Measured:
+def _run_workload(
+    model: PreTrainedModel, planned: PlannedShape, target: Target, phases: SpecPhases, *, capture_decode: bool
+) -> _Measured:
     """The spec's real workload, once, counting compiles and cache lookups; ``capture_decode`` keeps the decode call."""
     from warmcache.modeling.compile_counter import CompileCounter
 
@@ -214,17 +233,23 @@ def _run_workload(model: PreTrainedModel, planned: PlannedShape, target: Target,
     with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
         if spec.workload == "generate":
             capturing: contextlib.AbstractContextManager[dict[str, Any]] = (
-                capture_decode_call(model, eager=eager_decode) if capture_decode or eager_decode else contextlib.nullcontext({})
+                capture_decode_call(model, eager=eager_decode)
+                if capture_decode or eager_decode
+                else contextlib.nullcontext({})
             )
             with capturing as decode_kwargs:
                 phases.enter(Phase.FIRST_STEPS if eager_decode else Phase.COMPILING)
-                result = run_generate(model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode)
+                result = run_generate(
+                    model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode
+                )
         else:
             result = run_train(model, spec, target.device, target.backend, target.mode, phases)
     return _Measured(result, counter, lookups, decode_kwargs)
 
 
-def _entries_needed(root: Path, flavor: CacheFlavor | None, before: dict[str, str], lookups: InductorLookups) -> tuple[dict[str, str], dict[str, str]]:
+def _entries_needed(
+    root: Path, flavor: CacheFlavor | None, before: dict[str, str], lookups: InductorLookups
+) -> tuple[dict[str, str], dict[str, str]]:
     """The cache entries the spec wrote (new since ``before``) and those it looked up that earlier specs wrote."""
     after = list_entries(root, flavor) if flavor else {}
     new = {e: k for e, k in after.items() if e not in before}

@@ -73,7 +73,13 @@ def pad_token_id(model: PreTrainedModel) -> int:
 
 
 def run_generate(
-    model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str, phases: SpecPhases = NO_PHASES, *, capture_only: bool = False
+    model: PreTrainedModel,
+    spec: ShapeSpec,
+    config: CompileConfig,
+    input_device: str,
+    phases: SpecPhases = NO_PHASES,
+    *,
+    capture_only: bool = False,
 ) -> WorkloadResult:
     """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
 
@@ -104,7 +110,9 @@ def run_generate(
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
-    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None) -> None:
+    def generate(
+        input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None
+    ) -> None:
         kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
@@ -140,7 +148,9 @@ def run_generate(
                     f"to max_cache_len={settings.max_cache_len}); production would recompile at every position: {reason}"
                 )
 
-            counted = settings.num_beams == 1  # generate() refuses a streamer under beam search: the phase then shows no steps
+            counted = (
+                settings.num_beams == 1
+            )  # generate() refuses a streamer under beam search: the phase then shows no steps
             phases.enter(Phase.DECODING, steps=full_length if counted else 0, detail=form)
             with fail_on_recompile(recompiled):
                 generate(form_ids, form_mask, full_length, phases.decode_streamer() if counted else None)
@@ -176,7 +186,9 @@ def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[
     return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2 * batch)]
 
 
-def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES) -> WorkloadResult:
+def run_train(
+    model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES
+) -> WorkloadResult:
     """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step reported to ``phases``."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as transformers_logging
@@ -213,8 +225,12 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             **extra,
         )
         steps = _StepGraphs()
-        trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)])
-        if transformers_logging.get_verbosity() > transformers_logging.WARNING:  # quiet (warmup without --verbose): no metrics dict
+        trainer = Trainer(
+            model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)]
+        )
+        if (
+            transformers_logging.get_verbosity() > transformers_logging.WARNING
+        ):  # quiet (warmup without --verbose): no metrics dict
             trainer.remove_callback(PrinterCallback)
         phases.enter(Phase.TRAINING, steps=TRAIN_STEPS)
         trainer.train()

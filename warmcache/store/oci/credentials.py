@@ -47,12 +47,16 @@ def load_docker_config() -> dict[str, Any]:
     except ValueError:
         config = None
     if not isinstance(config, dict):  # never quote the file: it holds secrets
-        raise UsageError(f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', 'credHelpers' or 'credsStore')")
+        raise UsageError(
+            f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', 'credHelpers' or 'credsStore')"
+        )
     store = config.get("credsStore")
     return {
         "auths": {_bare_host(key): value for key, value in _table(config, "auths").items() if isinstance(value, dict)},
         "credsStore": store if isinstance(store, str) else None,
-        "credHelpers": {_bare_host(key): value for key, value in _table(config, "credHelpers").items() if isinstance(value, str)},
+        "credHelpers": {
+            _bare_host(key): value for key, value in _table(config, "credHelpers").items() if isinstance(value, str)
+        },
     }
 
 

@@ -53,11 +53,15 @@ class OciStore:
 
     # ------------------------------------------------------------ pull (warmcache.store.pull.PullSource)
 
-    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+    def read_indexes(
+        self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
+    ) -> dict[str, ShapeIndex]:
         """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by identity."""
         image = self.image()
         if wanted and image.flavor != location.flavor:
-            raise CacheError(f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a {location.flavor} cache; refused")
+            raise CacheError(
+                f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a {location.flavor} cache; refused"
+            )
         found: dict[str, ShapeIndex] = {}
         for planned in wanted:
             key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
@@ -65,7 +69,9 @@ class OciStore:
                 found[planned.identity] = image.shape_index(key, self.url, trusted)
         return found
 
-    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
+    def fetch_blobs(
+        self, sizes: dict[str, int], folder: Path, progress: Callable[[int, int], None] | None
+    ) -> tuple[int, int]:
         """Each wanted file (by sha256) checked into ``folder/<sha256>``, taken from the fewest layers that hold them; ``(downloaded, reused)`` bytes.
 
         A file kept from an interrupted pull is re-used once its bytes are checked again.
@@ -90,15 +96,21 @@ class OciStore:
 
         for layer, files in plan:
             try:
-                extract_files(image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance)
+                extract_files(
+                    image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance
+                )
             except CacheError:
-                for file in files.values():  # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
+                for file in (
+                    files.values()
+                ):  # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
                     with contextlib.suppress(OSError):
                         (folder / file.sha256).unlink()
                 raise
         absent = [sha for sha in needed if not (folder / sha).is_file()]
         if absent:
-            raise CacheError(f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its index lists; refused")
+            raise CacheError(
+                f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its index lists; refused"
+            )
         return done[0], reused
 
 

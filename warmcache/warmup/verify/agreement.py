@@ -92,7 +92,11 @@ class Agreement:
 
     def describe(self) -> str:
         """One line: the worst figures against what the eager decode allows, for a verdict or a table cell."""
-        logits = f"logits {self.logit_error:.2%} from eager (allowed {self.allowed_logit_error:.2%}), " if self.logit_error is not None else ""
+        logits = (
+            f"logits {self.logit_error:.2%} from eager (allowed {self.allowed_logit_error:.2%}), "
+            if self.logit_error is not None
+            else ""
+        )
         ties = f", {self.near_ties} near-tie{'s' if self.near_ties != 1 else ''}" if self.near_ties else ""
         verdict = "agrees with" if self.agrees else f"differs from (worst at step {self.worst_step + 1})"
         return (
@@ -101,7 +105,9 @@ class Agreement:
         )
 
 
-def reference_logits(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+def reference_logits(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor
+) -> torch.Tensor:
     """The model's eager logits for each generated position, in one forward pass: ``[rows, steps, vocab]`` in float32.
 
     Over the prompt and the generated tokens (all but the last, whose successor nobody
@@ -135,7 +141,9 @@ class _Forced:
         return forced
 
 
-def eager_decode_logits(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor, **generate_kwargs: Any) -> torch.Tensor:
+def eager_decode_logits(
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor, **generate_kwargs: Any
+) -> torch.Tensor:
     """The model's own eager ``generate()`` decode over the served tokens: the raw logits of each step, ``[rows, steps, vocab]`` in float32.
 
     ``generate_kwargs``: the served call's own (its cache, ``max_cache_len``...), so the

@@ -40,7 +40,12 @@ from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary, judge
 
 
-def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | None = None, progress: Callable[[int], Progress[SpecVerdict]] | None = None) -> VerifySummary:
+def run_verify(
+    manifest: Manifest,
+    location: RegistryLocation,
+    cache_dir: str | None = None,
+    progress: Callable[[int], Progress[SpecVerdict]] | None = None,
+) -> VerifySummary:
     """Replay the manifest's compiled specs in a fresh process and record what it proves.
 
     ``progress(total)`` is told each spec's phases as its replay runs, and its verdict as the replay finishes.
@@ -65,11 +70,15 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
             try:
                 with sigterm_as_interrupt():  # a cancelled CI job stops the replay (a torchrun too), not just us
-                    _replay_in_fresh_processes(manifest, compiled, cache_dir, location, record, bar.phase if bar else None)
+                    _replay_in_fresh_processes(
+                        manifest, compiled, cache_dir, location, record, bar.phase if bar else None
+                    )
             finally:
                 if bar:
                     bar.close()
-            summary.verdicts = [verdicts.get(p.identity) or judge(p.identity, p.spec.describe(), None) for p in compiled]
+            summary.verdicts = [
+                verdicts.get(p.identity) or judge(p.identity, p.spec.describe(), None) for p in compiled
+            ]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == Verdict.VERIFIED])
             # Only a replay that compiled proves the cache wrong. A replay that crashed or
             # never ran (the process died) proves nothing: report it, keep the row.
@@ -81,7 +90,12 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
 
 def _replay_in_fresh_processes(
-    manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, location: RegistryLocation, record: Callable[[ReplayResult], None], on_phase: PhaseListener | None
+    manifest: Manifest,
+    compiled: list[PlannedShape],
+    cache_dir: str | None,
+    location: RegistryLocation,
+    record: Callable[[ReplayResult], None],
+    on_phase: PhaseListener | None,
 ) -> None:
     """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world size, as they were warmed.
 

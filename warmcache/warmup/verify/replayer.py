@@ -53,7 +53,9 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
         distributed.shutdown()
 
 
-def _prove_precompiled(worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases) -> str | None:
+def _prove_precompiled(
+    worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases
+) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
     if not (location and planned.model.precompile and planned.spec.workload == "generate"):
         return None
@@ -83,5 +85,7 @@ def merge_ranks(results: list[ReplayResult]) -> ReplayResult:
         cache_misses=sum(r.cache_misses for r in results),
         new_entries=tuple(sorted({e for r in results for e in r.new_entries})),
         persistent_cache=first.persistent_cache,
-        precompiled_error=next((f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None),
+        precompiled_error=next(
+            (f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None
+        ),
     )

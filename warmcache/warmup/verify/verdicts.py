@@ -109,7 +109,12 @@ class VerifySummary:
 def judge(identity: str, description: str, result: ReplayResult | None) -> SpecVerdict:
     """Turn one replay's measurement into a verdict (``None``: the replay never reached the spec)."""
     if result is None:
-        return SpecVerdict(description, Verdict.REPLAY_FAILED, ReplayResult(identity), reason="the replay process stopped before this spec")
+        return SpecVerdict(
+            description,
+            Verdict.REPLAY_FAILED,
+            ReplayResult(identity),
+            reason="the replay process stopped before this spec",
+        )
     if result.error:
         return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.error)
     if result.recompiled:
