@@ -36,9 +36,9 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("WARMCACHE_DB", raising=False)
     monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
     monkeypatch.delenv("WARMCACHE_STORE", raising=False)
-    monkeypatch.delenv(
-        "WARMCACHE_DEBUG", raising=False
-    )  # a developer's --debug environment changes what commands print
+    # A developer's --debug environment changes what commands print; "0", not unset, so that a --debug under test
+    # (which sets it for its child processes) is undone when the test ends.
+    monkeypatch.setenv("WARMCACHE_DEBUG", "0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 

@@ -110,3 +110,13 @@ def test_claims_that_cannot_be_given_back_are_logged(caplog: pytest.LogCaptureFi
         and "could not give back claims [3, 4]" in record.getMessage()
         and "disk I/O error" in record.getMessage()
     )
+
+
+def test_the_processes_a_debug_command_starts_log_their_decisions_too(tmp_path: Path) -> None:
+    """``--jobs`` workers, torchrun ranks and verify's replays configure their logging from ``$WARMCACHE_DEBUG``."""
+    from warmcache.diagnostics import debug_requested
+
+    assert debug_requested({"WARMCACHE_DEBUG": "1"}) and debug_requested({"WARMCACHE_DEBUG": "true"})
+    assert not debug_requested({"WARMCACHE_DEBUG": "0"}) and not debug_requested({})
+    _missing_registry(tmp_path, "--debug")
+    assert debug_requested()  # set for the children of that command (the test's environment is restored after it)

@@ -3,12 +3,13 @@
 Every :class:`~warmcache.errors.WarmcacheError` becomes ``warmcache: error: ...``
 on stderr (one line per problem) and its exit code; no traceback reaches users
 unless they ask for it: ``warmcache --debug`` (or ``WARMCACHE_DEBUG=1``) prints each
-decision warmcache logs and the traceback behind the error (:mod:`warmcache.cli.diagnostics`).
+decision warmcache logs and the traceback behind the error (:mod:`warmcache.diagnostics`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import click
@@ -18,7 +19,6 @@ from warmcache.cli.buckets import buckets_group
 from warmcache.cli.bundle import bundle_group
 from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
-from warmcache.cli.diagnostics import configure, log_exception
 from warmcache.cli.guard import guard_group, misses
 from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, explain, plan, shapes
@@ -26,6 +26,7 @@ from warmcache.cli.serve import serve
 from warmcache.cli.status import status
 from warmcache.cli.store import pull, push, store_group
 from warmcache.cli.warmup import verify, warmup
+from warmcache.diagnostics import DEBUG_ENV, configure, log_exception
 from warmcache.errors import RegistryError, WarmcacheError, first_line
 from warmcache.identity.fingerprint import package_version
 
@@ -54,6 +55,8 @@ def _fail(ctx: click.Context, exc: WarmcacheError) -> None:
 
 def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) -> None:
     configure(debug=value)
+    if value:
+        os.environ[DEBUG_ENV] = "1"  # the processes this command starts log their decisions too
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,18 +7,26 @@ WARNING for what an operator must see. A command prints the warnings on stderr; 
 its causes included: a ``raise ... from None`` keeps the cause out of the message and
 out of a plain traceback, but Python still keeps it (``__context__``), and here it is
 shown.
+
+The command line configures this for its own process and sets ``WARMCACHE_DEBUG`` for
+the processes it starts (``--jobs`` workers, torchrun ranks, verify's replays), whose
+entry point configures it again from the environment: their decisions reach the same
+stderr.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import traceback
+from collections.abc import Mapping
 from types import TracebackType
-
-import click
 
 #: The logger every warmcache module's logger descends from.
 ROOT = logging.getLogger("warmcache")
+#: Set (to ``1``, ``true``, ``yes`` or ``on``) to log every decision, as ``--debug`` does; inherited by child processes.
+DEBUG_ENV = "WARMCACHE_DEBUG"
 
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
@@ -43,11 +51,12 @@ class _Formatter(logging.Formatter):
 
 
 class _Stderr(logging.Handler):
-    """Writes to the command's stderr as click knows it at the time (a test's runner swaps it)."""
+    """Writes to ``sys.stderr`` as it is when a record comes (a test's runner swaps it)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            click.echo(self.format(record), err=True)
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
         except Exception:  # noqa: BLE001 - logging must never break the command it reports on
             self.handleError(record)
 
@@ -63,6 +72,12 @@ def configure(debug: bool) -> None:
     ROOT.setLevel(logging.DEBUG if debug else logging.NOTSET)
     if _HANDLER not in ROOT.handlers:
         ROOT.addHandler(_HANDLER)
+
+
+def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``$WARMCACHE_DEBUG`` asks for the decisions (as click reads a flag: 1, true, yes, on)."""
+    value = (os.environ if environ is None else environ).get(DEBUG_ENV, "")
+    return value.strip().lower() in ("1", "true", "t", "yes", "y", "on")
 
 
 def log_exception(log: logging.Logger) -> None:
