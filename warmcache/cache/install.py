@@ -256,7 +256,8 @@ def _undo(journal: list[_Move]) -> None:
             for folder in move.new_dirs:  # deepest first
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
-        except OSError:
+        except OSError as exc:
+            log.warning("could not undo the install of %s (%s); run warmcache cache doctor", move.dest, exc)
             continue
 
 

@@ -13,6 +13,7 @@ blobs already there are skipped.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -43,6 +44,8 @@ from warmcache.store.index import (
 )
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.trust import SigningKey, sign_document
+
+log = logging.getLogger(__name__)
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
 TRANSFER_THREADS = 8
@@ -191,10 +194,14 @@ def _upload_missing(
         key = blob_key(sha256)
         held = store.stat(key)
         if held is not None and held.size == size and store.sha256_of(key) == sha256:
+            log.debug("blob %s: already in the store, not uploaded", sha256[:16])
             with lock:
                 present[sha256] = held.modified
             advance(size)
             return
+        log.debug(
+            "blob %s: %s, uploading", sha256[:16], "missing from the store" if held is None else "damaged in the store"
+        )
         store.upload(path, key, sha256, lambda nbytes: advance(nbytes))
         advance(0, uploaded=1, sent=size)
 
