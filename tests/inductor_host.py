@@ -17,7 +17,8 @@ from typing import Any
 
 from manifests import Table, generate, manifest_toml, model
 
-#: The one real Inductor warmup of the suite: tiny Qwen3, batch 1 and 2 (two decode graphs), prompts of 8 and 12 (sharing them).
+#: The one real Inductor warmup of the suite: tiny Qwen3, batch 1 and 2 (two decode graphs), prompts of 8 and 12
+#: (sharing them).
 INDUCTOR_MODEL = "tiny-qwen3"
 BATCH_SIZES = (1, 2)
 PROMPT_LENGTHS = (8, 12)

@@ -66,6 +66,7 @@ def test_a_near_tie_may_go_either_way_and_a_token_far_from_the_best_may_not() ->
 
 def test_a_forbidden_best_token_is_skipped() -> None:
     reference = _reference()
-    # End-of-sequence (token 0 here) scores best at step 0, but min_new_tokens forbade it: the runner-up is the best allowed.
+    # End-of-sequence (token 0 here) scores best at step 0, but min_new_tokens forbade it: the runner-up is the best
+    # allowed.
     verdict = judge(reference, reference.clone(), torch.tensor([[1, 1, 2]]), "float32", forbidden=[0])
     assert verdict.agrees and verdict.token_deficit == 0

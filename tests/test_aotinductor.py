@@ -81,7 +81,8 @@ def _assert_served_by_packages(served: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -> None:
-    # The reference decode is eager and runs only the short call the package is exported from; verify proves the package to the cache's end.
+    # The reference decode is eager and runs only the short call the package is exported from; verify proves the package
+    # to the cache's end.
     for command, then in (
         ("warmup", ["exporting the decode step", "building the package"]),
         ("verify", ["proving the precompiled artifact"]),
@@ -292,7 +293,8 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
         step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {"logits_to_keep": 2})
 
 
-#: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL cases), then
+#: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL
+#: cases), then
 #: whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case comes last.
 ATTACK = textwrap.dedent(
     """
@@ -337,7 +339,10 @@ ATTACK = textwrap.dedent(
 )
 
 #: A shared object whose constructor runs at dlopen and leaves a file behind: what a swapped package ``.so`` could do.
-CONSTRUCTOR = '#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
+CONSTRUCTOR = (
+    "#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = "
+    'fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
+)
 
 
 def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
@@ -366,7 +371,8 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every policy,
-    over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing compiled."""
+    over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing
+    compiled."""
     from warmcache.runtime.snapshot import snapshot_document
     from warmcache.trust import SigningKey, generate_key, sign_document
 
@@ -374,7 +380,8 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(
     (tmp_path / "planted.c").write_text(CONSTRUCTOR % marker)
     evil_so = tmp_path / "planted.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(evil_so), str(tmp_path / "planted.c")], check=True)
-    # The control: loading the swapped-in object does run its constructor, so a missing marker below means it was never loaded.
+    # The control: loading the swapped-in object does run its constructor, so a missing marker below means it was never
+    # loaded.
     subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(evil_so)!r})"], check=True)
     assert marker.exists()
     marker.unlink()

@@ -121,7 +121,8 @@ def test_warmup_launches_torchrun_for_sharded_models_and_a_failure_on_the_ranks_
     )
     assert (rows["tp", "train"].status, rows["tp", "train"].attempts) == ("failed", 1)
     assert rows["tp", "train"].error == outcomes["tp/train"]["error"]
-    # Rank 0 sends its phases through the torchrun child to this process, which names each line's spec; the other rank sends none.
+    # Rank 0 sends its phases through the torchrun child to this process, which names each line's spec; the other rank
+    # sends none.
     lines = done.stderr.splitlines()
     for phase in ("loading the model", "compiling the decode step"):
         assert (

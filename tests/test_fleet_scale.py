@@ -356,7 +356,8 @@ def test_a_waiting_worker_looks_again_less_and_less_often() -> None:
     assert all(_poll_wait(looks, 1.5) <= 0.5 for looks in range(10))
 
 
-#: Worker A in its own process: claims the spec and "compiles" it for ten minutes under its cache lock (it is stopped meanwhile).
+#: Worker A in its own process: claims the spec and "compiles" it for ten minutes under its cache lock (it is stopped
+#: meanwhile).
 _HOLDER = """
 import sys, time
 from pathlib import Path

@@ -234,7 +234,8 @@ def test_a_database_outage_never_blocks_or_fails_requests(
     guard.close(timeout=0.5)
     close_seconds = time.perf_counter() - closing
     print(
-        f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in {close_seconds * 1000:.0f} ms"
+        f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in "
+        f"{close_seconds * 1000:.0f} ms"
     )
     # Liveness, not speed (tools/bench_guard.py measures that): a request or close() that
     # waited on the database would hang here for the whole connect timeout or forever.

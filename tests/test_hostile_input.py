@@ -233,7 +233,9 @@ def test_a_read_only_command_creates_no_registry_anywhere(command: str, tmp_path
     """A missing file (and its folder), a file name beside system files, and the default registry: one line naming the
     path and the command that creates one; nothing is created."""
     manifest = write_manifest(
-        "[[model]]\nname = 'm'\npath = '{qwen3}'\nbackend = 'eager'\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n"
+        "[[model]]\nname = 'm'\npath = '{qwen3}'\nbackend = "
+        "'eager'\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = "
+        "16\n"
     )
     args = [a.format(manifest=manifest, out=tmp_path / "guard.json") for a in READ_ONLY_COMMANDS[command]]
     before = sorted(tmp_path.rglob("*"))

@@ -122,7 +122,11 @@ def test_toolchain_differences_name_each_part() -> None:
 
 
 #: What a host computes before it touches any registry or cache: the identity of each planned shape.
-HOST_CODE = "from warmcache.manifest import load_manifest; from warmcache.identity.plan import plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in plan_manifest(load_manifest('manifest.toml'))]"
+HOST_CODE = (
+    "from warmcache.manifest import load_manifest; from warmcache.identity.plan import "
+    "plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in "
+    "plan_manifest(load_manifest('manifest.toml'))]"
+)
 
 
 def test_two_hosts_compute_the_same_identity(tmp_path: Path, tiny_models: dict[str, Path]) -> None:

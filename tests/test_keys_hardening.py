@@ -125,7 +125,8 @@ def test_a_private_key_pasted_as_text_is_never_echoed(
     with pytest.raises(UsageError) as inline:
         load_manifest(
             write_manifest(
-                f'[trust]\nkeys = ["{quoted}"]\n[[model]]\nname = "m"\npath = "gpt2"\n[[model.generate]]\nbatch_sizes = [1]\n'
+                f'[trust]\nkeys = ["{quoted}"]\n[[model]]\nname = "m"\npath = '
+                '"gpt2"\n[[model.generate]]\nbatch_sizes = [1]\n'
             )
         )
     for where, message in (

@@ -184,10 +184,14 @@ def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
         "m.toml: cache.zz: unknown key (allowed: dir)",
         "m.toml: trust.zz: unknown key (allowed: keys)",
         "m.toml: store.zz: unknown key (allowed: url, endpoint_url, push, max_pull_size, sign_key)",
-        "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
+        "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, "
+        "device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
         "m.toml: model 'm': model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
-        "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, prefill_chunk_size, cache_implementation)",
-        "m.toml: model 'm': model[0].train[0].zz: unknown key (allowed: batch_sizes, seq_lengths, bf16, gradient_checkpointing)",
+        "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, "
+        "prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, "
+        "prefill_chunk_size, cache_implementation)",
+        "m.toml: model 'm': model[0].train[0].zz: unknown key (allowed: batch_sizes, "
+        "seq_lengths, bf16, gradient_checkpointing)",
     ]
 
 
@@ -244,10 +248,9 @@ def test_a_problem_in_a_named_model_says_which_model_it_is() -> None:
     )
     with pytest.raises(ManifestError) as info:
         loads(text + '[[model]]\nname = "bad name"\npath = "x"\n', "m.toml")
-    assert (
-        info.value.problems
-        == [
-            "m.toml: model 'tiny-llama': model[1].generate[0].prompt_lengths: prompt length 40 + 1 new token exceeds max_cache_len 32",
-            "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only letters, digits, '.', '_' and '-'",  # no name to give
-        ]
-    )
+    assert info.value.problems == [
+        "m.toml: model 'tiny-llama': model[1].generate[0].prompt_lengths: prompt length 40 + 1 "
+        "new token exceeds max_cache_len 32",
+        "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only "
+        "letters, digits, '.', '_' and '-'",  # no name to give
+    ]

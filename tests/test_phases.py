@@ -176,7 +176,8 @@ def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(
     from warmcache.manifest import load_manifest
     from warmcache.warmup.worker import Worker
 
-    # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's, the target's recompile limits.
+    # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's,
+    # the target's recompile limits.
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "0")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     dynamo = torch._dynamo.config

@@ -130,12 +130,14 @@ def test_replay_of_200_requests_compiles_nothing_with_the_guard(served: Served) 
     with CompileCounter() as guarded:
         for inputs in stream:
             served.guard.generate(served.model, **inputs, max_new_tokens=2)
-    # Without the guard, the stream's first 40 requests already compile graph after graph (all 200: 30 s more, the same answer).
+    # Without the guard, the stream's first 40 requests already compile graph after graph (all 200: 30 s more, the same
+    # answer).
     with CompileCounter() as unguarded:
         for inputs in stream[:40]:
             _unguarded(served.model, 2, **inputs)
     print(
-        f"\n200 requests, batch 1-8, prompt 1-16 tokens: {guarded.graphs} graphs compiled with the guard, {unguarded.graphs} without it in the first 40"
+        f"\n200 requests, batch 1-8, prompt 1-16 tokens: {guarded.graphs} graphs compiled with "
+        f"the guard, {unguarded.graphs} without it in the first 40"
     )
     assert guarded.graphs == 0
     assert unguarded.graphs > 1

@@ -259,15 +259,18 @@ BAD_MISSES = [
     (b"not json", "body"),
     (b'{"misses": {}}', "misses"),
     (
-        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": -1, "decision": "pad"}]}',
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": -1, "decision": "pad"}]}',
         "misses[0].seq_len",
     ),
     (
-        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 2, "decision": "pad"}, 7]}',
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": 2, "decision": "pad"}, 7]}',
         "misses[1]",
     ),
     (
-        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 2, "decision": "eat"}]}',
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": 2, "decision": "eat"}]}',
         "misses[0].decision",
     ),
 ]

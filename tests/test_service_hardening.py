@@ -76,7 +76,10 @@ def test_query_integers_are_ascii_digits_only(service: str, batch: str) -> None:
 
 @pytest.mark.parametrize("path", ["/etc", "/proc/self", "/no/such/folder", "/tmp"])
 def test_plan_does_not_reveal_whether_server_paths_exist(service: str, path: str) -> None:  # noqa: F811
-    body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    body = (
+        f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = '
+        "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+    )
     status, answer, _ = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400, answer
     message = answer["error"]["message"]
@@ -89,7 +92,10 @@ def test_plan_does_not_reveal_whether_server_paths_exist(service: str, path: str
 def test_plan_answers_are_the_same_for_a_missing_and_an_existing_server_path(service: str, tmp_path: Path) -> None:  # noqa: F811
     answers = set()
     for path in ("/etc", "/no/such/folder"):
-        body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+        body = (
+            f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = '
+            "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+        )
         answers.add(json.dumps(call(f"{service}/v1/plan", "POST", body, AUTH)[1]).replace(path, "PATH"))
     assert len(answers) == 1, answers
 
@@ -145,7 +151,10 @@ def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}))
     values = list(range(1, side + 1))
-    table = f'path = "{folder}"\n[[model.generate]]\nbatch_sizes = {values}\nprompt_lengths = {values}\nmax_cache_len = {side + 1}\n'
+    table = (
+        f'path = "{folder}"\n[[model.generate]]\nbatch_sizes = {values}\nprompt_lengths = '
+        f"{values}\nmax_cache_len = {side + 1}\n"
+    )
     return "\n".join(f'[[model]]\nname = "m{i}"\n{table}' for i in range(models)).encode()
 
 
@@ -195,7 +204,10 @@ def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_
     folder = tmp_path / "deep"
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    body = f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    body = (
+        f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = '
+        "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+    )
     status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
     assert (

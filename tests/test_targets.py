@@ -26,7 +26,8 @@ def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytes
     target = target_for(manifest.models[0])
     assert isinstance(target, InductorTarget) and target.cache_flavor is None  # aot_eager keeps no cache
 
-    # The folder the edge resolved (--cache-dir, then $WARMCACHE_CACHE_DIR: tests/test_settings.py), then the manifest's.
+    # The folder the edge resolved (--cache-dir, then $WARMCACHE_CACHE_DIR: tests/test_settings.py), then the
+    # manifest's.
     assert resolve_cache_dir(target, tmp_path / "from-flag", manifest) == ((tmp_path / "from-flag").resolve(), True)
     assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-manifest").resolve(), True)
 

@@ -147,7 +147,8 @@ def _eager_attention_rows_refuse_an_sdpa_model(db: str, llama: Path) -> None:
     sdpa = AutoModelForCausalLM.from_pretrained(llama, attn_implementation="sdpa")
     with pytest.raises(
         UsageError,
-        match="model 'fast': attn_implementation 'sdpa' matches no compiled rows .compiled with attn_implementation 'eager'",
+        match="model 'fast': attn_implementation 'sdpa' matches no compiled rows .compiled with "
+        "attn_implementation 'eager'",
     ):
         guard.prime(sdpa)
     report = guard.prime(AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager"))
@@ -221,8 +222,8 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(
     assert first.verdict == Verdict.REPLAY_ONLY and first.measured.graphs == 1
     assert [v.verdict for v in rest] == [Verdict.REPLAY_FAILED, Verdict.REPLAY_FAILED]
     assert all(
-        v.reason
-        == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after 1 result(s); see its output above"
+        v.reason == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after "
+        "1 result(s); see its output above"
         for v in rest
     )
     with Registry.open(db) as registry:

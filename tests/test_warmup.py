@@ -114,7 +114,8 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
         "try:\n"
         f"    main(['warmup', {str(path)!r}, '--db', {sqlite_url!r}, '--json'])\n"
         "except SystemExit as exit:\n"
-        "    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules, round(time.perf_counter() - start, 3), file=sys.stderr)\n"
+        "    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules, "
+        "round(time.perf_counter() - start, 3), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     exit_code, torch_loaded, transformers_loaded, seconds = result.stderr.split()[-4:]

@@ -68,7 +68,8 @@ def main() -> None:
             + (f"; unavoidable with every length compiled: {unavoidable:.2f}%" if batch > 1 else "")
         )
         print(
-            f"{'K':>3}  {'DP':>7}  {'pow2':>7}  {'even':>7}  {'DP pad/req':>10}  {'pow2 pad/req':>12}  {'DP ms':>7}  DP buckets"
+            f"{'K':>3}  {'DP':>7}  {'pow2':>7}  {'even':>7}  {'DP pad/req':>10}  {'pow2 pad/req':>12} "
+            f" {'DP ms':>7}  DP buckets"
         )
         for k in ks:
             started = time.perf_counter()
@@ -84,7 +85,8 @@ def main() -> None:
             )
             print(
                 f"{k:>3}  {dp.waste_percent:>7.2f}  {pow2.waste_percent:>7.2f}  {even.waste_percent:>7.2f}  "
-                f"{dp.padded_tokens_per_request:>10.1f}  {pow2.padded_tokens_per_request:>12.1f}  {elapsed_ms:>7.1f}  {list(plan.buckets)}"
+                f"{dp.padded_tokens_per_request:>10.1f}  {pow2.padded_tokens_per_request:>12.1f}  "
+                f"{elapsed_ms:>7.1f}  {list(plan.buckets)}"
             )
         ladder = powers_of_two(lengths.max_length)
         same = plan_fixed(lengths.values, weights, len(ladder))

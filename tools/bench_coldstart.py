@@ -257,8 +257,10 @@ def warm_with_warmcache(
     manifest = work / f"bench-{registry}.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / registry}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{backend or args.backend}"\nprecompile = {precompile}\n'
-        f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = '
+        f'"{backend or args.backend}"\nprecompile = {precompile}\n'
+        f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = "
+        f"[{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     subprocess.run(
         [sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True
@@ -268,14 +270,19 @@ def warm_with_warmcache(
 def show_aotinductor(r: dict[str, Any], cold: dict[str, Any]) -> None:
     compiler = ", ".join(r["compiler_modules"]) or "none"
     print(
-        f"aoti  first request {r['first_request_s']:6.3f}s after model load  (package load + bind {r['package_load_s'] * 1000:.1f} ms for {r['packages']}, "
-        f"first decode step {r['first_step_s'] * 1000:.1f} ms, prime {r['prime_s']:.3f}s, first request {r['first_generate_s']:.3f}s; "
-        f"{r['dynamo_frames']} Dynamo frames, compiler modules imported: {compiler})  steady request {r['steady_s']:.3f}s  "
+        f"aoti  first request {r['first_request_s']:6.3f}s after model load  (package load + bind "
+        f"{r['package_load_s'] * 1000:.1f} ms for {r['packages']}, "
+        f"first decode step {r['first_step_s'] * 1000:.1f} ms, prime {r['prime_s']:.3f}s, first "
+        f"request {r['first_generate_s']:.3f}s; "
+        f"{r['dynamo_frames']} Dynamo frames, compiler modules imported: {compiler})  steady "
+        f"request {r['steady_s']:.3f}s  "
         f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s, registry read {r['registry_s']:.2f}s]"
     )
     print(
-        f"cold/aotinductor first request (after model load, prime included): {cold['first_generate_s'] / r['first_request_s']:.0f}x; "
-        f"compile overhead: first request (prime included) / steady request {r['first_request_s'] / r['steady_s']:.1f}x "
+        "cold/aotinductor first request (after model load, prime included): "
+        f"{cold['first_generate_s'] / r['first_request_s']:.0f}x; "
+        "compile overhead: first request (prime included) / steady request "
+        f"{r['first_request_s'] / r['steady_s']:.1f}x "
         f"(first request alone {r['first_generate_s'] / r['steady_s']:.1f}x)"
     )
 
@@ -285,13 +292,15 @@ def show(name: str, r: dict[str, Any]) -> None:
         print(
             f"{name:<5} first token {r['first_token_s']:6.2f}s  (import dynamo {r['dynamo_import_s']:5.2f}s, "
             f"artifact load {r['artifact_load_s']:5.2f}s for {r['artifacts']}, prime call {r['prime_call_s']:5.2f}s, "
-            f"first request {r['first_generate_s']:5.3f}s; {r['dynamo_frames']} Dynamo frames)  next call {r['second_generate_s']:.3f}s  "
+            f"first request {r['first_generate_s']:5.3f}s; {r['dynamo_frames']} Dynamo frames)  next "
+            f"call {r['second_generate_s']:.3f}s  "
             f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s]"
         )
         return
     print(
         f"{name:<5} first generate() {r['first_generate_s']:6.2f}s  (dynamo trace {r['dynamo_trace_s']:5.2f}s, "
-        f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache misses, {r['cache_hits']} hits)  "
+        f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache "
+        f"misses, {r['cache_hits']} hits)  "
         f"next call {r['second_generate_s']:.3f}s  [import {r['import_s']:.1f}s, load {r['load_s']:.1f}s"
         + (f", mega-cache load {r['mega_load_s']:.2f}s]" if r["mega_load_s"] else "]")
     )
@@ -343,7 +352,8 @@ def main() -> None:
         if not args.quick:
             warm_with_warmcache(args, work, work / "aoti-cache", "aoti-registry.sqlite", "inductor", '"aotinductor"')
         print(
-            f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU "
+            f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} "
+            f"max_cache_len={args.max_cache_len}, {args.backend} on CPU "
             f"({os.cpu_count()} cores, OMP_NUM_THREADS={args.threads})"
         )
         for batch in args.batches:
@@ -359,7 +369,10 @@ def main() -> None:
                 show("mega", mega)
                 ratios += f"; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x"
             show("pre", pre)
-            ratios += f"; cold/precompiled (first token incl. artifact load): {cold['first_generate_s'] / pre['first_token_s']:.1f}x"
+            ratios += (
+                "; cold/precompiled (first token incl. artifact load): "
+                f"{cold['first_generate_s'] / pre['first_token_s']:.1f}x"
+            )
             print(ratios)
             if pre["dynamo_frames"]:
                 raise SystemExit(f"precompiled scenario compiled {pre['dynamo_frames']} Dynamo frames; expected none")
@@ -374,7 +387,8 @@ def main() -> None:
                 show_aotinductor(aoti, cold)
                 if aoti["dynamo_frames"] or aoti["compiler_modules"]:
                     raise SystemExit(
-                        f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported {aoti['compiler_modules']}; expected none"
+                        f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported "
+                        f"{aoti['compiler_modules']}; expected none"
                     )
 
 

@@ -158,8 +158,10 @@ def report(runs: list[Run], specs: int, db: str, split_cores: bool) -> str:
     ]
     for run in runs:
         lines.append(
-            f"{run.workers:>7}  {run.wall_seconds:>7.1f}  {base / run.wall_seconds:>7.2f}x  {run.compile_seconds:>10.1f}  "
-            f"{run.compile_seconds / max(1, sum(run.compiled_per_worker)):>13.2f}  {'/'.join(map(str, run.compiled_per_worker))}"
+            f"{run.workers:>7}  {run.wall_seconds:>7.1f}  {base / run.wall_seconds:>7.2f}x  "
+            f"{run.compile_seconds:>10.1f}  "
+            f"{run.compile_seconds / max(1, sum(run.compiled_per_worker)):>13.2f}  "
+            f"{'/'.join(map(str, run.compiled_per_worker))}"
             + (f"  ({run.duplicates} DUPLICATE compiles)" if run.duplicates else "")
         )
     lines.append(
@@ -230,7 +232,8 @@ def main() -> None:
         "--target",
         type=float,
         default=None,
-        help=f"Scale compile times so the ideal makespan is this many seconds (default: so that the fleet claims {CLAIMS_PER_SECOND:g} specs a second).",
+        help="Scale compile times so the ideal makespan is this many seconds (default: so that the "
+        f"fleet claims {CLAIMS_PER_SECOND:g} specs a second).",
     )
     simulation.add_argument(
         "--starts-per-second",
@@ -297,7 +300,8 @@ def simulate(args: argparse.Namespace) -> None:
     lease = args.lease or (8.0 if args.quick else 60.0)
     if (args.faults or args.faults_only) and lease < 2 * args.outage:
         raise SystemExit(
-            f"--lease {lease:g} must be at least twice --outage {args.outage:g}: a lease that runs out during the outage is a second compile by design"
+            f"--lease {lease:g} must be at least twice --outage {args.outage:g}: a lease that runs "
+            "out during the outage is a second compile by design"
         )
     orders = fleet_sim.ORDERS if args.order == "both" else (args.order,)
     results = []
@@ -337,7 +341,10 @@ def simulate(args: argparse.Namespace) -> None:
                     batch.append(result)
                     failed |= not result.ok
                 print(
-                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median {args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {target:g} s, workers starting at {args.starts_per_second:g}/s, lease {lease:g} s, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median "
+                    f"{args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {target:g} s, "
+                    f"workers starting at {args.starts_per_second:g}/s, lease {lease:g} s, {os.cpu_count()} "
+                    f"cores, load {os.getloadavg()[0]:.1f}"
                 )
                 print(fleet_sim.report(batch))
                 results.extend(batch)

@@ -67,7 +67,8 @@ def compiled_records(
     manifest = work / f"{name}.toml"
     manifest.write_text(
         f'[[model]]\nname = "{name}"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = {lengths}\nmax_cache_len = {max_cache_len}\n"
+        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = "
+        f"{lengths}\nmax_cache_len = {max_cache_len}\n"
     )
     return [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
 
@@ -151,7 +152,8 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
             forward_ns = [_ns(lambda fitted=fitted: model(**fitted.inputs)) for _ in range(forwards)]
         pad, fwd = statistics.median(pad_ns) / 1e6, statistics.median(forward_ns) / 1e6
         print(
-            f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: fit+unpad {pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}"
+            f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: fit+unpad "
+            f"{pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}"
         )
     guard.close()
 

@@ -3,7 +3,8 @@
     python tools/bench_realistic.py                                   # Qwen3-0.6B, all 28 layers, float32
     python tools/bench_realistic.py --config meta-llama__Llama-3.2-1B --layers 4 --dtype bfloat16
     python tools/bench_realistic.py --routes aotinductor --new-tokens 32
-    python tools/bench_realistic.py --quick                           # CI: tiny Qwen3, aot_eager; checks the script runs
+    python tools/bench_realistic.py --quick                           # CI: tiny Qwen3, aot_eager; checks the script
+    runs
 
 The model is built from the published ``config.json`` (``tests/data/realconfigs``) at its
 real width with random weights (``tools/real_model.py``; compile cost depends on the
@@ -113,8 +114,10 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
     manifest = root / "bench.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{root / "registry.sqlite"}"\n[cache]\ndir = "{root / "cache"}"\n'
-        f'[[model]]\nname = "bench"\npath = "{model}"\ndtype = "{args.dtype}"\nbackend = "{args.backend}"\nprecompile = {ROUTES[route]}\n'
-        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndtype = "{args.dtype}"\nbackend = '
+        f'"{args.backend}"\nprecompile = {ROUTES[route]}\n'
+        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = "
+        f"[{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     warmup_s, peak, out = run_measured([sys.executable, "-m", "warmcache", "warmup", str(manifest), "--json"], env)
     (spec,) = json.loads(out)["specs"]
@@ -261,35 +264,46 @@ def overhead(r: dict[str, Any], clock: str = "") -> float:
 
 def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dict[str, Any]], params_m: float) -> None:
     print(
-        f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU {os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
-        f"batch {args.batch}, prompt {args.prompt}, max_cache_len {args.max_cache_len}, requests of {args.new_tokens} new tokens"
+        f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU "
+        f"{os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
+        f"batch {args.batch}, prompt {args.prompt}, max_cache_len {args.max_cache_len}, requests "
+        f"of {args.new_tokens} new tokens"
     )
     print(f"{'route':<12} {'warmup':>8} {'peak RSS':>9} {'written':>10} {'verify':>8}")
     for w in warmed:
         print(
-            f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB {w.bytes_written / 2**20:8.1f}MiB {w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}"
+            f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB "
+            f"{w.bytes_written / 2**20:8.1f}MiB "
+            f"{w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}"
         )
     cold = starts["cold"]
     print(
-        f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} {'CPU overhead':>13} {'vs cold':>8}  compiled in production"
+        f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} "
+        f"{'CPU overhead':>13} {'vs cold':>8}  compiled in production"
     )
     for name, r in starts.items():
         versus = "" if name == "cold" else f"{overhead(cold) / max(overhead(r), 1e-6):7.0f}x"
         versus_cpu = "" if name == "cold" else f"{overhead(cold, 'cpu') / max(overhead(r, 'cpu'), 1e-6):7.0f}x"
-        compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {', '.join(r['compiler_modules']) or 'none'}"
+        compiled = (
+            f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: "
+            f"{', '.join(r['compiler_modules']) or 'none'}"
+        )
         print(
-            f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s {overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
+            f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s "
+            f"{overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
         )
     by_route = {w.route: w for w in warmed}
     if "aotinductor" in by_route and "inductor" in by_route:
         package, plain = by_route["aotinductor"].spec_s, by_route["inductor"].spec_s
         print(
-            f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s ({package / plain:.2f}x)"
+            f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s "
+            f"({package / plain:.2f}x)"
         )
     if "aotinductor" in starts:
         packaged = starts["aotinductor"]
         print(
-            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s = 1/{overhead(cold) / max(overhead(packaged), 1e-6):.0f} of cold's "
+            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s = "
+            f"1/{overhead(cold) / max(overhead(packaged), 1e-6):.0f} of cold's "
             f"{overhead(cold):.1f}s (CPU: 1/{overhead(cold, 'cpu') / max(overhead(packaged, 'cpu'), 1e-6):.0f}); "
             f"packaged first request {packaged['first_s'] / packaged['steady_s']:.2f}x a steady request"
         )
@@ -310,7 +324,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16, help="New tokens of each timed request.")
     parser.add_argument("--routes", default=",".join(ROUTES), help=f"Comma-separated, of {', '.join(ROUTES)}.")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
-    # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is steady.
+    # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is
+    # steady.
     parser.add_argument(
         "--threads",
         type=int,

@@ -80,7 +80,8 @@ def write_manifest(work: Path, models: int, per_model: int) -> Path:
     lengths = per_model // batches
     tables = [
         f'[[model]]\nname = "m{i}"\npath = "{folder}"\nbackend = "inductor"\n'
-        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = {[8 * j for j in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
+        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = "
+        f"{[8 * j for j in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
         for i in range(models)
     ]
     (work / "all.toml").write_text("\n".join(tables))
@@ -149,16 +150,19 @@ def main() -> None:
             guard = timed(GUARD_LOAD, url)
         db = "PostgreSQL" if url.startswith("postgres") else "SQLite"
         print(
-            f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; each in a fresh process"
+            f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} "
+            f"cores, load {os.getloadavg()[0]:.1f}; each in a fresh process"
         )
         print(f"{'measurement':<44} {'wall_s':>7} {'inner_s':>7} {'max_rss_MiB':>11}")
         print(f"{f'plan --json of {planned:,} specs':<44} {plan[0]:>7.2f} {'':>7} {plan[1]:>11.0f}")
         print(f"{f'shapes --json of {listed:,} rows (streamed)':<44} {listing[0]:>7.2f} {'':>7} {listing[1]:>11.0f}")
         print(
-            f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} {float(refresh[2]):>7.2f} {refresh[1]:>11.0f}"
+            f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} "
+            f"{float(refresh[2]):>7.2f} {refresh[1]:>11.0f}"
         )
         print(
-            f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} {float(guard[2]):>7.2f} {guard[1]:>11.0f}"
+            f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} "
+            f"{float(guard[2]):>7.2f} {guard[1]:>11.0f}"
         )
         if listed != rows or planned != per_model:
             raise SystemExit(f"listed {listed} of {rows} rows, planned {planned} of {per_model} specs")

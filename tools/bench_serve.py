@@ -235,19 +235,24 @@ def main() -> None:
     rps = len(latencies) / elapsed
     p50, p99 = (v / 1000 for v in percentiles(latencies))
     print(
-        f"/v1/check over loopback, {len(batches) * len(lengths)} compiled shapes, {args.connections} keep-alive connections, {os.cpu_count()} cores:"
+        f"/v1/check over loopback, {len(batches) * len(lengths)} compiled shapes, "
+        f"{args.connections} keep-alive connections, {os.cpu_count()} cores:"
     )
     print(
-        f"  {len(latencies):,} checks in {elapsed:.2f} s: {rps:,.0f} checks/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms, {errors} non-200"
+        f"  {len(latencies):,} checks in {elapsed:.2f} s: {rps:,.0f} checks/s, p50 {p50:.2f} ms, "
+        f"p99 {p99:.2f} ms, {errors} non-200"
     )
     if server_cpu:
         # On a shared machine the wall-clock rate depends on the neighbours; CPU time per check does not.
         print(
-            f"  server CPU {server_cpu * 1e6 / len(latencies):.0f} us per check ({len(latencies) / server_cpu:,.0f} checks per CPU-second), "
-            f"load generator {client_cpu * 1e6 / len(latencies):.0f} us per check; load average {os.getloadavg()[0]:.1f}"
+            f"  server CPU {server_cpu * 1e6 / len(latencies):.0f} us per check "
+            f"({len(latencies) / server_cpu:,.0f} checks per CPU-second), "
+            f"load generator {client_cpu * 1e6 / len(latencies):.0f} us per check; load average "
+            f"{os.getloadavg()[0]:.1f}"
         )
     print(
-        f"  in-process ShapeGuard.bucket (the table's decision) on the same requests: p50 {local_p50:.2f} us, p99 {local_p99:.2f} us "
+        "  in-process ShapeGuard.bucket (the table's decision) on the same requests: p50 "
+        f"{local_p50:.2f} us, p99 {local_p99:.2f} us "
         f"(HTTP p50 is {p50 * 1000 / max(local_p50, 0.001):,.0f}x)"
     )
     verdict = "ok" if rps >= TARGET_RPS and p99 < TARGET_P99_MS else "BELOW TARGET"

@@ -55,7 +55,9 @@ def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path,
     manifest = folder / "manifest.toml"
     batches = ", ".join(str(b) for b in range(1, entries + 1))
     manifest.write_text(
-        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = "neuron"\n[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = [16]\nmax_cache_len = 64\n'
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = '
+        f'"neuron"\n[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = '
+        "[16]\nmax_cache_len = 64\n"
     )
     cache, url = folder / "cache", f"sqlite:///{folder / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))
@@ -150,10 +152,12 @@ def main() -> None:
         plain_down_s, _ = timed("plain boto3 download_file loop", lambda: plain_download(work / "plain"))
         assert pulled.pulled == entries and not pulled.missing
         print(
-            f"push: {total / MIB / push_s:7.1f} MiB/s vs plain {total / MIB / plain_up_s:7.1f} MiB/s  -> {plain_up_s / push_s:.2f}x"
+            f"push: {total / MIB / push_s:7.1f} MiB/s vs plain {total / MIB / plain_up_s:7.1f} MiB/s  "
+            f"-> {plain_up_s / push_s:.2f}x"
         )
         print(
-            f"pull: {total / MIB / pull_s:7.1f} MiB/s vs plain {total / MIB / plain_down_s:7.1f} MiB/s  -> {plain_down_s / pull_s:.2f}x"
+            f"pull: {total / MIB / pull_s:7.1f} MiB/s vs plain {total / MIB / plain_down_s:7.1f} "
+            f"MiB/s  -> {plain_down_s / pull_s:.2f}x"
         )
 
         print(f"no-op pull of {noop_entries} entries already in the cache:")
@@ -254,7 +258,8 @@ def bench_oci(
         f"oci pull: {mib / pull_s:7.1f} MiB/s vs skopeo copy down {mib / down_s:7.1f} MiB/s  -> {down_s / pull_s:.2f}x"
     )
     print(
-        f"oci vs s3 (same cache, this run): push {s3_seconds[0] / push_s:.2f}x, pull {s3_seconds[1] / pull_s:.2f}x (above 1: oci faster)"
+        f"oci vs s3 (same cache, this run): push {s3_seconds[0] / push_s:.2f}x, pull "
+        f"{s3_seconds[1] / pull_s:.2f}x (above 1: oci faster)"
     )
     noop_manifest, noop_cache, noop_url, noop_entries = noop
     noop_seconds, result = timed(

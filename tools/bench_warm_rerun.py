@@ -46,7 +46,8 @@ def warm_registry(work: Path, lengths: int) -> tuple[Path, str, int]:
     manifest = work / "warm.toml"
     manifest.write_text(
         f'[[model]]\nname = "big"\npath = "{model}"\n[[model.generate]]\n'
-        f"batch_sizes = {list(range(1, 11))}\nprompt_lengths = {list(range(8, 8 + 4 * lengths, 4))}\nmax_cache_len = {8 + 4 * lengths + 8}\n"
+        f"batch_sizes = {list(range(1, 11))}\nprompt_lengths = "
+        f"{list(range(8, 8 + 4 * lengths, 4))}\nmax_cache_len = {8 + 4 * lengths + 8}\n"
     )
     url = f"sqlite:///{work / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))
@@ -85,7 +86,8 @@ def main() -> None:
     heavy = sorted(name for name in ("torch", "transformers") if any(r[name] for r in runs))
     verdict = "ok" if seconds < TARGET_SECONDS else "ABOVE TARGET"
     print(
-        f"warm rerun of {specs} compiled specs, fresh process, imports included: median {seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})"
+        f"warm rerun of {specs} compiled specs, fresh process, imports included: median "
+        f"{seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})"
     )
     print(f"heavy imports: {', '.join(heavy) if heavy else 'none (torch and transformers stay unloaded)'}")
     if heavy:

@@ -52,7 +52,8 @@ class BackendTerminator(threading.Thread):
 
     def run(self) -> None:
         query = sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE :prefix AND pid <> pg_backend_pid() ORDER BY random() LIMIT :n"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE "
+            ":prefix AND pid <> pg_backend_pid() ORDER BY random() LIMIT :n"
         )
         while not self._stop.wait(self._interval):
             with self._engine.begin() as conn:

@@ -129,8 +129,10 @@ class Result:
 
     def summary_line(self) -> str:
         return (
-            f"simulate: {self.setup.workers} workers, {self.setup.specs} specs, order={self.order}: makespan {self.makespan:.1f} s, "
-            f"bound {self.lpt_bound:.1f} s ({self.over_bound:.1f}% over), claim p99 {self.claim_percentile(0.99):.0f} ms, "
+            f"simulate: {self.setup.workers} workers, {self.setup.specs} specs, order={self.order}: "
+            f"makespan {self.makespan:.1f} s, "
+            f"bound {self.lpt_bound:.1f} s ({self.over_bound:.1f}% over), claim p99 "
+            f"{self.claim_percentile(0.99):.0f} ms, "
             f"compiled twice {self.compiled_twice}, lost {self.lost}"
         )
 
@@ -190,7 +192,8 @@ def write_manifest(work: Path, specs: int) -> Path:
     manifest = work / "sim.toml"
     manifest.write_text(
         f'[[model]]\nname = "sim"\npath = "{model}"\nbackend = "inductor"\n'
-        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = {[8 * i for i in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
+        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = "
+        f"{[8 * i for i in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
     )
     return manifest
 
@@ -567,20 +570,26 @@ def _status(manifest: Path, url: str) -> str:
 
 def report(results: Sequence[Result]) -> str:
     lines = [
-        f"{'order':>8} {'faults':>6} {'makespan_s':>10} {'ideal_s':>7} {'lpt_bound_s':>11} {'over_bound':>10} {'claim_p50_ms':>12} {'claim_p99_ms':>12} "
+        f"{'order':>8} {'faults':>6} {'makespan_s':>10} {'ideal_s':>7} {'lpt_bound_s':>11} "
+        f"{'over_bound':>10} {'claim_p50_ms':>12} {'claim_p99_ms':>12} "
         f"{'stmts/spec':>10} {'renew/s':>7} {'conns_max':>9} {'conns_mean':>10} {'claims_retried':>14}"
     ]
     for r in results:
         lines.append(
-            f"{r.order:>8} {'yes' if r.setup.faults != Faults() else 'no':>6} {r.makespan:>10.1f} {r.ideal:>7.1f} {r.lpt_bound:>11.1f} {r.over_bound:>9.1f}% "
-            f"{r.claim_percentile(0.5):>12.1f} {r.claim_percentile(0.99):>12.1f} {r.statements / max(1, r.specs_by_survivors):>10.1f} "
-            f"{r.renewals / max(r.makespan, 1e-9):>7.1f} {r.connections_max:>9} {r.connections_mean:>10.1f} {r.claims_unavailable:>14}"
+            f"{r.order:>8} {'yes' if r.setup.faults != Faults() else 'no':>6} {r.makespan:>10.1f} "
+            f"{r.ideal:>7.1f} {r.lpt_bound:>11.1f} {r.over_bound:>9.1f}% "
+            f"{r.claim_percentile(0.5):>12.1f} {r.claim_percentile(0.99):>12.1f} "
+            f"{r.statements / max(1, r.specs_by_survivors):>10.1f} "
+            f"{r.renewals / max(r.makespan, 1e-9):>7.1f} {r.connections_max:>9} "
+            f"{r.connections_mean:>10.1f} {r.claims_unavailable:>14}"
         )
     for r in results:
         if r.setup.faults != Faults():
             lines.append(
-                f"faults ({r.order}): {r.killed} workers SIGKILLed, {r.terminated} backends terminated, one worker's database cut for "
-                f"{r.setup.faults.outage_seconds:.0f} s ({r.refused} connections refused); {r.rerun_after_kill} specs compiled again after their worker "
+                f"faults ({r.order}): {r.killed} workers SIGKILLed, {r.terminated} backends terminated, "
+                "one worker's database cut for "
+                f"{r.setup.faults.outage_seconds:.0f} s ({r.refused} connections refused); "
+                f"{r.rerun_after_kill} specs compiled again after their worker "
                 f"was killed holding them, {r.compiled_twice} compiled twice otherwise, {r.lost} not compiled"
                 + (f"; CRASHED: {', '.join(r.crashed)}" if r.crashed else "")
             )

@@ -24,7 +24,10 @@ from moto_server import free_port
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
 #: Why a test or benchmark that needs them does not run, named once.
-MISSING = "Debian's docker-registry and skopeo are not installed (apt-get install docker-registry skopeo apache2-utils; .ci/run installs them)"
+MISSING = (
+    "Debian's docker-registry and skopeo are not installed (apt-get install docker-registry "
+    "skopeo apache2-utils; .ci/run installs them)"
+)
 
 
 def available() -> bool:

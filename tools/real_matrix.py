@@ -72,16 +72,19 @@ def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
 
 
 def _declared(model_path: Path, dtype: str, route: str) -> str:
-    head = f'[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = "m"\npath = "{model_path}"\nbackend = "inductor"\n'
+    head = (
+        '[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = '
+        f'"m"\npath = "{model_path}"\nbackend = "inductor"\n'
+    )
     if route == "train":
         return (
-            head
-            + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = [{TRAIN_LENGTH}]\nbf16 = {"true" if dtype == "bfloat16" else "false"}\n'
+            head + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = '
+            f"[{TRAIN_LENGTH}]\nbf16 = {'true' if dtype == 'bfloat16' else 'false'}\n"
         )
     precompile = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}[route]
     return (
-        head
-        + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = [{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n'
+        head + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = '
+        f"[{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n"
     )
 
 
@@ -162,10 +165,15 @@ def markdown(cells: Sequence[Cell], seconds: float) -> str:
         lines.append(f"| {config} | {dtype} | {' | '.join(row.get(r, '') for r in routes)} |")
     lines += [
         "",
-        "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), then a fresh serving process with "
-        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module imported at all), every generated token within the given "
-        "share of the step's logit RMS of eager's best (the criterion's tolerance: 4 % in bfloat16, 0.1 % in float32). train: two real Trainer steps.",
-        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, random weights, Inductor, CPU; "
-        f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
+        "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven "
+        "to the cache's end), then a fresh serving process with "
+        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module "
+        "imported at all), every generated token within the given "
+        "share of the step's logit RMS of eager's best (the criterion's tolerance: 4 % in "
+        "bfloat16, 0.1 % in float32). train: two real Trainer steps.",
+        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers "
+        "at real width, random weights, Inductor, CPU; "
+        f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests "
+        f"{[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]
     return "\n".join(lines)

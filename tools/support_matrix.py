@@ -14,7 +14,8 @@ README's support table from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
-    python tools/support_matrix.py --real          # published configs at real width, every route and dtype (tools/real_matrix.py; hours)
+    python tools/support_matrix.py --real          # published configs at real width, every route and dtype
+    (tools/real_matrix.py; hours)
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _manifest(models: dict[str, Path], workload: str) -> str:
     for arch, path in models.items():
         head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "aot_eager"\n'
         if workload == "generate":
-            body = f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = {list(PROMPT_LENGTHS)}\nmax_cache_len = {MAX_CACHE_LEN}\n"
+            body = (
+                f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = "
+                f"{list(PROMPT_LENGTHS)}\nmax_cache_len = {MAX_CACHE_LEN}\n"
+            )
         else:
             body = f"[[model.train]]\nbatch_sizes = {list(BATCH_SIZES)}\nseq_lengths = [{TRAIN_LENGTH}]\n"
         tables.append(head + body)
@@ -156,7 +160,8 @@ def serve(prepared: Prepared, arch: str) -> Served:
                 compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
                 if not torch.equal(guarded, eager):
                     mismatches.append(
-                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager {eager[:, ids.shape[1] :].tolist()}"
+                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager "
+                        f"{eager[:, ids.shape[1] :].tolist()}"
                     )
         return Served(primed.graphs, after.graphs, compared, mismatches)
     finally:
@@ -198,7 +203,10 @@ def row(prepared: Prepared, arch: str) -> Row:
     else:
         served = serve(prepared, arch)
         if served.graphs_after_priming or served.mismatches:
-            generate = f"FAIL: {served.graphs_after_priming} graphs after priming, {len(served.mismatches)} request(s) differ from eager"
+            generate = (
+                f"FAIL: {served.graphs_after_priming} graphs after priming, {len(served.mismatches)} "
+                "request(s) differ from eager"
+            )
         else:
             generate = f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager, past the window"
     train = "FAIL: " + prepared.train[arch][0] if prepared.train[arch] else "pass"
@@ -228,7 +236,8 @@ def main() -> int:
     parser.add_argument(
         "--config",
         action="append",
-        help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path (default: all kept).",
+        help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path "
+        "(default: all kept).",
     )
     parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
     parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")

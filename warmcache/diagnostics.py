@@ -68,7 +68,8 @@ _HANDLER.setFormatter(_Formatter())
 def configure(debug: bool) -> None:
     """Send warmcache's log to stderr: warnings always, every decision and traceback with ``debug``."""
     _HANDLER.setLevel(logging.DEBUG if debug else logging.WARNING)
-    # NOTSET without --debug: the level stays the application's (or pytest's) to choose, and DEBUG records are not even made.
+    # NOTSET without --debug: the level stays the application's (or pytest's) to choose, and DEBUG records are not even
+    # made.
     ROOT.setLevel(logging.DEBUG if debug else logging.NOTSET)
     if _HANDLER not in ROOT.handlers:
         ROOT.addHandler(_HANDLER)

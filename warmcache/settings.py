@@ -123,7 +123,8 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     if not rest.startswith("/") or path in ("", ":memory:"):
         # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
         raise UsageError(
-            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps nothing between commands); give {ACCEPTED_FORMS}"
+            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps "
+            f"nothing between commands); give {ACCEPTED_FORMS}"
         )
     return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
 
@@ -134,7 +135,8 @@ def _require_database(url: str, rest: str, source: str) -> None:
     database = location.partition("/")[2]
     if not database and "dbname=" not in query:
         raise UsageError(
-            f"{source} {shown(url)} names no database (libpq would fall back to a database named after the user, on the local socket "
+            f"{source} {shown(url)} names no database (libpq would fall back to a database named "
+            "after the user, on the local socket "
             f"unless a host is given); give {ACCEPTED_FORMS}"
         )
 

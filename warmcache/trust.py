@@ -156,7 +156,10 @@ class SignatureCheck:
         if self.checked:
             return f"signature verified (key {self.key_id})"
         signed = f"signed by key {self.key_id}, " if self.key_id else "unsigned, "
-        return f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+        return (
+            f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
+            "or the manifest's [trust] keys)"
+        )
 
     def as_json(self) -> dict[str, Any]:
         return fields_json(self, {"key_id": "key"})
@@ -192,7 +195,8 @@ class TrustedKeys:
             entries = [e for e in from_env.text.split(",") if e.strip()]
             if not entries:
                 raise UsageError(
-                    f"{from_env.source} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub files, comma-separated)"
+                    f"{from_env.source} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub "
+                    "files, comma-separated)"
                 )
             return cls.load(entries, from_env.source)
         return fallback or cls()
@@ -229,7 +233,8 @@ class TrustedKeys:
             Ed25519PublicKey.from_public_bytes(signer.raw).verify(raw_signature, payload)
         except InvalidSignature:
             raise TrustError(
-                f"{what}: the signature of key {signer.key_id} does not match the content: altered after signing; refused"
+                f"{what}: the signature of key {signer.key_id} does not match the content: altered after "
+                "signing; refused"
             ) from None
         return SignatureCheck(True, signer.key_id)
 
@@ -247,8 +252,10 @@ def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None
     """
     if not trusted.configured and not allow_unsigned:
         raise TrustError(
-            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and a compile cache is code; refused: "
-            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or --allow-unsigned to install it unverified"
+            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and "
+            "a compile cache is code; refused: "
+            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or "
+            "--allow-unsigned to install it unverified"
         )
 
 
@@ -271,7 +278,8 @@ def load_public_key(entry: str, source: str, base: Path | None = None) -> Public
         return PublicKey.parse(text, f"{source}: {file}")
     except UsageError:
         raise UsageError(
-            f"{source}: {shown(str(file))} is not a public key file (expected one line {KEY_PREFIX}<base64>, as warmcache keys generate writes)"
+            f"{source}: {shown(str(file))} is not a public key file (expected one line "
+            f"{KEY_PREFIX}<base64>, as warmcache keys generate writes)"
         ) from None
 
 
@@ -280,11 +288,13 @@ def _refuse_key_text(entry: str, source: str) -> None:
     (``--trust "$(cat key)"``): errors land in CI logs."""
     if "PRIVATE KEY" in entry:
         raise UsageError(
-            f"{source}: a private key was given where a public key belongs; pass the .pub file or its {KEY_PREFIX}... line"
+            f"{source}: a private key was given where a public key belongs; pass the .pub file or its "
+            f"{KEY_PREFIX}... line"
         )
     if "-----BEGIN" in entry or "\n" in entry.strip():
         raise UsageError(
-            f"{source}: a block of text ({len(entry)} characters, not shown) was given where a public key belongs; pass a .pub file or its {KEY_PREFIX}... line"
+            f"{source}: a block of text ({len(entry)} characters, not shown) was given where a public "
+            f"key belongs; pass a .pub file or its {KEY_PREFIX}... line"
         )
 
 

@@ -96,11 +96,13 @@ def manifest_snippet(
     if workload == "generate":
         if max_cache_len is None:
             raise UsageError(
-                "--manifest-snippet for generate needs --max-cache-len (the static cache length the buckets are compiled for)"
+                "--manifest-snippet for generate needs --max-cache-len (the static cache length the "
+                "buckets are compiled for)"
             )
         if not prompt_fits(buckets[-1], max_cache_len):
             raise UsageError(
-                f"--max-cache-len {max_cache_len}: the longest bucket {buckets[-1]} + 1 new token does not fit; raise it to at least {buckets[-1] + 1}"
+                f"--max-cache-len {max_cache_len}: the longest bucket {buckets[-1]} + 1 new token does "
+                f"not fit; raise it to at least {buckets[-1] + 1}"
             )
         lines += [
             "[[model.generate]]",

@@ -220,7 +220,8 @@ def entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[
             flavor = flavor_of_kind(artifact.kind)
             if flavor != location.flavor:
                 raise UsageError(
-                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind {shown(artifact.kind)} is not "
+                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind "
+                    f"{shown(artifact.kind)} is not "
                     f"in the {location.flavor} cache {location.root}; pack each model's cache separately with --model"
                 )
             path = check_relpath(
@@ -229,7 +230,8 @@ def entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[
             )
             if not os.path.lexists(location.root / path):
                 raise CacheError(
-                    f"{location.root / path}: cache entry of {record.model_name} {record.workload} batch={record.batch_size} "
+                    f"{location.root / path}: cache entry of {record.model_name} {record.workload} "
+                    f"batch={record.batch_size} "
                     f"seq={record.seq_len} is gone; run warmcache cache doctor --fix, then warmcache warmup"
                 )
             entries.add(path)

@@ -25,7 +25,8 @@ from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
 from warmcache.registry.statuses import DONE_STATUSES, Status
 
-#: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
+#: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine
+#: only.
 _LOCAL_ONLY = frozenset({"id", "claimed_by", "lease_expires_at", "cache_root", "error"})
 _FIELDS = tuple(name for name in COLUMNS if name not in _LOCAL_ONLY)
 _TIMES = tuple(name for name in _FIELDS if COLUMNS[name][0] is dt.datetime)
@@ -104,7 +105,8 @@ def _check_types(data: dict[str, Any], types: dict[str, tuple[tuple[type, ...], 
             raise CacheError(f"{at}.{name} is {shown(value)}, not {wanted}{' or null' if nullable else ''}; refused")
         if isinstance(value, int) and not 0 <= value <= _INT_LIMITS.get(name, MAX_COUNT):
             raise CacheError(
-                f"{at}.{name} is {shown(value)}, outside what the registry holds (0 to {_INT_LIMITS.get(name, MAX_COUNT)}); refused"
+                f"{at}.{name} is {shown(value)}, outside what the registry holds (0 to "
+                f"{_INT_LIMITS.get(name, MAX_COUNT)}); refused"
             )
 
 
@@ -147,7 +149,8 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
                 updated, unchanged = (updated + 1, unchanged) if extra else (updated, unchanged + 1)
             elif row.status == Status.COMPILING and row.lease_expires_at is not None and row.lease_expires_at > now:
                 skipped.append(
-                    f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now"
+                    f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: "
+                    f"{row.claimed_by} is compiling it now"
                 )
             else:
                 for name in (*_RESULT_FIELDS, "cache_root"):
@@ -172,7 +175,8 @@ def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
                 values[name] = dt.datetime.fromisoformat(values[name])
             except (TypeError, ValueError):
                 raise CacheError(
-                    f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an ISO timestamp; refused"
+                    f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an "
+                    "ISO timestamp; refused"
                 ) from None
             if values[name].tzinfo is None:
                 values[name] = values[name].replace(tzinfo=dt.UTC)

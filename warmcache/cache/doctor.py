@@ -45,13 +45,15 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
     for entry in info.entries:
         if entry.lock_held:
             notes.append(
-                f"{entry.path}: locked, and a live process holds the lock or a Neuron compiler runs on this host; left alone"
+                f"{entry.path}: locked, and a live process holds the lock or a Neuron compiler runs on "
+                "this host; left alone"
             )
             continue
         fresh_locks = [lk for lk in entry.locks if not lk.is_stale(grace_seconds)]
         if fresh_locks:
             notes.append(
-                f"{entry.path}: lock {fresh_locks[0].path} is only {format_age(fresh_locks[0].age_seconds)} old; left alone"
+                f"{entry.path}: lock {fresh_locks[0].path} is only "
+                f"{format_age(fresh_locks[0].age_seconds)} old; left alone"
             )
             continue
         reason = _entry_problem(entry, info.scanned_at - entry.last_used, grace_seconds)

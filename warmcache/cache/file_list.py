@@ -39,7 +39,9 @@ def read_signed_document(
         raise CacheError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != expected_format:
         raise CacheError(
-            f"{where}: unsupported {what} format {shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads format {expected_format})"
+            f"{where}: unsupported {what} format "
+            f"{shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads "
+            f"format {expected_format})"
         )
     signature = trusted.check_document(raw, where)
     flavor = raw.get("flavor")

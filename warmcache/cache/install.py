@@ -79,7 +79,8 @@ def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source
     if total > max_bytes:
         raise CacheError(
             f"{source}: lists {len(files)} files of {format_size(total)} ({total} bytes), more than the unpack limit "
-            f"of {format_size(max_bytes)}; refused (raise it with --max-size or $WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
+            f"of {format_size(max_bytes)}; refused (raise it with --max-size or "
+            "$WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
         )
     existing = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(existing).free
@@ -174,7 +175,8 @@ def _check_digest(found: tuple[str, int], expected: BundleFile, where: str) -> N
     if size != expected.size or digest != expected.sha256:
         raise CacheError(
             f"{where}: content does not match the listed sha256 and size "
-            f"(sha256 {digest[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+            f"(sha256 {digest[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed "
+            f"{expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
         )
 
 

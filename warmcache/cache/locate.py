@@ -121,6 +121,7 @@ def single_location(manifest: Manifest, cache_dir: CacheFolder | None, model_nam
     if len(locations) != 1:
         roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
         raise UsageError(
-            f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a time with --model or --cache-dir"
+            f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a "
+            "time with --model or --cache-dir"
         )
     return locations[0]

@@ -92,7 +92,10 @@ def _kept_note(blocker: str, entries: list[CacheEntry]) -> str:
     """One line per reason, however many entries it keeps."""
     if len(entries) == 1:
         return f"{entries[0].path}: kept: {blocker}"
-    return f"{len(entries)} entries ({format_size(sum(e.size_bytes for e in entries))}) kept: {blocker}; e.g. {entries[0].path}"
+    return (
+        f"{len(entries)} entries ({format_size(sum(e.size_bytes for e in entries))}) kept: "
+        f"{blocker}; e.g. {entries[0].path}"
+    )
 
 
 def _selected(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
@@ -122,7 +125,10 @@ def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use
     if entry.is_needed and not rules.include_referenced:
         return "needed by compiled shapes (--include-referenced deletes it anyway)"
     if entry.is_shared_kernel and cache_in_use and not rules.include_referenced:
-        return "a kernel file compiled shapes of this cache may load: kernels are shared between graphs (--include-referenced deletes it anyway)"
+        return (
+            "a kernel file compiled shapes of this cache may load: kernels are shared between graphs "
+            "(--include-referenced deletes it anyway)"
+        )
     if entry.is_orphan and info.warmup_running:
         return "an orphan while a warmup compiles into this cache: it records entries when each shape finishes"
     if entry.is_orphan and info.scanned_at - entry.last_used < rules.grace_seconds:

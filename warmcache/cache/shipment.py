@@ -45,6 +45,7 @@ def records_to_ship(
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
         raise CacheError(
-            f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.location.display}; run warmcache {run} first"
+            f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry "
+            f"{registry.location.display}; run warmcache {run} first"
         )
     return records, not_compiled

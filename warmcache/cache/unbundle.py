@@ -105,7 +105,8 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
         raise CacheError(f"{bundle}: not a warmcache bundle: its first member must be {META_NAME}")
     if members[0].size > MAX_META_BYTES:
         raise CacheError(
-            f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs ({MAX_META_BYTES}); refused"
+            f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs "
+            f"({MAX_META_BYTES}); refused"
         )
     handle = tar.extractfile(members[0])
     assert handle is not None
@@ -150,7 +151,8 @@ def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Pat
     absent = sorted(set(meta.files) - set(found))
     if absent:
         raise CacheError(
-            f"{bundle}: the file list names {CACHE_PREFIX}{absent[0]} but the bundle lacks it ({len(absent)} missing); refused"
+            f"{bundle}: the file list names {CACHE_PREFIX}{absent[0]} but the bundle lacks it "
+            f"({len(absent)} missing); refused"
         )
     return found
 
@@ -162,7 +164,8 @@ def _check_toolchain(meta: BundleMeta, bundle: Path) -> None:
             differences = "; ".join(_differences(row["toolchain"], local.as_dict())) or "fingerprint differs"
             raise CacheError(
                 f"{bundle}: built with another toolchain than this machine's for {row['model_name']} "
-                f"({differences}): its graphs would not load here; pass --force to unpack anyway (its rows then read stale)"
+                f"({differences}): its graphs would not load here; pass --force to unpack anyway (its "
+                "rows then read stale)"
             )
 
 
@@ -184,7 +187,8 @@ def _check_layout_matches(root: Path, flavor: CacheFlavor, bundle: Path) -> None
     held = [c for c in root.iterdir() if not c.name.startswith(WORK_DIR_PREFIX)] if root.is_dir() else []
     if held and detect_flavor(root) != flavor:
         raise CacheError(
-            f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout {detect_flavor(root)}; refused (pass another --cache-dir)"
+            f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout "
+            f"{detect_flavor(root)}; refused (pass another --cache-dir)"
         )
 
 

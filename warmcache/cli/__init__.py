@@ -68,7 +68,8 @@ def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) ->
     is_eager=True,
     expose_value=False,
     callback=_debug,
-    help="Log every decision (claims, leases, retries, cache hits and misses, skips) to stderr, and the traceback behind an error. Also $WARMCACHE_DEBUG=1.",
+    help="Log every decision (claims, leases, retries, cache hits and misses, skips) to stderr, "
+    "and the traceback behind an error. Also $WARMCACHE_DEBUG=1.",
 )
 def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""

@@ -19,7 +19,10 @@ from warmcache.units import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DB_HELP = f"Registry database URL (default: ${REGISTRY.env}, then the manifest's {REGISTRY.manifest_key}, then {REGISTRY.default})."
+DB_HELP = (
+    f"Registry database URL (default: ${REGISTRY.env}, then the manifest's "
+    f"{REGISTRY.manifest_key}, then {REGISTRY.default})."
+)
 
 
 CACHE_DIR_HELP = (
@@ -133,5 +136,6 @@ trust_option = click.option(
     "trust",
     metavar="KEY",
     multiple=True,
-    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
+    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: "
+    "$WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
 )

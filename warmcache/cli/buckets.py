@@ -58,7 +58,8 @@ class LengthSource:
         ]
         if len(chosen) != 1:
             raise UsageError(
-                f"give exactly one source of lengths: --lengths, --dataset or --from-misses (got {', '.join(chosen) or 'none'})"
+                "give exactly one source of lengths: --lengths, --dataset or --from-misses (got "
+                f"{', '.join(chosen) or 'none'})"
             )
         if self.column is not None and self.lengths_file is None:
             raise UsageError("--column applies to --lengths only")
@@ -108,12 +109,14 @@ def length_source_options(func: F) -> F:
             "--tokenizer",
             "tokenizer_path",
             metavar="PATH",
-            help="The model (or tokenizer) folder: tokenises --dataset; its config's max_position_embeddings is the default --max-length.",
+            help="The model (or tokenizer) folder: tokenises --dataset; its config's "
+            "max_position_embeddings is the default --max-length.",
         ),
         click.option(
             "--from-misses",
             is_flag=True,
-            help="Use the requests the runtime guard padded or refused (registry misses of --model), each weighted by its count.",
+            help="Use the requests the runtime guard padded or refused (registry misses of --model), each "
+            "weighted by its count.",
         ),
     )
     for option in reversed(options):
@@ -146,7 +149,8 @@ def length_source_options(func: F) -> F:
     "--compile-cost",
     type=click.FloatRange(min=0),
     metavar="TOKENS",
-    help="Let the cost decide K: one more compiled bucket is worth TOKENS padded tokens over --expected-requests requests.",
+    help="Let the cost decide K: one more compiled bucket is worth TOKENS padded tokens over "
+    "--expected-requests requests.",
 )
 @click.option(
     "--expected-requests",
@@ -215,7 +219,8 @@ def suggest(
         raise UsageError("--expected-requests only matters with --compile-cost")
     if source.from_misses and batch_size > 1:
         raise UsageError(
-            "--batch does not apply to --from-misses: a recorded miss is a whole request whose seq_len is already its longest row"
+            "--batch does not apply to --from-misses: a recorded miss is a whole request whose "
+            "seq_len is already its longest row"
         )
     if (manifest_snippet or source.from_misses) and not model_name:
         raise UsageError(f"{'--from-misses' if source.from_misses else '--manifest-snippet'} needs --model NAME")
@@ -259,13 +264,15 @@ def report_text(result: Suggestion) -> str:
     lengths = result.traffic.lengths
     n = result.traffic.batch_size
     header = (
-        f"{lengths.total} lengths ({len(lengths.values)} distinct), {lengths.min_length}-{lengths.max_length} tokens, mean {lengths.mean_length:.1f}; "
+        f"{lengths.total} lengths ({len(lengths.values)} distinct), "
+        f"{lengths.min_length}-{lengths.max_length} tokens, mean {lengths.mean_length:.1f}; "
         + ("single requests" if n == 1 else f"batches of {n}")
     )
     if n > 1:
         floor = result.unavoidable
         header += (
-            f"\neven with every length compiled, batches of {n} pad {floor.padded_tokens_per_request:.1f} tokens per request "
+            f"\neven with every length compiled, batches of {n} pad "
+            f"{floor.padded_tokens_per_request:.1f} tokens per request "
             f"({floor.waste_percent:.2f}% waste) up to their longest member"
         )
     columns = (

@@ -63,10 +63,12 @@ def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: Sig
         print_json(result.as_json())
         return
     click.echo(
-        f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, {result.files} files ({format_size(result.bytes)})"
+        f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, "
+        f"{result.files} files ({format_size(result.bytes)})"
         + (f", signed by key {result.signed_by}" if result.signed_by else ", unsigned")
         + (
-            f"; {result.not_compiled} declared shapes are not in the bundle (not {'verified' if verified_only else 'compiled'})"
+            f"; {result.not_compiled} declared shapes are not in the bundle (not "
+            f"{'verified' if verified_only else 'compiled'})"
             if result.not_compiled
             else ""
         )
@@ -91,7 +93,8 @@ def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: Sig
     help="Read [trust] keys and [registry] url from this manifest.",
 )
 @max_unpack_size_option(
-    f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE)."
+    "Refuse a bundle whose files total more than SIZE (default "
+    f"{format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE)."
 )
 @db_option
 @json_option
@@ -129,8 +132,10 @@ def unpack(
         return
     rows = result.rows
     click.echo(
-        f"{result.root}: {result.added} entries added, {result.replaced} replaced, {result.already_present} already present "
-        f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged"
+        f"{result.root}: {result.added} entries added, {result.replaced} replaced, "
+        f"{result.already_present} already present "
+        f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} "
+        f"added, {rows.updated} updated, {rows.unchanged} unchanged"
     )
     click.echo(result.signature.describe())
     for line in rows.skipped:

@@ -31,7 +31,8 @@ def cache_options(func: F) -> F:
     for option in reversed(
         (
             cache_dir_option(
-                "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."
+                "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each "
+                "compiler's default)."
             ),
             click.option(
                 "--flavor",
@@ -57,7 +58,7 @@ def cache_options(func: F) -> F:
 def _grace_option(func: F) -> F:
     return click.option(
         "--grace", metavar="AGE", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
-        help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a compile may still be running).",
+        help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a " "compile may still be running).",
     )(func)  # fmt: skip
 
 
@@ -77,7 +78,7 @@ def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> 
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
-    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, {format_size(sum(e.size_bytes for e in info.entries))}; "
+    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, " f"{format_size(sum(e.size_bytes for e in info.entries))}; "
              + (", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty")]  # fmt: skip
     for entry in info.entries:
         if entry.state in ("failed", "locked") or (doctor and entry.state == "incomplete"):
@@ -85,7 +86,8 @@ def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
             lines.append(f"  {entry.state}: {entry.path}{lock}")
     if doctor and any(e.state != "done" for e in info.entries):
         lines.append(
-            "  note: doctor does not change a remote cache; remove these prefixes with your S3 tooling once no compiler uses them"
+            "  note: doctor does not change a remote cache; remove these prefixes with your S3 "
+            "tooling once no compiler uses them"
         )
     return "\n".join(lines)
 
@@ -144,19 +146,24 @@ def _describe(info: CacheInfo) -> str:
         versions = sorted({e.compiler_version for e in of_kind if e.compiler_version})
         detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
         lines.append(
-            f"  {kind}: {count} ({format_size(sum(e.size_bytes for e in of_kind))}; {detail}{'; neuronxcc ' + ', '.join(versions) if versions else ''})"
+            f"  {kind}: {count} ({format_size(sum(e.size_bytes for e in of_kind))}; "
+            f"{detail}{'; neuronxcc ' + ', '.join(versions) if versions else ''})"
         )
     rows = {u.row_id: u for e in info.entries for u in e.used_by}
     statuses = Counter(u.status for u in rows.values())
     orphans = info.orphans
     lines.append(
-        f"  used by {len(rows)} registry rows ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
-        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); {len(info.missing)} missing artifacts"
+        f"  used by {len(rows)} registry rows "
+        f"({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
+        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); "
+        f"{len(info.missing)} missing artifacts"
     )
     if info.work_dirs:
         names = ", ".join(w.path for w in info.work_dirs[:3]) + (", ..." if len(info.work_dirs) > 3 else "")
         lines.append(
-            f"  {len(info.work_dirs)} leftovers of interrupted work ({format_size(sum(w.size_bytes for w in info.work_dirs))}: {names}); cache doctor --fix removes them"
+            f"  {len(info.work_dirs)} leftovers of interrupted work "
+            f"({format_size(sum(w.size_bytes for w in info.work_dirs))}: {names}); cache doctor --fix "
+            "removes them"
         )
     return "\n".join(lines)
 
@@ -272,7 +279,8 @@ def _report(
         click.echo(f"{plan.root} ({plan.flavor}):")
         for removal in plan.removals:
             click.echo(
-                f"  {'removed' if apply else 'would remove'} {removal.path} ({format_size(removal.size_bytes)}): {removal.reason}"
+                f"  {'removed' if apply else 'would remove'} {removal.path} "
+                f"({format_size(removal.size_bytes)}): {removal.reason}"
             )
         for forget in plan.forgets:
             click.echo(f"  {'forgot' if apply else 'would forget'} row {forget.description}: {forget.reason}")
@@ -286,5 +294,6 @@ def _report(
             click.echo("  nothing to do")
         else:
             click.echo(
-                f"  would free {format_size(plan.freed_bytes)} and forget {len(plan.forgets)} rows; run again {how_to_apply} to apply"
+                f"  would free {format_size(plan.freed_bytes)} and forget {len(plan.forgets)} rows; run "
+                f"again {how_to_apply} to apply"
             )

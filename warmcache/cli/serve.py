@@ -44,7 +44,7 @@ from warmcache.trust import SigningKey
 )
 @click.option(
     "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help="Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code only from signed rows.",
+    help="Sign every /v1/guard answer with this private key: guards with trusted keys load " "precompiled code only from signed rows.",
 )  # fmt: skip
 def serve(
     db_url: str | None,
@@ -73,11 +73,13 @@ def serve(
     )
     if not is_loopback(host):
         click.echo(
-            f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry",
+            f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can "
+            "connect reads the registry",
             err=True,
         )
     click.echo(
-        f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}",
+        f"warmcache serve: dashboard {base_url(host, port)} ; writes "
+        f"{'need the bearer token' if token else 'disabled (no token)'}",
         err=True,
     )
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.

@@ -73,7 +73,8 @@ def render(report: WarmupStatus) -> str:
     reclaimed = sum(g.reclaimed for g in report.groups)
     if reclaimed:
         parts.append(
-            f"\n{format_count(reclaimed, 'shape')} claimed more than once (a worker stopped holding it and its lease ran out, or a failure was retried)"
+            f"\n{format_count(reclaimed, 'shape')} claimed more than once (a worker stopped holding "
+            "it and its lease ran out, or a failure was retried)"
         )
     remaining = sum(g.remaining for g in report.groups)
     workers = len(report.live_workers)

@@ -35,10 +35,19 @@ from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STORE_HELP = "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: $WARMCACHE_STORE, then the manifest's [store] url)."
-ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
+STORE_HELP = (
+    "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: "
+    "$WARMCACHE_STORE, then the manifest's [store] url)."
+)
+ENDPOINT_HELP = (
+    "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
+    "then AWS_ENDPOINT_URL_S3/AWS)."
+)
 STORE_TIMEOUT_ENV = "WARMCACHE_STORE_TIMEOUT"
-NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+NOT_CHECKED = (
+    f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
+    "or the manifest's [trust] keys)"
+)
 
 
 def sign_option(func: F) -> F:
@@ -48,7 +57,8 @@ def sign_option(func: F) -> F:
         "sign_key",
         metavar="KEY",
         default=None,
-        help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key).",
+        help="Sign every pushed index with this private key (warmcache keys generate; default: the "
+        "manifest's [store] sign_key).",
     )(func)
 
 
@@ -69,7 +79,7 @@ def store_options(func: F) -> F:
     """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
     func = click.option(
         "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar=STORE_TIMEOUT_ENV,
-        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default {int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+        help="Give up on the store after this long in all (e.g. 90s, 30m; default " f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} " "s plus 1 s per MiB).",
     )(func)  # fmt: skip
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
@@ -100,8 +110,10 @@ def push(
         print_json(result.as_json())
         return
     click.echo(
-        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, {result.indexes_unchanged} unchanged); "
-        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), {result.blobs_present} already there"
+        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, "
+        f"{result.indexes_unchanged} unchanged); "
+        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), "
+        f"{result.blobs_present} already there"
         + (
             f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})"
             if result.not_compiled
@@ -113,7 +125,8 @@ def push(
 @click.command("pull")
 @shipment_arguments
 @max_unpack_size_option(
-    f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
+    "Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the "
+    f"manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
 )
 @trust_option
 @allow_unsigned_option
@@ -155,9 +168,11 @@ def pull(
     else:
         rows = result.rows
         click.echo(
-            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, {result.already_present} already present; "
+            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, "
+            f"{result.already_present} already present; "
             f"{result.entries_added} entries installed, {result.entries_present} already there; "
-            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} reused from an interrupted pull"
+            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} "
+            "reused from an interrupted pull"
             + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
         )
         click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
@@ -231,7 +246,8 @@ def gc(
     grace_seconds = parse_age(grace, option="--grace")
     if apply and grace_seconds < MIN_SAFE_GRACE_SECONDS:
         click.echo(
-            f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name",
+            f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a "
+            "push running now may lose blobs its indexes name",
             err=True,
         )
     plan = plan_gc(store, grace_seconds)
@@ -241,7 +257,10 @@ def gc(
         return
     for item in plan.removals:
         click.echo(f"  {'deleted' if apply else 'would delete'} {item.key} ({format_size(item.size)})")
-    summary = f"{plan.url}: {plan.indexes} indexes reference {plan.referenced} blobs; {len(plan.removals)} unreferenced ({format_size(plan.freed_bytes)})"
+    summary = (
+        f"{plan.url}: {plan.indexes} indexes reference {plan.referenced} blobs; "
+        f"{len(plan.removals)} unreferenced ({format_size(plan.freed_bytes)})"
+    )
     if plan.kept_young:
         summary += f", {plan.kept_young} younger than {grace} kept"
     click.echo(summary + ("" if apply or not plan.removals else "; run again with --apply to delete"))

@@ -58,7 +58,8 @@ def progress_every_option(func: F) -> F:
         envvar="WARMCACHE_PROGRESS_EVERY",
         default=PHASE_LINE_SECONDS,
         show_default=True,
-        help="In plain output (CI logs), repeat each running spec's phase after this many silent seconds (env WARMCACHE_PROGRESS_EVERY).",
+        help="In plain output (CI logs), repeat each running spec's phase after this many silent "
+        "seconds (env WARMCACHE_PROGRESS_EVERY).",
     )(func)
 
 

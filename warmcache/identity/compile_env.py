@@ -84,7 +84,8 @@ NEURON_GRAPH_ENV = (
 )
 
 #: The variables torch 2.13's Inductor, Dynamo and AOTAutograd config modules read that change what is
-#: compiled or Inductor's cache key: every one those modules read that is not in :data:`EXCLUDED_ENV` (a test keeps it so).
+#: compiled or Inductor's cache key: every one those modules read that is not in :data:`EXCLUDED_ENV` (a test keeps it
+#: so).
 TORCH_GRAPH_ENV = (
     "TORCHDYNAMO_AUTO_FUNCTIONALIZED_V2",
     "TORCHDYNAMO_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS",

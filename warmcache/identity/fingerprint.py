@@ -82,7 +82,8 @@ def config_path(model_path: str, revision: str | None = None) -> Path:
     if isinstance(cached, str):
         return Path(cached)
     raise UsageError(
-        f"model {model_path!r}: not a local folder and its config.json is not in the Hugging Face cache; download it first"
+        f"model {model_path!r}: not a local folder and its config.json is not in the Hugging Face "
+        "cache; download it first"
     )
 
 

@@ -42,20 +42,23 @@ def model_problems(model: ModelSpec) -> list[str]:
         ]
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # a key lookup: imports no modeling code
         return [
-            f"{where}: {config.model_type!r} has no causal-LM class in transformers (AutoModelForCausalLM cannot load it)"
+            f"{where}: {config.model_type!r} has no causal-LM class in transformers "
+            "(AutoModelForCausalLM cannot load it)"
         ]
     problems: list[str] = []
     if model.generate:
         kinds = unsupported_layer_kinds(config)
         if kinds:
             problems.append(
-                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache does not hold (supported: full and sliding-window attention)"
+                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache "
+                "does not hold (supported: full and sliding-window attention)"
             )
         else:
             model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             if not model_class._supports_default_dynamic_cache():
                 problems.append(
-                    f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache"
+                    f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step "
+                    "cannot run on a static cache"
                 )
     return problems
 

@@ -22,7 +22,8 @@ class Checker:
 
     file: Path
     problems: list[str] = field(default_factory=list)
-    #: ``{entry key: what it is called}`` (``{"model[0]": "model 'tiny-llama'"}``): an index alone is hard to find in a long manifest.
+    #: ``{entry key: what it is called}`` (``{"model[0]": "model 'tiny-llama'"}``): an index alone is hard to find in a
+    #: long manifest.
     names: dict[str, str] = field(default_factory=dict)
 
     def problem(self, key: str, message: str) -> None:

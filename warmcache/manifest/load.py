@@ -48,11 +48,13 @@ def loads(text: str | bytes, source: str | Path) -> Manifest:
     depth, dots = toml_nesting(decoded)
     if depth > MAX_NESTING:
         raise ManifestError(
-            f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused"
+            f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at "
+            f"most {MAX_NESTING}; refused"
         )
     if dots > MAX_KEY_DOTS:
         raise ManifestError(
-            f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer than {MAX_KEY_DOTS}; refused"
+            f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer "
+            f"than {MAX_KEY_DOTS}; refused"
         )
     try:
         raw = tomllib.loads(decoded)

@@ -112,8 +112,10 @@ def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, i
         count, batches, lengths, where = max(grids, key=lambda grid: grid[0])  # the first of the largest
         check.problem(
             "model",
-            f"declares {total:,} shapes (batch sizes × lengths, over every grid), more than the {MAX_MANIFEST_SHAPES:,} a manifest may; "
-            f"the largest grid, {where}: {batches} batch sizes × {lengths} lengths = {count:,} (choose buckets with warmcache buckets suggest, or split the manifest)",
+            f"declares {total:,} shapes (batch sizes × lengths, over every grid), more than the "
+            f"{MAX_MANIFEST_SHAPES:,} a manifest may; "
+            f"the largest grid, {where}: {batches} batch sizes × {lengths} lengths = {count:,} "
+            "(choose buckets with warmcache buckets suggest, or split the manifest)",
         )
 
 
@@ -126,7 +128,8 @@ def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> Store
     elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
         check.problem(
             "store.url",
-            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, oci://host/repository:tag or a folder path)",
+            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, "
+            "oci://host/repository:tag or a folder path)",
         )
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
@@ -239,7 +242,8 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
     if entry.get("device") == "auto":
         check.problem(
             f"{where}.device",
-            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and compiles nothing; name the device (neuron, cpu or cuda)",
+            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and "
+            "compiles nothing; name the device (neuron, cpu or cuda)",
         )
         device = None
     else:
@@ -267,12 +271,14 @@ def _parse_precompile(
     if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
         check.problem(
             f"{where}.precompile",
-            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+            "AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got "
+            f"{device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
         )
     elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
         check.problem(
             f"{where}.precompile",
-            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' "
+            f"on cpu or cuda (got {device}/{backend}/{mode})",
         )
     return precompile, aotinductor
 
@@ -297,7 +303,8 @@ def _check_aotinductor(check: Checker, where: str, world_size: int, generate: li
         if workload.settings.prefill_chunk_size:
             check.problem(
                 f"{where}.generate[{i}].prefill_chunk_size",
-                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
+                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which "
+                "holds only the one-token decode step",
             )
         if workload.settings.num_beams > 1:
             check.problem(
@@ -334,7 +341,8 @@ def _parse_generate(check: Checker, table: dict[str, Any], where: str) -> Genera
     if not settings.do_sample and settings.num_return_sequences > settings.num_beams:
         check.problem(
             f"{where}.num_return_sequences",
-            f"{settings.num_return_sequences} exceeds num_beams {settings.num_beams} (greedy/beam search returns at most num_beams sequences)",
+            f"{settings.num_return_sequences} exceeds num_beams {settings.num_beams} (greedy/beam "
+            "search returns at most num_beams sequences)",
         )
     if len(check.problems) != before:
         return None

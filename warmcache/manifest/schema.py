@@ -23,9 +23,11 @@ BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
 DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
-#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
+#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see
+#: README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
-#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
+#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at
+#: start-up).
 AOTINDUCTOR = "aotinductor"
 DEFAULT_LEASE_SECONDS = 600
 

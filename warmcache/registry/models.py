@@ -80,7 +80,8 @@ class CompiledShape(Base):
     model_path: Mapped[str] = mapped_column(Text)
     model_revision: Mapped[str | None] = mapped_column(String(200))
     config_hash: Mapped[str] = mapped_column(String(64))
-    #: The attention implementation the manifest declared (``None``: transformers' default); part of the identity (migration 0004).
+    #: The attention implementation the manifest declared (``None``: transformers' default); part of the identity
+    #: (migration 0004).
     attn_implementation: Mapped[str | None] = mapped_column(String(64))
     toolchain_hash: Mapped[str] = mapped_column(String(64), index=True)
     toolchain: Mapped[dict[str, Any]] = mapped_column(JSON)

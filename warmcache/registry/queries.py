@@ -169,5 +169,6 @@ def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str]
     return select(CompiledShape).where(*conditions).order_by(*order)
 
 
-#: Identities :meth:`RowQueries.unfinished` names in its statement; a longer list is matched against the unfinished rows.
+#: Identities :meth:`RowQueries.unfinished` names in its statement; a longer list is matched against the unfinished
+#: rows.
 _ASKED_ONE_BY_ONE = 2000

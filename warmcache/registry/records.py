@@ -51,7 +51,8 @@ class MissEvent:
         name = self.out_of_range()
         if name is not None:
             raise UsageError(
-                f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the registry holds (0 to {MAX_COUNT}); refused"
+                f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the "
+                f"registry holds (0 to {MAX_COUNT}); refused"
             )
 
 

@@ -85,7 +85,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
                 schema.require_search_path(engine, shown)
             if check_schema and not create and schema.is_empty(engine):
                 raise RegistryError(
-                    f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); {_how_to_create(location)}"
+                    f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); "
+                    f"{_how_to_create(location)}"
                 )
             if check_schema:
                 schema.ensure_current(engine, shown)
@@ -98,7 +99,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
             raise
         registry = cls(engine, location)
         registry.holds_connections = hold_connections
-        registry.drop_connections()  # the schema check's connection: a fleet's worker may wait a while before its first claim
+        # the schema check's connection: a fleet's worker may wait a while before its first claim
+        registry.drop_connections()
         return registry
 
     #: ``False``: :meth:`drop_connections` closes idle connections (see ``Registry.open``).
@@ -286,7 +288,8 @@ def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
         if file.is_dir():
             raise RegistryError(f"registry {location.display} is a folder, not a registry file; check the URL")
         raise RegistryError(
-            f"registry {location.display} does not exist (a read never creates one); check the URL, or {_how_to_create(location)}"
+            f"registry {location.display} does not exist (a read never creates one); check the URL, "
+            f"or {_how_to_create(location)}"
         )
 
 

@@ -91,7 +91,8 @@ def require_search_path(engine: Engine, display_url: str) -> None:
             search_path,
         )
         raise RegistryError(
-            f"registry {display_url}: its search_path {shown(search_path)} names no schema that exists in this database; "
+            f"registry {display_url}: its search_path {shown(search_path)} names no schema that "
+            "exists in this database; "
             f'create it first (CREATE SCHEMA "{first}";) or fix options=-csearch_path=... in the URL'
         )
 
@@ -103,8 +104,10 @@ def is_empty(engine: Engine) -> bool:
 def _foreign(display_url: str, tables: list[str]) -> SchemaOutOfDateError:
     names = ", ".join(sorted(tables)[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
     return SchemaOutOfDateError(
-        f"registry {display_url} has tables but no warmcache schema revision ({shown(names)}): it belongs to another application; "
-        "refused: point --db at an empty or warmcache database (on PostgreSQL a schema of its own: ?options=-csearch_path=warmcache)"
+        f"registry {display_url} has tables but no warmcache schema revision ({shown(names)}): it "
+        "belongs to another application; "
+        "refused: point --db at an empty or warmcache database (on PostgreSQL a schema of its "
+        "own: ?options=-csearch_path=warmcache)"
     )
 
 
@@ -132,8 +135,10 @@ def ensure_current(engine: Engine, display_url: str) -> None:
         raise _foreign(display_url, inspect(engine).get_table_names())
     if current not in known:
         raise SchemaOutOfDateError(
-            f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache"
+            f"registry {display_url} is at schema revision {current}, written by a newer warmcache "
+            f"(this one knows up to {head}); upgrade warmcache"
         )
     raise SchemaOutOfDateError(
-        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}"
+        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; "
+        f"run: warmcache db upgrade --db {display_url}"
     )

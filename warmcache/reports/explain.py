@@ -176,4 +176,7 @@ def _missing_reason(spec: ShapeSpec, family_rows: list[ShapeRecord]) -> str:
         for name, want, got in (("batch", spec.batch_size, batch), ("seq", spec.seq_len, length))
         if want != got
     ]
-    return f"missing: no row for {' '.join(f'{n}={w}' for n, w, _ in sizes)}; nearest compiled {' '.join(f'{n}={g}' for n, _, g in sizes)}"
+    return (
+        f"missing: no row for {' '.join(f'{n}={w}' for n, w, _ in sizes)}; nearest compiled "
+        f"{' '.join(f'{n}={g}' for n, _, g in sizes)}"
+    )

@@ -71,10 +71,16 @@ class CheckResult:
             return f"ok: batch={d.batch_size} seq={d.seq_len} is compiled exactly ({where})"
         if d.kind == "pad":
             assert d.target is not None
-            return f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} seq={d.target[1]} ({where})"
+            return (
+                f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} "
+                f"seq={d.target[1]} ({where})"
+            )
         if self.reason:
             return f"not compiled: batch={d.batch_size} seq={d.seq_len}: {self.reason}"
-        return f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: {format_pairs(d.nearest)}"
+        return (
+            f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: "
+            f"{format_pairs(d.nearest)}"
+        )
 
     def as_json(self) -> dict[str, Any]:
         d = self.decision

@@ -76,9 +76,13 @@ class PackagedDecodeStep:
                 or tensor.device.type != self.device
                 or not tensor.is_contiguous()
             ):
-                got = f"{name} {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
+                got = (
+                    f"{name} {tuple(tensor.shape)} {tensor.dtype} on "
+                    f"{tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
+                )
                 raise UsageError(
-                    f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} {dtype} on {self.device}"
+                    f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} "
+                    f"{dtype} on {self.device}"
                 )
 
 
@@ -101,12 +105,14 @@ def load_package(
     device = _model_device(model)
     if info["device"] != device:
         raise CacheError(
-            f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on {device!r}; refusing to load it"
+            f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on "
+            f"{device!r}; refusing to load it"
         )
     here = torch.backends.cpu.get_cpu_capability().upper()
     if device == "cpu" and not cpu_can_run(info["cpu_capability"], here):
         raise CacheError(
-            f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it"
+            f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this "
+            f"CPU offers {here}; refusing to load it"
         )
     constants = _constants_to_bind(path, model, info["constants"])
     try:
@@ -118,7 +124,8 @@ def load_package(
         listed = set(loader.get_constant_fqns())
         if listed != set(constants):
             raise CacheError(
-                f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it"
+                f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its "
+                "header does not; refusing to run it"
             )
         # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
         loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
@@ -189,11 +196,13 @@ def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[s
         tensor = own.get(fqn)
         if tensor is None:
             raise CacheError(
-                f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of the loaded model; refusing to load it"
+                f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of "
+                "the loaded model; refusing to load it"
             )
         if list(tensor.shape) != list(shape) or str(tensor.dtype) != dtype or not tensor.is_contiguous():
             raise CacheError(
-                f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it"
+                f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has "
+                f"{tuple(tensor.shape)} {tensor.dtype}; refusing to load it"
             )
         bound[fqn] = tensor
     return bound

@@ -65,8 +65,10 @@ class ArtifactTrust:
         """Refuse (before any file is read) to load artifacts named by a snapshot nobody verified, unless the caller opted out."""
         if self.signed_by == "" and not self.allow_unsigned:
             raise TrustError(
-                f"{self.source}: guard snapshot not verified (no trusted keys configured), and its precompiled artifacts are native code; refused: "
-                f"pass trust=[KEY.pub] (or set ${TRUSTED_KEYS_ENV}), or allow_unsigned=True (${ALLOW_UNSIGNED_ENV}=1) to load them unverified"
+                f"{self.source}: guard snapshot not verified (no trusted keys configured), and its "
+                "precompiled artifacts are native code; refused: "
+                f"pass trust=[KEY.pub] (or set ${TRUSTED_KEYS_ENV}), or allow_unsigned=True "
+                f"(${ALLOW_UNSIGNED_ENV}=1) to load them unverified"
             )
 
     def root(self, record: ShapeRecord, override: Path | None) -> Path | None:
@@ -89,7 +91,8 @@ class ArtifactTrust:
             or not set(name) <= _HEX
         ):
             raise TrustError(
-                f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or aotinductor/<sha256> entry; refused"
+                f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or "
+                "aotinductor/<sha256> entry; refused"
             )
         path = root / entry
         real, inside = os.path.realpath(path), os.path.realpath(root)

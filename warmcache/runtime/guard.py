@@ -253,13 +253,15 @@ class ShapeGuard:
                 else ""
             )
             raise UsageError(
-                f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} (see `warmcache explain`)"
+                f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} "
+                "(see `warmcache explain`)"
             )
         targets = {(r.device, r.backend, r.mode) for r in rows}
         if len(tables) > 1 or len(targets) > 1:
             options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
             raise UsageError(
-                f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend="
+                f"{self.source}: {wanted} has several compiled families ({options}); choose one with "
+                "dtype=, max_cache_len= or backend="
             )
         ((family, table),) = tables.items()
         if expect is not None and family != expect:
@@ -301,7 +303,8 @@ class ShapeGuard:
         known = sorted({r.config_hash for r in self._records})
         if digest not in known:
             raise UsageError(
-                f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows (compiled for config_hash {', '.join(known)})"
+                f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows "
+                f"(compiled for config_hash {', '.join(known)})"
             )
         declared = sorted(
             {
@@ -312,8 +315,10 @@ class ShapeGuard:
         )
         if declared and attn_implementation not in declared:
             raise UsageError(
-                f"{self.source}: model {self.model_name!r}: attn_implementation {attn_implementation or UNSET!r} matches no compiled rows "
-                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it with attn_implementation={declared[0]!r}"
+                f"{self.source}: model {self.model_name!r}: attn_implementation "
+                f"{attn_implementation or UNSET!r} matches no compiled rows "
+                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it "
+                f"with attn_implementation={declared[0]!r}"
             )
         self._config_hash = digest
         self._attn_implementation = attn_implementation if declared else None
@@ -368,7 +373,10 @@ class ShapeGuard:
     def unseen_message(self, decision: Decision, reason: str) -> str:
         """``<family>: request batch=B seq=L <reason>; nearest compiled: ...`` (one line)."""
         nearest = decision.nearest or self._table.nearest(decision.batch_size, decision.seq_len)
-        return f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} {reason}; nearest compiled: {format_pairs(nearest)}"
+        return (
+            f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} "
+            f"{reason}; nearest compiled: {format_pairs(nearest)}"
+        )
 
     def misses(self) -> list[MissEvent]:
         """Every padded/refused/warned request this guard saw, aggregated per shape."""

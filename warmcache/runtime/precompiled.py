@@ -156,7 +156,8 @@ def install(
     """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
 
     ``trust`` (default: rows read from the registry) decides, before any file is read,
-    whether the rows may name code at all and which folder it loads from; its refusals (and an artifact whose bytes differ from its
+    whether the rows may name code at all and which folder it loads from; its refusals (and an artifact whose bytes
+    differ from its
     recorded sha256) raise :class:`TrustError` whatever ``strict`` says. ``strict``: a
     missing or foreign artifact raises :class:`CacheError`; otherwise it is logged (one
     line) and its bucket keeps the ``torch.compile`` path.
@@ -178,7 +179,8 @@ def install(
             try:
                 if root is None:
                     raise CacheError(
-                        f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir="
+                        f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass "
+                        "cache_dir="
                     )
                 trust.confined(root, entry)
                 signature, function = load_any(root, entry, record, model)

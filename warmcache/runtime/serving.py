@@ -67,7 +67,8 @@ def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: Gen
         value = kwargs.pop(name)
         if name in _SET_BY_GUARD or value != expected.get(name):
             raise UsageError(
-                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} ({name}={expected.get(name)!r}); the guard sets it"
+                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
+                f"({name}={expected.get(name)!r}); the guard sets it"
             )
 
 
@@ -91,7 +92,10 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
         return room
     if requested <= room:
         return int(requested)
-    message = f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
+    message = (
+        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} "
+        f"overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
+    )
     if guard.policy == "refuse":
         guard.telemetry.record(fitted.decision, "refuse")
         raise UnseenShapeError(message)
@@ -176,7 +180,8 @@ def prime(
             except FailOnRecompileLimitHit:
                 raise UsageError(
                     f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
-                    f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process compiles; raise it"
+                    f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process "
+                    "compiles; raise it"
                 ) from None
             # One line per bucket: on Neuron a bucket can take minutes to load, and the log shows where it stands.
             log.info(

@@ -144,7 +144,8 @@ class Handlers:
                 raise ApiError(503, "plan abandoned")
 
         try:
-            # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's disk are never disclosed.
+            # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's
+            # disk are never disclosed.
             planned = await asyncio.wait_for(
                 run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model, checkpoint)),
                 PLAN_TIMEOUT_S,

@@ -38,7 +38,8 @@ def load_token(token_file: Path | None = None) -> str | None:
         token, source = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
     if token and len(token) < MIN_TOKEN_CHARS:
         raise UsageError(
-            f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused (make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused "
+            "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
     return token or None
 

@@ -111,7 +111,8 @@ def _panel(panel: Panel) -> str:
     html = [
         f'<section class="model" data-model="{escape(panel.model)}">',
         f"<h2>{escape(panel.model)}</h2>",
-        f'<div class="progress" title="{panel.done} of {panel.total} usable"><div style="width:{percent:.1f}%"></div></div>',
+        f'<div class="progress" title="{panel.done} of {panel.total} usable"><div '
+        f'style="width:{percent:.1f}%"></div></div>',
         f'<p class="counts">{panel.done} of {panel.total} shapes usable ({percent:.0f}%): {escape(counts)}</p>',
     ]
     html.extend(_grid(g) for g in panel.grids)

@@ -67,7 +67,8 @@ def openapi_document(version: str) -> dict[str, Any]:
     misses = _get("Recorded misses per shape, as `warmcache misses --json`", [{**_MODEL}])
     misses.update(
         _post(
-            'Report misses a guard saw: {"misses": [{model, workload, dtype, batch_size, seq_len, decision, padded_batch?, padded_seq?, count?, tp_size?, fsdp_size?}]}',
+            'Report misses a guard saw: {"misses": [{model, workload, dtype, batch_size, seq_len, '
+            "decision, padded_batch?, padded_seq?, count?, tp_size?, fsdp_size?}]}",
             "application/json",
         )
     )
@@ -91,7 +92,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                 ],
             ),
             "/v1/check": _get(
-                "Can a request run without compiling (exact, padded, or refused with the nearest shapes), as `warmcache check --json`",
+                "Can a request run without compiling (exact, padded, or refused with the nearest "
+                "shapes), as `warmcache check --json`",
                 [
                     {**_MODEL, "required": True},
                     _WORKLOAD,

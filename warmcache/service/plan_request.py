@@ -17,7 +17,10 @@ from warmcache.identity.plan import PlannedShape, plan_model
 from warmcache.manifest import Manifest
 from warmcache.service.http import ApiError
 
-NOT_CHECKED = "model path not checked by the service (it plans only models whose config.json it holds; run warmcache plan where the model is)"
+NOT_CHECKED = (
+    "model path not checked by the service (it plans only models whose config.json it holds; "
+    "run warmcache plan where the model is)"
+)
 
 
 def plan_request(

@@ -29,7 +29,8 @@ def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     )
     if chosen is None or not chosen.text:
         raise UsageError(
-            f"no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), set ${STORE_ENV}, or add [store] url to the manifest"
+            "no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), "
+            f"set ${STORE_ENV}, or add [store] url to the manifest"
         )
     return chosen.text
 

@@ -368,7 +368,10 @@ class _HashingReader:
 
 
 def changed_under_push(path: Path, sha256: str) -> str:
-    return f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); nothing stored under that key, push refused"
+    return (
+        f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); "
+        "nothing stored under that key, push refused"
+    )
 
 
 def _hash_blocks(blocks: Iterator[bytes]) -> str:
@@ -434,7 +437,8 @@ class _S3Errors:
             ) from None
         if isinstance(exc, EndpointConnectionError):
             raise StoreError(
-                f"{self.store.url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url', '')} after retries ({first_line(exc)})"
+                f"{self.store.url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url', '')} "
+                f"after retries ({first_line(exc)})"
             ) from None
         if isinstance(exc, BotoCoreError):
             raise StoreError(f"{where}: {first_line(exc)} (after retries)") from None

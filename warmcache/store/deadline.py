@@ -57,7 +57,8 @@ class Deadline:
         limit = min(self.request_seconds + nbytes * SECONDS_PER_BYTE, remaining)
         if limit <= 0:
             raise StoreError(
-                f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} ({self.source} to change it)"
+                f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} "
+                f"({self.source} to change it)"
             )
         outcome: list[T] = []
         failure: list[BaseException] = []
@@ -74,7 +75,8 @@ class Deadline:
         if worker.is_alive():
             which = "the command's deadline" if limit >= remaining else "the per-request deadline"
             raise StoreError(
-                f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; {self.source} to change it)"
+                f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; "
+                f"{self.source} to change it)"
             )
         if failure:
             raise failure[0]

@@ -247,7 +247,8 @@ def _read_indexes(
         index = parse_index(data, key, store.url, trusted)
         if index.flavor != location.flavor:
             raise CacheError(
-                f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a {location.flavor} cache; refused"
+                f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a "
+                f"{location.flavor} cache; refused"
             )
         return index
 
@@ -264,7 +265,8 @@ def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tup
             known = files.setdefault(path, file)
             if known != file:
                 raise CacheError(
-                    f"{index.key}: lists {path} with sha256 {file.sha256[:16]}…, another index with {known.sha256[:16]}…; refused"
+                    f"{index.key}: lists {path} with sha256 {file.sha256[:16]}…, another index with "
+                    f"{known.sha256[:16]}…; refused"
                 )
     by_entry: dict[str, list[BundleFile]] = {}
     for path, file in files.items():

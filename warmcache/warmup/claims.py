@@ -314,7 +314,8 @@ class _Heartbeat:
         self._lease = _Lease(registry, worker, lease_seconds)
         self._held = frozenset(row_ids)
         self._waiting: frozenset[int] = frozenset()
-        #: When the claims were last renewed (claimed, at first): each runs out a lease after it, by the registry's clock.
+        #: When the claims were last renewed (claimed, at first): each runs out a lease after it, by the registry's
+        #: clock.
         self._renewed_at = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -327,7 +328,8 @@ class _Heartbeat:
     @contextmanager
     def waiting(self, row_id: int) -> Iterator[float]:
         """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end (``time.monotonic()``):
-        a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is still this worker's to record."""
+        a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is still this worker's to
+        record."""
         lease = self._lease.seconds
         self._waiting |= {row_id}
         try:
@@ -360,11 +362,13 @@ class _Heartbeat:
                 log.debug("lease renewed for rows %s (%s)", sorted(renewed), worker)
                 if lost := set(due) - set(renewed):
                     log.warning(
-                        "lost the claim on rows %s: their lease ran out before it was renewed, and another worker may hold them",
+                        "lost the claim on rows %s: their lease ran out before it was renewed, and another "
+                        "worker may hold them",
                         sorted(lost),
                     )
             except WarmcacheError as exc:
-                # A transient registry error (RegistryError): the leases still have two thirds left; the next beat retries.
+                # A transient registry error (RegistryError): the leases still have two thirds left; the next beat
+                # retries.
                 log.warning(
                     "could not renew leases for rows %s, retrying at the next heartbeat: %s",
                     sorted(self._held - waiting),

@@ -26,7 +26,8 @@ recover that in-process, so torchrun tears the group down (or the collective
 times out), rank 0's claim is given back or expires, and the spec is claimed again.
 
 What holds on CPU (torch 2.13, transformers 5.24, gloo, 2 ranks): TP=2 loads
-sharded and ``generate()`` with a static cache compiles one decode graph per rank (aot_eager, eager and Inductor) with the same tokens as one
+sharded and ``generate()`` with a static cache compiles one decode graph per rank (aot_eager, eager and Inductor) with
+the same tokens as one
 process; FSDP=2 generates too, in 5 graphs (FSDP hooks break the graph). A compiled
 TP training step recompiles once, on its second step (transformers installs gradient
 hooks lazily on the first forward), then is stable. The ``Trainer`` refuses TP on CPU
@@ -179,14 +180,16 @@ def rank_group(manifest: Manifest, options: WarmupOptions) -> Iterator[bool]:
     models = [m for m in manifest.models if m.world_size == world_size()]
     if not models:
         raise UsageError(
-            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} or run warmcache warmup without torchrun"
+            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size "
+            "= N } or run warmcache warmup without torchrun"
         )
     if options.jobs > 1:
         raise UsageError("--jobs does not combine with torchrun: each rank group warms one spec at a time")
     devices = sorted({m.device for m in models})
     if len(devices) > 1:
         raise UsageError(
-            f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests"
+            f"{manifest.path}: the {world_size()}-rank models use several devices "
+            f"({', '.join(devices)}); warm them in separate manifests"
         )
     init_process_group(devices[0])
     try:
@@ -222,7 +225,8 @@ def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
             spec = by_identity.get(identity)
             if spec is None:
                 raise UsageError(
-                    f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with the same toolchain?"
+                    f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with "
+                    "the same toolchain?"
                 )
             worker.run(spec)
         except Exception as exc:

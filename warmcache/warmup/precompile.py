@@ -68,7 +68,8 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
 
     if backend not in PRECOMPILE_BACKENDS:
         raise UsageError(
-            f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use one of {', '.join(PRECOMPILE_BACKENDS)})"
+            f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use "
+            f"one of {', '.join(PRECOMPILE_BACKENDS)})"
         )
     compiled: Any = torch.compile(
         type(model).__call__,

@@ -39,7 +39,8 @@ def spec_lock(path: Path, deadline: float) -> Iterator[None]:
         lock.acquire()
     except Timeout:
         raise TimeoutError(
-            f"{path}: cache lock held by {holder_of(path)}; gave up after {time.monotonic() - start:.1f}s, before this worker's claim ran out "
+            f"{path}: cache lock held by {holder_of(path)}; gave up after "
+            f"{time.monotonic() - start:.1f}s, before this worker's claim ran out "
             f"(is that process stopped or hung? let it finish or end it, then rerun warmup with --retry-failed)"
         ) from None
     try:

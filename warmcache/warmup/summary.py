@@ -171,15 +171,18 @@ class WarmupSummary:
         if self.dry_run:
             rows = [f"{p['action']:<40} {p['spec']}" for p in data["plan"]]
             return rows + [
-                f"dry run: {data['planned']} planned, {data['to_compile']} to compile, {data['already_compiled']} already compiled"
+                f"dry run: {data['planned']} planned, {data['to_compile']} to compile, "
+                f"{data['already_compiled']} already compiled"
             ]
         out = [
-            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, {data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
+            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, "
+            f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
         ]
         out += [f"failed: {o.description}: {o.error}" for o in self.failed]
         out += [f"not warm (another worker's): {line}" for line in self.unfinished]
         if self.plan.failed_kept:
             out.append(
-                f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with --retry-failed to compile them again"
+                f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with "
+                "--retry-failed to compile them again"
             )
         return out

@@ -226,7 +226,8 @@ def _run_workload(
     from warmcache.modeling.compile_counter import CompileCounter
 
     model_spec, spec = planned.model, planned.spec
-    # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify alike.
+    # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify
+    # alike.
     eager_decode = model_spec.aotinductor and spec.workload == "generate"
     decode_kwargs: dict[str, Any] = {}
     # The Trainer prints its metrics to stdout; keep stdout for --json output.

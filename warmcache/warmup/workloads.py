@@ -144,8 +144,10 @@ def run_generate(
 
             def recompiled(reason: str, form: str = form) -> DecodeRecompileError:
                 return DecodeRecompileError(
-                    f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding {full_length} tokens "
-                    f"to max_cache_len={settings.max_cache_len}); production would recompile at every position: {reason}"
+                    f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding "
+                    f"{full_length} tokens "
+                    f"to max_cache_len={settings.max_cache_len}); production would recompile at every "
+                    f"position: {reason}"
                 )
 
             counted = (

@@ -305,7 +305,8 @@ class RegistryClient:
                         else "the registry keeps failing"
                     )
                     raise StoreError(
-                        f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} attempts ({first_line(str(exc))})"
+                        f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} "
+                        f"attempts ({first_line(str(exc))})"
                     ) from None
                 time.sleep(FIRST_BACKOFF_SECONDS * 2 ** (attempt - 1))
             except requests.RequestException as exc:
@@ -313,7 +314,10 @@ class RegistryClient:
         raise AssertionError("unreachable")
 
     def _denied(self, reason: str) -> str:
-        return f"{reason}: check the credentials for {self.reference.host} in {docker_config_path()} (docker login, or a credential helper)"
+        return (
+            f"{reason}: check the credentials for {self.reference.host} in {docker_config_path()} "
+            "(docker login, or a credential helper)"
+        )
 
 
 class _Retryable(Exception):

@@ -48,7 +48,8 @@ def load_docker_config() -> dict[str, Any]:
         config = None
     if not isinstance(config, dict):  # never quote the file: it holds secrets
         raise UsageError(
-            f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', 'credHelpers' or 'credsStore')"
+            f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', "
+            "'credHelpers' or 'credsStore')"
         )
     store = config.get("credsStore")
     return {

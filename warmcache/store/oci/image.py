@@ -60,7 +60,8 @@ IMAGE_FORMAT = 1
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
-#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its entries).
+#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its
+#: entries).
 GUARD_MEMBER = SNAPSHOT_FILE
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
 DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -173,7 +174,8 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
     if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
         raise CacheError(
-            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout {shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
+            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout "
+            f"{shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
         )
     pushed_at = index.get("pushed_at")
     pushed = float(pushed_at) if isinstance(pushed_at, (int, float)) else 0.0
@@ -194,7 +196,8 @@ def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[byt
         return
     if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
         raise CacheError(
-            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; "
+            "warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
         )
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
     for block in client.blocks(descriptor.digest):
@@ -296,7 +299,10 @@ def _describe_toolchain(toolchain: dict[str, Any]) -> str:
     packages = " ".join(
         f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version
     )
-    return f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on {toolchain.get('platform')} ({packages})"
+    return (
+        f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on "
+        f"{toolchain.get('platform')} ({packages})"
+    )
 
 
 def _bounded(text: str) -> str:

@@ -144,7 +144,8 @@ def extract_files(
         raise CacheError(f"{where}: layer {digest[:19]} is not a readable tar archive ({exc}); refused") from None
     if reader.digest() != digest:
         raise CacheError(
-            f"{where}: layer {digest[:19]} does not hash to its digest (got {reader.digest()[:19]}): corrupt or tampered; refused"
+            f"{where}: layer {digest[:19]} does not hash to its digest (got {reader.digest()[:19]}): "
+            "corrupt or tampered; refused"
         )
     return found
 

@@ -99,7 +99,8 @@ def push_image(
                 written = sum(1 for key, index in ours.items() if base is None or base.indexes.get(key) != index)
                 return builder.result(len(records), written, not_compiled)
     raise StoreError(
-        f"{store.url}: concurrent pushes replaced the tag {MERGE_ATTEMPTS} times before this push's shapes stayed in it; push again"
+        f"{store.url}: concurrent pushes replaced the tag {MERGE_ATTEMPTS} times before this "
+        "push's shapes stayed in it; push again"
     )
 
 
@@ -141,7 +142,8 @@ def _image(
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
-    # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a plain tar.
+    # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a
+    # plain tar.
     stored = [
         base.descriptors[layer.digest]
         if base is not None and layer.digest in base.descriptors

@@ -60,7 +60,8 @@ class OciStore:
         image = self.image()
         if wanted and image.flavor != location.flavor:
             raise CacheError(
-                f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a {location.flavor} cache; refused"
+                f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a "
+                f"{location.flavor} cache; refused"
             )
         found: dict[str, ShapeIndex] = {}
         for planned in wanted:
@@ -109,7 +110,8 @@ class OciStore:
         absent = [sha for sha in needed if not (folder / sha).is_file()]
         if absent:
             raise CacheError(
-                f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its index lists; refused"
+                f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its "
+                "index lists; refused"
             )
         return done[0], reused
 

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 #: How much further from the reference a served decode may be than the model's own eager decode.
 FACTOR = 3.0
-#: Distances below this many machine epsilons of the dtype always pass (an eager decode may match the reference bitwise).
+#: Distances below this many machine epsilons of the dtype always pass (an eager decode may match the reference
+#: bitwise).
 FLOOR = 2
 _EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
@@ -100,8 +101,10 @@ class Agreement:
         ties = f", {self.near_ties} near-tie{'s' if self.near_ties != 1 else ''}" if self.near_ties else ""
         verdict = "agrees with" if self.agrees else f"differs from (worst at step {self.worst_step + 1})"
         return (
-            f"{verdict} the model over {self.steps} steps in {self.dtype}: {logits}tokens within {self.token_deficit:.2%} of the best "
-            f"(allowed {self.allowed_token_deficit:.2%}; eager decode's own distance {self.eager_logit_error:.2%}{ties})"
+            f"{verdict} the model over {self.steps} steps in {self.dtype}: {logits}tokens within "
+            f"{self.token_deficit:.2%} of the best "
+            f"(allowed {self.allowed_token_deficit:.2%}; eager decode's own distance "
+            f"{self.eager_logit_error:.2%}{ties})"
         )
 
 

@@ -65,7 +65,10 @@ def prove_artifacts(
     finally:
         model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
     if counter.graphs or not decoder.calls:
-        return f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs traced, {decoder.calls} artifact calls)"
+        return (
+            f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs "
+            f"traced, {decoder.calls} artifact calls)"
+        )
     generated = served.sequences[:, ids.shape[1] :]
     reference = reference_logits(model, ids, mask, generated)
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)

@@ -49,7 +49,10 @@ class SpecVerdict:
         if self.reason and self.verdict != Verdict.REPLAY_ONLY:
             return f"{self.verdict}: {self.reason}"
         m = self.measured
-        return f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, {format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
+        return (
+            f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, "
+            f"{format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -101,7 +104,8 @@ class VerifySummary:
             )
         out.append(
             f"verify: {self.count(Verdict.VERIFIED)} verified, {self.count(Verdict.RECOMPILED)} recompiled, "
-            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not compiled in {self.seconds:.1f}s"
+            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not "
+            f"compiled in {self.seconds:.1f}s"
         )
         return out
 
