@@ -93,7 +93,8 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def registry_host() -> Iterator[RunningRegistry]:
-    """Debian's docker-registry (CNCF distribution 2.8) on a free 127.0.0.1 port, deletes enabled, for the whole session."""
+    """Debian's docker-registry (CNCF distribution 2.8) on a free 127.0.0.1 port, deletes enabled, for the whole
+    session."""
     if not available():
         pytest.skip(MISSING)
     with oci_registry() as running:

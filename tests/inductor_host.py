@@ -53,7 +53,8 @@ class InductorWarmup:
     def model(
         self, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS
     ) -> Table:
-        """The warmed model's ``[[model]]`` over some of its shapes: a manifest of it plans identities the build holds."""
+        """The warmed model's ``[[model]]`` over some of its shapes: a manifest of it plans identities the build
+        holds."""
         return model(
             INDUCTOR_MODEL, str(self.model_path), backend="inductor", generate=[generate(batch_sizes, prompt_lengths)]
         )

@@ -42,7 +42,8 @@ def model(
 
 
 def manifest_toml(*models: Table, **tables: Mapping[str, Any]) -> str:
-    """The manifest's TOML: top-level ``tables`` (``registry={"url": ...}``, ``cache={"dir": ...}``), then the models."""
+    """The manifest's TOML: top-level ``tables`` (``registry={"url": ...}``, ``cache={"dir": ...}``), then the
+    models."""
     lines: list[str] = []
     for table, settings in tables.items():
         lines += [f"[{table}]", *_assignments(settings), ""]

@@ -1,4 +1,5 @@
-"""The decode-agreement criterion on constructed logits: each side of each bound (real packages: tests/test_real_configs.py)."""
+"""The decode-agreement criterion on constructed logits: each side of each bound (real packages:
+tests/test_real_configs.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ STEPS = 3
 
 
 def _reference(seed: int = 0) -> torch.Tensor:
-    """``[1, STEPS, VOCAB]`` logits whose best token at each step is ``step`` and the runner-up ``step + 1``, 0.02 RMS below."""
+    """``[1, STEPS, VOCAB]`` logits whose best token at each step is ``step`` and the runner-up ``step + 1``, 0.02
+    RMS below."""
     logits = torch.randn(1, STEPS, VOCAB, generator=torch.Generator().manual_seed(seed))
     for step in range(STEPS):
         logits[0, step, step] = logits[0, step, step + 1] = 10.0

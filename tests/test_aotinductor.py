@@ -31,7 +31,8 @@ REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
 def _warm(root: Path, model_path: Path, device: str) -> Path:
-    """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify`` with ``precompile = "aotinductor"``."""
+    """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify`` with ``precompile =
+    "aotinductor"``."""
     manifest = root / "manifest.toml"
     declared = model(
         "m",
@@ -346,7 +347,8 @@ CONSTRUCTOR = (
 
 
 def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
-    """A copy of the package file ``real`` with its compiled ``.so`` replaced, written under ``into`` by its own sha256; returns the entry."""
+    """A copy of the package file ``real`` with its compiled ``.so`` replaced, written under ``into`` by its own
+    sha256; returns the entry."""
     import hashlib
     import io
     import zipfile

@@ -67,7 +67,8 @@ def rows(url: str) -> list[tuple]:
 
 
 def production_with_a_failed_entry(built: Built, tmp_path: Path) -> tuple[Path, str]:
-    """A production cache holding a failed compile of the bundle's first entry (which an unpack replaces), and its registry URL."""
+    """A production cache holding a failed compile of the bundle's first entry (which an unpack replaces), and its
+    registry URL."""
     target = tmp_path / "prod"
     broken = target / built.entries[0]
     broken.mkdir(parents=True)

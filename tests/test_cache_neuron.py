@@ -134,7 +134,8 @@ class NeuronCache:
 
 @pytest.fixture
 def cache(tmp_path: Path, neuron_manifest: Path, held_lock, registry_url: str) -> NeuronCache:
-    """A Neuron cache with one entry per state, a compiled row on ``done`` and one on a vanished entry (SQLite and PostgreSQL)."""
+    """A Neuron cache with one entry per state, a compiled row on ``done`` and one on a vanished entry (SQLite and
+    PostgreSQL)."""
     root = tmp_path / "neuron-cache"
     entries = {
         "done": module(root, "aaa+f1", done_files()),

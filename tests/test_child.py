@@ -257,7 +257,8 @@ run_children([Launch("probe", [sys.executable, "-c", child], request)], [ClaimRe
 
 
 def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_path: Path) -> None:
-    """The request folder outlives a parent killed with -9; the password was never in it (it travels in the child's environment)."""
+    """The request folder outlives a parent killed with -9; the password was never in it (it travels in the child's
+    environment)."""
     import os
     import signal
 

@@ -106,7 +106,8 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
 
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flag, then environment, then manifest, then the default: each named by the read that finds it missing (and creates none)."""
+    """Flag, then environment, then manifest, then the default: each named by the read that finds it missing (and
+    creates none)."""
     in_manifest = tmp_path / "from-manifest.sqlite"
     path = write_manifest(manifest_toml(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
     runner = CliRunner()

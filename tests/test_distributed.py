@@ -33,7 +33,8 @@ def test_in_torchrun_needs_all_three_variables(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_rank_outside_torchrun_still_writes_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Kubeflow PyTorchJob pod sets RANK and WORLD_SIZE, not LOCAL_RANK: no process group, so this process speaks for itself."""
+    """A Kubeflow PyTorchJob pod sets RANK and WORLD_SIZE, not LOCAL_RANK: no process group, so this process speaks
+    for itself."""
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")

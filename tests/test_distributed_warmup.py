@@ -41,7 +41,8 @@ def _run(command: list[str], url: str, cache: Path) -> subprocess.CompletedProce
 
 @dataclass(frozen=True)
 class TwoRanks:
-    """One ``torchrun --nproc_per_node=2 -m warmcache warmup`` of TWO_RANKS: its manifest, registry, cache and result."""
+    """One ``torchrun --nproc_per_node=2 -m warmcache warmup`` of TWO_RANKS: its manifest, registry, cache and
+    result."""
 
     manifest: Path
     url: str
@@ -73,7 +74,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, P
 
 
 def test_torchrun_warms_tensor_and_fully_sharded_models(two_ranks: TwoRanks) -> None:
-    """``torchrun --nproc_per_node=2 -m warmcache warmup``: TP generate and an FSDP Trainer step, one registry writer."""
+    """``torchrun --nproc_per_node=2 -m warmcache warmup``: TP generate and an FSDP Trainer step, one registry
+    writer."""
     manifest, url, done = two_ranks.manifest, two_ranks.url, two_ranks.done
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)  # rank 0 alone reports: stdout is one JSON document

@@ -58,7 +58,8 @@ def _record(registry: Registry, shapes: list[PlannedShape], seconds: list[float]
 
 
 def test_claims_follow_the_given_order_across_windows(registry_url: str, tmp_path: Path) -> None:
-    """A worker claims exactly in the order it was given, also past its first window, and finds a released spec again."""
+    """A worker claims exactly in the order it was given, also past its first window, and finds a released spec
+    again."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, WINDOW + 11))]))
     order = [p.identity for p in reversed(planned)]
     with Registry.open(registry_url) as registry:
@@ -132,7 +133,8 @@ def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str
 
 
 def test_unfinished_answers_a_long_list_as_it_answers_a_short_one(registry_url: str, tmp_path: Path) -> None:
-    """A worker's list of 10,000 is matched against the unfinished rows; a short one is asked about directly: the same answer."""
+    """A worker's list of 10,000 is matched against the unfinished rows; a short one is asked about directly: the
+    same answer."""
     planned = _planned(
         tmp_path,
         model("m", generate=[generate(batch_sizes=range(1, 43), prompt_lengths=range(8, 408, 8), max_cache_len=512)]),
@@ -152,7 +154,8 @@ def test_unfinished_answers_a_long_list_as_it_answers_a_short_one(registry_url: 
 
 
 def test_a_freshly_filled_registry_is_claimed_through_the_identity_index(postgres_url: str, tmp_path: Path) -> None:
-    """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered each claim by scanning them all."""
+    """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered
+    each claim by scanning them all."""
     planned = _planned(
         tmp_path,
         model("m", generate=[generate(batch_sizes=range(1, 21), prompt_lengths=range(8, 80, 8), max_cache_len=128)]),
@@ -262,7 +265,8 @@ class _Sleeps:
 def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(
     registry_url: str, tmp_path: Path
 ) -> None:
-    """The heartbeat renews every claim of a batch; a batch that runs past half a lease records what ran and releases the rest."""
+    """The heartbeat renews every claim of a batch; a batch that runs past half a lease records what ran and releases
+    the rest."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2, 3])]))
     identities = [p.identity for p in planned]
     lease = 1.0
@@ -336,7 +340,8 @@ def test_a_spec_whose_claim_was_lost_during_the_batch_is_not_started(registry_ur
 
 
 def test_batches_shrink_after_one_ran_slower_than_expected(registry_url: str, tmp_path: Path) -> None:
-    """History said 1 s, the specs took 10 s (a re-warm that hit a cache recorded the short times): one at a time next."""
+    """History said 1 s, the specs took 10 s (a re-warm that hit a cache recorded the short times): one at a time
+    next."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 101))]))
     order = [p.identity for p in planned]
     with Registry.open(registry_url) as registry:
@@ -349,7 +354,8 @@ def test_batches_shrink_after_one_ran_slower_than_expected(registry_url: str, tm
 
 
 def test_a_waiting_worker_looks_again_less_and_less_often() -> None:
-    """5 s, 10 s, then every 20 s, each jittered down to half; never more than a third of a short lease, nor overflowing."""
+    """5 s, 10 s, then every 20 s, each jittered down to half; never more than a third of a short lease, nor
+    overflowing."""
     for looks, longest in [(0, 5.0), (1, 10.0), (2, 20.0), (3, 20.0), (5000, 20.0)]:
         waits = [_poll_wait(looks, 60) for _ in range(200)]
         assert all(longest / 2 <= wait <= longest for wait in waits), (looks, min(waits), max(waits))

@@ -265,7 +265,8 @@ def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(
 
 
 def test_a_miss_the_registry_cannot_hold_is_dropped_and_never_blocks_the_others(compiled: str) -> None:
-    """A refused request of batch 2**40 cannot be stored; kept pending, it would fail every flush and lose every miss after it."""
+    """A refused request of batch 2**40 cannot be stored; kept pending, it would fail every flush and lose every miss
+    after it."""
     guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=3600)
     with pytest.raises(UnseenShapeError):
         guard.decide(2**40, 16)

@@ -151,7 +151,8 @@ def _model_with_config(tmp_path: Path, config: str) -> Path:
 def test_a_hostile_model_config_is_one_line_for_every_command_that_reads_it(
     config: str, says: str, tmp_path: Path
 ) -> None:
-    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain, warmup)."""
+    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain,
+    warmup)."""
     manifest = _model_with_config(tmp_path, config)
     db = tmp_path / "reg.sqlite"
     assert cli("db", "upgrade", "--db", str(db)).exit_code == 0

@@ -1,4 +1,5 @@
-"""A compiled shape's identity: complete (compiler variables, attention), host-free, and every miss explained (no compiles)."""
+"""A compiled shape's identity: complete (compiler variables, attention), host-free, and every miss explained (no
+compiles)."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def test_a_pull_without_trust_is_refused_before_the_store_is_read_unless_allowed
 def test_a_private_key_pasted_as_text_is_never_echoed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_manifest
 ) -> None:
-    """``--trust "$(cat key)"``, ``$WARMCACHE_TRUSTED_KEYS`` or an inline ``[trust] keys`` entry holding the key itself."""
+    """``--trust "$(cat key)"``, ``$WARMCACHE_TRUSTED_KEYS`` or an inline ``[trust] keys`` entry holding the key
+    itself."""
     from warmcache.manifest import load_manifest
     from warmcache.trust import TrustedKeys
 

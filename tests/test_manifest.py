@@ -242,7 +242,8 @@ def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(
 
 
 def test_a_problem_in_a_named_model_says_which_model_it_is() -> None:
-    """In a manifest of many models an index alone is hard to find: once an entry's name is read, its problems carry it."""
+    """In a manifest of many models an index alone is hard to find: once an entry's name is read, its problems carry
+    it."""
     text = GOOD + GOOD.replace('name = "m"', 'name = "tiny-llama"').replace(
         "prompt_lengths = [8, 16]", "prompt_lengths = [8, 40]"
     )

@@ -1,4 +1,5 @@
-"""Precompiled decode artifacts (aot_eager, tiny Qwen3): a fresh process serves without Dynamo; the registry is the guard."""
+"""Precompiled decode artifacts (aot_eager, tiny Qwen3): a fresh process serves without Dynamo; the registry is the
+guard."""
 
 from __future__ import annotations
 

@@ -248,7 +248,8 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:
 
 
 def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
-    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must match it."""
+    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must
+    match it."""
     from warmcache.registry.models import CompiledShape
     from warmcache.registry.records import COLUMNS
 
@@ -268,7 +269,8 @@ def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
 def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release(
     registry_url: str, planned: list[PlannedShape]
 ) -> None:
-    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: no row of its batch may stay 'compiling'."""
+    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: no row of its batch may stay
+    'compiling'."""
     from warmcache.warmup.claims import _give_back
 
     class InterruptedOnce:

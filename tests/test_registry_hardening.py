@@ -1,4 +1,5 @@
-"""The registry under a fleet's first start: concurrent ``db upgrade`` runs of an empty database all end well on one schema."""
+"""The registry under a fleet's first start: concurrent ``db upgrade`` runs of an empty database all end well on one
+schema."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ print(json.dumps({"shapes": [shapes.exit_code, len(json.loads(shapes.stdout or "
 
 
 def test_a_sqlite_registry_in_a_read_only_folder_answers_every_read(built: Built) -> None:
-    """Run as an unprivileged user (root ignores folder modes): WAL would need to create its -shm file beside the database."""
+    """Run as an unprivileged user (root ignores folder modes): WAL would need to create its -shm file beside the
+    database."""
     folder = Path(tempfile.mkdtemp(prefix="warmcache-ro-"))
     try:
         shutil.copyfile(built.url.removeprefix("sqlite:///"), folder / "registry.sqlite")

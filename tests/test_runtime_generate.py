@@ -1,4 +1,5 @@
-"""Guarded generate() on tiny Qwen3 and Llama (aot_eager): padding keeps greedy tokens, and nothing compiles after prime."""
+"""Guarded generate() on tiny Qwen3 and Llama (aot_eager): padding keeps greedy tokens, and nothing compiles after
+prime."""
 
 from __future__ import annotations
 

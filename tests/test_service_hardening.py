@@ -146,7 +146,8 @@ def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(
 
 
 def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
-    """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no weights)."""
+    """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no
+    weights)."""
     folder = tmp_path / "config-only"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}))
@@ -159,7 +160,8 @@ def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
 
 
 def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(service: str, tmp_path: Path) -> None:  # noqa: F811
-    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI alike."""
+    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI
+    alike."""
     body = grid_manifest(tmp_path, 50, 299)
     assert len(body) < 150_000  # far inside the 1 MiB a manifest may be
     start = time.monotonic()
@@ -186,7 +188,8 @@ def test_a_plan_that_outlives_its_answer_stops_using_cpu(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """97,200 shapes (within the limit) against a 0.3 s budget: the 503 comes, and the planning thread stops within a second."""
+    """97,200 shapes (within the limit) against a 0.3 s budget: the 503 comes, and the planning thread stops within a
+    second."""
     from warmcache.service import app
 
     monkeypatch.setattr(app, "PLAN_TIMEOUT_S", 0.3)

@@ -103,7 +103,8 @@ def test_errors_name_the_source_of_the_bad_value(tmp_path: Path, monkeypatch: py
 def test_the_registry_url_is_normalised_in_exactly_one_function(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``settings.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command normalises once."""
+    """``settings.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command
+    normalises once."""
     callers = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")

@@ -164,7 +164,8 @@ def test_a_snapshot_nested_deep_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("status", [200, 500])
 def test_a_service_answer_nested_deep_is_one_line(status: int) -> None:
-    """``from_url`` (and each refresh) reads the answer with the snapshot's bounds; an error body nested deep is no traceback either."""
+    """``from_url`` (and each refresh) reads the answer with the snapshot's bounds; an error body nested deep is no
+    traceback either."""
     import http.server
     import threading
 

@@ -58,7 +58,8 @@ def push_in_process(built: Built, store: list[str]) -> None:
 
 @pytest.fixture
 def orphaned(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
-    """A pushed store where one shape's index was withdrawn, so its own blob is unreferenced and older than the grace."""
+    """A pushed store where one shape's index was withdrawn, so its own blob is unreferenced and older than the
+    grace."""
     monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every blob is "old" here: gc's grace is seconds
     monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.3)
     push(built, store)
@@ -265,7 +266,8 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
 
 @pytest.fixture(params=["trickle", "silent"])
 def slow_endpoint(request: pytest.FixtureRequest) -> Iterator[str]:
-    """An S3 endpoint that accepts and then sends one byte every 0.5 s forever (``trickle``), or nothing (``silent``)."""
+    """An S3 endpoint that accepts and then sends one byte every 0.5 s forever (``trickle``), or nothing
+    (``silent``)."""
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 

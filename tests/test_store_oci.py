@@ -78,7 +78,8 @@ def image_of(store: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: list[str], tmp_path: Path) -> None:
-    """What a container runtime mounts: every layer unpacked in order over one folder gives the pulled cache, plus the metadata."""
+    """What a container runtime mounts: every layer unpacked in order over one folder gives the pulled cache, plus
+    the metadata."""
     import tarfile
 
     push(built, tag)

@@ -96,7 +96,8 @@ def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
 
 
 def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fingerprint combines what a target names (vLLM's ``compute_hash`` per backend); it never branches on the device itself."""
+    """The fingerprint combines what a target names (vLLM's ``compute_hash`` per backend); it never branches on the
+    device itself."""
     from warmcache.identity import fingerprint
     from warmcache.identity.fingerprint import current_toolchain
     from warmcache.targets.inductor import CUDA_PACKAGES

@@ -78,7 +78,8 @@ class Warmed:
 
 
 def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run ``command``; its wall seconds, its own peak RSS in GiB (``wait4``: this child's, not the largest so far) and its stdout."""
+    """Run ``command``; its wall seconds, its own peak RSS in GiB (``wait4``: this child's, not the largest so far)
+    and its stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         begin = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
@@ -131,7 +132,8 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
 
 
 def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
-    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no database."""
+    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no
+    database."""
     cache = warmed.root / "cache"
     command = [
         sys.executable,
@@ -190,7 +192,8 @@ def start(
 
 
 def cpu_seconds() -> float:
-    """CPU seconds this process and its finished children (Inductor's compile workers) used: what a request costs, whatever else the machine runs."""
+    """CPU seconds this process and its finished children (Inductor's compile workers) used: what a request costs,
+    whatever else the machine runs."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -198,7 +201,8 @@ def cpu_seconds() -> float:
 
 
 def child(args: argparse.Namespace) -> None:
-    """One production process: load the model, start (prime, or nothing when cold), time the first and steady requests."""
+    """One production process: load the model, start (prime, or nothing when cold), time the first and steady
+    requests."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -115,7 +115,8 @@ class OutageProxy(threading.Thread):
                 sock.close()
 
     def outage(self, at: float, seconds: float) -> threading.Thread:
-        """From ``at`` (a ``time.time()``), drop every connection for ``seconds``; the returned thread ends when it is over."""
+        """From ``at`` (a ``time.time()``), drop every connection for ``seconds``; the returned thread ends when it
+        is over."""
 
         def cut() -> None:
             time.sleep(max(0.0, at - time.time()))

@@ -145,7 +145,8 @@ class Result:
 
 
 def draw_seconds(specs: int, median: float, spread: float, seed: int, recorded: Path | None) -> list[float]:
-    """Unscaled compile times: a log-normal, or recorded ones (one number per line, or JSON numbers / rows with compile_s(econds))."""
+    """Unscaled compile times: a log-normal, or recorded ones (one number per line, or JSON numbers / rows with
+    compile_s(econds))."""
     rng = random.Random(seed)
     if recorded is None:
         return [rng.lognormvariate(math.log(median), spread) for _ in range(specs)]
@@ -170,7 +171,8 @@ def scaled(seconds: Sequence[float], workers: int, target: float) -> tuple[float
 
 
 def lpt_bound(seconds: Sequence[float], starts: Sequence[float]) -> float:
-    """The makespan of longest-processing-time-first list scheduling with the true times, each worker free from its start."""
+    """The makespan of longest-processing-time-first list scheduling with the true times, each worker free from its
+    start."""
     loads = sorted(starts)
     for s in sorted(seconds, reverse=True):
         heapq.heapreplace(loads, loads[0] + s)

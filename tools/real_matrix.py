@@ -133,7 +133,8 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
 
 
 def config_file(name: str) -> Path:
-    """A config kept in ``tests/data/realconfigs`` by its stem, or any ``config.json`` by its path (configs the project never saw)."""
+    """A config kept in ``tests/data/realconfigs`` by its stem, or any ``config.json`` by its path (configs the
+    project never saw)."""
     known = real_configs()
     path = known[name] if name in known else Path(name)
     if not path.is_file():

@@ -34,7 +34,8 @@ DEFAULT_INIT_STD = 0.2
 
 
 def projection_std(init_std: float, fan_in: int) -> float:
-    """A projection's spread: ``init_std`` at fan-in 64, shrunk as ``1/sqrt(fan_in)`` so activations keep their scale at any width."""
+    """A projection's spread: ``init_std`` at fan-in 64, shrunk as ``1/sqrt(fan_in)`` so activations keep their scale
+    at any width."""
     return init_std * (64 / max(64, fan_in)) ** 0.5
 
 

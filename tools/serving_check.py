@@ -87,7 +87,8 @@ def serve(
     dtype: str = "float32",
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Run :data:`SERVE` on the registry in ``root``; ``requests`` are each row's prompt length, left-padded to the longest."""
+    """Run :data:`SERVE` on the registry in ``root``; ``requests`` are each row's prompt length, left-padded to the
+    longest."""
     script = root / "serve.py"
     script.write_text(SERVE)
     args = {
@@ -107,7 +108,8 @@ def serve(
 
 
 def assert_served_by_packages(served: dict[str, Any], *, packages: int, min_calls: int) -> None:
-    """Every bucket served by its package, nothing traced or compiled, no compiler imported, every token agreeing with eager."""
+    """Every bucket served by its package, nothing traced or compiled, no compiler imported, every token agreeing
+    with eager."""
     assert served["artifacts_loaded"] == packages and served["artifact_errors"] == []
     assert served["graphs"] == 0 and served["frames"] == 0, served
     assert served["compiler_modules"] == [], served

@@ -29,5 +29,6 @@ class Anchor:
         return cls(Path.cwd())
 
     def path(self, text: str) -> Path:
-        """``text`` (``~`` expanded) from the anchor, absolute and resolved; an absolute ``text`` stays itself (resolved)."""
+        """``text`` (``~`` expanded) from the anchor, absolute and resolved; an absolute ``text`` stays itself
+        (resolved)."""
         return (self.base / os.path.expanduser(text)).resolve()

@@ -232,7 +232,8 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
 def resolve_registry(
     flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None
 ) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then the default."""
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then
+    the default."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:
         return RegistryLocation.parse(chosen.text, chosen.source)
@@ -241,7 +242,8 @@ def resolve_registry(
 
 @dataclass(frozen=True, slots=True)
 class CacheFolder:
-    """A cache folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (the manifest's and the target's own are resolved per model)."""
+    """A cache folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (the manifest's and the target's own are
+    resolved per model)."""
 
     path: Path
     source: str
@@ -251,7 +253,8 @@ class CacheFolder:
 
 
 def resolve_cache_folder(flag: str | None, environ: Mapping[str, str] | None = None) -> CacheFolder | None:
-    """``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``; ``None`` leaves the choice to the manifest, then the target's default."""
+    """``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``; ``None`` leaves the choice to the manifest, then the target's
+    default."""
     chosen = choose(CACHE_DIR, flag, environ=environ)
     if chosen is None:
         return None

@@ -105,7 +105,8 @@ class SigningKey:
 
 
 def generate_key(path: str | Path) -> PublicKey:
-    """Write a new private key to ``path`` (mode 0600, never over an existing file) and its public key to ``path.pub``."""
+    """Write a new private key to ``path`` (mode 0600, never over an existing file) and its public key to
+    ``path.pub``."""
     file = Path(path)
     public_file = file.with_name(file.name + ".pub")
     private = Ed25519PrivateKey.generate()
@@ -315,7 +316,8 @@ def _write_new(file: Path, data: bytes, mode: int) -> None:
 
 
 def _refuse_readable_by_others(file: Path) -> None:
-    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as you."""
+    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as
+    you."""
     mode = os.stat(file).st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UsageError(

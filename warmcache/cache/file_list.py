@@ -51,7 +51,8 @@ def read_signed_document(
 
 
 def check_artifacts(row: dict[str, Any], files: dict[str, BundleFile], flavor: CacheFlavor, where: str) -> None:
-    """Every artifact of a shipped row (bundle or store index) is a safe path, in this layout, with files listed beside it."""
+    """Every artifact of a shipped row (bundle or store index) is a safe path, in this layout, with files listed
+    beside it."""
     for artifact in row["artifacts"]:
         path = check_relpath(artifact["path"], f"{where} artifact")
         if flavor_of_kind(artifact["kind"]) != flavor:

@@ -147,7 +147,8 @@ class MissingArtifact(FieldsJson):
 
 @dataclass(frozen=True, slots=True)
 class WorkDir:
-    """A prune's trash, an unpack's staging folder or a precompiled artifact's ``.partial`` file (a crash leaves them)."""
+    """A prune's trash, an unpack's staging folder or a precompiled artifact's ``.partial`` file (a crash leaves
+    them)."""
 
     path: str
     size_bytes: int
@@ -282,7 +283,8 @@ def _files(folder: Path) -> Iterable[Path]:
 
 
 def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
-    """Trash and staging folders left in the cache; one that a concurrent prune or unpack removes mid-scan is skipped."""
+    """Trash and staging folders left in the cache; one that a concurrent prune or unpack removes mid-scan is
+    skipped."""
     if not root.is_dir():
         return ()
     out = []

@@ -100,7 +100,8 @@ def locate_caches(
 
 
 def _flavor_of_model(model: ModelSpec) -> CacheFlavor | None:
-    """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an Inductor-layout one."""
+    """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an
+    Inductor-layout one."""
     flavor = target_for(model).cache_flavor
     return "inductor" if flavor is None and model.precompile else flavor
 

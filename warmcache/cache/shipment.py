@@ -19,7 +19,8 @@ from warmcache.registry.statuses import DONE_STATUSES, Status
 
 @dataclass(frozen=True, slots=True)
 class ShipmentScope:
-    """A manifest's shapes (one model's, with ``model_name``) and the cache folder their entries are read from or installed into."""
+    """A manifest's shapes (one model's, with ``model_name``) and the cache folder their entries are read from or
+    installed into."""
 
     manifest: Manifest
     location: CacheLocation

@@ -56,12 +56,14 @@ def max_unpack_size_option(help: str) -> Callable[[F], F]:
 
 
 def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default (:func:`warmcache.settings.resolve_registry`)."""
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default
+    (:func:`warmcache.settings.resolve_registry`)."""
     return resolve_registry(db_url, manifest.registry if manifest else None)
 
 
 def cache_folder(_context: click.Context, _parameter: click.Parameter, value: str | None) -> CacheFolder | None:
-    """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes after, per model)."""
+    """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes
+    after, per model)."""
     return resolve_cache_folder(value)
 
 

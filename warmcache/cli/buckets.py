@@ -37,7 +37,8 @@ def buckets_group() -> None:
 
 @dataclass(frozen=True, slots=True)
 class LengthSource:
-    """Where ``buckets suggest`` reads the observed lengths: exactly one of --lengths, --dataset and --from-misses, with what each needs."""
+    """Where ``buckets suggest`` reads the observed lengths: exactly one of --lengths, --dataset and --from-misses,
+    with what each needs."""
 
     lengths_file: str | None
     column: str | None
@@ -84,7 +85,8 @@ class LengthSource:
 
 
 def length_source_options(func: F) -> F:
-    """The options of :class:`LengthSource`, handed to the command as one ``source`` (its fields are stated once, there)."""
+    """The options of :class:`LengthSource`, handed to the command as one ``source`` (its fields are stated once,
+    there)."""
 
     @functools.wraps(func)
     def command(**kwargs: Any) -> Any:

@@ -58,7 +58,7 @@ def cache_options(func: F) -> F:
 def _grace_option(func: F) -> F:
     return click.option(
         "--grace", metavar="AGE", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
-        help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a " "compile may still be running).",
+        help=("Unheld locks, incomplete entries and new orphans younger than this are left alone (a " "compile may still be running)."),
     )(func)  # fmt: skip
 
 
@@ -78,7 +78,7 @@ def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> 
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
-    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, " f"{format_size(sum(e.size_bytes for e in info.entries))}; "
+    lines = [(f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, " f"{format_size(sum(e.size_bytes for e in info.entries))}; ")
              + (", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty")]  # fmt: skip
     for entry in info.entries:
         if entry.state in ("failed", "locked") or (doctor and entry.state == "incomplete"):
@@ -264,7 +264,8 @@ def _report(
     how_to_apply: str,
     extra: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Print each plan, and execute it when asked (rows forgotten before files are deleted); ``extra`` joins the JSON list."""
+    """Print each plan, and execute it when asked (rows forgotten before files are deleted); ``extra`` joins the JSON
+    list."""
     results = [plan.execute(registry) if apply else None for plan in plans]
     if as_json:
         print_json(

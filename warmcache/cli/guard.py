@@ -64,7 +64,7 @@ def guard_group() -> None:
 )
 @click.option(
     "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted " "keys loads precompiled code only from signed rows.",
+    help=("Sign the snapshot with this private key (warmcache keys generate): a guard with trusted " "keys loads precompiled code only from signed rows."),
 )  # fmt: skip
 @db_option
 @json_option

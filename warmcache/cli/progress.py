@@ -90,7 +90,8 @@ class BarProgress:
 
 
 def spec_progress(total: int, *, terminal: bool, label: str, every: float = PHASE_LINE_SECONDS) -> Progress[Finished]:
-    """What a warmup or verify reports each running spec's phases and each finished spec to (``every``: plain output's repeat)."""
+    """What a warmup or verify reports each running spec's phases and each finished spec to (``every``: plain
+    output's repeat)."""
     return BarProgress(total, label) if terminal else LineProgress(total, every)
 
 

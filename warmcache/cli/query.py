@@ -61,7 +61,8 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 @click.command("explain")
 @manifest_query_options
 def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
-    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what differs."""
+    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what
+    differs."""
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)
     check_supported(parsed)

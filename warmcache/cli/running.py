@@ -88,7 +88,8 @@ class RunningPhases:
             return [r.line(now) for r in stale]
 
     def next_due(self, every: float) -> float:
-        """Seconds until the next line is due, when each phase is said again after ``every`` silent seconds (``every`` while nothing runs)."""
+        """Seconds until the next line is due, when each phase is said again after ``every`` silent seconds
+        (``every`` while nothing runs)."""
         now = self._clock()
         with self._lock:
             return max(0.0, min((r.shown + every - now for r in self._running.values()), default=every))
@@ -110,7 +111,8 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start beating (again calls do nothing): on the first phase, so a run with nothing to compile starts no thread."""
+        """Start beating (again calls do nothing): on the first phase, so a run with nothing to compile starts no
+        thread."""
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="warmcache-progress", daemon=True)
             self._thread.start()

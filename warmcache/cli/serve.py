@@ -44,7 +44,7 @@ from warmcache.trust import SigningKey
 )
 @click.option(
     "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help="Sign every /v1/guard answer with this private key: guards with trusted keys load " "precompiled code only from signed rows.",
+    help=("Sign every /v1/guard answer with this private key: guards with trusted keys load " "precompiled code only from signed rows."),
 )  # fmt: skip
 def serve(
     db_url: str | None,

@@ -1,4 +1,5 @@
-"""What ``bundle pack``, ``push`` and ``pull`` start from: the manifest, its one cache folder, its registry and a byte progress."""
+"""What ``bundle pack``, ``push`` and ``pull`` start from: the manifest, its one cache folder, its registry and a
+byte progress."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class Shipment:
 
     @contextmanager
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
-        """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named ``label``."""
+        """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named
+        ``label``."""
         with (
             open_registry(self.db_url, self.manifest, create=False) as registry,
             byte_progress(label) as progress,
@@ -71,7 +73,8 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def verified_only_option(func: F) -> F:
-    """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.shipment.records_to_ship`)."""
+    """``--verified-only``: what ``bundle pack`` and ``push`` ship
+    (:func:`~warmcache.cache.shipment.records_to_ship`)."""
     return click.option(
         "--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified)."
     )(func)

@@ -1,4 +1,5 @@
-"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call, print)."""
+"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call,
+print)."""
 
 from __future__ import annotations
 
@@ -69,17 +70,19 @@ def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
 
 
 def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about it."""
+    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about
+    it."""
     from_env = param.name is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
     source = f"${STORE_TIMEOUT_ENV}" if from_env else "--timeout"
     set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
 def store_options(func: F) -> F:
-    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
+    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
+    --push."""
     func = click.option(
         "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar=STORE_TIMEOUT_ENV,
-        help="Give up on the store after this long in all (e.g. 90s, 30m; default " f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} " "s plus 1 s per MiB).",
+        help=("Give up on the store after this long in all (e.g. 90s, 30m; default " f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} " "s plus 1 s per MiB)."),
     )(func)  # fmt: skip
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
@@ -286,7 +289,8 @@ def check(
     cache_dir: CacheFolder | None,
     as_json: bool,
 ) -> None:
-    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with --trust); exit 5 while anything is wrong."""
+    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with
+    --trust); exit 5 while anything is wrong."""
     parsed = _manifest(manifest_path)
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else None)
     store = resolve_store(store_url, endpoint_url, parsed)
@@ -312,7 +316,8 @@ def check(
 
 
 def repair_root(cache_dir: CacheFolder | None, manifest: Manifest | None) -> Path:
-    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR`` (resolved by the option), then the manifest's ``[cache] dir``: where a repair finds the blobs' bytes."""
+    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR`` (resolved by the option), then the manifest's ``[cache] dir``: where
+    a repair finds the blobs' bytes."""
     if cache_dir is not None:
         return cache_dir.path
     if manifest is not None and manifest.cache_dir is not None:

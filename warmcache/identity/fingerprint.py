@@ -177,7 +177,8 @@ class Toolchain:
 
 
 def current_toolchain(device: str, backend: str, mode: str = "default") -> Toolchain:
-    """The toolchain this process would compile with for a target: the common parts, and the factors the target names."""
+    """The toolchain this process would compile with for a target: the common parts, and the factors the target
+    names."""
     factors = target_of(device, backend, mode).toolchain_factors()
     packages = tuple((name, package_version(name)) for name in (*_TOOLCHAIN_PACKAGES, *factors.packages))
     return Toolchain(

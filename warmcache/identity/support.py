@@ -64,7 +64,8 @@ def model_problems(model: ModelSpec) -> list[str]:
 
 
 def check_supported(manifest: Manifest, models: Iterable[ModelSpec] | None = None) -> None:
-    """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served, and why."""
+    """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served,
+    and why."""
     problems = [
         f"{manifest.path}: {problem}"
         for model in (manifest.models if models is None else models)

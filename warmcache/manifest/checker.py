@@ -58,7 +58,8 @@ class Checker:
         return value
 
     def _absent(self, table: dict[str, Any], key: str, where: str, required: bool) -> bool:
-        """Whether ``key`` is missing from ``table`` (a problem when it is required): the caller then takes its default."""
+        """Whether ``key`` is missing from ``table`` (a problem when it is required): the caller then takes its
+        default."""
         if key in table:
             return False
         if required:

@@ -101,7 +101,8 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
 
 
 def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, int]) -> None:
-    """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths (nothing is built)."""
+    """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths
+    (nothing is built)."""
     grids = [
         (len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}")
         for m in models

@@ -48,7 +48,8 @@ def inline(cls: type) -> dict[str, Any]:
 
 
 def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
-    """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML places."""
+    """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML
+    places."""
     prefix = f"{table}." if table else ""
     keys: dict[str, None] = {}
     for item in fields(cls):
@@ -62,7 +63,8 @@ def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class GenerateWorkload:
-    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings (keys of the same table)."""
+    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings (keys of the same
+    table)."""
 
     batch_sizes: tuple[int, ...]
     prompt_lengths: tuple[int, ...]
@@ -71,7 +73,8 @@ class GenerateWorkload:
 
 @dataclass(frozen=True, slots=True)
 class TrainWorkload:
-    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings (keys of the same table)."""
+    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings (keys of the same
+    table)."""
 
     batch_sizes: tuple[int, ...]
     seq_lengths: tuple[int, ...]
@@ -115,7 +118,8 @@ class ModelSpec:
         )
 
     def grids(self) -> list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]]:
-        """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then ``train[i]`` (sequence lengths)."""
+        """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then
+        ``train[i]`` (sequence lengths)."""
         grids: list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [
             (f"generate[{i}]", gen.settings, gen.batch_sizes, gen.prompt_lengths) for i, gen in enumerate(self.generate)
         ]
@@ -124,7 +128,8 @@ class ModelSpec:
         ]
 
     def iter_specs(self) -> Iterator[ShapeSpec]:
-        """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop between two)."""
+        """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop
+        between two)."""
         seen: set[str] = set()
         for _, settings, batch_sizes, lengths in self.grids():
             family = self.family(settings)

@@ -37,7 +37,8 @@ class ClaimRows(Transactional):
     def claim(
         self, identities: Sequence[str], worker: str, lease_seconds: float, *, retry_failed: bool = False
     ) -> ShapeRecord | None:
-        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is left."""
+        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is
+        left."""
         records = self.claim_batch(identities, worker, lease_seconds, 1, retry_failed=retry_failed)
         return records[0] if records else None
 

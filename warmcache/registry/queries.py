@@ -133,7 +133,8 @@ class RowQueries(Transactional):
             return {identity for identity in session.scalars(query) if identity in wanted}
 
     def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
-        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
+        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else
+        ``missing``."""
         by_shape: dict[str, list[ShapeRecord]] = {}
         for record in self.rows(shape_hashes=sorted({p.shape_hash for p in planned})):
             by_shape.setdefault(record.shape_hash, []).append(record)

@@ -141,7 +141,8 @@ class ShapeRecord:
 
 
 def _columns() -> dict[str, tuple[type, bool]]:
-    """Each column of a row (every :class:`ShapeRecord` field but ``artifacts``): its Python type, and whether it may be ``None``."""
+    """Each column of a row (every :class:`ShapeRecord` field but ``artifacts``): its Python type, and whether it may
+    be ``None``."""
     hints = typing.get_type_hints(ShapeRecord)
     columns: dict[str, tuple[type, bool]] = {}
     for field in dataclasses.fields(ShapeRecord):

@@ -145,7 +145,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
 
     @contextmanager
     def together(self) -> Iterator[None]:
-        """Make this thread's registry calls inside one transaction: a batch of claims is recorded with one commit, all or nothing."""
+        """Make this thread's registry calls inside one transaction: a batch of claims is recorded with one commit,
+        all or nothing."""
         with self.session() as session:
             self._together.session = session
             try:
@@ -176,7 +177,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
         return inserted
 
     def release(self, row_id: int, worker: str, *, started: bool = True) -> None:
-        """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as an attempt."""
+        """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as
+        an attempt."""
         uncounted = {} if started else {"attempts": CompiledShape.attempts - 1}
         released = self._finish(row_id, worker, status=Status.PENDING, **uncounted)
         log.debug("row %d given back by %s (%s)", row_id, worker, "released" if released else "no longer its claim")
@@ -235,7 +237,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
         return self._record_verdict(identities, self.clock(), status=Status.FAILED, error=reason, verified_at=None)
 
     def _record_verdict(self, identities: Iterable[str], now: dt.datetime, **values: Any) -> int:
-        """Verify's verdict on rows still compiled or verified (a row requeued or forgotten meanwhile keeps its state)."""
+        """Verify's verdict on rows still compiled or verified (a row requeued or forgotten meanwhile keeps its
+        state)."""
         return self._update_identities(identities, CompiledShape.status.in_(DONE_STATUSES), updated_at=now, **values)
 
     def requeue_failed(self, identities: Iterable[str]) -> int:

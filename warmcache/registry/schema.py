@@ -75,7 +75,8 @@ def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
 
 
 def _lock_schema(conn: Connection) -> None:
-    """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions lock already)."""
+    """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions
+    lock already)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
 

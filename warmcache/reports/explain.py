@@ -90,7 +90,8 @@ def record_differences(
 
 
 def stale_differences(records: Sequence[ShapeRecord]) -> list[Difference]:
-    """Why rows compiled elsewhere are not usable here: their toolchain against this machine's (the most recent row's)."""
+    """Why rows compiled elsewhere are not usable here: their toolchain against this machine's (the most recent
+    row's)."""
     if not records:
         return []
     latest = max(records, key=lambda r: r.updated_at)

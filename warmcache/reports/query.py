@@ -187,7 +187,8 @@ def shape_json(record: ShapeRecord) -> dict[str, Any]:
 
 
 def plan_json(status: PlanStatus, reason: str | None = None) -> dict[str, Any]:
-    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable (see :mod:`warmcache.reports.explain`)."""
+    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable
+    (see :mod:`warmcache.reports.explain`)."""
     planned, family = status.planned, status.planned.spec.family
     record = status.record
     return {

@@ -104,7 +104,8 @@ class GroupStatus:
     median_compile_seconds: float | None
     """Median over this group's shapes that have a recorded compile time (``None``: none yet)."""
     reclaimed: int = 0
-    """Shapes of this toolchain claimed more than once: a worker stopped holding one (its lease ran out) or a failure was retried."""
+    """Shapes of this toolchain claimed more than once: a worker stopped holding one (its lease ran out) or a failure
+    was retried."""
 
     @property
     def total(self) -> int:

@@ -159,7 +159,8 @@ def open_loader(package: Path) -> Any:
 
 @contextmanager
 def _temporary_files_in(folder: Path) -> Iterator[None]:
-    """``$TMPDIR`` is ``folder`` inside the block (the C++ loader reads it); Python's own temporary folder is chosen (and kept) first."""
+    """``$TMPDIR`` is ``folder`` inside the block (the C++ loader reads it); Python's own temporary folder is chosen
+    (and kept) first."""
     tempfile.gettempdir()
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(folder)

@@ -407,7 +407,8 @@ class ShapeGuard:
         return guarded_generate(self, model, **kwargs)
 
     def prime(self, model: Any, **kwargs: Any) -> PrimeReport:
-        """Load every compiled bucket once, then run generate() under the strict sentinel; see :mod:`warmcache.runtime.serving`."""
+        """Load every compiled bucket once, then run generate() under the strict sentinel; see
+        :mod:`warmcache.runtime.serving`."""
         from warmcache.runtime.serving import prime
 
         return prime(self, model, **kwargs)
@@ -432,7 +433,8 @@ class ShapeGuard:
 
 
 def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKeys:
-    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else none."""
+    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else
+    none."""
     if isinstance(trust, TrustedKeys):
         return trust
     entries = [trust] if isinstance(trust, str) else list(trust or ())
@@ -442,7 +444,8 @@ def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKey
 def _snapshot_trust(
     source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None
 ) -> ArtifactTrust:
-    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other raises)."""
+    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other
+    raises)."""
     verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
     return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)
 

@@ -45,7 +45,8 @@ class FittedBatch:
         return int(batch), int(length)
 
     def unpad(self, output: Any) -> Any:
-        """Drop dummy rows and added left-padding columns from generate()'s output (a tensor or an output with ``sequences``)."""
+        """Drop dummy rows and added left-padding columns from generate()'s output (a tensor or an output with
+        ``sequences``)."""
         rows = self.batch_size * self.rows_per_input
         if hasattr(output, "sequences"):
             output.sequences = output.sequences[:rows, self.added_columns :]

@@ -106,7 +106,8 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
 
 @dataclass
 class PrimeReport:
-    """What loading every bucket cost: Dynamo graphs traced and Inductor cache hits/misses (misses mean real compiles)."""
+    """What loading every bucket cost: Dynamo graphs traced and Inductor cache hits/misses (misses mean real
+    compiles)."""
 
     buckets: list[tuple[int, int]] = field(default_factory=list)
     graphs: int = 0

@@ -56,7 +56,8 @@ class Snapshot:
 def snapshot_document(
     records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
 ) -> dict[str, Any]:
-    """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with ``signing_key``)."""
+    """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with
+    ``signing_key``)."""
     document = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
@@ -75,7 +76,8 @@ def snapshot_file(path: Path) -> Path:
 def write_snapshot(
     path: Path, records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
 ) -> Path:
-    """Write ``records`` to ``path`` (a file, or a folder to hold :data:`SNAPSHOT_FILE`) atomically; returns the file written."""
+    """Write ``records`` to ``path`` (a file, or a folder to hold :data:`SNAPSHOT_FILE`) atomically; returns the file
+    written."""
     path = snapshot_file(Path(path))
     text = json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True)
     # A unique temporary name in the target's folder (os.replace must not cross file
@@ -111,7 +113,8 @@ def verify_snapshot(path: str | Path, trusted: TrustedKeys, *, allow_unsigned: b
 
 
 def read_snapshot(path: Path, trusted: TrustedKeys = NOT_CONFIGURED) -> Snapshot:
-    """The rows stored in a snapshot file, its signature checked when ``trusted`` has keys; every problem names the file and the key at fault."""
+    """The rows stored in a snapshot file, its signature checked when ``trusted`` has keys; every problem names the
+    file and the key at fault."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -147,7 +150,8 @@ def decode_snapshot(data: bytes, where: str, trusted: TrustedKeys = NOT_CONFIGUR
 
 
 def _new_file_mode() -> int:
-    """The mode ``open()`` would give a new file: mkstemp's 0600 would hide the snapshot from a replica running as another user."""
+    """The mode ``open()`` would give a new file: mkstemp's 0600 would hide the snapshot from a replica running as
+    another user."""
     umask = os.umask(0o022)
     os.umask(umask)
     return 0o666 & ~umask

@@ -41,7 +41,8 @@ _MissKey = tuple[int, int, str, int | None, int | None]
 
 
 class MissTelemetry:
-    """Aggregate misses of one shape family; flush them to ``sink`` (or only keep them, when ``None``): see :func:`open_sink`."""
+    """Aggregate misses of one shape family; flush them to ``sink`` (or only keep them, when ``None``): see
+    :func:`open_sink`."""
 
     def __init__(self, family: ShapeFamily, sink: RegistryLocation | str | None, *, interval: float = 10.0) -> None:
         self.family = family
@@ -195,7 +196,8 @@ def _add(counts: dict[_MissKey, int], key: _MissKey, count: int) -> bool:
 
 
 class MissSink(Protocol):
-    """Where flushed misses go: a registry, or ``warmcache serve`` (:class:`~warmcache.runtime.remote.ServiceMisses`)."""
+    """Where flushed misses go: a registry, or ``warmcache serve``
+    (:class:`~warmcache.runtime.remote.ServiceMisses`)."""
 
     def record_misses(self, events: Sequence[MissEvent]) -> None: ...
 

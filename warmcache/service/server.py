@@ -1,4 +1,5 @@
-"""Run the service in a thread of the calling process (tests, embedding); ``warmcache serve`` runs it in the foreground."""
+"""Run the service in a thread of the calling process (tests, embedding); ``warmcache serve`` runs it in the
+foreground."""
 
 from __future__ import annotations
 

@@ -79,7 +79,8 @@ class RegistryState:
 
 
 class RegistryView:
-    """The registry at ``location`` as a refreshed :class:`RegistryState`, plus a connection for the few direct queries."""
+    """The registry at ``location`` as a refreshed :class:`RegistryState`, plus a connection for the few direct
+    queries."""
 
     def __init__(self, location: RegistryLocation, *, interval: float = 5.0) -> None:
         self.url = location.bounded(CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS)  # libpq waits forever by default

@@ -36,7 +36,8 @@ def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
 
 
 def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> Store:
-    """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own settings."""
+    """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own
+    settings."""
     url = store_url(cli_url, manifest)
     if is_oci_url(url):
         return OciStore.open(url)

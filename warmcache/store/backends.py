@@ -60,7 +60,8 @@ class ObjectStore(Protocol):
         """The object's size and last write, or ``None`` when there is none."""
 
     def sha256_of(self, key: str) -> str | None:
-        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when there is none."""
+        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when
+        there is none."""
 
     def touch(self, key: str) -> None:
         """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is fine

@@ -48,7 +48,8 @@ def push_manifest(
     signing_key: SigningKey | None = None,
     progress: Progress | None = None,
 ) -> PushResult:
-    """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into the tag's image."""
+    """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into
+    the tag's image."""
     if isinstance(store, OciStore):
         return push_image(
             scope,
@@ -96,7 +97,8 @@ def check_store(
     trusted: TrustedKeys = NOT_CONFIGURED,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[CheckReport, Any]:
-    """The report, and what a repair needs (an object store: each referenced blob's cache paths; an OCI store: each damaged layer)."""
+    """The report, and what a repair needs (an object store: each referenced blob's cache paths; an OCI store: each
+    damaged layer)."""
     return (
         check_repository(store, trusted, progress)
         if isinstance(store, OciStore)

@@ -71,14 +71,16 @@ FETCH_ATTEMPTS = 3
 
 
 class PullSource(Protocol):
-    """Where a pull finds shapes and their files: an object store's indexes and blobs, or an OCI image's (:class:`~warmcache.store.oci.store.OciStore`)."""
+    """Where a pull finds shapes and their files: an object store's indexes and blobs, or an OCI image's
+    (:class:`~warmcache.store.oci.store.OciStore`)."""
 
     url: str
 
     def read_indexes(
         self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
     ) -> dict[str, ShapeIndex]:
-        """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by identity."""
+        """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by
+        identity."""
 
     def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
         """Every file (by sha256) checked into ``folder/<sha256>``; ``(downloaded, reused)`` bytes."""
@@ -227,7 +229,8 @@ def pull_manifest(
 
 
 def _done_artifact_paths(location: RegistryLocation, identities: list[str]) -> dict[str, list[str]]:
-    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records nothing (and is not created)."""
+    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records
+    nothing (and is not created)."""
     if location.sqlite_file is not None and not location.sqlite_file.exists():
         return {}
     with Registry.open(location) as registry:
@@ -237,7 +240,8 @@ def _done_artifact_paths(location: RegistryLocation, identities: list[str]) -> d
 def _read_indexes(
     store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
 ) -> dict[str, ShapeIndex]:
-    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by identity."""
+    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by
+    identity."""
 
     def read(planned: PlannedShape) -> ShapeIndex | None:
         key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
@@ -278,7 +282,8 @@ def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tup
 
 
 def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
-    """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)`` bytes."""
+    """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)``
+    bytes."""
     folder.mkdir(parents=True, exist_ok=True)
     total = sum(sizes.values())
     lock = threading.Lock()

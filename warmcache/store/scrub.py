@@ -86,7 +86,8 @@ def check_objects(
 
 
 def repair_objects(store: ObjectStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
-    """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is left."""
+    """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is
+    left."""
     repaired: list[str] = []
     left: list[StoreProblem] = []
     for problem in report.problems:

@@ -17,7 +17,8 @@ from warmcache.targets.neuron import NeuronTarget
 
 
 def target_of(device: str, backend: str, mode: str = "default") -> Target:
-    """The target that compiles for ``device``: Neuron on ``neuron``, Inductor (or its cache-less backends) on CPU and CUDA."""
+    """The target that compiles for ``device``: Neuron on ``neuron``, Inductor (or its cache-less backends) on CPU
+    and CUDA."""
     if device == "neuron":
         return NeuronTarget(device, backend, mode)
     return InductorTarget(device, backend, mode)

@@ -68,7 +68,8 @@ class Target(ABC):
 
     @abstractmethod
     def toolchain_factors(self) -> ToolchainFactors:
-        """What on this machine decides what this target compiles, beyond the common packages (read without torch where it can be)."""
+        """What on this machine decides what this target compiles, beyond the common packages (read without torch
+        where it can be)."""
 
     @abstractmethod
     def check_available(self) -> None:

@@ -49,7 +49,8 @@ def _cpu_isa() -> str:
 
 
 def nvidia_driver_version(proc_text: str) -> str:
-    """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's wording)."""
+    """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's
+    wording)."""
     # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..." or
     # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (seen on an H200)
     version = re.search(r"\s(\d+\.\d+(?:\.\d+)*)\s", proc_text.split("\n", 1)[0] + " ")

@@ -57,7 +57,8 @@ def _with_cache_dir(flags: str, root: Path) -> str:
 
 
 def configured_cache_location() -> str | None:
-    """The persistent cache the environment names: ``--cache_dir`` in ``NEURON_CC_FLAGS``, then ``NEURON_COMPILE_CACHE_URL``."""
+    """The persistent cache the environment names: ``--cache_dir`` in ``NEURON_CC_FLAGS``, then
+    ``NEURON_COMPILE_CACHE_URL``."""
     return _flag_cache_dir(os.environ.get(FLAGS_ENV, "")) or os.environ.get(CACHE_URL_ENV)
 
 
@@ -130,7 +131,8 @@ class NeuronTarget(Target):
             os.environ[NEFF_CACHE_ENV] = str(root)
 
     def toolchain_factors(self) -> ToolchainFactors:
-        """The instance family the compiler targets and its flags (normalised: where it caches is not what it compiles)."""
+        """The instance family the compiler targets and its flags (normalised: where it caches is not what it
+        compiles)."""
         return ToolchainFactors(
             platform=f"neuron:{_neuron_platform()}",
             neuron_cc_flags=normalise_neuron_cc_flags(os.environ.get(FLAGS_ENV)),

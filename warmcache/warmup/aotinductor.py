@@ -79,7 +79,8 @@ def _step_module(
 
 
 def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> None:
-    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export cannot trace it)."""
+    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export
+    cannot trace it)."""
     layer.keys, layer.values, layer.cumulative_length = keys, values, position
     layer.device = keys.device
     layer.batch_size, layer.num_heads = keys.shape[:2]
@@ -129,7 +130,8 @@ def package_decode(
 
 
 def constant_header(step: torch.nn.Module, listed: list[str]) -> dict[str, list[Any]]:
-    """``{fqn: [shape, dtype]}`` of every constant the package lists, each found among the step's parameters and buffers."""
+    """``{fqn: [shape, dtype]}`` of every constant the package lists, each found among the step's parameters and
+    buffers."""
     own = named_tensors(step)
     missing = sorted(set(listed) - set(own))
     if missing:

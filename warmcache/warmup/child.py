@@ -316,7 +316,8 @@ def _importing_this_warmcache(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _stop(processes: Iterator[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every live child and wait for each to give its claim back; kill what outlasts the grace, or all of them on a second Ctrl-C."""
+    """SIGTERM every live child and wait for each to give its claim back; kill what outlasts the grace, or all of
+    them on a second Ctrl-C."""
     alive = [p for p in processes if p.poll() is None]
     for process in alive:
         process.terminate()

@@ -91,7 +91,8 @@ class ClaimQueue:
         return max(1, min(MOST_AT_ONCE, int(budget // seconds)))
 
     def observe(self, seconds: Mapping[str, float]) -> None:
-        """What the last batch's specs took: expected times that were too short (a cache hit recorded, a slower host) shrink later batches."""
+        """What the last batch's specs took: expected times that were too short (a cache hit recorded, a slower host)
+        shrink later batches."""
         expected = sum(self._expected.get(identity, 0.0) for identity in seconds)
         if expected > 0:
             self._pace = max(

@@ -284,7 +284,8 @@ def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me:
 def _run_locked(
     worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int
 ) -> tuple[SpecRun | None, str | None]:
-    """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's error line."""
+    """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's
+    error line."""
     try:
         root = worker.cache_root(target_for(planned.model))
         with heartbeat.waiting(row_id) as deadline, spec_lock(lock_path(root, planned.identity), deadline):

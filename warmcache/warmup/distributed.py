@@ -109,7 +109,8 @@ def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache")
 
 
 def child_command(nproc: int) -> list[str]:
-    """The command of a warmcache child process (:mod:`warmcache.warmup.child`): one process, or ``nproc`` ranks under torchrun."""
+    """The command of a warmcache child process (:mod:`warmcache.warmup.child`): one process, or ``nproc`` ranks
+    under torchrun."""
     return [sys.executable, "-m", CHILD_MODULE] if nproc == 1 else torchrun_command([], nproc, module=CHILD_MODULE)
 
 
@@ -202,7 +203,8 @@ def rank_group(manifest: Manifest, options: WarmupOptions) -> Iterator[bool]:
 
 
 def follow(manifest: Manifest, options: WarmupOptions) -> WarmupSummary:
-    """A follower rank's part of the warmup: run what rank 0 announces; its summary is empty (rank 0's is the group's)."""
+    """A follower rank's part of the warmup: run what rank 0 announces; its summary is empty (rank 0's is the
+    group's)."""
     from warmcache.warmup.worker import Worker
 
     follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))

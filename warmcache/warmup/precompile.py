@@ -107,7 +107,8 @@ def save_package(
     fingerprint_fields: dict[str, Any],
     phases: SpecPhases = NO_PHASES,
 ) -> str:
-    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
+    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns
+    ``aotinductor/<sha256>``."""
     from warmcache.warmup.aotinductor import package_decode
 
     payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)

@@ -190,7 +190,8 @@ def _run_jobs(
     expected: Mapping[str, float],
     receive: Callable[[SpecOutcome | PhaseReport], None],
 ) -> None:
-    """N worker processes, each claiming from the registry; their phases arrive as they run, their outcomes as they finish."""
+    """N worker processes, each claiming from the registry; their phases arrive as they run, their outcomes as they
+    finish."""
     identities = tuple(p.identity for p in todo)
     request = ClaimRequest(
         str(manifest.path),
@@ -254,5 +255,6 @@ class _Forward:
 
 
 def warm_as_torchrun_child(request: WarmupRequest, report: Report, on_phase: PhaseListener) -> None:
-    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` and phases reach the parent."""
+    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` and phases reach the
+    parent."""
     run_warmup(load_manifest(request.manifest), request.options(), lambda total: _Forward(report, on_phase))

@@ -51,7 +51,8 @@ def spec_lock(path: Path, deadline: float) -> Iterator[None]:
 
 
 def holder_of(path: Path) -> str:
-    """The note the lock's holder left, or why there is none (a holder from before notes, or one that has just taken it)."""
+    """The note the lock's holder left, or why there is none (a holder from before notes, or one that has just taken
+    it)."""
     try:
         return (path.parent / (path.name + HOLDER_SUFFIX)).read_text(encoding="utf-8").strip()[
             :200
@@ -61,7 +62,8 @@ def holder_of(path: Path) -> str:
 
 
 def _write_holder(path: Path) -> None:
-    """Say who holds the lock, atomically (a waiter never reads half a note); a note that cannot be written only costs the name."""
+    """Say who holds the lock, atomically (a waiter never reads half a note); a note that cannot be written only
+    costs the name."""
     note = path.parent / (path.name + HOLDER_SUFFIX)
     partial = note.with_name(f".{note.name}.{os.getpid()}")
     since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

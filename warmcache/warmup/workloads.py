@@ -191,7 +191,8 @@ def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[
 def run_train(
     model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES
 ) -> WorkloadResult:
-    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step reported to ``phases``."""
+    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step
+    reported to ``phases``."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as transformers_logging
 
@@ -240,7 +241,8 @@ def run_train(
 
 
 def _checkpointing_argument(arguments: type) -> str:
-    """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else ``gradient_checkpointing``."""
+    """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else
+    ``gradient_checkpointing``."""
     names = {field.name for field in fields(arguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 

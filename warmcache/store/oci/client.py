@@ -110,7 +110,8 @@ class _Oras(oras.provider.Registry):
 
 
 class RegistryClient:
-    """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming ``where``."""
+    """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming
+    ``where``."""
 
     def __init__(self, reference: OciReference) -> None:
         self.reference = reference
@@ -195,7 +196,8 @@ class RegistryClient:
         return digest
 
     def blocks(self, digest: str) -> Iterator[bytes]:
-        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not there."""
+        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not
+        there."""
         response = self._request(
             "GET", self._container.get_blob_url(digest), f"downloading blob {digest[:19]}", stream=True
         )
@@ -293,7 +295,8 @@ class RegistryClient:
         raise StoreError(f"{self.where}: {what}: HTTP {status} {_registry_error(response)}")
 
     def _retried(self, call: Callable[[], Any], what: str, nbytes: int = 0) -> Any:
-        """``call()`` under the deadline, again after a connection error, 429 or 5xx (0.2 s, doubling), at most :data:`ATTEMPTS` times."""
+        """``call()`` under the deadline, again after a connection error, 429 or 5xx (0.2 s, doubling), at most
+        :data:`ATTEMPTS` times."""
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return self.deadline.run(call, what, nbytes)
@@ -325,7 +328,8 @@ class _Retryable(Exception):
 
 
 class _Upload:
-    """A file sent as a request body in blocks, with its length known (so it goes as one PUT, not chunked) and progress reported."""
+    """A file sent as a request body in blocks, with its length known (so it goes as one PUT, not chunked) and
+    progress reported."""
 
     def __init__(self, source: Any, size: int, progress: Callable[[int], None] | None) -> None:
         self.source, self.size, self.progress = source, size, progress

@@ -104,7 +104,8 @@ class Descriptor:
 
 @dataclass(frozen=True, slots=True)
 class StoredImage:
-    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced manifests."""
+    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced
+    manifests."""
 
     tag: str
     digest: str
@@ -137,7 +138,8 @@ class StoredImage:
 
 
 def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
-    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller); ``None`` without the tag."""
+    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller);
+    ``None`` without the tag."""
     found = client.manifest(tag)
     if found is None:
         return None
@@ -235,7 +237,8 @@ def metadata_members(
 
 
 def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
-    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own fields, such as its cache folder, left empty)."""
+    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own
+    fields, such as its cache folder, left empty)."""
     local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
     rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
     unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
@@ -244,7 +247,8 @@ def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key:
 
 
 def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
-    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (= digests: uncompressed)."""
+    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (=
+    digests: uncompressed)."""
     architecture = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
     return canonical_bytes(
         {
@@ -259,7 +263,8 @@ def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
 def manifest_bytes(
     config: tuple[str, int], layers: list[Descriptor], metadata: Descriptor, annotations: dict[str, str]
 ) -> bytes:
-    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for people)."""
+    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for
+    people)."""
     descriptors = [layer.as_json() for layer in layers] + [metadata.as_json({LAYER_ROLE: "metadata"})]
     return canonical_bytes(
         {
@@ -273,7 +278,8 @@ def manifest_bytes(
 
 
 def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as annotations and labels)."""
+    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as
+    annotations and labels)."""
     rows = [document["row"] for _, document in sorted(indexes.items())]
     toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
     families: dict[str, list[str]] = defaultdict(list)

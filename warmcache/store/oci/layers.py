@@ -236,7 +236,8 @@ class _BlockReader:
         self.block, self.offset, self.hash = b"", 0, hashlib.sha256()
 
     def read(self, amount: int = -1) -> bytes:
-        """Up to ``amount`` bytes (all that is left for -1); copies only what it returns (tar reads 10 KiB at a time)."""
+        """Up to ``amount`` bytes (all that is left for -1); copies only what it returns (tar reads 10 KiB at a
+        time)."""
         parts: list[bytes] = []
         left = amount
         while left != 0:

@@ -39,7 +39,8 @@ MANIFEST_KEY, BLOB_KEY = "manifests/", "blobs/"
 
 
 def images(store: OciStore) -> list[StoredImage]:
-    """Every tag's image; one that is not a readable warmcache image stops the caller (gc must not decide on a partial view)."""
+    """Every tag's image; one that is not a readable warmcache image stops the caller (gc must not decide on a
+    partial view)."""
     found = []
     for tag in sorted(store.client.tags()):
         image = read_image(store.client, tag)

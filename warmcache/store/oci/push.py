@@ -107,7 +107,8 @@ def push_image(
 def _merge(
     base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: CacheFlavor, where: str
 ) -> dict[str, dict[str, Any]]:
-    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files with other bytes is dropped."""
+    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files
+    with other bytes is dropped."""
     if base is None:
         return dict(ours)
     if base.flavor != flavor:
@@ -176,7 +177,8 @@ class _Layers:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def layers(self, groups: list[tuple[BundleFile, ...]], base: StoredImage | None) -> list[Layer]:
-        """One layer per group: the tag's own when its files are the same, else built here (in parallel) and uploaded if the registry lacks it."""
+        """One layer per group: the tag's own when its files are the same, else built here (in parallel) and uploaded
+        if the registry lacks it."""
         stored = {layer.files: layer for layer in base.layers} if base is not None else {}
         self.reused.update(stored[group].digest for group in groups if group in stored)
         todo = [group for group in groups if group not in stored and group not in self.built]
@@ -196,7 +198,8 @@ class _Layers:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _sources(self, group: tuple[BundleFile, ...], base: StoredImage | None, folder: Path) -> dict[str, Path]:
-        """Where each file's bytes come from: the local cache, or (for a shape another host pushed) the tag's layer, checked."""
+        """Where each file's bytes come from: the local cache, or (for a shape another host pushed) the tag's layer,
+        checked."""
         sources: dict[str, Path] = {}
         missing: dict[str, BundleFile] = {}
         for file in group:

@@ -55,7 +55,8 @@ class OciReference:
 
 
 def parse_oci_url(url: str) -> OciReference:
-    """Parse ``oci://HOST[:PORT]/REPOSITORY[:TAG]`` (or ``oci+http://`` on loopback); :class:`UsageError` naming the fault."""
+    """Parse ``oci://HOST[:PORT]/REPOSITORY[:TAG]`` (or ``oci+http://`` on loopback); :class:`UsageError` naming the
+    fault."""
     parsed = urlparse(url)
     if parsed.scheme not in SCHEMES:
         raise UsageError(f"store URL {shown(url)}: not an OCI registry URL (oci://HOST[:PORT]/REPOSITORY[:TAG])")

@@ -28,7 +28,8 @@ from warmcache.trust import TrustedKeys
 
 
 class OciStore:
-    """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the repository."""
+    """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the
+    repository."""
 
     def __init__(self, reference: OciReference) -> None:
         self.reference = reference
@@ -56,7 +57,8 @@ class OciStore:
     def read_indexes(
         self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
     ) -> dict[str, ShapeIndex]:
-        """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by identity."""
+        """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by
+        identity."""
         image = self.image()
         if wanted and image.flavor != location.flavor:
             raise CacheError(
@@ -117,7 +119,8 @@ class OciStore:
 
 
 def layers_for(layers: tuple[Layer, ...], needed: set[str]) -> list[tuple[Layer, dict[str, BundleFile]]]:
-    """The layers to download for ``needed`` sha256s (in the image's order, each only if it adds one), with the members to take from each."""
+    """The layers to download for ``needed`` sha256s (in the image's order, each only if it adds one), with the
+    members to take from each."""
     plan: list[tuple[Layer, dict[str, BundleFile]]] = []
     left = set(needed)
     for layer in layers:

@@ -55,7 +55,8 @@ _EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def floor(dtype: str) -> float:
-    """The smallest distance the criterion allows in ``dtype`` (``torch.bfloat16`` or ``bfloat16``), relative to the logit RMS."""
+    """The smallest distance the criterion allows in ``dtype`` (``torch.bfloat16`` or ``bfloat16``), relative to the
+    logit RMS."""
     return FLOOR * _EPSILON[dtype.removeprefix("torch.")]
 
 
@@ -129,7 +130,8 @@ def reference_logits(
 
 
 class _Forced:
-    """A logits processor that makes ``generate()`` pick the given tokens, one column per step (its raw logits stay as computed)."""
+    """A logits processor that makes ``generate()`` pick the given tokens, one column per step (its raw logits stay
+    as computed)."""
 
     def __init__(self, tokens: torch.Tensor) -> None:
         self._tokens = tokens

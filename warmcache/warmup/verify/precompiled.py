@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 def prove_artifacts(
     model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path
 ) -> str | None:
-    """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does; else why not (one line)."""
+    """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does;
+    else why not (one line)."""
     import torch
     from transformers import GenerationMixin
 

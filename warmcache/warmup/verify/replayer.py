@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 
 def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_phase: PhaseListener) -> None:
-    """The fresh process: run each spec once through the same Worker warmup used, and measure; ``on_phase`` is told each spec's phases."""
+    """The fresh process: run each spec once through the same Worker warmup used, and measure; ``on_phase`` is told
+    each spec's phases."""
     from warmcache.warmup.worker import Worker
 
     manifest = load_manifest(request.manifest)
@@ -56,7 +57,8 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
 def _prove_precompiled(
     worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases
 ) -> str | None:
-    """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
+    """The row's precompiled artifact, proven after the traced replay (see
+    :mod:`warmcache.warmup.verify.precompiled`)."""
     if not (location and planned.model.precompile and planned.spec.workload == "generate"):
         return None
     from warmcache.warmup.verify.precompiled import prove_artifacts

@@ -11,7 +11,8 @@ from warmcache.warmup.verify.messages import ReplayResult
 
 
 class Verdict(StrEnum):
-    """What one spec's replay proves (reported by verify, never stored: rows keep their :class:`~warmcache.registry.statuses.Status`)."""
+    """What one spec's replay proves (reported by verify, never stored: rows keep their
+    :class:`~warmcache.registry.statuses.Status`)."""
 
     VERIFIED = "verified"
     """Loaded from the cache: no backend compile, no new entry. The row becomes ``verified``."""
