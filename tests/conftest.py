@@ -115,7 +115,8 @@ def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest
 def inductor_warmup(
     tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], s3_endpoint: str
 ) -> InductorWarmup:
-    """The suite's one real Inductor warmup (four shapes, two graphs, ≈45 s cold on 2 cores), pushed to S3 as it compiled.
+    """The suite's one real Inductor warmup (four shapes, two graphs, ≈45 s cold on 2 cores), pushed to S3 as it
+    compiled.
 
     verify, bundle and store tests start from it (or a copy) instead of each compiling the same graphs cold.
     """

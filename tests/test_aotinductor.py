@@ -372,9 +372,9 @@ def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
 def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every policy,
-    over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing
-    compiled."""
+    """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every
+    policy, over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with
+    nothing compiled."""
     from warmcache.runtime.snapshot import snapshot_document
     from warmcache.trust import SigningKey, generate_key, sign_document
 

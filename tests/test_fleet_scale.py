@@ -390,9 +390,9 @@ with Registry.open(url) as registry:
 def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_naming_it(
     registry_url: str, tmp_path: Path
 ) -> None:
-    """A holds the spec's cache lock and is stopped (SIGSTOP); its lease runs out and B reclaims the spec. B's wait for the
-    lock ends before B's own claim would (its heartbeat does not renew a claim whose spec cannot start), the spec is
-    recorded failed with a line naming A's host and pid, and B's loop ends: nothing is left waiting forever."""
+    """A holds the spec's cache lock and is stopped (SIGSTOP); its lease runs out and B reclaims the spec. B's wait
+    for the lock ends before B's own claim would (its heartbeat does not renew a claim whose spec cannot start), the
+    spec is recorded failed with a line naming A's host and pid, and B's loop ends: nothing is left waiting forever."""
     import os
     import signal
     import socket

@@ -1,4 +1,5 @@
-"""Progress inside a spec: the phases a running spec reports (warmcache.warmup.phases) and how the CLI shows them (warmcache.cli.running).
+"""Progress inside a spec: the phases a running spec reports (warmcache.warmup.phases) and how the CLI shows them
+(warmcache.cli.running).
 
 The reporting and rendering logic is tested on an explicit clock, so nothing here
 waits for a timer to prove a line is due; the real runs (a Worker on a tiny

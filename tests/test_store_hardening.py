@@ -99,8 +99,8 @@ def test_a_whole_gc_between_a_pushs_blob_check_and_its_index_write_never_leaves_
 def test_a_gc_that_takes_a_reused_blob_before_the_push_refreshes_it_is_uploaded_again(
     built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads it again
-    (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
+    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads
+    it again (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
     push(built, store)
     monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every re-used blob is refreshed
     monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.0)

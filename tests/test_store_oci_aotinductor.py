@@ -1,4 +1,5 @@
-"""The issue's "done when": AOTInductor packages through a registry, and a pod that starts from the tag mounted read-only.
+"""The issue's "done when": AOTInductor packages through a registry, and a pod that starts from the tag mounted
+read-only.
 
 Host A is the suite's AOTInductor warmup (``test_aotinductor.packaged``: warmup and verify
 with ``precompile = "aotinductor"``). It pushes, signed, to the session's registry. Host B,

@@ -102,7 +102,8 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(
 
 
 def _frozen_inductor_shapes_are_stale_and_taken_by_warmup(path: str, db: str, cache: Path) -> None:
-    """Under TORCHINDUCTOR_FREEZING=1 Inductor compiles other code: its shapes read stale and say why; aot_eager's do not move.
+    """Under TORCHINDUCTOR_FREEZING=1 Inductor compiles other code: its shapes read stale and say why; aot_eager's do
+    not move.
 
     In this process (CliRunner sets the variable for each call): these commands compile nothing.
     """

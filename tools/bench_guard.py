@@ -42,7 +42,8 @@ LENGTHS = list(range(64, 6464, 64))  # 100 lengths x 100 batch sizes = 10,000 co
 
 
 def compiled_record(planned: PlannedShape, row_id: int) -> ShapeRecord:
-    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the database).
+    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the
+    database).
 
     Derived from the registry's own insert values, so a new column needs no edit here.
     """

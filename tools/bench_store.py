@@ -1,4 +1,5 @@
-"""Store throughput: warmcache push/pull of a 256 MiB cache over S3 and an OCI registry, beside plain clients, and a no-op pull.
+"""Store throughput: warmcache push/pull of a 256 MiB cache over S3 and an OCI registry, beside plain clients, and a
+no-op pull.
 
 Builds a Neuron-layout cache (64 module folders, each a random 4 MiB NEFF plus its
 small files) with one compiled registry row per module, starts moto's standalone

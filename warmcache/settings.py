@@ -69,7 +69,8 @@ def choose(
     manifest_path: Path | str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Chosen | None:
-    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the default.
+    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the
+    default.
 
     A flag or variable that is given but empty is chosen all the same (and refused by
     the setting's parser, naming it), not a reason to fall back: ``--db
@@ -199,7 +200,8 @@ class RegistryLocation:
         return make_url(self.url).render_as_string(hide_password=True)
 
     def bounded(self, connect_timeout_s: int, statement_timeout_ms: int | None = None) -> RegistryLocation:
-        """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by default).
+        """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by
+        default).
 
         A value the URL already sets wins; the statement timeout joins libpq's
         ``options`` (which may already set a ``search_path``). SQLite is returned as is.

@@ -30,7 +30,8 @@ class ShipmentScope:
 def records_to_ship(
     registry: Registry, scope: ShipmentScope, verified_only: bool, identities: Iterable[str] | None = None
 ) -> tuple[list[ShapeRecord], int]:
-    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how many declared shapes lack one.
+    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how
+    many declared shapes lack one.
 
     ``identities`` narrows the choice (warmup --push ships each shape as it compiles).
     Nothing to ship is an error naming the registry and the command that fills it.

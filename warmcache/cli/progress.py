@@ -28,7 +28,8 @@ BAR_REFRESH_SECONDS = 1.0
 
 
 class LineProgress:
-    """``[3/12] tiny-qwen3 generate batch=2 seq=16: compiled in 4.1s (1 graph, 3 cache entries)``, and the phases before it.
+    """``[3/12] tiny-qwen3 generate batch=2 seq=16: compiled in 4.1s (1 graph, 3 cache entries)``, and the phases before
+    it.
 
     ``tiny-qwen3/generate ... seq=16: compiling the decode step`` as a phase starts;
     ``...: compiling the decode step for 30s`` each ``every`` seconds it goes on.
@@ -99,7 +100,8 @@ def spec_progress(total: int, *, terminal: bool, label: str, every: float = PHAS
 def amount_progress(
     label: str, *, terminal: bool, steps: int, line: Callable[[int, int], str], unit: str = "it"
 ) -> Iterator[Callable[[int, int], None]]:
-    """An ``update(done, total)`` callback: a bar on a terminal, else a plain line each ``1/steps`` of the total (and at the end).
+    """An ``update(done, total)`` callback: a bar on a terminal, else a plain line each ``1/steps`` of the total (and at
+    the end).
 
     ``unit="B"`` shows bytes with binary prefixes on the bar.
     """

@@ -1,4 +1,5 @@
-"""``--verbose``: the libraries' own chatter (weight-loading bars, transformers warnings, Trainer metrics) only on request.
+"""``--verbose``: the libraries' own chatter (weight-loading bars, transformers warnings, Trainer metrics) only on
+request.
 
 Warmup and verify load models and run Trainers in this process, in ``--jobs``
 workers, under torchrun and in verify's replay process. The switch travels the

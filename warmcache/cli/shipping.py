@@ -55,7 +55,8 @@ class Shipment:
 
 
 def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
-    """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its ``shipment`` argument).
+    """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its
+    ``shipment`` argument).
 
     The preamble ``bundle pack``, ``push`` and ``pull`` share, declared and run once: the
     manifest and its cache folder are checked before the command's own code runs.

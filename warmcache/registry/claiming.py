@@ -51,7 +51,8 @@ class ClaimRows(Transactional):
         *,
         retry_failed: bool = False,
     ) -> list[ShapeRecord]:
-        """Take the first ``count`` claimable rows among ``identities``, in their order, for ``worker``; ``[]`` if none is left.
+        """Take the first ``count`` claimable rows among ``identities``, in their order, for ``worker``; ``[]`` if none
+        is left.
 
         Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
         and with ``retry_failed`` also ``failed``. The final update re-checks the

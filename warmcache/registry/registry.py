@@ -67,7 +67,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
         create: bool = True,
         hold_connections: bool = True,
     ) -> Registry:
-        """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is initialised, an out-of-date one refused.
+        """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is
+        initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
         empty database is refused instead of created, and no schema is ever migrated.

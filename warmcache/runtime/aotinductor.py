@@ -89,7 +89,8 @@ class PackagedDecodeStep:
 def load_package(
     root: Path, entry: str, expected: dict[str, Any], model: Any
 ) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
-    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound method).
+    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound
+    method).
 
     Every check that can be made before the package's code is loaded is made first:
     sha256 and header (``read_checked``), device, CPU capability, and each constant's

@@ -156,7 +156,8 @@ class MissTelemetry:
         self.flush()
 
     def _recordable(self, pending: dict[_MissKey, int]) -> dict[_MissKey, MissEvent]:
-        """Each pending miss as the event to write, less (counted in ``dropped``) those the registry cannot hold, e.g. a refused request of batch 2**40.
+        """Each pending miss as the event to write, less (counted in ``dropped``) those the registry cannot hold, e.g. a
+        refused request of batch 2**40.
 
         The registry refuses a whole batch that holds one of them; kept pending, that
         one request would fail every later flush and no miss would ever be recorded.

@@ -64,8 +64,8 @@ class ObjectStore(Protocol):
         there is none."""
 
     def touch(self, key: str) -> None:
-        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is fine
-        (a ``store gc`` took it meanwhile: the push that touches it looks again and uploads it)."""
+        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is
+        fine (a ``store gc`` took it meanwhile: the push that touches it looks again and uploads it)."""
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         """The whole object (refused above ``max_bytes``), or ``None`` when there is none."""

@@ -1,4 +1,5 @@
-"""Each store operation for any store URL: the object-store implementation (``s3://``, ``file://``) or the OCI image one (``oci://``).
+"""Each store operation for any store URL: the object-store implementation (``s3://``, ``file://``) or the OCI image one
+(``oci://``).
 
 The object-store modules (:mod:`.push`, :mod:`.maintenance`, :mod:`.scrub`) know
 nothing of OCI, and the OCI modules (:mod:`.oci`) build on their data types (the

@@ -121,7 +121,8 @@ def _write_indexes(store: ObjectStore, indexes: list[tuple[str, bytes]]) -> int:
 
 
 def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tuple[Path, int]]) -> int:
-    """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to name them.
+    """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to
+    name them.
 
     The store's consistency rule (:mod:`warmcache.store.maintenance`): gc deletes a blob
     only if no index named it when its run started and when it decided, and its own
@@ -171,7 +172,8 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
 def _upload_missing(
     store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None
 ) -> tuple[int, dict[str, float], int]:
-    """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written}, bytes sent)``.
+    """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written},
+    bytes sent)``.
 
     A blob of the right size is re-used only if its content is its name (S3's own
     checksum, or the file store's bytes hashed): a blob damaged in place is replaced.

@@ -27,8 +27,9 @@ WARMUP_RECOMPILE_LIMIT = 4096
 
 @dataclass(frozen=True, slots=True)
 class ToolchainFactors:
-    """The parts of the toolchain fingerprint a target reads for itself (:func:`warmcache.identity.fingerprint.current_toolchain`
-    adds the common packages, the compiler's environment variables and the target's name).
+    """The parts of the toolchain fingerprint a target reads for itself
+    (:func:`warmcache.identity.fingerprint.current_toolchain` adds the common packages, the compiler's environment
+    variables and the target's name).
 
     Each field is stored with every registry row as it is named here, so a target
     that has nothing to say for one leaves its default: the stored identity of a row

@@ -74,7 +74,8 @@ class ClaimQueue:
         return []
 
     def _how_many(self) -> int:
-        """As many specs as fit ``batch_seconds``, judged by the first spec not yet claimed here: the list is longest first.
+        """As many specs as fit ``batch_seconds``, judged by the first spec not yet claimed here: the list is longest
+        first.
 
         A spec with no expected time (which the order puts first) is claimed alone. The
         estimate can be off (a longer spec given back earlier in the window, a compile

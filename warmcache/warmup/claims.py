@@ -146,7 +146,8 @@ def run_claimed(
     ranks: distributed.Coordination = distributed.ALONE,
     cut_seconds: float = math.inf,
 ) -> list[SpecOutcome]:
-    """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the results together.
+    """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the
+    results together.
 
     Under torchrun each spec is announced to the other ranks before it runs, and
     ``ranks.agree`` turns this process's error into the group's: a spec that failed
@@ -328,9 +329,9 @@ class _Heartbeat:
 
     @contextmanager
     def waiting(self, row_id: int) -> Iterator[float]:
-        """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end (``time.monotonic()``):
-        a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is still this worker's to
-        record."""
+        """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end
+        (``time.monotonic()``): a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is
+        still this worker's to record."""
         lease = self._lease.seconds
         self._waiting |= {row_id}
         try:

@@ -36,7 +36,8 @@ def _drop_every_guard(guards: Any) -> list[bool]:
 
 @contextlib.contextmanager
 def capture_decode_call(model: PreTrainedModel, *, eager: bool = False) -> Iterator[dict[str, Any]]:
-    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward.
+    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled
+    forward.
 
     ``eager``: serve that call with the model's own forward instead of compiling it
     (an AOTInductor model's reference path: its production never runs ``torch.compile``).

@@ -75,7 +75,8 @@ class OciStore:
     def fetch_blobs(
         self, sizes: dict[str, int], folder: Path, progress: Callable[[int, int], None] | None
     ) -> tuple[int, int]:
-        """Each wanted file (by sha256) checked into ``folder/<sha256>``, taken from the fewest layers that hold them; ``(downloaded, reused)`` bytes.
+        """Each wanted file (by sha256) checked into ``folder/<sha256>``, taken from the fewest layers that hold them;
+        ``(downloaded, reused)`` bytes.
 
         A file kept from an interrupted pull is re-used once its bytes are checked again.
         """

@@ -149,7 +149,8 @@ class _Forced:
 def eager_decode_logits(
     model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor, **generate_kwargs: Any
 ) -> torch.Tensor:
-    """The model's own eager ``generate()`` decode over the served tokens: the raw logits of each step, ``[rows, steps, vocab]`` in float32.
+    """The model's own eager ``generate()`` decode over the served tokens: the raw logits of each step, ``[rows, steps,
+    vocab]`` in float32.
 
     ``generate_kwargs``: the served call's own (its cache, ``max_cache_len``...), so the
     eager decode runs the same cache code; compilation is turned off.
@@ -190,7 +191,8 @@ def judge(
     *,
     forbidden: Sequence[int] = (),
 ) -> Agreement:
-    """Judge served ``tokens`` ``[rows, steps]`` (and, when known, their logits) against ``reference``, calibrated by ``eager``.
+    """Judge served ``tokens`` ``[rows, steps]`` (and, when known, their logits) against ``reference``, calibrated by
+    ``eager``.
 
     ``reference``: :func:`reference_logits`; ``eager``: :func:`eager_decode_logits` on the
     same tokens; ``forbidden``: token ids the served decode could not pick (:func:`eos_token_ids`

@@ -97,7 +97,8 @@ def _replay_in_fresh_processes(
     record: Callable[[ReplayResult], None],
     on_phase: PhaseListener | None,
 ) -> None:
-    """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world size, as they were warmed.
+    """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world
+    size, as they were warmed.
 
     A replay process that stops early (a crash, a torchrun that never formed)
     leaves its remaining specs ``replay-failed`` with its error as the reason, so
