@@ -327,11 +327,15 @@ ATTACK = textwrap.dedent(
         for policy in ("pad", "refuse", "warn"):
             try:
                 if case["url"]:
-                    guard = ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", policy=policy, telemetry=False, trust=case["trust"])
+                    url = f"http://127.0.0.1:{server.server_port}"
+                    guard = ShapeGuard.from_url(url, "m", policy=policy, telemetry=False, trust=case["trust"])
                 else:
                     guard = ShapeGuard.from_snapshot(case["path"], "m", policy=policy, trust=case["trust"])
                 report = guard.prime(model, cache_dir=case["cache_dir"])
-                outcome = f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, {report.cache_misses} cache misses"
+                outcome = (
+                    f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, "
+                    f"{report.cache_misses} cache misses"
+                )
             except Exception as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
             results[f"{case['name']}/{policy}"] = [outcome, Path(marker).exists()]

@@ -146,7 +146,8 @@ class NoWork:
 
 start = time.monotonic()
 if distributed.is_registry_writer():
-    claims.claim_loop(Elsewhere(), None, [SimpleNamespace(identity="held-elsewhere")], 1.5, print, distributed.coordination())
+    held = [SimpleNamespace(identity="held-elsewhere")]
+    claims.claim_loop(Elsewhere(), None, held, 1.5, print, distributed.coordination())
     distributed.broadcast_from_writer(None)
 else:
     distributed.follow_writer(NoWork(), [])

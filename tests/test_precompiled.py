@@ -55,7 +55,10 @@ SERVE = textwrap.dedent(
     for batch, length in ((1, 5), (2, 8), (2, 3), (1, 8)):
         ids = torch.randint(5, 300, (batch, length), generator=torch.Generator().manual_seed(batch * 100 + length))
         out = guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6)
-        eager = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
+        mask = torch.ones_like(ids)
+        eager = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+        )
         same.append(out.tolist() == eager.tolist())
         served.append([batch, length])
     try:
@@ -187,7 +190,8 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
     for batch in (1, 2):
         ids = torch.ones(batch, 4, dtype=torch.long)
         model.generate(
-            input_ids=ids, max_new_tokens=2, min_new_tokens=2, cache_implementation="static", max_cache_len=MAX_CACHE_LEN,
+            input_ids=ids, max_new_tokens=2, min_new_tokens=2,
+            cache_implementation="static", max_cache_len=MAX_CACHE_LEN,
             pad_token_id=0, compile_config=compile_config("eager", "default", "cpu"),
         )  # fmt: skip
     del model.get_compiled_call

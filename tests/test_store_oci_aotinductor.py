@@ -53,11 +53,16 @@ SERVE = textwrap.dedent(
             mask[row, -length:] = 1
             ids[row, :-length] = 0
         out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4)
-        eager = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, disable_compile=True, pad_token_id=0)
+        eager = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
+            do_sample=False, disable_compile=True, pad_token_id=0,
+        )
         same.append(out.tolist() == eager.tolist())
     from torch._dynamo.utils import counters
-    print(json.dumps({"artifacts_loaded": report.artifacts_loaded, "graphs": int(counters["stats"]["unique_graphs"]), "same": same,
-                      "compiler": [m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules]}))
+    compiler = [m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules]
+    graphs = int(counters["stats"]["unique_graphs"])
+    loaded = report.artifacts_loaded
+    print(json.dumps({"artifacts_loaded": loaded, "graphs": graphs, "same": same, "compiler": compiler}))
     """
 )
 

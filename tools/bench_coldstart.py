@@ -239,8 +239,9 @@ def aotinductor_child(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": str(args.threads)}
     command = [
-        sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt),
-        "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra,
+        sys.executable, __file__, "--child", "--model", str(args.model),
+        "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len),
+        "--backend", args.backend, *extra,
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -37,7 +37,8 @@ try:
     main(["warmup", sys.argv[1], "--db", sys.argv[2], "--json"])
 except SystemExit as exit:
     seconds = time.perf_counter() - start
-    print(json.dumps({"exit": exit.code, "seconds": seconds, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}), file=sys.stderr)
+    loaded = {name: name in sys.modules for name in ("torch", "transformers")}
+    print(json.dumps({"exit": exit.code, "seconds": seconds, **loaded}), file=sys.stderr)
 """
 
 

@@ -57,9 +57,13 @@ def cache_options(func: F) -> F:
 
 def _grace_option(func: F) -> F:
     return click.option(
-        "--grace", metavar="AGE", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
-        help=("Unheld locks, incomplete entries and new orphans younger than this are left alone (a " "compile may still be running)."),
-    )(func)  # fmt: skip
+        "--grace",
+        metavar="AGE",
+        default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m",
+        show_default=True,
+        help="Unheld locks, incomplete entries and new orphans younger than this are left alone "
+        "(a compile may still be running).",
+    )(func)
 
 
 def _scan_all(
@@ -78,8 +82,9 @@ def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> 
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
-    lines = [(f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, " f"{format_size(sum(e.size_bytes for e in info.entries))}; ")
-             + (", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty")]  # fmt: skip
+    size = format_size(sum(e.size_bytes for e in info.entries))
+    states = ", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty"
+    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, {size}; {states}"]
     for entry in info.entries:
         if entry.state in ("failed", "locked") or (doctor and entry.state == "incomplete"):
             lock = f" (lock {format_age(max(age for _, age in entry.locks))} old)" if entry.locks else ""
@@ -193,8 +198,9 @@ def doctor(
         click.echo(_describe_remote(remote, doctor=True))
     with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
-        _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix",
-                extra=[{**remote.as_json(), "applied": False}] if remote else [])  # fmt: skip
+        plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
+        extra = [{**remote.as_json(), "applied": False}] if remote else []
+        _report(plans, registry, apply=fix, as_json=as_json, how_to_apply="--fix", extra=extra)
 
 
 @cache_group.command("prune")

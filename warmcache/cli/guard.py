@@ -63,9 +63,14 @@ def guard_group() -> None:
     help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).",
 )
 @click.option(
-    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help=("Sign the snapshot with this private key (warmcache keys generate): a guard with trusted " "keys loads precompiled code only from signed rows."),
-)  # fmt: skip
+    "--sign",
+    "signing_key",
+    metavar="KEY",
+    default=None,
+    callback=load_signing_key,
+    help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads "
+    "precompiled code only from signed rows.",
+)
 @db_option
 @json_option
 def export(

@@ -43,9 +43,14 @@ from warmcache.trust import SigningKey
     help="Seconds between reloads of the in-memory view.",
 )
 @click.option(
-    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help=("Sign every /v1/guard answer with this private key: guards with trusted keys load " "precompiled code only from signed rows."),
-)  # fmt: skip
+    "--sign",
+    "signing_key",
+    metavar="KEY",
+    default=None,
+    callback=load_signing_key,
+    help="Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code "
+    "only from signed rows.",
+)
 def serve(
     db_url: str | None,
     host: str,

@@ -81,9 +81,15 @@ def store_options(func: F) -> F:
     """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
     --push."""
     func = click.option(
-        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar=STORE_TIMEOUT_ENV,
-        help=("Give up on the store after this long in all (e.g. 90s, 30m; default " f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} " "s plus 1 s per MiB)."),
-    )(func)  # fmt: skip
+        "--timeout",
+        metavar="AGE",
+        default=None,
+        expose_value=False,
+        callback=_start_deadline,
+        envvar=STORE_TIMEOUT_ENV,
+        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
+        f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+    )(func)
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 

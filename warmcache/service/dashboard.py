@@ -118,9 +118,8 @@ def _panel(panel: Panel) -> str:
     html.extend(_grid(g) for g in panel.grids)
     if panel.failures:
         html.append("<h3>failures</h3>")
-        html.append(
-            '<table class="failures"><tr><th>workload</th><th>batch</th><th>length</th><th>attempts</th><th>error</th></tr>'
-        )
+        headers = "".join(f"<th>{name}</th>" for name in ("workload", "batch", "length", "attempts", "error"))
+        html.append(f'<table class="failures"><tr>{headers}</tr>')
         for r in panel.failures:
             error = escape(first_line(r.error) or "(no error text recorded)")
             html.append(
