@@ -295,8 +295,8 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
 
 
 #: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL
-#: cases), then
-#: whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case comes last.
+#: cases), then whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case
+#: comes last.
 ATTACK = textwrap.dedent(
     """
     import http.server, json, sys, threading

@@ -1,11 +1,9 @@
 """End to end on a real Inductor cache: warmup → scan → prune → pack → unpack elsewhere → verify.
 
-The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen
-through a manifest of two of its shapes (batch 1 and 2), then every step in a subprocess
-exactly as a deployment pipeline runs the commands. The second shape's graph loads kernel files that only the first
-shape's
-row records; after the first row is forgotten and its entries pruned, the second
-must still verify from a bundle with zero cache misses and no new entries.
+The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen through a manifest of two of its
+shapes (batch 1 and 2), then every step in a subprocess exactly as a deployment pipeline runs the commands. The second
+shape's graph loads kernel files that only the first shape's row records; after the first row is forgotten and its
+entries pruned, the second must still verify from a bundle with zero cache misses and no new entries.
 """
 
 from __future__ import annotations

@@ -155,12 +155,10 @@ def install(
 ) -> tuple[PrecompiledDecoder, LoadReport]:
     """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
 
-    ``trust`` (default: rows read from the registry) decides, before any file is read,
-    whether the rows may name code at all and which folder it loads from; its refusals (and an artifact whose bytes
-    differ from its
-    recorded sha256) raise :class:`TrustError` whatever ``strict`` says. ``strict``: a
-    missing or foreign artifact raises :class:`CacheError`; otherwise it is logged (one
-    line) and its bucket keeps the ``torch.compile`` path.
+    ``trust`` (default: rows read from the registry) decides, before any file is read, whether the rows may name code at
+    all and which folder it loads from; its refusals (and an artifact whose bytes differ from its recorded sha256) raise
+    :class:`TrustError` whatever ``strict`` says. ``strict``: a missing or foreign artifact raises :class:`CacheError`;
+    otherwise it is logged (one line) and its bucket keeps the ``torch.compile`` path.
     """
     records = list(records)
     trust = trust or ArtifactTrust.registry("registry")

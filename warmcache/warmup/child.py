@@ -22,9 +22,8 @@ Messages are frozen dataclasses whose fields are JSON values (tuples travel as
 lists) or frozen dataclasses of them, such as a
 :class:`~warmcache.settings.RegistryLocation`: it travels as its fields and arrives
 as the same value, so a child never parses or normalises a registry URL again. Each line is tagged with its class name
-and decoded only into the
-classes the reader names, so a message of another kind is an error, not a
-silently empty result.
+and decoded only into the classes the reader names, so a message of another kind is an error, not a silently empty
+result.
 """
 
 from __future__ import annotations

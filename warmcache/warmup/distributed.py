@@ -25,12 +25,10 @@ model's collectives leaves the others blocked in it: torch.distributed cannot
 recover that in-process, so torchrun tears the group down (or the collective
 times out), rank 0's claim is given back or expires, and the spec is claimed again.
 
-What holds on CPU (torch 2.13, transformers 5.24, gloo, 2 ranks): TP=2 loads
-sharded and ``generate()`` with a static cache compiles one decode graph per rank (aot_eager, eager and Inductor) with
-the same tokens as one
-process; FSDP=2 generates too, in 5 graphs (FSDP hooks break the graph). A compiled
-TP training step recompiles once, on its second step (transformers installs gradient
-hooks lazily on the first forward), then is stable. The ``Trainer`` refuses TP on CPU
+What holds on CPU (torch 2.13, transformers 5.24, gloo, 2 ranks): TP=2 loads sharded and ``generate()`` with a static
+cache compiles one decode graph per rank (aot_eager, eager and Inductor) with the same tokens as one process; FSDP=2
+generates too, in 5 graphs (FSDP hooks break the graph). A compiled TP training step recompiles once, on its second step
+(transformers installs gradient hooks lazily on the first forward), then is stable. The ``Trainer`` refuses TP on CPU
 (accelerate allows ParallelismConfig only with FSDP2, multi-device or DeepSpeed).
 """
 

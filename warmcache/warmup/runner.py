@@ -7,11 +7,9 @@ Order of work, and why:
    torch import, no model load (re-running a warm 1,000-spec manifest is the
    common case in a deployment pipeline and must cost well under 2 s).
 2. Insert ``pending`` rows for the rest, then let one or more workers **claim**
-   rows from the registry under a lease, renewed by a heartbeat while the spec
-   compiles (:mod:`warmcache.warmup.claims`; ``--jobs`` workers and torchrun
-   children are child processes, :mod:`warmcache.warmup.child`). A worker that dies stops renewing; its spec is claimed
-   again once
-   the lease expires.
+   rows from the registry under a lease, renewed by a heartbeat while the spec compiles (:mod:`warmcache.warmup.claims`;
+   ``--jobs`` workers and torchrun children are child processes, :mod:`warmcache.warmup.child`). A worker that dies
+   stops renewing; its spec is claimed again once the lease expires.
 3. Each claimed spec also runs under a file lock in the cache folder, so two
    processes pointed at one cache never compile the same spec at once even if
    a lease expired under a long compile.
