@@ -249,7 +249,7 @@ child = (
     "from warmcache.warmup.summary import ClaimRequest\\n"
     "request = read_request(sys.argv[1], [ClaimRequest])\\n"
     f"open({sys.argv[1]!r}, 'w').write(f'{{os.getpid()}} {{request.registry.url}} '\\n"
-    "    f'{{os.environ.get(\\"WARMCACHE_CHILD_REGISTRY_URLS\\")}}')\\n"
+    "    f'{os.environ.get(\\"WARMCACHE_CHILD_REGISTRY_URLS\\")}')\\n"
     "time.sleep(120)\\n"
 )
 request = ClaimRequest("m.toml", RegistryLocation.parse(sys.argv[2]), None, ("a",), 60.0, (None,))
