@@ -72,6 +72,12 @@ def load_signing_key(_context: click.Context, _parameter: click.Parameter, value
     return SigningKey.load(value) if value else None
 
 
+def sign_option(help: str) -> Callable[[F], F]:
+    """``--sign KEY``, handed to the command as ``signing_key``, loaded by :func:`load_signing_key` (each command says
+    what it signs in ``help``)."""
+    return click.option("--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key, help=help)
+
+
 def open_registry(db_url: str | None, manifest: Manifest | None = None, *, create: bool) -> Registry:
     """The registry the command names; ``create=False`` for a command that only reads: a missing registry (or schema)
     is then one line naming the command that makes one, never a new file, folder or schema."""

@@ -14,10 +14,10 @@ from warmcache.cli._common import (
     cache_dir_option,
     db_option,
     json_option,
-    load_signing_key,
     max_unpack_size_option,
     print_json,
     registry_location,
+    sign_option,
     trust_option,
 )
 from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
@@ -44,14 +44,7 @@ def bundle_group() -> None:
     help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).",
 )
 @verified_only_option
-@click.option(
-    "--sign",
-    "signing_key",
-    metavar="KEY",
-    default=None,
-    callback=load_signing_key,
-    help="Sign the bundle with this private key (warmcache keys generate).",
-)
+@sign_option("Sign the bundle with this private key (warmcache keys generate).")
 @json_option
 def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""

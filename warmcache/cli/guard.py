@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, load_signing_key, open_registry, print_json
+from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json, sign_option
 from warmcache.errors import UsageError
 from warmcache.registry.statuses import DONE_STATUSES
 from warmcache.runtime.snapshot import SNAPSHOT_FILE, write_snapshot
@@ -62,14 +62,9 @@ def guard_group() -> None:
     type=click.Path(path_type=Path),
     help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).",
 )
-@click.option(
-    "--sign",
-    "signing_key",
-    metavar="KEY",
-    default=None,
-    callback=load_signing_key,
-    help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads "
-    "precompiled code only from signed rows.",
+@sign_option(
+    "Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads "
+    "precompiled code only from signed rows."
 )
 @db_option
 @json_option

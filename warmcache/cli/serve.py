@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, load_signing_key, registry_location
+from warmcache.cli._common import db_option, registry_location, sign_option
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 from warmcache.trust import SigningKey
@@ -42,14 +42,9 @@ from warmcache.trust import SigningKey
     show_default=True,
     help="Seconds between reloads of the in-memory view.",
 )
-@click.option(
-    "--sign",
-    "signing_key",
-    metavar="KEY",
-    default=None,
-    callback=load_signing_key,
-    help="Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code "
-    "only from signed rows.",
+@sign_option(
+    "Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code "
+    "only from signed rows."
 )
 def serve(
     db_url: str | None,
