@@ -212,9 +212,8 @@ def test_manifest_refuses_what_a_package_cannot_serve(
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = _warm(tmp_path, tiny_models["llama"], "cuda")
     served = _serve(root, tiny_models["llama"], "cuda")
-    print(
-        json.dumps({k: v for k, v in served.items() if k != "results"})
-    )  # the figures tools/cuda_aoti_check.sh collects
+    # the figures tools/cuda_aoti_check.sh collects
+    print(json.dumps({k: v for k, v in served.items() if k != "results"}))
     _assert_served_by_packages(served)
     shutil.rmtree(root / "cache", ignore_errors=True)
 

@@ -187,9 +187,8 @@ def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_comp
         "--db",
         f"sqlite:///{tmp_path / 'typo.sqlite'}",
     )
-    assert (
-        missing.exit_code == 3 and "does not exist" in missing.stderr and not (tmp_path / "typo.sqlite").exists()
-    )  # packing only reads
+    # packing only reads
+    assert missing.exit_code == 3 and "does not exist" in missing.stderr and not (tmp_path / "typo.sqlite").exists()
     suffix = pack(built, tmp_path / "b.zip")
     assert suffix.exit_code == 2 and "*.tar" in suffix.stderr
 

@@ -71,9 +71,8 @@ def test_kernel_files_stay_while_any_compiled_graph_may_load_them(tmp_path: Path
         ).output
     )
     assert forced["result"]["removed"] == [kernel]
-    assert [f["shape"] for f in forced["forget"]] == [
-        "m generate batch=2 seq=8 (compiled)"
-    ]  # it may have loaded that kernel
+    # it may have loaded that kernel
+    assert [f["shape"] for f in forced["forget"]] == ["m generate batch=2 seq=8 (compiled)"]
     with Registry.open(url) as registry:
         assert registry.rows() == []
 
@@ -89,10 +88,11 @@ def test_inductor_temp_files_are_not_entries(tmp_path: Path) -> None:
     graph = write(root, "fxgraph/ab/fabkey1/.1234.5678.tmp").rsplit("/", 1)[0]  # inside an entry: part of it
     assert list_entries(root, "inductor") == {kernel: "inductor-code", graph: "inductor-fxgraph"}
     assert entry_of("inductor", "xy/.1234.5678.tmp") is None
+    # native entries may be named anything
     assert entry_of("neuron-native", ".hidden/model.neff") == (
         "neuron-neff",
         ".hidden",
-    )  # native entries may be named anything
+    )
 
 
 def test_last_used_skips_files_that_vanish_while_it_reads(tmp_path: Path, monkeypatch) -> None:

@@ -153,9 +153,8 @@ def test_results_arrive_and_each_child_says_how_it_ended(tmp_path: Path) -> None
     assert str(crashed.error()) == "crashed exited with code 7 after 3 result(s); see its output above"
     with pytest.raises(ChildError, match="^refused: "):
         raise_first_error(exits)
-    with pytest.raises(
-        ChildError, match="^refused: "
-    ):  # a child's own error (and exit code) wins over a crash listed before it
+    # a child's own error (and exit code) wins over a crash listed before it
+    with pytest.raises(ChildError, match="^refused: "):
         raise_first_error([crashed, refused])
 
 
@@ -277,9 +276,8 @@ def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_pa
     parent.wait()
     pid, received, remembered = got.read_text().split(" ", 2)
     os.kill(int(pid), signal.SIGKILL)
-    assert (
-        received == RegistryLocation.parse(url).url and remembered == "None"
-    )  # whole in the child, then forgotten by its environment
+    # whole in the child, then forgotten by its environment
+    assert received == RegistryLocation.parse(url).url and remembered == "None"
     (left,) = temporary.glob("warmcache-child-*")  # what kill -9 leaves
     request = (left / "request-0.json").read_text()
     assert "s3cret-pw" not in request and "warm:***@db.example" in request

@@ -47,9 +47,8 @@ def test_debug_prints_the_decisions_and_the_traceback(tmp_path: Path, how: str) 
     )
     assert "warmcache: debug: cli: Exception information:" in lines and "Traceback (most recent call last):" in lines
     assert "in _refuse_missing_sqlite_file" in result.stderr  # where it was raised
-    assert lines[-1].startswith("warmcache: error: registry ") and lines[-1].endswith(
-        "(or a warmcache warmup)"
-    )  # the one line, last
+    # the one line, last
+    assert lines[-1].startswith("warmcache: error: registry ") and lines[-1].endswith("(or a warmcache warmup)")
 
 
 def test_debug_shows_the_cause_that_from_none_keeps_out_of_the_message(tmp_path: Path, write_manifest) -> None:

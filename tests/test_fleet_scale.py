@@ -229,10 +229,11 @@ def test_short_specs_are_claimed_several_at_a_time_and_the_tail_is_shared(regist
     position = 4
     for batch in batches[4:]:
         share = (len(order) - position) / 8  # 1 s each: an eighth of the seconds left
+        # the batch's 4 s, drawn between half and all of it
         budget_at_most, budget_at_least = (
             min(4, share),
             min(2, share),
-        )  # the batch's 4 s, drawn between half and all of it
+        )
         assert max(1, int(budget_at_least)) <= len(batch) <= max(1, int(budget_at_most)), (position, len(batch))
         position += len(batch)
     assert len(batches[4]) >= 2 and len(batches[-1]) == 1

@@ -280,9 +280,8 @@ def test_a_miss_the_registry_cannot_hold_is_dropped_and_never_blocks_the_others(
 def test_a_model_of_another_config_is_refused(compiled: str, tiny_models: dict[str, Path]) -> None:
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     config = json.loads((tiny_models["qwen3"] / "config.json").read_text())
-    guard.check_model_config(
-        {**config, "_name_or_path": "elsewhere", "eos_token_id": 7}
-    )  # graph-irrelevant keys may differ
+    # graph-irrelevant keys may differ
+    guard.check_model_config({**config, "_name_or_path": "elsewhere", "eos_token_id": 7})
     with pytest.raises(UsageError, match="model 'm': config_hash .* matches no compiled rows"):
         guard.check_model_config({**config, "num_hidden_layers": 3})
     guard.refresh()

@@ -43,9 +43,8 @@ def one_line_error(result: Result, exit_code: int, *parts: str) -> str:
     """The result failed with ``exit_code`` and one short ``warmcache: error:`` line holding every part."""
     assert result.exit_code == exit_code, result.output
     assert "Traceback" not in result.output
-    lines = [
-        line for line in result.stderr.strip().splitlines() if not line.startswith("warmcache: warning: ")
-    ]  # e.g. --allow-unsigned's
+    # e.g. --allow-unsigned's
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warmcache: warning: ")]
     assert len(lines) == 1 and lines[0].startswith("warmcache: error: "), result.stderr[:2000]
     assert len(lines[0]) < 1200, f"error line is {len(lines[0])} characters"
     for part in parts:
@@ -242,9 +241,8 @@ def test_a_read_only_command_creates_no_registry_anywhere(command: str, tmp_path
     before = sorted(tmp_path.rglob("*"))
     for db in (tmp_path / "nonexistent" / "dir" / "reg.sqlite", tmp_path / "passwd.db", None):
         where = ["--db", str(db)] if db else []
-        shown = (
-            db or tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite"
-        )  # the default, under the test's $XDG_CACHE_HOME
+        # the default, under the test's $XDG_CACHE_HOME
+        shown = db or tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite"
         one_line_error(
             cli(*args, *where),
             3,

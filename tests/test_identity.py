@@ -80,9 +80,8 @@ def test_toolchain_hash_without_compiler_variables_is_what_it_was(monkeypatch: p
     for name in GRAPH_ENV:
         monkeypatch.delenv(name, raising=False)
     base = current_toolchain("cpu", "inductor")
-    assert (
-        "compile_env" not in base.as_dict() and "cuda_driver" not in base.as_dict()
-    )  # rows recorded before keep their identity
+    # rows recorded before keep their identity
+    assert "compile_env" not in base.as_dict() and "cuda_driver" not in base.as_dict()
     monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
     frozen = current_toolchain("cpu", "inductor")
     assert frozen.hash != base.hash and frozen.as_dict()["compile_env"] == {"TORCHINDUCTOR_FREEZING": "1"}

@@ -101,9 +101,10 @@ def test_a_pull_without_trust_is_refused_before_the_store_is_read_unless_allowed
     refused = cli(*base)
     assert refused.exit_code == 5 and "no trusted keys configured" in refused.stderr and nothing_written(tmp_path)
     allowed = cli(*base, "--allow-unsigned")
+    # 1: a shape nobody compiled
     assert allowed.exit_code == 1 and "installing compiled code whose origin nobody verified" in allowed.stderr, (
         allowed.output
-    )  # 1: a shape nobody compiled
+    )
     assert (tmp_path / "prod").is_dir()
 
 

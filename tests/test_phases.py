@@ -209,11 +209,12 @@ def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(
     # generate() streamed each form's decode to the cache's end: 16 - 8 + 1 new tokens, the last one reported.
     assert [r.step for r in reports if r.detail and r.step == r.steps] == [9, 9]
     trained = [(r.phase, r.step, r.steps) for r in reports if r.spec == train_spec]
+    # the Trainer's last step
     assert trained[:2] == [(Phase.LOADING, 0, 0), (Phase.TRAINING, 0, 2)] and trained[-1] == (
         Phase.TRAINING,
         2,
         2,
-    )  # the Trainer's last step
+    )
 
 
 @pytest.mark.slow
@@ -238,9 +239,8 @@ def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_the
         "--progress-every",
         "0.1",
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600
-    )  # stderr is a pipe: plain output, as in CI
+    # stderr is a pipe: plain output, as in CI
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stderr.splitlines()
     generate_spec, train_spec = "m/generate float32 max_cache_len=16 batch=1 seq=8", "m/train float32 batch=2 seq=8"

@@ -74,9 +74,8 @@ def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(
     from warmcache.registry import schema
 
     engine = create_registry_engine(RegistryLocation.parse(registry_url))
-    schema.upgrade(
-        engine, "0001", display_url="test registry"
-    )  # a registry written by the first release, with the rows it could hold
+    # a registry written by the first release, with the rows it could hold
+    schema.upgrade(engine, "0001", display_url="test registry")
     with engine.begin() as conn:
         table = sa.Table("compiled_shapes", sa.MetaData(), autoload_with=conn)
         conn.execute(

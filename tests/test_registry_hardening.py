@@ -46,9 +46,8 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert failures == [] and not any(
-        thread.is_alive() for thread in threads
-    )  # racing DDL could also wait on itself forever
+    # racing DDL could also wait on itself forever
+    assert failures == [] and not any(thread.is_alive() for thread in threads)
     engine = create_registry_engine(RegistryLocation.parse(postgres_url))
     try:
         head = schema.head_revision(engine)

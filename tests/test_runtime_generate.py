@@ -192,9 +192,8 @@ def test_warn_runs_an_unservable_request_unpadded_and_records_its_compile(
 
     lenient = ShapeGuard(lambda: served.guard.records, model="m", policy="warn", source="test")
     lenient.primed = True  # the buckets are loaded in this process (by the fixture's prime)
-    reserve_recompile_room(
-        1
-    )  # the replay's unguarded stream may have used the budget up: past it Dynamo runs eager, unseen
+    # the replay's unguarded stream may have used the budget up: past it Dynamo runs eager, unseen
+    reserve_recompile_room(1)
     ids = torch.full((9, 8), 5, dtype=torch.long)
     output = lenient.generate(served.model, input_ids=ids, max_new_tokens=2)
     assert output.shape == (9, 10)

@@ -140,10 +140,11 @@ def test_reads_match_the_cli_json(service: str, compiled: str, manifest: Path) -
     assert report["groups"][1]["failures"][0]["error"] == "RuntimeError: out of memory"
     status, planned, _ = call(f"{service}/v1/plan", "POST", manifest.read_bytes(), {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and planned == cli_json("plan", str(manifest), "--db", compiled)
+    # each unusable shape says why
     assert {p["reason"].split(":")[0] for p in planned if p["reason"]} == {
         "pending",
         "failed",
-    }  # each unusable shape says why
+    }
 
 
 def test_misses_round_trip_and_show_in_metrics(service: str, compiled: str) -> None:

@@ -116,10 +116,11 @@ def serve_command(tmp_path: Path, host: str) -> list[str]:
 
 
 def test_serve_refuses_a_short_token_without_quoting_it(tmp_path: Path) -> None:
+    # a server that started anyway is killed by the timeout, failing the test
     env = {
         **os.environ,
         "WARMCACHE_TOKEN": "x",
-    }  # a server that started anyway is killed by the timeout, failing the test
+    }
     result = subprocess.run(
         serve_command(tmp_path, "0.0.0.0"), capture_output=True, text=True, env=env, timeout=60, check=False
     )
@@ -213,9 +214,8 @@ def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_
     )
     status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
-    assert (
-        answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]
-    )  # the server's disk is not described
+    # the server's disk is not described
+    assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]
 
 
 def test_connections_that_never_finish_their_headers_are_closed(service: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -237,9 +237,8 @@ def test_connections_that_never_finish_their_headers_are_closed(service: str, mo
     kept = http.client.HTTPConnection(host, port, timeout=10)
     kept.request("GET", "/healthz")
     assert kept.getresponse().read() and kept.sock is not None
-    kept.sock.sendall(
-        b"GET /healthz HTTP/1.1\r\nX-Slow: "
-    )  # a second request on the kept-alive connection, never finished
+    # a second request on the kept-alive connection, never finished
+    kept.sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
     until = time.monotonic() + 2.5
     while time.monotonic() < until:
         for sock in trickling:

@@ -66,9 +66,10 @@ def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
         f"sqlite:///{tmp_path / 'env.sqlite'}", "$WARMCACHE_DB"
     )
     assert resolve_registry(None, manifest.registry, {"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == manifest.registry
+    # anchored at the manifest's folder
     assert manifest.registry == RegistryLocation(
         f"sqlite:///{tmp_path / 'from-manifest.sqlite'}", f"{manifest.path} [registry] url"
-    )  # anchored at the manifest's folder
+    )
     assert resolve_registry(None, None, {"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == RegistryLocation(
         f"sqlite:///{tmp_path / 'xdg' / 'warmcache' / 'registry.sqlite'}", "default"
     )
@@ -77,9 +78,8 @@ def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
     assert folder is not None and (folder.path, folder.source) == (tmp_path / "flag-cache", "--cache-dir")
     folder = resolve_cache_folder(None, env)
     assert folder is not None and (folder.path, folder.source) == (tmp_path / "env-cache", "$WARMCACHE_CACHE_DIR")
-    assert (
-        resolve_cache_folder(None, {}) is None
-    )  # then the manifest's [cache] dir, then the target's own (resolve_cache_dir)
+    # then the manifest's [cache] dir, then the target's own (resolve_cache_dir)
+    assert resolve_cache_folder(None, {}) is None
     assert {s.env for s in SETTINGS} == {REGISTRY.env, CACHE_DIR.env, STORE.env, TRUSTED_KEYS.env}
 
 
@@ -145,10 +145,11 @@ def test_postgresql_locations_are_edited_as_urls_not_text() -> None:
         == "postgresql+psycopg://u:secret@db:5432/reg?connect_timeout=3&options=-csearch_path%3Dteam+-c+statement_timeout%3D5000"
     )
     assert bounded.bounded(3, 5000) == bounded and bounded.source == "$WARMCACHE_DB"  # idempotent
+    # the URL's own wins
     assert (
         RegistryLocation.parse("postgresql://db/reg?connect_timeout=10").bounded(3).url
         == "postgresql+psycopg://db/reg?connect_timeout=10"
-    )  # the URL's own wins
+    )
     sqlite = RegistryLocation.parse("sqlite:///reg.sqlite")
     assert sqlite.bounded(3, 5000) == sqlite and sqlite.sqlite_file == Path("reg.sqlite").resolve()
 

@@ -281,9 +281,8 @@ def test_gc_plans_first_then_deletes_only_unreferenced_blobs(built: Built, store
     doomed = next(o.key for o in target.list(INDEX_PREFIX) if planned_by_batch(built.manifest)[1].identity in o.key)
     target.delete(doomed)  # as if that shape had been withdrawn
     code, young, _ = run("store", "gc", *store)
-    assert (
-        code == 0 and young is not None and (young["remove"], young["kept_young"]) == ([], 1)
-    )  # only its NEFF was its own
+    # only its NEFF was its own
+    assert code == 0 and young is not None and (young["remove"], young["kept_young"]) == ([], 1)
     code, dry, _ = run("store", "gc", *store, "--grace", "0s")
     assert dry is not None and len(dry["remove"]) == 1 and dry["applied"] is False
     assert len(list(target.list(BLOB_PREFIX))) == 5
@@ -446,9 +445,8 @@ def test_a_signed_push_pulls_cleanly_under_trust(
 ) -> None:
     key, public = signer
     push(built, store, "--sign", str(key))
-    assert (
-        push(built, store, "--sign", str(key))["indexes_written"] == 0
-    )  # Ed25519 is deterministic: a re-push writes nothing
+    # Ed25519 is deterministic: a re-push writes nothing
+    assert push(built, store, "--sign", str(key))["indexes_written"] == 0
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     code, pulled, err = run(*pull_args(built, store, cache, db), "--trust", public)
     assert code == 1 and pulled is not None, err  # exit 1: the declared-but-not-compiled shape

@@ -84,9 +84,8 @@ def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: lis
 
     push(built, tag)
     oci, image = image_of(tag)
-    assert (
-        image is not None and image.flavor == "neuron" and len(image.layers) == 2
-    )  # the two entries hash into two layers
+    # the two entries hash into two layers
+    assert image is not None and image.flavor == "neuron" and len(image.layers) == 2
     mount = tmp_path / "mount"
     manifest = json.loads(oci.client.manifest("prod")[1])  # type: ignore[index]
     assert all(d["mediaType"] == "application/vnd.oci.image.layer.v1.tar" for d in manifest["layers"]), (

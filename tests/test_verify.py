@@ -61,9 +61,8 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(
     # Both prompt lengths share one decode graph: the spec that reused it names its entries too.
     shared = {a.path for a in served.artifacts if a.kind == INDUCTOR_FXGRAPH} & {a.path for a in reuser.artifacts}
     assert shared, (served.artifacts, reuser.artifacts)
-    assert (
-        served.cache_root is not None and Path(served.cache_root).resolve() == inductor_warmup.cache.resolve()
-    )  # where it was compiled
+    # where it was compiled
+    assert served.cache_root is not None and Path(served.cache_root).resolve() == inductor_warmup.cache.resolve()
     # The artifacts are the Inductor cache entries this spec wrote, and they exist on disk.
     kinds = {a.kind for a in served.artifacts}
     assert INDUCTOR_FXGRAPH in kinds
@@ -160,9 +159,8 @@ def _eager_attention_rows_refuse_an_sdpa_model(db: str, llama: Path) -> None:
 def test_judge_needs_zero_misses_and_no_new_entries() -> None:
     clean = ReplayResult("i", graphs=1, cache_hits=1, cache_misses=0, new_entries=(), persistent_cache=True)
     assert judge("i", "d", clean).verdict == Verdict.VERIFIED
-    assert (
-        judge("i", "d", clean).message() == "verified (0 cache misses, 1 hits, 1 graph traced in 0.0s)"
-    )  # the progress line
+    # the progress line
+    assert judge("i", "d", clean).message() == "verified (0 cache misses, 1 hits, 1 graph traced in 0.0s)"
     assert judge("i", "d", replace(clean, new_entries=("fxgraph/ab/fabc",))).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, cache_misses=1)).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, persistent_cache=False)).verdict == Verdict.REPLAY_ONLY
@@ -228,6 +226,5 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(
         for v in rest
     )
     with Registry.open(db) as registry:
-        assert {r.status for r in registry.rows(model="m")} == {
-            "compiled"
-        }  # a replay that proved nothing demotes nothing
+        # a replay that proved nothing demotes nothing
+        assert {r.status for r in registry.rows(model="m")} == {"compiled"}

@@ -145,9 +145,8 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
         ids = torch.randint(3, 300, (batch, length))
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         fitted = guard.fit(inputs)
-        output = torch.cat(
-            [fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1
-        )  # a generate()-shaped output
+        # a generate()-shaped output
+        output = torch.cat([fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1)
         pad_ns = [_ns(lambda inputs=inputs, output=output: guard.fit(inputs).unpad(output)) for _ in range(forwards)]
         with torch.inference_mode():
             forward_ns = [_ns(lambda fitted=fitted: model(**fitted.inputs)) for _ in range(forwards)]

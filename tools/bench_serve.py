@@ -215,9 +215,8 @@ def main() -> None:
                 sample = json.loads(response.read())
             assert sample["decision"] == "pad" and sample["target"] == {"batch_size": 1, "seq_len": 64}, sample
             runner = event_loop_runner()
-            runner(
-                drive(port, requests[:50], 500, 5.0, args.connections)
-            )  # warm the server's memo and the client's code
+            # warm the server's memo and the client's code
+            runner(drive(port, requests[:50], 500, 5.0, args.connections))
             server_cpu = cpu_seconds(server.pid)
             client_cpu = time.process_time()
             latencies, errors, elapsed = runner(drive(port, requests, args.requests, args.seconds, args.connections))

@@ -236,9 +236,8 @@ def bench_oci(
         "skopeo copy registry -> oci layout",
         lambda: skopeo(f"docker://{running.host}/bench/cache:v1", f"oci:{layout}:v1"),
     )
-    with (
-        oci_registry() as other
-    ):  # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
+    # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
+    with oci_registry() as other:
         up_s, _ = timed(
             "skopeo copy oci layout -> another registry",
             lambda: skopeo(f"oci:{layout}:v1", f"docker://{other.host}/bench/copy:v1"),

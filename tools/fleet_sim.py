@@ -332,9 +332,8 @@ def _first_use(registry: Registry) -> None:
     CPUs; here 256 workers would pay it on two shared cores, all within seconds, and
     the run would measure this machine's run queue. Nothing is claimed or changed.
     """
-    Registry.claim_batch(
-        registry, ["first-use"], "first-use", 1, 2
-    )  # the base class's: nothing is logged as a claim or renewal
+    # the base class's: nothing is logged as a claim or renewal
+    Registry.claim_batch(registry, ["first-use"], "first-use", 1, 2)
     Registry.renew_leases(registry, [-1], "first-use", 1)
     with registry.together():
         Registry.mark_compiled(registry, -1, "first-use", compile_seconds=0, graphs_compiled=0)

@@ -47,10 +47,11 @@ class Shipment:
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
         """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named
         ``label``."""
+        # pack and push only read rows
         with (
             open_registry(self.db_url, self.manifest, create=False) as registry,
             byte_progress(label) as progress,
-        ):  # pack and push only read rows
+        ):
             yield registry, progress
 
 

@@ -158,9 +158,8 @@ def pull(
         if max_size is not None
         else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
     )
-    registry = registry_location(
-        shipment.db_url, shipment.manifest
-    )  # checked now; the database is created only once the pull passed its checks
+    # checked now; the database is created only once the pull passed its checks
+    registry = registry_location(shipment.db_url, shipment.manifest)
     warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
         result = pull_manifest(

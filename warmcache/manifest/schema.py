@@ -164,9 +164,8 @@ class Manifest:
     """A validated manifest file."""
 
     path: Path = field(metadata=NOT_IN_TOML)
-    registry: RegistryLocation | None = field(
-        default=None, metadata=toml("registry.url")
-    )  # normalised (relative paths against the manifest's folder)
+    # normalised (relative paths against the manifest's folder)
+    registry: RegistryLocation | None = field(default=None, metadata=toml("registry.url"))
     lease_seconds: int = field(default=DEFAULT_LEASE_SECONDS, metadata=toml("registry.lease_seconds"))
     cache_dir: Path | None = field(default=None, metadata=toml("cache.dir"))
     store: StoreSettings = field(default_factory=lambda: StoreSettings())

@@ -65,13 +65,14 @@ class SnapshotSource:
 def _error_message(exc: urllib.error.HTTPError) -> str:
     try:
         return str(json.loads(exc.read())["error"]["message"])
+    # a body nested deep enough makes json recurse out
     except (
         ValueError,
         KeyError,
         TypeError,
         OSError,
         RecursionError,
-    ):  # a body nested deep enough makes json recurse out
+    ):
         return str(exc.reason)
 
 

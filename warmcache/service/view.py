@@ -158,9 +158,8 @@ class RegistryView:
     def _open(self) -> Registry:
         with self._open_lock:
             if self._registry is None:
-                self._registry = Registry.open(
-                    self.url, create=False
-                )  # serving reads: a missing registry is a 503, never a new one
+                # serving reads: a missing registry is a 503, never a new one
+                self._registry = Registry.open(self.url, create=False)
             return self._registry
 
     def _drop(self) -> None:

@@ -157,9 +157,8 @@ class FileStore:
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         path = self._path(key)
-        if (
-            not self.root.is_dir()
-        ):  # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+        # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+        if not self.root.is_dir():
             raise StoreError(f"{self.url}: store folder does not exist")
         try:
             with path.open("rb") as handle:
@@ -286,13 +285,11 @@ class S3Store:
     def sha256_of(self, key: str) -> str | None:
         with self._errors(key, absent_ok=True):
             checksum = self._call("head_object", key, ChecksumMode="ENABLED").get("ChecksumSHA256")
-            if (
-                checksum and "-" not in checksum
-            ):  # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+            # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+            if checksum and "-" not in checksum:
                 return base64.b64decode(checksum).hex()
-            return _hash_blocks(
-                self.blocks(key)
-            )  # written without a checksum (another tool, an older warmcache): read it
+            # written without a checksum (another tool, an older warmcache): read it
+            return _hash_blocks(self.blocks(key))
         return None
 
     def touch(self, key: str) -> None:
@@ -443,9 +440,8 @@ class _S3Errors:
             ) from None
         if isinstance(exc, BotoCoreError):
             raise StoreError(f"{where}: {first_line(exc)} (after retries)") from None
-        if type(exc).__module__.startswith(
-            ("urllib3", "s3transfer", "boto3")
-        ):  # e.g. S3UploadFailedError wrapping a ClientError
+        # e.g. S3UploadFailedError wrapping a ClientError
+        if type(exc).__module__.startswith(("urllib3", "s3transfer", "boto3")):
             if "NoSuchBucket" in str(exc):
                 raise StoreError(f"{self.store.url}: bucket {self.store.bucket!r} does not exist{self._at()}") from None
             raise StoreError(f"{where}: {first_line(exc)}") from None

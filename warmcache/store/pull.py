@@ -158,9 +158,8 @@ def pull_manifest(
     require_trust(trusted, allow_unsigned, f"pull from {source.url}")
     planned = plan_manifest(scope.manifest, scope.model_name)
     location = scope.location
-    identities = [
-        p.identity for p in planned
-    ]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
+    # hashed once: a no-op pull of thousands of shapes is mostly this and one query
+    identities = [p.identity for p in planned]
     present = {
         identity
         for identity, paths in _done_artifact_paths(registry, identities).items()
@@ -183,9 +182,8 @@ def pull_manifest(
         "store hit: %d shape(s); %d cache entr(ies) already held, %d file(s) to fetch", len(found), held, len(files)
     )
     fetch = {f.sha256: f.size for f in files.values()}
-    check_room(
-        files.values(), location.root, max_bytes, source.url
-    )  # what lands in the cache: a blob at two paths counts twice
+    # what lands in the cache: a blob at two paths counts twice
+    check_room(files.values(), location.root, max_bytes, source.url)
     common: dict[str, Any] = {
         "store": source.url,
         "cache_dir": location.root,
@@ -206,9 +204,8 @@ def pull_manifest(
         result = install_staged(
             meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging)
         )
-    except (
-        CacheError
-    ):  # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+    # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+    except CacheError:
         shutil.rmtree(folder, ignore_errors=True)
         for path in created:
             with contextlib.suppress(OSError):

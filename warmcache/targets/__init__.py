@@ -30,9 +30,8 @@ def target_for(model: ModelSpec) -> Target:
 
 def resolve_cache_dir(target: Target, cli_dir: str | Path | None, manifest: Manifest | None) -> tuple[Path, bool]:
     """The cache root for ``target`` and whether warmcache chose it (so the compiler must be pointed at it)."""
-    chosen = cli_dir or (
-        manifest.cache_dir if manifest else None
-    )  # $WARMCACHE_CACHE_DIR is folded into cli_dir at the edge
+    # $WARMCACHE_CACHE_DIR is folded into cli_dir at the edge
+    chosen = cli_dir or (manifest.cache_dir if manifest else None)
     if chosen:
         return Path(chosen).expanduser().resolve(), True
     return target.default_cache_dir(), False

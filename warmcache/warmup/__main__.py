@@ -19,9 +19,8 @@ from warmcache.warmup.verify.replayer import replay
 
 
 def main(request_path: str, report_path: str) -> None:
-    configure(
-        debug=debug_requested()
-    )  # a --debug parent's WARMCACHE_DEBUG: this child's decisions reach its stderr too
+    # a --debug parent's WARMCACHE_DEBUG: this child's decisions reach its stderr too
+    configure(debug=debug_requested())
     # Under torchrun only rank 0 reports: it speaks for the group.
     with (
         ReportWriter(report_path if distributed.is_registry_writer() else None) as reports,

@@ -147,9 +147,8 @@ class ReportWriter:
     """The child's end of the report file; ``None`` for a process that reports nothing (a torchrun follower)."""
 
     def __init__(self, path: str | Path | None) -> None:
-        self._file: IO[str] | None = (
-            open(path, "a", encoding="utf-8") if path is not None else None
-        )  # closed by close()
+        # closed by close()
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path is not None else None
 
     def send(self, message: object) -> None:
         if self._file is not None:

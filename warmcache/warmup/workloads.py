@@ -150,9 +150,8 @@ def run_generate(
                     f"position: {reason}"
                 )
 
-            counted = (
-                settings.num_beams == 1
-            )  # generate() refuses a streamer under beam search: the phase then shows no steps
+            # generate() refuses a streamer under beam search: the phase then shows no steps
+            counted = settings.num_beams == 1
             phases.enter(Phase.DECODING, steps=full_length if counted else 0, detail=form)
             with fail_on_recompile(recompiled):
                 generate(form_ids, form_mask, full_length, phases.decode_streamer() if counted else None)
@@ -231,9 +230,8 @@ def run_train(
         trainer = Trainer(
             model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)]
         )
-        if (
-            transformers_logging.get_verbosity() > transformers_logging.WARNING
-        ):  # quiet (warmup without --verbose): no metrics dict
+        # quiet (warmup without --verbose): no metrics dict
+        if transformers_logging.get_verbosity() > transformers_logging.WARNING:
             trainer.remove_callback(PrinterCallback)
         phases.enter(Phase.TRAINING, steps=TRAIN_STEPS)
         trainer.train()

@@ -119,9 +119,8 @@ class RegistryClient:
         self.deadline = Deadline(reference.url)
         self._oras = _Oras(reference)
         self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
-        self._oras.auth.load_configs(
-            self._container
-        )  # finds this host's credentials (inline, or through a credential helper)
+        # finds this host's credentials (inline, or through a credential helper)
+        self._oras.auth.load_configs(self._container)
         self._base = f"{self._oras.prefix}://"
 
     # ------------------------------------------------------------ manifests and tags

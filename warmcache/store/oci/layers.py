@@ -92,9 +92,8 @@ def write_layer(
                             checked,
                         )
                     except OSError as exc:
-                        if (
-                            exc.errno is None and listed is not None
-                        ):  # tarfile's "unexpected end of data": the file shrank
+                        # tarfile's "unexpected end of data": the file shrank
+                        if exc.errno is None and listed is not None:
                             raise CacheError(changed_under_push(source, listed.sha256)) from None
                         raise
                     checked.finish(size)

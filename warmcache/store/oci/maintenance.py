@@ -90,9 +90,8 @@ def execute_repository_gc(store: OciStore, plan: GcPlan) -> int:
     tagged = {image.digest for image in current}
     referenced = set().union(*(image.blobs for image in current)) if current else set()
     deleted = 0
-    for item in sorted(
-        plan.removals, key=lambda r: not r.key.startswith(MANIFEST_KEY)
-    ):  # manifests first: no manifest ever names a missing blob
+    # manifests first: no manifest ever names a missing blob
+    for item in sorted(plan.removals, key=lambda r: not r.key.startswith(MANIFEST_KEY)):
         digest = item.key.split("/", 1)[1]
         if item.key.startswith(MANIFEST_KEY) and digest not in tagged:
             store.client.delete_manifest(digest)

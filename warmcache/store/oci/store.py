@@ -104,9 +104,8 @@ class OciStore:
                     image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance
                 )
             except CacheError:
-                for file in (
-                    files.values()
-                ):  # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
+                # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
+                for file in files.values():
                     with contextlib.suppress(OSError):
                         (folder / file.sha256).unlink()
                 raise
