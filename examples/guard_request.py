@@ -32,7 +32,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from warmcache import ShapeGuard, UnseenShapeError
-    from warmcache.compile_counter import CompileCounter
+    from warmcache.modeling.compile_counter import CompileCounter
 
     with ShapeGuard.from_registry(args.db, args.model, policy="pad") as guard:
         path = args.model_path or Path(guard.records[0].model_path)

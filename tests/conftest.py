@@ -36,6 +36,9 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("WARMCACHE_DB", raising=False)
     monkeypatch.delenv("WARMCACHE_CACHE_DIR", raising=False)
     monkeypatch.delenv("WARMCACHE_STORE", raising=False)
+    # A developer's --debug environment changes what commands print; "0", not unset, so that a --debug under test
+    # (which sets it for its child processes) is undone when the test ends.
+    monkeypatch.setenv("WARMCACHE_DEBUG", "0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
@@ -90,7 +93,8 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def registry_host() -> Iterator[RunningRegistry]:
-    """Debian's docker-registry (CNCF distribution 2.8) on a free 127.0.0.1 port, deletes enabled, for the whole session."""
+    """Debian's docker-registry (CNCF distribution 2.8) on a free 127.0.0.1 port, deletes enabled, for the whole
+    session."""
     if not available():
         pytest.skip(MISSING)
     with oci_registry() as running:
@@ -108,18 +112,25 @@ def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest
 
 
 @pytest.fixture(scope="session")
-def inductor_warmup(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], s3_endpoint: str) -> InductorWarmup:
-    """The suite's one real Inductor warmup (four shapes, two graphs, ≈45 s cold on 2 cores), pushed to S3 as it compiled.
+def inductor_warmup(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], s3_endpoint: str
+) -> InductorWarmup:
+    """The suite's one real Inductor warmup (four shapes, two graphs, ≈45 s cold on 2 cores), pushed to S3 as it
+    compiled.
 
     verify, bundle and store tests start from it (or a copy) instead of each compiling the same graphs cold.
     """
     root = tmp_path_factory.mktemp("inductor-host")
-    warmed = InductorWarmup(root, tiny_models["qwen3"], {}, ("--store", f"s3://{INDUCTOR_BUCKET}/prod", "--endpoint-url", s3_endpoint))
+    warmed = InductorWarmup(
+        root, tiny_models["qwen3"], {}, ("--store", f"s3://{INDUCTOR_BUCKET}/prod", "--endpoint-url", s3_endpoint)
+    )
     warmed.manifest_for(warmed.manifest)
     os.environ.update(DUMMY_CREDENTIALS)  # for boto3 here and in the CLI processes (moto takes any key)
     create_bucket(s3_endpoint, INDUCTOR_BUCKET)
     # Flags, not the environment: a session fixture runs before the per-test isolation of WARMCACHE_*.
-    report = warmcache_json("warmup", str(warmed.manifest), "--db", warmed.db, "--cache-dir", str(warmed.cache), "--push", *warmed.s3_store)
+    report = warmcache_json(
+        "warmup", str(warmed.manifest), "--db", warmed.db, "--cache-dir", str(warmed.cache), "--push", *warmed.s3_store
+    )
     return dataclasses.replace(warmed, report=report)
 
 

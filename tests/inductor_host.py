@@ -17,7 +17,8 @@ from typing import Any
 
 from manifests import Table, generate, manifest_toml, model
 
-#: The one real Inductor warmup of the suite: tiny Qwen3, batch 1 and 2 (two decode graphs), prompts of 8 and 12 (sharing them).
+#: The one real Inductor warmup of the suite: tiny Qwen3, batch 1 and 2 (two decode graphs), prompts of 8 and 12
+#: (sharing them).
 INDUCTOR_MODEL = "tiny-qwen3"
 BATCH_SIZES = (1, 2)
 PROMPT_LENGTHS = (8, 12)
@@ -49,11 +50,18 @@ class InductorWarmup:
     def db(self) -> str:
         return f"sqlite:///{self.root / 'registry.sqlite'}"
 
-    def model(self, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS) -> Table:
-        """The warmed model's ``[[model]]`` over some of its shapes: a manifest of it plans identities the build holds."""
-        return model(INDUCTOR_MODEL, str(self.model_path), backend="inductor", generate=[generate(batch_sizes, prompt_lengths)])
+    def model(
+        self, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS
+    ) -> Table:
+        """The warmed model's ``[[model]]`` over some of its shapes: a manifest of it plans identities the build
+        holds."""
+        return model(
+            INDUCTOR_MODEL, str(self.model_path), backend="inductor", generate=[generate(batch_sizes, prompt_lengths)]
+        )
 
-    def manifest_for(self, path: Path, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS) -> Path:
+    def manifest_for(
+        self, path: Path, batch_sizes: tuple[int, ...] = BATCH_SIZES, prompt_lengths: tuple[int, ...] = PROMPT_LENGTHS
+    ) -> Path:
         """Write a manifest of some of the build's shapes, naming its cache folder, to ``path``."""
         path.write_text(manifest_toml(self.model(batch_sizes, prompt_lengths), cache={"dir": str(self.cache)}))
         return path
@@ -68,6 +76,10 @@ class InductorWarmup:
 
 def warmcache_json(*args: str, ok_codes: tuple[int, ...] = (0,)) -> Any:
     """Run the CLI in a fresh process (as a pipeline would) and parse its --json output."""
-    result = subprocess.run([sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600)
-    assert result.returncode in ok_codes, f"warmcache {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode in ok_codes, (
+        f"warmcache {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr[-3000:]}"
+    )
     return json.loads(result.stdout)

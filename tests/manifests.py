@@ -17,9 +17,16 @@ from typing import Any
 Table = dict[str, Any]
 
 
-def generate(batch_sizes: Sequence[int] = (1,), prompt_lengths: Sequence[int] = (8,), max_cache_len: int = 16, **keys: Any) -> Table:
+def generate(
+    batch_sizes: Sequence[int] = (1,), prompt_lengths: Sequence[int] = (8,), max_cache_len: int = 16, **keys: Any
+) -> Table:
     """One ``[[model.generate]]`` family; the defaults are the smallest shape that decodes."""
-    return {"batch_sizes": list(batch_sizes), "prompt_lengths": list(prompt_lengths), "max_cache_len": max_cache_len, **keys}
+    return {
+        "batch_sizes": list(batch_sizes),
+        "prompt_lengths": list(prompt_lengths),
+        "max_cache_len": max_cache_len,
+        **keys,
+    }
 
 
 def train(batch_sizes: Sequence[int] = (2,), seq_lengths: Sequence[int] = (8,), **keys: Any) -> Table:
@@ -27,13 +34,16 @@ def train(batch_sizes: Sequence[int] = (2,), seq_lengths: Sequence[int] = (8,), 
     return {"batch_sizes": list(batch_sizes), "seq_lengths": list(seq_lengths), **keys}
 
 
-def model(name: str, path: str = "{qwen3}", *, generate: Sequence[Table] = (), train: Sequence[Table] = (), **keys: Any) -> Table:
+def model(
+    name: str, path: str = "{qwen3}", *, generate: Sequence[Table] = (), train: Sequence[Table] = (), **keys: Any
+) -> Table:
     """One ``[[model]]``: ``keys`` are its own settings (backend, device, dtype, distributed, precompile...)."""
     return {"name": name, "path": path, **keys, "generate": list(generate), "train": list(train)}
 
 
 def manifest_toml(*models: Table, **tables: Mapping[str, Any]) -> str:
-    """The manifest's TOML: top-level ``tables`` (``registry={"url": ...}``, ``cache={"dir": ...}``), then the models."""
+    """The manifest's TOML: top-level ``tables`` (``registry={"url": ...}``, ``cache={"dir": ...}``), then the
+    models."""
     lines: list[str] = []
     for table, settings in tables.items():
         lines += [f"[{table}]", *_assignments(settings), ""]

@@ -1,4 +1,5 @@
-"""The decode-agreement criterion on constructed logits: each side of each bound (real packages: tests/test_real_configs.py)."""
+"""The decode-agreement criterion on constructed logits: each side of each bound (real packages:
+tests/test_real_configs.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ STEPS = 3
 
 
 def _reference(seed: int = 0) -> torch.Tensor:
-    """``[1, STEPS, VOCAB]`` logits whose best token at each step is ``step`` and the runner-up ``step + 1``, 0.02 RMS below."""
+    """``[1, STEPS, VOCAB]`` logits whose best token at each step is ``step`` and the runner-up ``step + 1``, 0.02
+    RMS below."""
     logits = torch.randn(1, STEPS, VOCAB, generator=torch.Generator().manual_seed(seed))
     for step in range(STEPS):
         logits[0, step, step] = logits[0, step, step + 1] = 10.0
@@ -32,7 +34,9 @@ BEST = torch.tensor([[0, 1, 2]])
 
 
 @pytest.mark.parametrize(("times_eager", "agrees"), [(0.5, True), (FACTOR * 0.9, True), (FACTOR * 1.2, False)])
-def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_times_the_factor(times_eager: float, agrees: bool) -> None:
+def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_times_the_factor(
+    times_eager: float, agrees: bool
+) -> None:
     reference = _reference()
     eager = _off_by(reference, 0.01, seed=1)  # the model's own step-by-step decode: 1 % from its one-pass logits
     verdict = judge(reference, eager, BEST, "bfloat16", _off_by(reference, 0.01 * times_eager, seed=2))
@@ -40,8 +44,13 @@ def test_served_logits_may_be_as_far_from_the_reference_as_the_eager_decode_time
     assert verdict.agrees is agrees, verdict.describe()
 
 
-@pytest.mark.parametrize(("dtype", "distance", "agrees"), [("float32", 2e-7, True), ("float32", 1e-5, False), ("bfloat16", 0.01, True), ("bfloat16", 0.03, False)])
-def test_when_the_eager_decode_is_the_reference_bitwise_two_epsilons_of_the_dtype_still_pass(dtype: str, distance: float, agrees: bool) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "distance", "agrees"),
+    [("float32", 2e-7, True), ("float32", 1e-5, False), ("bfloat16", 0.01, True), ("bfloat16", 0.03, False)],
+)
+def test_when_the_eager_decode_is_the_reference_bitwise_two_epsilons_of_the_dtype_still_pass(
+    dtype: str, distance: float, agrees: bool
+) -> None:
     reference = _reference()
     verdict = judge(reference, reference.clone(), BEST, dtype, _off_by(reference, distance, seed=3))
     assert verdict.eager_logit_error == 0 and verdict.agrees is agrees, verdict.describe()
@@ -59,6 +68,7 @@ def test_a_near_tie_may_go_either_way_and_a_token_far_from_the_best_may_not() ->
 
 def test_a_forbidden_best_token_is_skipped() -> None:
     reference = _reference()
-    # End-of-sequence (token 0 here) scores best at step 0, but min_new_tokens forbade it: the runner-up is the best allowed.
+    # End-of-sequence (token 0 here) scores best at step 0, but min_new_tokens forbade it: the runner-up is the best
+    # allowed.
     verdict = judge(reference, reference.clone(), torch.tensor([[1, 1, 2]]), "float32", forbidden=[0])
     assert verdict.agrees and verdict.token_deficit == 0

@@ -31,12 +31,29 @@ REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
 def warm_packages(root: Path, model_path: Path, device: str) -> Path:
-    """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify`` with ``precompile = "aotinductor"``."""
+    """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify``.
+
+    With ``precompile = "aotinductor"``.
+    """
     manifest = root / "manifest.toml"
-    declared = model("m", str(model_path), device=device, backend="inductor", precompile="aotinductor", generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)])
-    manifest.write_text(manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"}))
+    declared = model(
+        "m",
+        str(model_path),
+        device=device,
+        backend="inductor",
+        precompile="aotinductor",
+        generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)],
+    )
+    manifest.write_text(
+        manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"})
+    )
     for command in ("warmup", "verify"):
-        done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
         (root / f"{command}.stderr").write_text(done.stderr)  # its plain progress lines
     return root
@@ -62,14 +79,22 @@ def _assert_served_by_packages(served: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -> None:
-    # The reference decode is eager and runs only the short call the package is exported from; verify proves the package to the cache's end.
-    for command, then in (("warmup", ["exporting the decode step", "building the package"]), ("verify", ["proving the precompiled artifact"])):
+    # The reference decode is eager and runs only the short call the package is exported from; verify proves the package
+    # to the cache's end.
+    for command, then in (
+        ("warmup", ["exporting the decode step", "building the package"]),
+        ("verify", ["proving the precompiled artifact"]),
+    ):
         said = (packaged / f"{command}.stderr").read_text()
         loads = 0
         for batch in BATCHES:
             spec = f"m/generate float32 max_cache_len={MAX_CACHE_LEN} batch={batch} seq={PROMPT}: "
             # Each phase as it starts, less how long the one before took.
-            phases = [re.sub(r" \([^()]* took [^()]*\)$", "", line[len(spec) :]) for line in said.splitlines() if line.startswith(spec) and " for " not in line]
+            phases = [
+                re.sub(r" \([^()]* took [^()]*\)$", "", line[len(spec) :])
+                for line in said.splitlines()
+                if line.startswith(spec) and " for " not in line
+            ]
             if phases[:1] == ["loading the model"]:
                 loads += 1
                 phases = phases[1:]
@@ -78,7 +103,9 @@ def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -
 
 
 @pytest.mark.slow
-def test_fresh_process_serves_ragged_requests_from_packages_without_the_compiler(packaged: Path, tiny_models: dict[str, Path]) -> None:
+def test_fresh_process_serves_ragged_requests_from_packages_without_the_compiler(
+    packaged: Path, tiny_models: dict[str, Path]
+) -> None:
     _assert_served_by_packages(_serve(packaged, tiny_models["llama"]))
 
 
@@ -87,7 +114,9 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
     rows = _rows(packaged)
     assert sorted(rows) == list(BATCHES) and all(row.status == "verified" for row in rows.values())
     entries = {batch: _package(row) for batch, row in rows.items()}
-    assert len(set(entries.values())) == len(BATCHES) and all(entry_of("inductor", e) == (AOTINDUCTOR, e) for e in entries.values())
+    assert len(set(entries.values())) == len(BATCHES) and all(
+        entry_of("inductor", e) == (AOTINDUCTOR, e) for e in entries.values()
+    )
     data = (packaged / "cache" / entries[4]).read_bytes()
     header = json.loads(data.split(b"\n")[1])
     assert header["fingerprint"]["batch_size"] == 4 and header["aotinductor"]["cpu_capability"]
@@ -96,7 +125,9 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
 
 
 @pytest.mark.slow
-def test_tampered_package_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_tampered_package_is_refused_before_loading(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     from warmcache.runtime.aotinductor import load_package
     from warmcache.runtime.precompiled import expected_fingerprint
 
@@ -123,7 +154,9 @@ def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path,
 
 
 @pytest.mark.slow
-def test_model_whose_config_differs_from_the_rows_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path]) -> None:
+def test_model_whose_config_differs_from_the_rows_is_refused_before_loading(
+    packaged: Path, tiny_models: dict[str, Path]
+) -> None:
     from warmcache.runtime.guard import ShapeGuard
 
     guard = ShapeGuard.from_registry(f"sqlite:///{packaged}/registry.sqlite", "m", telemetry=False)
@@ -157,7 +190,9 @@ def test_package_built_for_a_wider_cpu_is_refused() -> None:
         ({"precompile": "aotinductr"}, {}, r"model\[0\]\.precompile.*'aotinductor'"),
     ],
 )
-def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], workload: dict[str, Any], at: str, write_manifest) -> None:  # type: ignore[no-untyped-def]
+def test_manifest_refuses_what_a_package_cannot_serve(
+    keys: dict[str, Any], workload: dict[str, Any], at: str, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
     from warmcache.manifest import load_manifest
 
     declared = {"precompile": "aotinductor", "backend": "inductor", **keys}
@@ -167,17 +202,23 @@ def test_manifest_refuses_what_a_package_cannot_serve(keys: dict[str, Any], work
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device on this machine (CI has none); runs on a GPU host")
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(),
+    reason="no CUDA device on this machine (CI has none); runs on a GPU host",
+)
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = warm_packages(tmp_path, tiny_models["llama"], "cuda")
     served = _serve(root, tiny_models["llama"], "cuda")
-    print(json.dumps({k: v for k, v in served.items() if k != "results"}))  # the figures tools/cuda_aoti_check.sh collects
+    # the figures tools/cuda_aoti_check.sh collects
+    print(json.dumps({k: v for k, v in served.items() if k != "results"}))
     _assert_served_by_packages(served)
     shutil.rmtree(root / "cache", ignore_errors=True)
 
 
 @pytest.mark.slow
-def test_packages_run_the_weights_of_the_model_that_loads_them(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_packages_run_the_weights_of_the_model_that_loads_them(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     """Another checkpoint of the same config shares the packages: its own weights are bound, its own tokens come out."""
     import torch
     from tiny_model import build_tiny_model
@@ -189,8 +230,12 @@ def test_packages_run_the_weights_of_the_model_that_loads_them(packaged: Path, t
     assert guard.prime(other).artifacts_loaded == len(BATCHES)
     ids = torch.randint(5, 300, (1, PROMPT), generator=torch.Generator().manual_seed(7))
     out = guard.generate(other, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6)
-    eager = other.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
-    original = _model(tiny_models["llama"]).generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
+    eager = other.generate(
+        input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+    )
+    original = _model(tiny_models["llama"]).generate(
+        input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+    )
     assert out.tolist() == eager.tolist() != original.tolist()
 
 
@@ -226,17 +271,28 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
 
     from warmcache.runtime.aotinductor import PackagedDecodeStep
 
-    step = PackagedDecodeStep(loader=None, inputs=[("cache.layers[0].keys", (1, 2, 4, 8), "torch.float32")], fixed={}, device="cpu", where="pkg")
+    step = PackagedDecodeStep(
+        loader=None,
+        inputs=[("cache.layers[0].keys", (1, 2, 4, 8), "torch.float32")],
+        fixed={},
+        device="cpu",
+        where="pkg",
+    )
     step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {})
-    for bad in (torch.zeros(1, 2, 8, 4).transpose(2, 3), torch.zeros(2, 2, 4, 8), torch.zeros(1, 2, 4, 8, dtype=torch.float16)):
+    for bad in (
+        torch.zeros(1, 2, 8, 4).transpose(2, 3),
+        torch.zeros(2, 2, 4, 8),
+        torch.zeros(1, 2, 4, 8, dtype=torch.float16),
+    ):
         with pytest.raises(UsageError, match="differs from the package's"):
             step._check(["cache.layers[0].keys"], [bad], {})
     with pytest.raises(UsageError, match="is not the one the package was built for"):
         step._check(["cache.layers[0].keys"], [torch.zeros(1, 2, 4, 8)], {"logits_to_keep": 2})
 
 
-#: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL cases), then
-#: whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case comes last.
+#: Runs in a fresh interpreter: every snapshot case under every policy (over a file, and over plain HTTP for the URL
+#: cases), then whether the marker a swapped-in ``.so`` writes from its constructor exists. The correctly signed case
+#: comes last.
 ATTACK = textwrap.dedent(
     """
     import http.server, json, sys, threading
@@ -267,11 +323,15 @@ ATTACK = textwrap.dedent(
         for policy in ("pad", "refuse", "warn"):
             try:
                 if case["url"]:
-                    guard = ShapeGuard.from_url(f"http://127.0.0.1:{server.server_port}", "m", policy=policy, telemetry=False, trust=case["trust"])
+                    url = f"http://127.0.0.1:{server.server_port}"
+                    guard = ShapeGuard.from_url(url, "m", policy=policy, telemetry=False, trust=case["trust"])
                 else:
                     guard = ShapeGuard.from_snapshot(case["path"], "m", policy=policy, trust=case["trust"])
                 report = guard.prime(model, cache_dir=case["cache_dir"])
-                outcome = f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, {report.cache_misses} cache misses"
+                outcome = (
+                    f"primed: {report.artifacts_loaded} loaded, {report.graphs} graphs, "
+                    f"{report.cache_misses} cache misses"
+                )
             except Exception as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
             results[f"{case['name']}/{policy}"] = [outcome, Path(marker).exists()]
@@ -280,11 +340,15 @@ ATTACK = textwrap.dedent(
 )
 
 #: A shared object whose constructor runs at dlopen and leaves a file behind: what a swapped package ``.so`` could do.
-CONSTRUCTOR = '#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
+CONSTRUCTOR = (
+    "#include <stdio.h>\n__attribute__((constructor)) static void planted(void) { FILE *f = "
+    'fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); } }\n'
+)
 
 
 def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
-    """A copy of the package file ``real`` with its compiled ``.so`` replaced, written under ``into`` by its own sha256; returns the entry."""
+    """A copy of the package file ``real`` with its compiled ``.so`` replaced, written under ``into`` by its own
+    sha256; returns the entry."""
     import hashlib
     import io
     import zipfile
@@ -305,9 +369,12 @@ def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every policy,
-    over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with nothing compiled."""
+def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(
+    packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Unsigned, signed by another key, or leading out of the cache folder: refused before any dlopen under every
+    policy, over a file and over plain HTTP; the same rows signed by the trusted key prime from their packages with
+    nothing compiled."""
     from warmcache.runtime.snapshot import snapshot_document
     from warmcache.trust import SigningKey, generate_key, sign_document
 
@@ -315,7 +382,8 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
     (tmp_path / "planted.c").write_text(CONSTRUCTOR % marker)
     evil_so = tmp_path / "planted.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(evil_so), str(tmp_path / "planted.c")], check=True)
-    # The control: loading the swapped-in object does run its constructor, so a missing marker below means it was never loaded.
+    # The control: loading the swapped-in object does run its constructor, so a missing marker below means it was never
+    # loaded.
     subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(evil_so)!r})"], check=True)
     assert marker.exists()
     marker.unlink()
@@ -325,7 +393,10 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
     document = snapshot_document(list(rows.values()), "build host")
     for record in document["records"]:
         record["cache_root"] = str(evil_root)
-        record["artifacts"] = [{**a, "path": forged} if record["batch_size"] == 1 and a["kind"] == AOTINDUCTOR else a for a in record["artifacts"]]
+        record["artifacts"] = [
+            {**a, "path": forged} if record["batch_size"] == 1 and a["kind"] == AOTINDUCTOR else a
+            for a in record["artifacts"]
+        ]
     keys = {name: tmp_path / name for name in ("ours", "theirs")}
     for key in keys.values():
         generate_key(key)
@@ -355,7 +426,12 @@ def test_a_snapshot_nobody_vouches_for_never_loads_its_native_code(packaged: Pat
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     script = tmp_path / "attack.py"
     script.write_text(ATTACK)
-    done = subprocess.run([sys.executable, str(script), str(tiny_models["llama"]), str(tmp_path / "cases.json"), str(marker)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_models["llama"]), str(tmp_path / "cases.json"), str(marker)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {
@@ -390,10 +466,16 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     step = Step()
     assert "inv_freq" not in step.state_dict()
     assert {"embed.weight", "head.weight", "inv_freq"} <= set(named_tensors(step))
-    assert constant_header(step, ["inv_freq", "head.weight"], {}) == {"head.weight": [[8, 4], "torch.float32"], "inv_freq": [[2], "torch.float32"]}
+    assert constant_header(step, ["inv_freq", "head.weight"], {}) == {
+        "head.weight": [[8, 4], "torch.float32"],
+        "inv_freq": [[2], "torch.float32"],
+    }
     with pytest.raises(CacheError) as missing:
         constant_header(step, ["inv_freq", "rotary.inv_freq", "other"], {})
-    assert str(missing.value) == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
+    assert (
+        str(missing.value)
+        == "aotinductor package: constant other is not a parameter or buffer of the loaded model (nor 1 more)"
+    )
 
 
 @pytest.mark.slow
@@ -438,7 +520,9 @@ class _LongRope:
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 if getattr(self, "long_inv_freq", None) is None:
-                    self.long_inv_freq = 1.0 / (1e4 ** (torch.arange(0, 2 * width, 2, dtype=torch.float32) / (2 * width)))
+                    self.long_inv_freq = 1.0 / (
+                        1e4 ** (torch.arange(0, 2 * width, 2, dtype=torch.float32) / (2 * width))
+                    )
                 self.inv_freq.copy_(torch.where(x.abs().amax() > 1.0, self.long_inv_freq, self.original_inv_freq))
                 return x * self.inv_freq
 
@@ -458,7 +542,8 @@ class _LongRope:
 def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_name(tmp_path: Path) -> None:
     """Phi-3.5's longrope keeps ``long_inv_freq`` as a plain attribute: exported as a constant, AOTInductor named it
     ``_tensor_constant0`` and no model tensor could be bound to it. Re-declared as a buffer, the package lists it by
-    name; its value travels in the header and binds, with the model's weights, to a package that computes what eager does.
+    name; its value travels in the header and binds, with the model's weights, to a package that computes what eager
+    does.
     """
     import torch
 
@@ -479,7 +564,9 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
     assert "rotary.long_inv_freq" not in header and "proj.weight" in header
     carried = {fqn: decode_tensor(path, fqn, encode_tensor(computed[fqn]), "cpu") for fqn in computed}
     assert torch.equal(carried["rotary.long_inv_freq"], computed["rotary.long_inv_freq"])
-    assert "rotary.long_inv_freq" not in named_tensors(_LongRope.module())  # a fresh process's model: not before a forward
+    assert "rotary.long_inv_freq" not in named_tensors(
+        _LongRope.module()
+    )  # a fresh process's model: not before a forward
     own = named_tensors(step)
     bound = {fqn: carried[fqn] if fqn in carried else own[fqn].clone() for fqn in listed}
     loader = open_loader(path)
@@ -496,12 +583,23 @@ def test_computed_constants_are_bounded_and_a_malformed_one_is_one_line(tmp_path
 
     step = torch.nn.Linear(2, 2)
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        value = torch.arange(6, dtype=dtype).reshape(2, 3) / 7 if dtype.is_floating_point else torch.arange(6).reshape(2, 3)
+        value = (
+            torch.arange(6, dtype=dtype).reshape(2, 3) / 7 if dtype.is_floating_point else torch.arange(6).reshape(2, 3)
+        )
         assert torch.equal(decode_tensor(tmp_path, "t", encode_tensor(value), "cpu"), value)
     huge = {"table": torch.zeros(MAX_COMPUTED_CONSTANT_BYTES // 4 + 1)}
-    with pytest.raises(CacheError, match=r"^aotinductor package: the decode step computes \d+ bytes of tensor constants .*first: table"):
+    with pytest.raises(
+        CacheError, match=r"^aotinductor package: the decode step computes \d+ bytes of tensor constants .*first: table"
+    ):
         constant_header(step, ["weight", "table"], huge)
-    for broken in (["x"], [[2], "torch.float32", "not base64!"], [[3], "torch.float32", encode_tensor(torch.zeros(2))[2]], [[1], "torch.nothing", ""]):
+    for broken in (
+        ["x"],
+        [[2], "torch.float32", "not base64!"],
+        [[3], "torch.float32", encode_tensor(torch.zeros(2))[2]],
+        [[1], "torch.nothing", ""],
+    ):
         with pytest.raises(CacheError) as refused:
             decode_tensor(tmp_path / "p.pt2", "rotary.long_inv_freq", broken, "cpu")
-        assert "computed constant rotary.long_inv_freq is malformed" in str(refused.value) and "\n" not in str(refused.value)
+        assert "computed constant rotary.long_inv_freq is malformed" in str(refused.value) and "\n" not in str(
+            refused.value
+        )

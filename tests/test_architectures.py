@@ -37,7 +37,8 @@ def test_generate_warms_verifies_and_serves_past_the_window(prepared: Prepared, 
     assert served.primed_graphs >= 1  # the guard really loaded a compiled decode step
     assert served.graphs_after_priming == 0
     assert served.mismatches == []
-    assert served.tokens_compared > 0 and MAX_CACHE_LEN - max(PROMPT_LENGTHS) > SLIDING_WINDOW  # decodes ran past the window
+    # decodes ran past the window
+    assert served.tokens_compared > 0 and MAX_CACHE_LEN - max(PROMPT_LENGTHS) > SLIDING_WINDOW
 
 
 @pytest.mark.slow
@@ -50,19 +51,25 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
     from transformers import Qwen3NextConfig
 
     # Only config.json is read at plan time: no weights needed.
-    Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(tmp_path / "next")
+    Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(
+        tmp_path / "next"
+    )
     manifest = tmp_path / "m.toml"
     manifest.write_text(manifest_toml(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
     Registry.open(f"sqlite:///{tmp_path / 'r.sqlite'}").close()  # plan reads a registry, it never creates one
     for command in ("plan", "warmup"):
-        result = CliRunner().invoke(main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"])
+        result = CliRunner().invoke(
+            main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"]
+        )
         assert result.exit_code == 2, result.output
         assert "model 'next'" in result.output and "linear_attention" in result.output, result.output
 
 
 def test_plan_accepts_every_matrix_architecture(prepared_configs: Path) -> None:
     Registry.open(f"sqlite:///{prepared_configs.parent / 'r.sqlite'}").close()
-    result = CliRunner().invoke(main, ["plan", str(prepared_configs), "--db", f"sqlite:///{prepared_configs.parent / 'r.sqlite'}", "--json"])
+    result = CliRunner().invoke(
+        main, ["plan", str(prepared_configs), "--db", f"sqlite:///{prepared_configs.parent / 'r.sqlite'}", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert {item["model"] for item in json.loads(result.output)} == set(ARCHITECTURES)
 

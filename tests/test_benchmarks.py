@@ -6,10 +6,10 @@ from pathlib import Path
 
 from manifests import generate, manifest_toml, model
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import ShapeRecord
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
@@ -27,4 +27,10 @@ def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) ->
     planned = plan_manifest(load_manifest(path))[0]
     record = compiled_record(planned, 7)
     assert isinstance(record, ShapeRecord)
-    assert (record.id, record.identity, record.status, record.batch_size, record.seq_len) == (7, planned.identity, Status.COMPILED, 1, 8)
+    assert (record.id, record.identity, record.status, record.batch_size, record.seq_len) == (
+        7,
+        planned.identity,
+        Status.COMPILED,
+        1,
+        8,
+    )

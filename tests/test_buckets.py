@@ -23,7 +23,11 @@ def padding(values: list[int], weights: list, buckets: tuple[int, ...] | list[in
 def brute_force(values: list[int], weights: list, max_buckets: int) -> float:
     """Least padding over every subset of at most ``max_buckets`` distinct values that holds the longest."""
     longest, others = values[-1], values[:-1]
-    return min(padding(values, weights, (*subset, longest)) for size in range(min(max_buckets, len(values))) for subset in itertools.combinations(others, size))
+    return min(
+        padding(values, weights, (*subset, longest))
+        for size in range(min(max_buckets, len(values)))
+        for subset in itertools.combinations(others, size)
+    )
 
 
 def reference_dp(values: list[int], weights: list, max_buckets: int) -> float:
@@ -31,7 +35,10 @@ def reference_dp(values: list[int], weights: list, max_buckets: int) -> float:
     n = len(values)
     best = [0.0] + [math.inf] * n
     for _ in range(min(max_buckets, n)):
-        best = [0.0] + [min(best[i] + sum(weights[t] * (values[j - 1] - values[t]) for t in range(i, j)) for i in range(j)) for j in range(1, n + 1)]
+        best = [0.0] + [
+            min(best[i] + sum(weights[t] * (values[j - 1] - values[t]) for t in range(i, j)) for i in range(j))
+            for j in range(1, n + 1)
+        ]
     return best[n]
 
 
@@ -164,7 +171,11 @@ def test_evenly_spaced() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.integers(1, 3000), st.integers(1, 20), min_size=2, max_size=30), st.integers(1, 6), st.integers(1, 4))
+@given(
+    st.dictionaries(st.integers(1, 3000), st.integers(1, 20), min_size=2, max_size=30),
+    st.integers(1, 6),
+    st.integers(1, 4),
+)
 def test_baselines_never_beat_the_plan_at_equal_k(counts: dict[int, int], k: int, batch: int) -> None:
     suggestion = suggest_buckets(Traffic(LengthDistribution.from_counts(counts), batch), max_buckets=k)
     plan = suggestion.plan
@@ -182,7 +193,12 @@ def test_default_budget_is_the_powers_of_two_ladder() -> None:
     assert len(suggestion.buckets) == len(powers_of_two(3000)) == 6
     assert suggestion.buckets == dist.values  # six lengths, six buckets: nothing padded
     assert suggestion.plan.cost.waste_percent == 0
-    assert [s.name for s in suggestion.strategies] == ["optimal (DP)", "powers of two", "evenly spaced", "powers of two from 128"]
+    assert [s.name for s in suggestion.strategies] == [
+        "optimal (DP)",
+        "powers of two",
+        "evenly spaced",
+        "powers of two from 128",
+    ]
 
 
 def test_lengths_that_never_lead_a_batch_get_no_bucket() -> None:

@@ -24,7 +24,9 @@ def suggest(*args: str) -> Result:
 @pytest.fixture
 def lengths_file(tmp_path: Path) -> Path:
     path = tmp_path / "lengths.txt"
-    path.write_text("# prompt lengths from last week\n" + "\n".join(str(n) for n in [5, 5, 5, 9, 9, 20, 31, 31, 64, 100]) + "\n\n")
+    path.write_text(
+        "# prompt lengths from last week\n" + "\n".join(str(n) for n in [5, 5, 5, 9, 9, 20, 31, 31, 64, 100]) + "\n\n"
+    )
     return path
 
 
@@ -41,9 +43,19 @@ def test_json_report_shape(lengths_file: Path) -> None:
     plan = report["strategies"][0]
     assert plan["buckets"] == report["buckets"] and plan["buckets_to_match"] == 3
     for strategy in report["strategies"]:
-        assert {"buckets", "num_buckets", "waste_percent", "padded_tokens_per_request", "padded_tokens_per_batch", "buckets_to_match"} <= strategy.keys()
+        assert {
+            "buckets",
+            "num_buckets",
+            "waste_percent",
+            "padded_tokens_per_request",
+            "padded_tokens_per_batch",
+            "buckets_to_match",
+        } <= strategy.keys()
         assert strategy["padded_tokens_per_batch"] == pytest.approx(2 * strategy["padded_tokens_per_request"])
-        assert plan["padded_tokens_per_request"] <= strategy["padded_tokens_per_request"] + 1e-9 or strategy["num_buckets"] > 3
+        assert (
+            plan["padded_tokens_per_request"] <= strategy["padded_tokens_per_request"] + 1e-9
+            or strategy["num_buckets"] > 3
+        )
     assert 0 < report["unavoidable"]["waste_percent"] < plan["waste_percent"]
     assert report["manifest_snippet"] is None
 
@@ -61,7 +73,11 @@ def test_text_report_and_csv_column(tmp_path: Path) -> None:
 def test_compile_cost_decides_how_many_buckets(lengths_file: Path) -> None:
     cheap = json.loads(suggest("--lengths", str(lengths_file), "--compile-cost", "0", "--json").stdout)
     dear = json.loads(suggest("--lengths", str(lengths_file), "--compile-cost", "1e9", "--json").stdout)
-    scaled = json.loads(suggest("--lengths", str(lengths_file), "--compile-cost", "100", "--expected-requests", "1000000", "--json").stdout)
+    scaled = json.loads(
+        suggest(
+            "--lengths", str(lengths_file), "--compile-cost", "100", "--expected-requests", "1000000", "--json"
+        ).stdout
+    )
     assert cheap["buckets"] == [5, 9, 20, 31, 64, 100]
     assert dear["buckets"] == [100]
     assert scaled["buckets"] == cheap["buckets"]  # a million requests make every bucket worth a compile
@@ -82,9 +98,21 @@ def test_compile_cost_decides_how_many_buckets(lengths_file: Path) -> None:
         ("12\n", ["--expected-requests", "5"], "--expected-requests only matters with --compile-cost"),
         ("12\n", ["--manifest-snippet"], "--manifest-snippet needs --model NAME"),
         ("12\n", ["--manifest-snippet", "--model", "m"], "--manifest-snippet for generate needs --max-cache-len"),
-        ("12\n", ["--manifest-snippet", "--model", "m", "--max-cache-len", "12"], "--max-cache-len 12: the longest bucket 12 + 1 new token does not fit"),
-        ("12\n", ["--manifest-snippet", "--model", "m", "--max-cache-len", "64", "--batch-sizes", "1,two"], "--batch-sizes: not an integer: 'two'"),
-        ("12\n", ["--dataset", "x.jsonl"], "give exactly one source of lengths: --lengths, --dataset or --from-misses (got --lengths, --dataset)"),
+        (
+            "12\n",
+            ["--manifest-snippet", "--model", "m", "--max-cache-len", "12"],
+            "--max-cache-len 12: the longest bucket 12 + 1 new token does not fit",
+        ),
+        (
+            "12\n",
+            ["--manifest-snippet", "--model", "m", "--max-cache-len", "64", "--batch-sizes", "1,two"],
+            "--batch-sizes: not an integer: 'two'",
+        ),
+        (
+            "12\n",
+            ["--dataset", "x.jsonl"],
+            "give exactly one source of lengths: --lengths, --dataset or --from-misses (got --lengths, --dataset)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, content: str, extra: list[str], message: str) -> None:
@@ -99,7 +127,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, content: str, extra: l
 
 def test_missing_file_and_missing_source(tmp_path: Path) -> None:
     missing = suggest("--lengths", str(tmp_path / "nope.txt"))
-    assert missing.exit_code == 2 and missing.output.strip() == f"warmcache: error: {tmp_path / 'nope.txt'}: file not found"
+    assert (
+        missing.exit_code == 2
+        and missing.output.strip() == f"warmcache: error: {tmp_path / 'nope.txt'}: file not found"
+    )
     nothing = suggest()
     assert nothing.exit_code == 2 and "give exactly one source of lengths" in nothing.output
 
@@ -108,8 +139,22 @@ MANIFEST_HEAD = manifest_toml(model("tiny", backend="aot_eager"))  # the snippet
 
 
 @pytest.mark.parametrize("workload", ["generate", "train"])
-def test_snippet_pasted_into_a_manifest_passes_plan(workload: str, lengths_file: Path, write_manifest: Callable[..., Path], tmp_path: Path) -> None:
-    args = ["--lengths", str(lengths_file), "--max-buckets", "3", "--manifest-snippet", "--model", "tiny", "--workload", workload, "--batch-sizes", "4,1,2"]
+def test_snippet_pasted_into_a_manifest_passes_plan(
+    workload: str, lengths_file: Path, write_manifest: Callable[..., Path], tmp_path: Path
+) -> None:
+    args = [
+        "--lengths",
+        str(lengths_file),
+        "--max-buckets",
+        "3",
+        "--manifest-snippet",
+        "--model",
+        "tiny",
+        "--workload",
+        workload,
+        "--batch-sizes",
+        "4,1,2",
+    ]
     if workload == "generate":
         args += ["--max-cache-len", "128"]
     result = suggest(*args)
@@ -124,7 +169,9 @@ def test_snippet_pasted_into_a_manifest_passes_plan(workload: str, lengths_file:
     assert planned.exit_code == 0, planned.output
     shapes = json.loads(planned.stdout)
     buckets = json.loads(suggest("--lengths", str(lengths_file), "--max-buckets", "3", "--json").stdout)["buckets"]
-    assert {(s["workload"], s["batch_size"], s["seq_len"]) for s in shapes} == {(workload, b, n) for b in (1, 2, 4) for n in buckets}
+    assert {(s["workload"], s["batch_size"], s["seq_len"]) for s in shapes} == {
+        (workload, b, n) for b in (1, 2, 4) for n in buckets
+    }
     if workload == "generate":
         assert {s["max_cache_len"] for s in shapes} == {128}
 
@@ -150,7 +197,9 @@ def test_from_misses_weights_each_length_by_its_count(registry_url: str) -> None
     assert report["source"]["kind"] == "misses" and report["source"]["model"] == "chat"
 
     too_long = suggest("--from-misses", "--model", "chat", "--db", registry_url, "--max-length", "25")
-    assert too_long.exit_code == 2 and "batch=1 seq=30: length 30 tokens exceeds the model maximum 25" in too_long.output
+    assert (
+        too_long.exit_code == 2 and "batch=1 seq=30: length 30 tokens exceeds the model maximum 25" in too_long.output
+    )
     batched = suggest("--from-misses", "--model", "chat", "--db", registry_url, "--batch", "4")
     assert batched.exit_code == 2 and "--batch does not apply to --from-misses" in batched.output
     none = suggest("--from-misses", "--model", "nobody", "--db", registry_url)
@@ -166,7 +215,9 @@ def test_dataset_lengths_come_from_the_models_tokenizer(tiny_models: dict[str, P
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["qwen3"])
     expected = sorted(len(tokenizer(t)["input_ids"]) for t in texts)
 
-    result = suggest("--dataset", str(dataset), "--tokenizer", str(tiny_models["qwen3"]), "--max-buckets", "8", "--json")
+    result = suggest(
+        "--dataset", str(dataset), "--tokenizer", str(tiny_models["qwen3"]), "--max-buckets", "8", "--json"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["buckets"] == sorted(set(expected))  # 8 buckets >= 4 lengths: each length is a bucket
@@ -186,7 +237,10 @@ def test_dataset_errors_name_the_line(tiny_models: dict[str, Path], tmp_path: Pa
     # The tiny model's config allows 512 positions; a longer prompt could never be compiled.
     dataset.write_text(json.dumps({"text": "guard " * 600}) + "\n")
     too_long = suggest("--dataset", str(dataset), "--tokenizer", model)
-    assert too_long.exit_code == 2 and f"exceeds the model maximum 512 (max_position_embeddings of {model})" in too_long.output
+    assert (
+        too_long.exit_code == 2
+        and f"exceeds the model maximum 512 (max_position_embeddings of {model})" in too_long.output
+    )
     no_tokenizer = suggest("--dataset", str(dataset))
     assert no_tokenizer.exit_code == 2 and "--dataset needs --tokenizer PATH" in no_tokenizer.output
 
@@ -199,7 +253,9 @@ def test_plot_is_a_png(lengths_file: Path, tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
 
 
-def test_plot_without_matplotlib_names_the_extra(lengths_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_names_the_extra(
+    lengths_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the extra looks like
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     result = suggest("--lengths", str(lengths_file), "--plot", str(tmp_path / "x.png"))

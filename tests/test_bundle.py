@@ -17,8 +17,8 @@ from click.testing import Result
 from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
 
 import warmcache.cache.bundle as bundle_module
-from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
+from warmcache.reports.query import local_toolchain_hash
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ def built(tmp_path: Path, write_manifest) -> Built:
 
 
 def pack(built: Built, output: Path) -> Result:
-    return cli("bundle", "pack", str(built.manifest), "-o", str(output), "--cache-dir", str(built.root), "--db", built.url)
+    return cli(
+        "bundle", "pack", str(built.manifest), "-o", str(output), "--cache-dir", str(built.root), "--db", built.url
+    )
 
 
 def error_lines(result: Result) -> list[str]:
@@ -58,11 +60,15 @@ def files_under(root: Path) -> dict[str, bytes]:
 
 def rows(url: str) -> list[tuple]:
     with Registry.open(url) as registry:
-        return [(r.identity, r.status, r.updated_at, tuple(sorted(a.path for a in r.artifacts))) for r in registry.rows(with_artifacts=True)]
+        return [
+            (r.identity, r.status, r.updated_at, tuple(sorted(a.path for a in r.artifacts)))
+            for r in registry.rows(with_artifacts=True)
+        ]
 
 
 def production_with_a_failed_entry(built: Built, tmp_path: Path) -> tuple[Path, str]:
-    """A production cache holding a failed compile of the bundle's first entry (which an unpack replaces), and its registry URL."""
+    """A production cache holding a failed compile of the bundle's first entry (which an unpack replaces), and its
+    registry URL."""
     target = tmp_path / "prod"
     broken = target / built.entries[0]
     broken.mkdir(parents=True)
@@ -70,11 +76,16 @@ def production_with_a_failed_entry(built: Built, tmp_path: Path) -> tuple[Path, 
     return target, f"sqlite:///{tmp_path / 'prod.sqlite'}"
 
 
-def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Built, tmp_path: Path, registry_url: str) -> None:
+def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(
+    built: Built, tmp_path: Path, registry_url: str
+) -> None:
     bundle = tmp_path / "warm.tar.gz"
     packed = pack(built, bundle)
     assert packed.exit_code == 0, packed.output
-    assert "2 compiled shapes, 2 cache entries, 8 files" in packed.output and "1 declared shapes are not in the bundle (not compiled)" in packed.output
+    assert (
+        "2 compiled shapes, 2 cache entries, 8 files" in packed.output
+        and "1 declared shapes are not in the bundle (not compiled)" in packed.output
+    )
     with tarfile.open(bundle) as tar:
         meta = json.load(tar.extractfile(tar.getmembers()[0]))  # type: ignore[arg-type]
         names = tar.getnames()
@@ -83,7 +94,9 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     assert all(len(f["sha256"]) == 64 for f in meta["files"]) and len(meta["rows"]) == 2 and meta["toolchains"]
 
     target = tmp_path / "prod-cache"
-    first = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json")
+    first = cli(
+        "bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json"
+    )
     assert first.exit_code == 0, first.output
     result = json.loads(first.stdout)
     assert (result["entries_added"], result["rows"]["inserted"]) == (2, 2)
@@ -94,7 +107,19 @@ def test_pack_then_unpack_installs_exactly_the_needed_entries_and_rows(built: Bu
     after_first = rows(registry_url)
     assert [r[3] for r in after_first] == [(built.entries[0],), (built.entries[1],)]
 
-    second = json.loads(cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", registry_url, "--json").stdout)
+    second = json.loads(
+        cli(
+            "bundle",
+            "unpack",
+            "--allow-unsigned",
+            str(bundle),
+            "--cache-dir",
+            str(target),
+            "--db",
+            registry_url,
+            "--json",
+        ).stdout
+    )
     assert (second["entries_added"], second["entries_already_present"]) == (0, 2)
     assert (second["rows"]["inserted"], second["rows"]["updated"], second["rows"]["unchanged"]) == (0, 0, 2)
     assert rows(registry_url) == after_first and files_under(target) == expected
@@ -119,7 +144,11 @@ def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built:
     target, url = production_with_a_failed_entry(built, tmp_path)
     with Registry.open(url) as registry:
         registry.ensure_pending([planned_by_batch(built.manifest)[1]])
-    result = json.loads(cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--json").stdout)
+    result = json.loads(
+        cli(
+            "bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--json"
+        ).stdout
+    )
     assert (result["entries_added"], result["entries_replaced"]) == (1, 1)
     assert (result["rows"]["inserted"], result["rows"]["updated"]) == (1, 1)
     broken = target / built.entries[0]
@@ -127,16 +156,39 @@ def test_unpack_replaces_a_broken_local_entry_and_completes_a_pending_row(built:
     assert {r[1] for r in rows(url)} == {"compiled"}
 
 
-def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_compiled(built: Built, tmp_path: Path, write_manifest) -> None:
+def test_pack_refuses_a_row_whose_entry_is_gone_and_a_manifest_with_nothing_compiled(
+    built: Built, tmp_path: Path, write_manifest
+) -> None:
     shutil.rmtree(built.root / built.entries[1])
     gone = pack(built, tmp_path / "b.tar.gz")
     assert gone.exit_code == 5 and "is gone" in gone.stderr and "cache doctor" in gone.stderr
     assert not (tmp_path / "b.tar.gz").exists() and not list(tmp_path.glob(".b.tar.gz.partial*"))
     Registry.open(f"sqlite:///{tmp_path / 'empty.sqlite'}").close()
-    empty = cli("bundle", "pack", str(built.manifest), "-o", str(tmp_path / "e.tar"), "--cache-dir", str(built.root), "--db", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    empty = cli(
+        "bundle",
+        "pack",
+        str(built.manifest),
+        "-o",
+        str(tmp_path / "e.tar"),
+        "--cache-dir",
+        str(built.root),
+        "--db",
+        f"sqlite:///{tmp_path / 'empty.sqlite'}",
+    )
     assert empty.exit_code == 5 and "no compiled shapes" in empty.stderr
-    missing = cli("bundle", "pack", str(built.manifest), "-o", str(tmp_path / "e.tar"), "--cache-dir", str(built.root), "--db", f"sqlite:///{tmp_path / 'typo.sqlite'}")
-    assert missing.exit_code == 3 and "does not exist" in missing.stderr and not (tmp_path / "typo.sqlite").exists()  # packing only reads
+    missing = cli(
+        "bundle",
+        "pack",
+        str(built.manifest),
+        "-o",
+        str(tmp_path / "e.tar"),
+        "--cache-dir",
+        str(built.root),
+        "--db",
+        f"sqlite:///{tmp_path / 'typo.sqlite'}",
+    )
+    # packing only reads
+    assert missing.exit_code == 3 and "does not exist" in missing.stderr and not (tmp_path / "typo.sqlite").exists()
     suffix = pack(built, tmp_path / "b.zip")
     assert suffix.exit_code == 2 and "*.tar" in suffix.stderr
 
@@ -149,7 +201,9 @@ def fresh_toolchain() -> Iterator[None]:
     local_toolchain_hash.cache_clear()
 
 
-def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_toolchain: None) -> None:
+def test_unpack_refuses_another_toolchain_unless_forced(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_toolchain: None
+) -> None:
     bundle = tmp_path / "warm.tar.gz"
     assert pack(built, bundle).exit_code == 0
     monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O3")  # this machine compiles differently
@@ -157,9 +211,14 @@ def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: 
     target, url = tmp_path / "prod", f"sqlite:///{tmp_path / 'prod.sqlite'}"
     refused = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert refused.exit_code == 5, refused.output
-    assert "another toolchain" in refused.stderr and "neuron_cc_flags: bundle , here --model-type=transformer -O3" in refused.stderr
+    assert (
+        "another toolchain" in refused.stderr
+        and "neuron_cc_flags: bundle , here --model-type=transformer -O3" in refused.stderr
+    )
     assert "--force" in refused.stderr and not target.exists() and rows(url) == []
-    forced = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--force")
+    forced = cli(
+        "bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url, "--force"
+    )
     assert forced.exit_code == 0, forced.output
     assert len(rows(url)) == 2
     shapes = json.loads(cli("shapes", "--db", url, "--json").stdout)
@@ -169,7 +228,9 @@ def test_unpack_refuses_another_toolchain_unless_forced(built: Built, tmp_path: 
 # ------------------------------------------------------------- hostile archives
 
 
-def rebuild(good: Path, out: Path, change: Callable[[tarfile.TarFile, list[tuple[tarfile.TarInfo, bytes | None]]], None]) -> Path:
+def rebuild(
+    good: Path, out: Path, change: Callable[[tarfile.TarFile, list[tuple[tarfile.TarInfo, bytes | None]]], None]
+) -> Path:
     """Copy a good bundle member by member, letting ``change`` edit the list first."""
     with tarfile.open(good) as tar:
         members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
@@ -180,7 +241,9 @@ def rebuild(good: Path, out: Path, change: Callable[[tarfile.TarFile, list[tuple
     return out
 
 
-def _add(members: list, name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"evil\n", link: str = "") -> None:
+def _add(
+    members: list, name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"evil\n", link: str = ""
+) -> None:
     info = tarfile.TarInfo(name)
     info.type, info.linkname = kind, link
     info.size = len(data) if kind == tarfile.REGTYPE and data is not None else 0
@@ -191,7 +254,13 @@ def _listed(members: list, name: str, data: bytes = b"evil\n") -> None:
     """Add ``name`` and list it in the metadata with a correct hash, so only the path check can stop it."""
     meta_info, blob = members[0]
     meta = json.loads(blob)
-    meta["files"].append({"path": name[len("cache/") :] if name.startswith("cache/") else name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+    meta["files"].append(
+        {
+            "path": name[len("cache/") :] if name.startswith("cache/") else name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        }
+    )
     blob = json.dumps(meta).encode()
     meta_info.size = len(blob)
     members[0] = (meta_info, blob)
@@ -213,10 +282,22 @@ def _flip_first_file_byte(members: list) -> None:
 HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile, list], None], str]] = {
     "path traversal": (lambda t, m: _listed(m, "cache/../../evil"), "climbs out of the cache with '..'"),
     "absolute path": (lambda t, m: _add(m, "/tmp/warmcache-evil"), "is an absolute path"),
-    "symlink": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.SYMTYPE, None, "/etc/passwd"), "is a link (to '/etc/passwd')"),
-    "hard link": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.LNKTYPE, None, "/etc/passwd"), "is a link"),
-    "device file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/null", tarfile.CHRTYPE, None), "is a device or FIFO"),
-    "unlisted file": (lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff"), "is not in the bundle's file list"),
+    "symlink": (
+        lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.SYMTYPE, None, "/etc/passwd"),
+        "is a link (to '/etc/passwd')",
+    ),
+    "hard link": (
+        lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff", tarfile.LNKTYPE, None, "/etc/passwd"),
+        "is a link",
+    ),
+    "device file": (
+        lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/null", tarfile.CHRTYPE, None),
+        "is a device or FIFO",
+    ),
+    "unlisted file": (
+        lambda t, m: _add(m, "cache/neuronxcc-1/MODULE_x/model.neff"),
+        "is not in the bundle's file list",
+    ),
     "flipped byte": (lambda t, m: _flip_first_file_byte(m), "content does not match the listed sha256 and size"),
     "listed file missing": (lambda t, m: m.pop(), "but the bundle lacks it"),
     "member larger than listed": (lambda t, m: _grow_first_file(m), "but the file list says"),
@@ -233,9 +314,15 @@ def test_hostile_bundles_are_refused_and_write_nothing(built: Built, tmp_path: P
     before = {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*"))
     result = cli("bundle", "unpack", "--allow-unsigned", str(bad), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5, result.output
-    assert message in result.stderr and error_lines(result) == [error_lines(result)[0]] and error_lines(result)[0].startswith("warmcache: error: ")
+    assert (
+        message in result.stderr
+        and error_lines(result) == [error_lines(result)[0]]
+        and error_lines(result)[0].startswith("warmcache: error: ")
+    )
     assert not target.exists()  # not even a staging folder is left behind
-    assert {p for p in tmp_path.rglob("*")} | set(Path("/tmp").glob("warmcache-evil*")) == before  # no registry file either
+    assert {p for p in tmp_path.rglob("*")} | set(
+        Path("/tmp").glob("warmcache-evil*")
+    ) == before  # no registry file either
 
 
 def test_a_truncated_compressed_bundle_is_refused(built: Built, tmp_path: Path) -> None:
@@ -243,7 +330,16 @@ def test_a_truncated_compressed_bundle_is_refused(built: Built, tmp_path: Path) 
     assert pack(built, good).exit_code == 0
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    result = cli("bundle", "unpack", "--allow-unsigned", str(bad), "--cache-dir", str(tmp_path / "cache"), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    result = cli(
+        "bundle",
+        "unpack",
+        "--allow-unsigned",
+        str(bad),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--db",
+        f"sqlite:///{tmp_path / 'p.sqlite'}",
+    )
     assert result.exit_code == 5 and "not a readable bundle archive" in result.stderr
     assert not (tmp_path / "cache").exists()
 
@@ -255,7 +351,16 @@ def test_a_bundle_of_another_layout_is_refused_before_touching_the_cache(built: 
     (inductor_cache / "aotautograd" / "akey").mkdir(parents=True)
     (inductor_cache / "aotautograd" / "akey" / "entry").write_bytes(b"compiled")
     before = files_under(inductor_cache)
-    result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(inductor_cache), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}")
+    result = cli(
+        "bundle",
+        "unpack",
+        "--allow-unsigned",
+        str(bundle),
+        "--cache-dir",
+        str(inductor_cache),
+        "--db",
+        f"sqlite:///{tmp_path / 'p.sqlite'}",
+    )
     assert result.exit_code == 5 and "holds a cache of layout inductor; refused" in result.stderr
     assert files_under(inductor_cache) == before
 
@@ -283,7 +388,10 @@ def _set(field: str, value: object, artifact: bool = False) -> Callable[[dict], 
 
 MALFORMED_ROWS: dict[str, tuple[Callable[[dict], None], str]] = {
     "artifact kind not a string": (_set("kind", 5, artifact=True), "rows[1].artifacts[0].kind is 5, not a string"),
-    "artifact path not a string": (_set("path", ["x"], artifact=True), "rows[1].artifacts[0].path is ['x'], not a string"),
+    "artifact path not a string": (
+        _set("path", ["x"], artifact=True),
+        "rows[1].artifacts[0].path is ['x'], not a string",
+    ),
     "batch size a string": (_set("batch_size", "2"), "rows[1].batch_size is '2', not an integer"),
     "attempts a boolean": (_set("attempts", True), "rows[1].attempts is True, not an integer"),
     "toolchain not an object": (_set("toolchain", []), "rows[1].toolchain is [], not an object"),
@@ -308,7 +416,9 @@ def test_malformed_rows_are_refused_before_any_entry_moves(built: Built, tmp_pat
     assert [p.name for p in target.iterdir()] == [built.entries[0].split("/")[0]] and rows(url) == []
 
 
-def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_row_merge_puts_the_originals_back(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bundle = tmp_path / "warm.tar"
     assert pack(built, bundle).exit_code == 0
     target, url = production_with_a_failed_entry(built, tmp_path)
@@ -322,7 +432,9 @@ def test_a_failed_row_merge_puts_the_originals_back(built: Built, tmp_path: Path
     monkeypatch.setattr("warmcache.cache.install.merge_rows", database_gone)
     result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5 and "the database went away" in result.stderr
-    assert {p.relative_to(target) for p in target.rglob("*")} == before  # the added entry is gone, the original back, no work folder left
+    assert {
+        p.relative_to(target) for p in target.rglob("*")
+    } == before  # the added entry is gone, the original back, no work folder left
     assert (target / built.entries[0] / "model.log").read_text() == "ERROR: compilation failed\n"
 
 
@@ -350,12 +462,26 @@ def _as_native(members: list, names: dict[str, str]) -> None:
 def test_a_native_entry_named_like_a_work_folder_is_installed_as_is(built: Built, tmp_path: Path) -> None:
     good = tmp_path / "good.tar"
     assert pack(built, good).exit_code == 0
-    native = rebuild(good, tmp_path / "native.tar", lambda t, m: _as_native(m, {built.entries[0]: ".replaced", built.entries[1]: "mod-b"}))
+    native = rebuild(
+        good,
+        tmp_path / "native.tar",
+        lambda t, m: _as_native(m, {built.entries[0]: ".replaced", built.entries[1]: "mod-b"}),
+    )
     target = tmp_path / "native-cache"
     for entry, data in ((".replaced", b"old neff"), ("keep", b"unrelated neff")):
         (target / entry).mkdir(parents=True)
         (target / entry / "model.neff").write_bytes(data)
-    result = cli("bundle", "unpack", "--allow-unsigned", str(native), "--cache-dir", str(target), "--db", f"sqlite:///{tmp_path / 'p.sqlite'}", "--json")
+    result = cli(
+        "bundle",
+        "unpack",
+        "--allow-unsigned",
+        str(native),
+        "--cache-dir",
+        str(target),
+        "--db",
+        f"sqlite:///{tmp_path / 'p.sqlite'}",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert (json.loads(result.stdout)["entries_added"], json.loads(result.stdout)["entries_replaced"]) == (1, 1)
     source = files_under(built.root / built.entries[0])
@@ -407,13 +533,19 @@ PACK_FS_ERRORS: dict[str, tuple[Callable[[pytest.MonkeyPatch, Built], None], str
 
 
 @pytest.mark.parametrize("case", sorted(PACK_FS_ERRORS))
-def test_file_system_errors_during_pack_are_one_line_errors(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+def test_file_system_errors_during_pack_are_one_line_errors(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
     cause, message = PACK_FS_ERRORS[case]
     cause(monkeypatch, built)
     result = pack(built, tmp_path / "warm.tar")
     assert result.exit_code == 5, result.output
     *progress, error = result.stderr.strip().splitlines()  # progress lines, then one error line
-    assert error.startswith("warmcache: error: ") and message in error and all(line.startswith("packing: ") for line in progress)
+    assert (
+        error.startswith("warmcache: error: ")
+        and message in error
+        and all(line.startswith("packing: ") for line in progress)
+    )
     assert not (tmp_path / "warm.tar").exists() and not list(tmp_path.glob(".warm.tar.partial*"))
 
 
@@ -421,5 +553,8 @@ def test_pack_into_an_unwritable_place_names_it(built: Built, tmp_path: Path) ->
     (tmp_path / "not-a-folder").write_text("")
     result = pack(built, tmp_path / "not-a-folder" / "warm.tar")
     assert result.exit_code == 5, result.output
-    assert result.stderr.startswith(f"warmcache: error: {tmp_path / 'not-a-folder'}: ") and len(result.stderr.strip().splitlines()) == 1
+    assert (
+        result.stderr.startswith(f"warmcache: error: {tmp_path / 'not-a-folder'}: ")
+        and len(result.stderr.strip().splitlines()) == 1
+    )
     assert result.stderr.strip().endswith("; bundle not written")

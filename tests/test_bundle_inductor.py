@@ -1,10 +1,9 @@
 """End to end on a real Inductor cache: warmup → scan → prune → pack → unpack elsewhere → verify.
 
-The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen
-through a manifest of two of its shapes (batch 1 and 2), then every step in a subprocess
-exactly as a deployment pipeline runs the commands. The second shape's graph loads kernel files that only the first shape's
-row records; after the first row is forgotten and its entries pruned, the second
-must still verify from a bundle with zero cache misses and no new entries.
+The suite's one real Inductor warmup (conftest's ``inductor_warmup``), copied and seen through a manifest of two of its
+shapes (batch 1 and 2), then every step in a subprocess exactly as a deployment pipeline runs the commands. The second
+shape's graph loads kernel files that only the first shape's row records; after the first row is forgotten and its
+entries pruned, the second must still verify from a bundle with zero cache misses and no new entries.
 """
 
 from __future__ import annotations
@@ -20,7 +19,9 @@ from warmcache.registry import Registry
 
 
 @pytest.mark.slow
-def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(inductor_warmup: InductorWarmup, tmp_path: Path) -> None:
+def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_elsewhere(
+    inductor_warmup: InductorWarmup, tmp_path: Path
+) -> None:
     warmup = inductor_warmup.report
     assert warmup["compiled"] == 4 and warmup["ok"], warmup
     build = inductor_warmup.copy(tmp_path / "build")
@@ -52,7 +53,9 @@ def test_a_bundle_of_a_real_inductor_warmup_verifies_with_zero_cache_misses_else
     # Production: an empty cache and an empty registry; the build cache is gone.
     shutil.move(build_cache, tmp_path / "build-cache-moved")
     prod_cache, prod_db = tmp_path / "prod-cache", f"sqlite:///{tmp_path / 'prod.sqlite'}"
-    unpacked = warmcache("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(prod_cache), "--db", prod_db)
+    unpacked = warmcache(
+        "bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(prod_cache), "--db", prod_db
+    )
     assert unpacked["entries_added"] == packed["entries"] and unpacked["rows"]["inserted"] == 1
     verify = warmcache("verify", str(manifest), "--cache-dir", str(prod_cache), "--db", prod_db, ok_codes=(0, 1))
     [spec] = verify["specs"]

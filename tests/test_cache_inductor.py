@@ -15,8 +15,8 @@ from pathlib import Path
 from manifests import generate, manifest_toml, model
 from test_cache_neuron import cli  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
 
@@ -47,7 +47,13 @@ def test_kernel_files_stay_while_any_compiled_graph_may_load_them(tmp_path: Path
             row = registry.claim([planned[batch].identity], "w", 60)
             assert row is not None
             kinds = {graph_1: "inductor-fxgraph", graph_2: "inductor-fxgraph"}
-            registry.mark_compiled(row.id, "w", compile_seconds=1, graphs_compiled=1, artifacts=[ArtifactRef(kinds.get(p, "inductor-code"), p) for p in paths])
+            registry.mark_compiled(
+                row.id,
+                "w",
+                compile_seconds=1,
+                graphs_compiled=1,
+                artifacts=[ArtifactRef(kinds.get(p, "inductor-code"), p) for p in paths],
+            )
         registry.forget([r.id for r in registry.rows() if r.batch_size == 1])
 
     [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
@@ -59,9 +65,14 @@ def test_kernel_files_stay_while_any_compiled_graph_may_load_them(tmp_path: Path
     with tarfile.open(tmp_path / "b.tar") as tar:
         assert set(tar.getnames()[1:]) == {f"cache/{graph_2}/entry", f"cache/{own_kernel}", f"cache/{kernel}"}
 
-    [forced] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--include-referenced", "--json").output)
+    [forced] = json.loads(
+        cli(
+            "cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--include-referenced", "--json"
+        ).output
+    )
     assert forced["result"]["removed"] == [kernel]
-    assert [f["shape"] for f in forced["forget"]] == ["m generate batch=2 seq=8 (compiled)"]  # it may have loaded that kernel
+    # it may have loaded that kernel
+    assert [f["shape"] for f in forced["forget"]] == ["m generate batch=2 seq=8 (compiled)"]
     with Registry.open(url) as registry:
         assert registry.rows() == []
 
@@ -77,7 +88,11 @@ def test_inductor_temp_files_are_not_entries(tmp_path: Path) -> None:
     graph = write(root, "fxgraph/ab/fabkey1/.1234.5678.tmp").rsplit("/", 1)[0]  # inside an entry: part of it
     assert list_entries(root, "inductor") == {kernel: "inductor-code", graph: "inductor-fxgraph"}
     assert entry_of("inductor", "xy/.1234.5678.tmp") is None
-    assert entry_of("neuron-native", ".hidden/model.neff") == ("neuron-neff", ".hidden")  # native entries may be named anything
+    # native entries may be named anything
+    assert entry_of("neuron-native", ".hidden/model.neff") == (
+        "neuron-neff",
+        ".hidden",
+    )
 
 
 def test_last_used_skips_files_that_vanish_while_it_reads(tmp_path: Path, monkeypatch) -> None:

@@ -20,7 +20,8 @@ from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR, write_
 
 def test_a_failed_artifact_write_leaves_no_partial_file(tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) like one on a full disk
+    # a write past the limit fails (EFBIG) like one on a full disk
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
         with pytest.raises(OSError) as caught:

@@ -28,16 +28,20 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.cache.neuron import neuron_compiler_running
 from warmcache.cache.prune import PruneRules, plan_prune
 from warmcache.cli import main
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.query import local_toolchain_hash
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
+from warmcache.reports.query import local_toolchain_hash
 
 VERSION = "2.15.128.0+56dc5a86"
 HOUR = 3600.0
 
-NEURON_MANIFEST = manifest_toml(model("neuron-m", device="neuron", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16], max_cache_len=64)]))
+NEURON_MANIFEST = manifest_toml(
+    model(
+        "neuron-m", device="neuron", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16], max_cache_len=64)]
+    )
+)
 
 
 def module(root: Path, name: str, files: dict[str, bytes], age: float = 2 * HOUR, version: str = VERSION) -> str:
@@ -52,7 +56,10 @@ def module(root: Path, name: str, files: dict[str, bytes], age: float = 2 * HOUR
 
 
 def hlo() -> dict[str, bytes]:
-    return {"model.hlo_module.pb": b"\x08hlo" * 64, "compile_flags.json": json.dumps(["--model-type=transformer", "-O1"]).encode()}
+    return {
+        "model.hlo_module.pb": b"\x08hlo" * 64,
+        "compile_flags.json": json.dumps(["--model-type=transformer", "-O1"]).encode(),
+    }
 
 
 def done_files(size: int = 4096) -> dict[str, bytes]:
@@ -68,7 +75,9 @@ def planned_by_batch(manifest: Path) -> dict[int, PlannedShape]:
     return {p.spec.batch_size: p for p in plan_manifest(load_manifest(manifest))}
 
 
-def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, host: str | None = None, cache_root: Path | None = None) -> None:
+def record_compiled(
+    url: str, planned: PlannedShape, artifacts: list[str], *, host: str | None = None, cache_root: Path | None = None
+) -> None:
     """Mark ``planned`` compiled with ``artifacts`` through ensure_pending → claim → mark_compiled."""
     with Registry.open(url) as registry:
         registry.ensure_pending([planned])
@@ -76,7 +85,13 @@ def record_compiled(url: str, planned: PlannedShape, artifacts: list[str], *, ho
         assert row is not None
         refs = [ArtifactRef("neuron-module", a, None) for a in artifacts]
         assert registry.mark_compiled(
-            row.id, "test-worker", compile_seconds=1.0, graphs_compiled=1, artifacts=refs, host=host, cache_root=str(cache_root) if cache_root else None
+            row.id,
+            "test-worker",
+            compile_seconds=1.0,
+            graphs_compiled=1,
+            artifacts=refs,
+            host=host,
+            cache_root=str(cache_root) if cache_root else None,
         )
 
 
@@ -119,7 +134,8 @@ class NeuronCache:
 
 @pytest.fixture
 def cache(tmp_path: Path, neuron_manifest: Path, held_lock, registry_url: str) -> NeuronCache:
-    """A Neuron cache with one entry per state, a compiled row on ``done`` and one on a vanished entry (SQLite and PostgreSQL)."""
+    """A Neuron cache with one entry per state, a compiled row on ``done`` and one on a vanished entry (SQLite and
+    PostgreSQL)."""
     root = tmp_path / "neuron-cache"
     entries = {
         "done": module(root, "aaa+f1", done_files()),
@@ -159,7 +175,9 @@ def test_scan_reports_state_version_flags_and_who_uses_each_entry(cache) -> None
     assert by_path[entries["orphan"]]["orphan"]
     locks = {by_path[entries[n]]["locks"][0]["held"] for n in ("stale_lock", "held_lock")}
     assert locks == {True, False}
-    assert [(m["path"], m["used_by"]["batch_size"]) for m in info["missing"]] == [(f"neuronxcc-{VERSION}/MODULE_gone+f1", 2)]
+    assert [(m["path"], m["used_by"]["batch_size"]) for m in info["missing"]] == [
+        (f"neuronxcc-{VERSION}/MODULE_gone+f1", 2)
+    ]
     text = cli("cache", "scan", "--cache-dir", str(root), "--db", url).output
     assert "neuron-module: 7" in text and "1 failed" in text and "neuronxcc 2.15.128.0+56dc5a86" in text
     assert "missing: neuronxcc-2.15.128.0+56dc5a86/MODULE_gone+f1" in text
@@ -173,7 +191,12 @@ def test_doctor_dry_run_changes_nothing_and_fix_repairs(cache) -> None:
     [plan] = json.loads(dry.output)
     removed = {r["path"] for r in plan["remove"]}
     # A stale lock on a finished entry goes alone; a stale lock on an unfinished one marks a crashed compile.
-    assert removed == {entries["failed"], entries["incomplete"], entries["crashed"], f"{entries['stale_lock']}/model.hlo_module.pb.lock"}
+    assert removed == {
+        entries["failed"],
+        entries["incomplete"],
+        entries["crashed"],
+        f"{entries['stale_lock']}/model.hlo_module.pb.lock",
+    }
     assert plan["freed_bytes"] == sum(r["size_bytes"] for r in plan["remove"]) > 0
     assert [f["shape"] for f in plan["forget"]] == ["neuron-m generate batch=2 seq=16 (compiled)"]
     assert any("live process" in n and entries["held_lock"] in n for n in plan["notes"])
@@ -231,7 +254,9 @@ def test_prune_max_size_evicts_least_recently_used_first(tmp_path: Path) -> None
     [plan] = json.loads(result.output)
     assert [r["path"] for r in plan["remove"]] == [old]
     assert (root / mid).is_dir() and (root / new).is_dir() and not (root / old).exists()
-    aged = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--older-than", "5d", "--json").output)[0]
+    aged = json.loads(
+        cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--older-than", "5d", "--json").output
+    )[0]
     assert [r["path"] for r in aged["remove"]] == [mid]
 
 
@@ -241,11 +266,15 @@ def test_prune_keeps_fresh_orphans_a_running_warmup_may_still_record(tmp_path: P
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
     [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
     assert plan["remove"] == [] and "running warmup" in plan["notes"][0]
-    [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--grace", "1s", "--json").output)
+    [plan] = json.loads(
+        cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--grace", "1s", "--json").output
+    )
     assert [r["path"] for r in plan["remove"]] == [fresh]
 
 
-def test_prune_stale_toolchains_deletes_what_only_old_toolchains_use(tmp_path: Path, neuron_manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prune_stale_toolchains_deletes_what_only_old_toolchains_use(
+    tmp_path: Path, neuron_manifest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     local_toolchain_hash.cache_clear()  # memoised per process: start from this test's environment
     root = tmp_path / "cache"
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
@@ -265,7 +294,9 @@ def test_prune_stale_toolchains_deletes_what_only_old_toolchains_use(tmp_path: P
     assert [(r.status, [a.path for a in r.artifacts]) for r in rows] == [("compiled", [current_entry])]
 
 
-def test_prune_interrupted_after_forgetting_leaves_registry_and_cache_consistent(cache, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prune_interrupted_after_forgetting_leaves_registry_and_cache_consistent(
+    cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A crash between the two steps leaves orphans, never a row that names a deleted entry."""
 
     def crash(*_: object) -> None:
@@ -299,12 +330,16 @@ def test_doctor_removes_leftover_work_folders_and_scans_ignore_them(cache) -> No
 
 
 def test_doctor_on_a_missing_folder_forgets_nothing(cache, tmp_path: Path) -> None:
-    result = cli("cache", "doctor", "--cache-dir", str(tmp_path / "typo"), "--flavor", "neuron", "--db", cache.url, "--fix")
+    result = cli(
+        "cache", "doctor", "--cache-dir", str(tmp_path / "typo"), "--flavor", "neuron", "--db", cache.url, "--fix"
+    )
     assert result.exit_code == 0 and "does not exist" in result.output
     assert statuses(cache.url) == {1: "compiled", 2: "compiled"}
 
 
-def test_cache_folder_precedence_and_remote_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neuron_manifest: Path) -> None:
+def test_cache_folder_precedence_and_remote_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neuron_manifest: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
 
     def roots(*args: str) -> list[str]:
@@ -353,7 +388,9 @@ def test_a_running_neuron_compiler_keeps_every_unheld_lock(cache, tmp_path: Path
         deadline = time.time() + 10
         while not neuron_compiler_running() and time.time() < deadline:
             time.sleep(0.05)
-        [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(cache.root), "--db", cache.url, "--fix", "--json").output)
+        [plan] = json.loads(
+            cli("cache", "doctor", "--cache-dir", str(cache.root), "--db", cache.url, "--fix", "--json").output
+        )
     finally:
         process.kill()
         process.wait()
@@ -370,14 +407,28 @@ def test_native_neff_cache_is_scanned_but_never_judged_broken(tmp_path: Path) ->
     (root / "graph-b").mkdir()
     (root / "graph-b" / "graph.hlo").write_bytes(b"h" * 10)
     (root / "c.neff").write_bytes(b"n" * 50)
-    [info] = json.loads(cli("cache", "scan", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json").output)
+    [info] = json.loads(
+        cli("cache", "scan", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json").output
+    )
     assert info["flavor"] == "neuron-native"
     assert {e["path"]: (e["kind"], e["state"], e["size_bytes"]) for e in info["entries"]} == {
         "graph-a": ("neuron-neff", "done", 300),
         "graph-b": ("neuron-neff", "incomplete", 10),
         "c.neff": ("neuron-neff", "done", 50),
     }
-    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--grace", "0s", "--json").output)
+    [plan] = json.loads(
+        cli(
+            "cache",
+            "doctor",
+            "--cache-dir",
+            str(root),
+            "--db",
+            f"sqlite:///{tmp_path / 'r.sqlite'}",
+            "--grace",
+            "0s",
+            "--json",
+        ).output
+    )
     assert plan["remove"] == []  # the native layout is not documented enough to call an entry broken
 
 
@@ -396,7 +447,9 @@ def test_prune_keeps_orphans_while_a_warmup_holds_a_lock_in_the_cache(tmp_path: 
     assert plan["result"]["removed"] == [orphan]  # the lock file stays behind when released: only holding it counts
 
 
-def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(tmp_path: Path, neuron_manifest: Path) -> None:
+def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(
+    tmp_path: Path, neuron_manifest: Path
+) -> None:
     """A fleet registry: build-7 compiled batch=4 into its own cache; this host's cache never had it."""
     root, url = tmp_path / "cache", f"sqlite:///{tmp_path / 'r.sqlite'}"
     kept = module(root, "kept+f1", done_files())
@@ -406,8 +459,13 @@ def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(tmp_p
     [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--json").output)
     assert [f["shape"] for f in plan["forget"]] == ["neuron-m generate batch=1 seq=16 (compiled)"]
     assert any("other hosts" in n and "--any-host" in n for n in plan["notes"])
-    [plan] = json.loads(cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--any-host", "--fix", "--json").output)
-    assert sorted(f["shape"] for f in plan["forget"]) == ["neuron-m generate batch=1 seq=16 (compiled)", "neuron-m generate batch=4 seq=16 (compiled)"]
+    [plan] = json.loads(
+        cli("cache", "doctor", "--cache-dir", str(root), "--db", url, "--any-host", "--fix", "--json").output
+    )
+    assert sorted(f["shape"] for f in plan["forget"]) == [
+        "neuron-m generate batch=1 seq=16 (compiled)",
+        "neuron-m generate batch=4 seq=16 (compiled)",
+    ]
     assert statuses(url) == {}
 
 

@@ -14,7 +14,17 @@ import pytest
 
 from warmcache.errors import UsageError, WarmcacheError
 from warmcache.settings import RegistryLocation
-from warmcache.warmup.child import ChildError, ChildFailure, Launch, ReportReader, ReportWriter, decode, encode, raise_first_error, run_children
+from warmcache.warmup.child import (
+    ChildError,
+    ChildFailure,
+    Launch,
+    ReportReader,
+    ReportWriter,
+    decode,
+    encode,
+    raise_first_error,
+    run_children,
+)
 from warmcache.warmup.progress import Outcome, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupRequest
 from warmcache.warmup.verify import ReplayResult
@@ -39,7 +49,12 @@ def test_messages_round_trip_with_tuples_and_only_into_the_kinds_named() -> None
     with pytest.raises(WarmcacheError, match="a 'SpecOutcome', expected ReplayResult") as refused:
         decode(encode(outcome), [ReplayResult])
     assert "\n" not in str(refused.value)
-    for line in ("not json", "[]", json.dumps({"type": "Note", "index": 1}), json.dumps({"type": "Note", "index": 1, "text": "t", "extra": 2})):
+    for line in (
+        "not json",
+        "[]",
+        json.dumps({"type": "Note", "index": 1}),
+        json.dumps({"type": "Note", "index": 1, "text": "t", "extra": 2}),
+    ):
         with pytest.raises(WarmcacheError, match="malformed message from a warmcache child process"):
             decode(line, [Note])
     with pytest.raises(TypeError):
@@ -47,7 +62,14 @@ def test_messages_round_trip_with_tuples_and_only_into_the_kinds_named() -> None
 
 
 def test_a_torchrun_request_carries_the_options_the_child_needs() -> None:
-    options = WarmupOptions(RegistryLocation.parse("postgresql://u:secret@db/x", "--db"), "/cache", 30.0, jobs=1, shard=Shard(2, 3), retry_failed=True)
+    options = WarmupOptions(
+        RegistryLocation.parse("postgresql://u:secret@db/x", "--db"),
+        "/cache",
+        30.0,
+        jobs=1,
+        shard=Shard(2, 3),
+        retry_failed=True,
+    )
     request = decode(encode(WarmupRequest.of("m.toml", options)), [ClaimRequest, WarmupRequest])
     assert isinstance(request, WarmupRequest) and request.options() == options
 
@@ -96,18 +118,33 @@ with ReportWriter(report_path) as reports, reports.failures_reported():
 def _launch(tmp_path: Path, name: str, count: int, then: str) -> Launch:
     script = tmp_path / "child_script.py"
     script.write_text(textwrap.dedent(_CHILD))
-    env = {"PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin", "TERMINATED_MARK": str(tmp_path / "terminated")}
+    env = {
+        "PYTHONPATH": str(Path(__file__).parent),
+        "PATH": "/usr/bin:/bin",
+        "TERMINATED_MARK": str(tmp_path / "terminated"),
+    }
     return Launch(name, [sys.executable, str(script)], Note(count, then), env)
 
 
 def test_results_arrive_and_each_child_says_how_it_ended(tmp_path: Path) -> None:
     got: list[tuple[int, str]] = []
     exits = run_children(
-        [_launch(tmp_path, "clean", 2, ""), _launch(tmp_path, "refused", 1, "usage"), _launch(tmp_path, "crashed", 3, "crash")],
+        [
+            _launch(tmp_path, "clean", 2, ""),
+            _launch(tmp_path, "refused", 1, "usage"),
+            _launch(tmp_path, "crashed", 3, "crash"),
+        ],
         [Note],
         lambda note: got.append((note.index, note.text)),
     )
-    assert sorted(got) == [(0, "working"), (0, "working"), (0, "working"), (1, "working"), (1, "working"), (2, "working")]
+    assert sorted(got) == [
+        (0, "working"),
+        (0, "working"),
+        (0, "working"),
+        (1, "working"),
+        (1, "working"),
+        (2, "working"),
+    ]
     clean, refused, crashed = exits
     assert (clean.returncode, clean.messages, clean.error()) == (0, 2, None)
     error = refused.error()
@@ -116,7 +153,8 @@ def test_results_arrive_and_each_child_says_how_it_ended(tmp_path: Path) -> None
     assert str(crashed.error()) == "crashed exited with code 7 after 3 result(s); see its output above"
     with pytest.raises(ChildError, match="^refused: "):
         raise_first_error(exits)
-    with pytest.raises(ChildError, match="^refused: "):  # a child's own error (and exit code) wins over a crash listed before it
+    # a child's own error (and exit code) wins over a crash listed before it
+    with pytest.raises(ChildError, match="^refused: "):
         raise_first_error([crashed, refused])
 
 
@@ -135,11 +173,19 @@ def test_an_interrupted_parent_terminates_its_children_and_waits_for_them(tmp_pa
 def test_the_child_entry_point_reports_a_malformed_request_as_one_failure(tmp_path: Path) -> None:
     request, report = tmp_path / "request.json", tmp_path / "report.jsonl"
     request.write_text(encode(Note(1, "not a request warmcache knows")))
-    done = subprocess.run([sys.executable, "-m", "warmcache.warmup", str(request), str(report)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache.warmup", str(request), str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
     reader = ReportReader(report, [ReplayResult])
     assert reader.new_messages() == []
-    assert reader.failure is not None and "a 'Note', expected ClaimRequest or WarmupRequest or ReplayRequest" in reader.failure.message
+    assert (
+        reader.failure is not None
+        and "a 'Note', expected ClaimRequest or WarmupRequest or ReplayRequest" in reader.failure.message
+    )
 
 
 def test_a_writer_for_no_one_sends_nothing(tmp_path: Path) -> None:
@@ -184,7 +230,9 @@ def test_children_import_the_warmcache_their_parent_runs() -> None:
     from warmcache.warmup.child import _importing_this_warmcache
 
     first, *rest = _importing_this_warmcache({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].split(os.pathsep)
-    assert Path(first, "warmcache", "__init__.py").resolve() == Path(warmcache.__file__).resolve() and rest == ["/elsewhere"]
+    assert Path(first, "warmcache", "__init__.py").resolve() == Path(warmcache.__file__).resolve() and rest == [
+        "/elsewhere"
+    ]
 
 
 #: A parent that starts one child and waits; the child writes the registry URL its request gave it, then waits too.
@@ -199,7 +247,8 @@ child = (
     "from warmcache.warmup.child import read_request\\n"
     "from warmcache.warmup.summary import ClaimRequest\\n"
     "request = read_request(sys.argv[1], [ClaimRequest])\\n"
-    f"open({sys.argv[1]!r}, 'w').write(f'{{os.getpid()}} {{request.registry.url}} {{os.environ.get(\\"WARMCACHE_CHILD_REGISTRY_URLS\\")}}')\\n"
+    f"open({sys.argv[1]!r}, 'w').write(f'{{os.getpid()}} {{request.registry.url}} '\\n"
+    "    f'{os.environ.get(\\"WARMCACHE_CHILD_REGISTRY_URLS\\")}')\\n"
     "time.sleep(120)\\n"
 )
 request = ClaimRequest("m.toml", RegistryLocation.parse(sys.argv[2]), None, ("a",), 60.0, (None,))
@@ -208,14 +257,17 @@ run_children([Launch("probe", [sys.executable, "-c", child], request)], [ClaimRe
 
 
 def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_path: Path) -> None:
-    """The request folder outlives a parent killed with -9; the password was never in it (it travels in the child's environment)."""
+    """The request folder outlives a parent killed with -9; the password was never in it (it travels in the child's
+    environment)."""
     import os
     import signal
 
     url = "postgresql://warm:s3cret-pw@db.example:5432/reg"
     got, temporary = tmp_path / "got.txt", tmp_path / "tmp"
     temporary.mkdir()
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(got), url], env={**os.environ, "TMPDIR": str(temporary)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(got), url], env={**os.environ, "TMPDIR": str(temporary)}
+    )
     deadline = time.monotonic() + 60
     while not got.exists() or not got.read_text():
         assert time.monotonic() < deadline and parent.poll() is None, "the child never read its request"
@@ -224,7 +276,8 @@ def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_pa
     parent.wait()
     pid, received, remembered = got.read_text().split(" ", 2)
     os.kill(int(pid), signal.SIGKILL)
-    assert received == RegistryLocation.parse(url).url and remembered == "None"  # whole in the child, then forgotten by its environment
+    # whole in the child, then forgotten by its environment
+    assert received == RegistryLocation.parse(url).url and remembered == "None"
     (left,) = temporary.glob("warmcache-child-*")  # what kill -9 leaves
     request = (left / "request-0.json").read_text()
     assert "s3cret-pw" not in request and "warm:***@db.example" in request

@@ -13,11 +13,15 @@ from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
-MODEL = model("m", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16, 32], max_cache_len=64)], train=[train(seq_lengths=[32])])
+MODEL = model(
+    "m",
+    generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[16, 32], max_cache_len=64)],
+    train=[train(seq_lengths=[32])],
+)
 MANIFEST = manifest_toml(MODEL)
 
 
@@ -35,7 +39,11 @@ def test_plan_json_lists_every_spec_with_status(registry_url: str, write_manifes
     assert len(items) == 7
     for item in items:
         assert {"model", "workload", "batch_size", "seq_len", "max_cache_len", "dtype", "status"} <= item.keys()
-    assert {(i["batch_size"], i["status"]) for i in items if i["workload"] == "generate"} == {(1, "compiled"), (2, "missing"), (4, "missing")}
+    assert {(i["batch_size"], i["status"]) for i in items if i["workload"] == "generate"} == {
+        (1, "compiled"),
+        (2, "missing"),
+        (4, "missing"),
+    }
 
 
 def test_plan_text_has_a_summary_line(registry_url: str, write_manifest) -> None:
@@ -54,7 +62,9 @@ def test_shapes_filters_and_json(registry_url: str, write_manifest) -> None:
     assert [(r["model"], r["batch_size"], r["seq_len"], r["status"]) for r in rows] == [("m", 2, 32, "compiled")]
     text = runner.invoke(main, ["shapes", "--db", registry_url, "--status", "compiled"]).output
     assert text.strip().endswith("7 shapes: 7 compiled")
-    assert json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--status", "failed"]).output) == []
+    assert (
+        json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--status", "failed"]).output) == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,12 +97,17 @@ def test_check_json_and_usage_errors(tmp_path: Path, write_manifest) -> None:
     unknown = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url])
     assert unknown.exit_code == 1, unknown.output
     assert "not compiled: batch=1 seq=16: model 'nope' has no generate shapes" in unknown.stdout
-    unknown_json = runner.invoke(main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url, "--json"])
-    assert unknown_json.exit_code == 1 and json.loads(unknown_json.stdout)["reason"].startswith("model 'nope' has no generate shapes")
+    unknown_json = runner.invoke(
+        main, ["check", "--model", "nope", "--batch", "1", "--seq", "16", "--db", url, "--json"]
+    )
+    assert unknown_json.exit_code == 1 and json.loads(unknown_json.stdout)["reason"].startswith(
+        "model 'nope' has no generate shapes"
+    )
 
 
 def test_registry_location_precedence(tmp_path: Path, write_manifest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flag, then environment, then manifest, then the default: each named by the read that finds it missing (and creates none)."""
+    """Flag, then environment, then manifest, then the default: each named by the read that finds it missing (and
+    creates none)."""
     in_manifest = tmp_path / "from-manifest.sqlite"
     path = write_manifest(manifest_toml(MODEL, registry={"url": f"sqlite:///{in_manifest}"}))
     runner = CliRunner()

@@ -49,7 +49,9 @@ AutoConfig.register("step-counting-llama", StepCountingConfig)
 AutoModelForCausalLM.register(StepCountingConfig, StepCountingLlama)
 """
 
-MANIFEST = manifest_toml(model("counting", "{path}", backend="eager", generate=[generate(prompt_lengths=[4], max_cache_len=12)]))
+MANIFEST = manifest_toml(
+    model("counting", "{path}", backend="eager", generate=[generate(prompt_lengths=[4], max_cache_len=12)])
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +83,15 @@ def recompiling_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
 
 def cli(plugins: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600, env=env
+    )
     return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
 
 
-def test_warmup_fails_a_shape_whose_decode_recompiles_after_the_first_steps(recompiling_model: tuple[Path, Path], tmp_path: Path) -> None:
+def test_warmup_fails_a_shape_whose_decode_recompiles_after_the_first_steps(
+    recompiling_model: tuple[Path, Path], tmp_path: Path
+) -> None:
     plugins, checkpoint = recompiling_model
     manifest = tmp_path / "m.toml"
     manifest.write_text(MANIFEST.replace("{path}", str(checkpoint)))
@@ -102,7 +108,9 @@ def test_warmup_fails_a_shape_whose_decode_recompiles_after_the_first_steps(reco
     assert row.status == "failed"
 
 
-def test_verify_fails_a_compiled_shape_whose_decode_recompiles_after_the_first_steps(recompiling_model: tuple[Path, Path], tmp_path: Path) -> None:
+def test_verify_fails_a_compiled_shape_whose_decode_recompiles_after_the_first_steps(
+    recompiling_model: tuple[Path, Path], tmp_path: Path
+) -> None:
     # The row says compiled (as after a warmup on an older transformers or model code);
     # the replay in a fresh process decodes to a full cache and meets the per-step compile.
     plugins, checkpoint = recompiling_model

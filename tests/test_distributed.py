@@ -33,7 +33,8 @@ def test_in_torchrun_needs_all_three_variables(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_rank_outside_torchrun_still_writes_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Kubeflow PyTorchJob pod sets RANK and WORLD_SIZE, not LOCAL_RANK: no process group, so this process speaks for itself."""
+    """A Kubeflow PyTorchJob pod sets RANK and WORLD_SIZE, not LOCAL_RANK: no process group, so this process speaks
+    for itself."""
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -42,7 +43,19 @@ def test_a_rank_outside_torchrun_still_writes_and_reports(monkeypatch: pytest.Mo
 
 def test_torchrun_command_reruns_warmcache_on_a_free_port() -> None:
     command = distributed.torchrun_command(["warmup", "m.toml", "--model", "x"], 4)
-    assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "warmcache", "warmup", "m.toml", "--model", "x"]
+    assert command == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        "-m",
+        "warmcache",
+        "warmup",
+        "m.toml",
+        "--model",
+        "x",
+    ]
 
 
 def test_sharded_models_load_with_their_distributed_config(write_manifest) -> None:
@@ -77,7 +90,15 @@ distributed.shutdown()
 def test_ranks_share_rank0_claims_and_fail_together(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(_PROBE))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(probe),
+        str(tmp_path),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
@@ -125,7 +146,8 @@ class NoWork:
 
 start = time.monotonic()
 if distributed.is_registry_writer():
-    claims.claim_loop(Elsewhere(), None, [SimpleNamespace(identity="held-elsewhere")], 1.5, print, distributed.coordination())
+    held = [SimpleNamespace(identity="held-elsewhere")]
+    claims.claim_loop(Elsewhere(), None, held, 1.5, print, distributed.coordination())
     distributed.broadcast_from_writer(None)
 else:
     distributed.follow_writer(NoWork(), [])
@@ -143,7 +165,15 @@ def test_followers_outlast_the_collective_timeout_while_rank0_waits_for_other_ho
     """
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(_WAIT_PROBE))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(probe),
+        str(tmp_path),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from warmcache.errors import UsageError
-from warmcache.fingerprint import config_hash, current_toolchain, model_config_hash, normalise_neuron_cc_flags
+from warmcache.identity.fingerprint import config_hash, current_toolchain, model_config_hash
+from warmcache.targets.neuron import normalise_neuron_cc_flags
 
 CONFIG = {
     "model_type": "qwen3",
@@ -25,7 +26,14 @@ CONFIG = {
 
 
 def test_graph_irrelevant_keys_do_not_change_the_config_hash() -> None:
-    other = dict(CONFIG, _name_or_path="/elsewhere", transformers_version="5.25.0", eos_token_id=7, pad_token_id=0, torch_dtype="bfloat16")
+    other = dict(
+        CONFIG,
+        _name_or_path="/elsewhere",
+        transformers_version="5.25.0",
+        eos_token_id=7,
+        pad_token_id=0,
+        torch_dtype="bfloat16",
+    )
     assert config_hash(other) == config_hash(CONFIG)
 
 
@@ -35,7 +43,15 @@ def test_key_order_does_not_change_the_config_hash() -> None:
     assert config_hash(reordered) == config_hash(CONFIG)
 
 
-@pytest.mark.parametrize("change", [{"hidden_size": 128}, {"num_hidden_layers": 3}, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, {"model_type": "llama"}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"hidden_size": 128},
+        {"num_hidden_layers": 3},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"model_type": "llama"},
+    ],
+)
 def test_graph_relevant_keys_change_the_config_hash(change: dict) -> None:
     assert config_hash(dict(CONFIG, **change)) != config_hash(CONFIG)
 
@@ -78,14 +94,19 @@ def test_toolchain_depends_on_backend_mode_and_flags(monkeypatch: pytest.MonkeyP
 
 
 def test_toolchain_hash_is_stable_across_processes() -> None:
-    code = "from warmcache.fingerprint import current_toolchain; print(current_toolchain('cpu','inductor').hash)"
-    out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)}
+    code = (
+        "from warmcache.identity.fingerprint import current_toolchain; print(current_toolchain('cpu','inductor').hash)"
+    )
+    out = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    }
     assert out == {current_toolchain("cpu", "inductor").hash}
 
 
 def test_fingerprinting_does_not_import_torch() -> None:
     code = (
-        "import sys; from warmcache.fingerprint import current_toolchain; current_toolchain('cpu','inductor');"
+        "import sys; from warmcache.identity.fingerprint import current_toolchain; current_toolchain('cpu','inductor');"
         "from warmcache.cli import main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from manifests import generate, manifest_toml, model
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 
 MANIFEST = manifest_toml(
@@ -33,7 +33,19 @@ MANIFEST = manifest_toml(
 def _warmup(manifest: Path, url: str, cache: Path, *extra: str) -> subprocess.Popen[str]:
     # Processes sharing a host split its cores, as torchrun does; oversubscribed torch threads crawl.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "warmcache", "warmup", str(manifest), "--db", url, "--cache-dir", str(cache), "--json", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "warmcache",
+        "warmup",
+        str(manifest),
+        "--db",
+        url,
+        "--cache-dir",
+        str(cache),
+        "--json",
+        *extra,
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -55,7 +67,9 @@ def _wait_for_claim(url: str, worker: str, timeout: float = 120) -> str:
 
 
 @pytest.mark.slow
-def test_four_processes_compile_every_spec_once_and_take_over_a_killed_ones_spec(postgres_url: str, write_manifest, tmp_path: Path) -> None:
+def test_four_processes_compile_every_spec_once_and_take_over_a_killed_ones_spec(
+    postgres_url: str, write_manifest, tmp_path: Path
+) -> None:
     """4 processes, one SIGKILLed mid-spec, none of the others errs.
 
     Between them the 3 survivors compile every spec exactly once, the dead

@@ -21,13 +21,13 @@ from fleet_sim import worker_url
 from manifests import generate, manifest_toml, model
 
 from warmcache.cli.status import render
-from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
-from warmcache.status import warmup_status
+from warmcache.reports.status import warmup_status
+from warmcache.settings import normalise_url
 from warmcache.warmup.claim_queue import WINDOW, ClaimQueue
 from warmcache.warmup.claims import _poll_wait, run_claimed
 from warmcache.warmup.ordering import expected_seconds, longest_first
@@ -58,7 +58,8 @@ def _record(registry: Registry, shapes: list[PlannedShape], seconds: list[float]
 
 
 def test_claims_follow_the_given_order_across_windows(registry_url: str, tmp_path: Path) -> None:
-    """A worker claims exactly in the order it was given, also past its first window, and finds a released spec again."""
+    """A worker claims exactly in the order it was given, also past its first window, and finds a released spec
+    again."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, WINDOW + 11))]))
     order = [p.identity for p in reversed(planned)]
     with Registry.open(registry_url) as registry:
@@ -107,7 +108,11 @@ def _connections(url: str, name: str) -> int:
     engine = sa.create_engine(normalise_url(url))
     try:
         with engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n"), {"n": name}).scalar_one())
+            return int(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n"), {"n": name}
+                ).scalar_one()
+            )
     finally:
         engine.dispose()
 
@@ -128,8 +133,12 @@ def test_a_warmup_worker_holds_no_connection_while_it_compiles(postgres_url: str
 
 
 def test_unfinished_answers_a_long_list_as_it_answers_a_short_one(registry_url: str, tmp_path: Path) -> None:
-    """A worker's list of 10,000 is matched against the unfinished rows; a short one is asked about directly: the same answer."""
-    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 43), prompt_lengths=range(8, 408, 8), max_cache_len=512)]))
+    """A worker's list of 10,000 is matched against the unfinished rows; a short one is asked about directly: the
+    same answer."""
+    planned = _planned(
+        tmp_path,
+        model("m", generate=[generate(batch_sizes=range(1, 43), prompt_lengths=range(8, 408, 8), max_cache_len=512)]),
+    )
     other = _planned(tmp_path, model("other", generate=[generate(batch_sizes=[1, 2])]))
     identities = [p.identity for p in planned]
     assert len(identities) > 2000
@@ -145,14 +154,22 @@ def test_unfinished_answers_a_long_list_as_it_answers_a_short_one(registry_url: 
 
 
 def test_a_freshly_filled_registry_is_claimed_through_the_identity_index(postgres_url: str, tmp_path: Path) -> None:
-    """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered each claim by scanning them all."""
-    planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 21), prompt_lengths=range(8, 80, 8), max_cache_len=128)]))
+    """Filling a registry refreshes PostgreSQL's statistics: left saying "a few pending rows", the server answered
+    each claim by scanning them all."""
+    planned = _planned(
+        tmp_path,
+        model("m", generate=[generate(batch_sizes=range(1, 21), prompt_lengths=range(8, 80, 8), max_cache_len=128)]),
+    )
     engine = sa.create_engine(normalise_url(postgres_url))
     try:
         with Registry.open(postgres_url) as registry:
             registry.ensure_pending(planned)
             statements: list[tuple[str, dict]] = []
-            sa.event.listen(registry.engine, "before_cursor_execute", lambda _c, _cur, statement, params, *_: statements.append((statement, params)))
+            sa.event.listen(
+                registry.engine,
+                "before_cursor_execute",
+                lambda _c, _cur, statement, params, *_: statements.append((statement, params)),
+            )
             assert registry.claim([p.identity for p in planned[100:]], "w:1", 60) is not None
         statement, params = statements[-1]
         with engine.connect() as conn:
@@ -177,7 +194,10 @@ def test_a_terminated_backend_and_an_outage_are_waited_out(postgres_url: str, tm
             assert row is not None
             engine = sa.create_engine(normalise_url(postgres_url))
             with engine.begin() as conn:
-                conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :n"), {"n": name})
+                conn.execute(
+                    sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :n"),
+                    {"n": name},
+                )
             engine.dispose()
             with pytest.raises(RegistryUnavailableError):
                 registry.renew_lease(row.id, "w:1", 60)  # the pooled connection is gone: "unavailable", worth a retry
@@ -209,7 +229,11 @@ def test_short_specs_are_claimed_several_at_a_time_and_the_tail_is_shared(regist
     position = 4
     for batch in batches[4:]:
         share = (len(order) - position) / 8  # 1 s each: an eighth of the seconds left
-        budget_at_most, budget_at_least = min(4, share), min(2, share)  # the batch's 4 s, drawn between half and all of it
+        # the batch's 4 s, drawn between half and all of it
+        budget_at_most, budget_at_least = (
+            min(4, share),
+            min(2, share),
+        )
         assert max(1, int(budget_at_least)) <= len(batch) <= max(1, int(budget_at_most)), (position, len(batch))
         position += len(batch)
     assert len(batches[4]) >= 2 and len(batches[-1]) == 1
@@ -227,11 +251,23 @@ class _Sleeps:
     def run(self, planned: PlannedShape) -> SpecRun:
         self.ran.append(planned.identity)
         time.sleep(self.seconds)
-        return SpecRun(self.seconds, graphs=1, padded_graphs=0, cache_hits=0, cache_misses=1, new_entries={}, cache_root=self.root, persistent_cache=False)
+        return SpecRun(
+            self.seconds,
+            graphs=1,
+            padded_graphs=0,
+            cache_hits=0,
+            cache_misses=1,
+            new_entries={},
+            cache_root=self.root,
+            persistent_cache=False,
+        )
 
 
-def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(registry_url: str, tmp_path: Path) -> None:
-    """The heartbeat renews every claim of a batch; a batch that runs past half a lease records what ran and releases the rest."""
+def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(
+    registry_url: str, tmp_path: Path
+) -> None:
+    """The heartbeat renews every claim of a batch; a batch that runs past half a lease records what ran and releases
+    the rest."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=[1, 2, 3])]))
     identities = [p.identity for p in planned]
     lease = 1.0
@@ -250,7 +286,9 @@ def test_a_batch_keeps_every_claim_alive_and_gives_back_what_it_did_not_start(re
     assert runner.ran == identities[:1], "past half a lease, the batch started no more specs"
     assert [(o.identity, o.status) for o in outcomes] == [(identities[0], Outcome.COMPILED)]
     assert [rows[i].status for i in identities] == ["compiled", "pending", "pending"], "the unstarted specs went back"
-    assert rows[identities[1]].claimed_by is None and rows[identities[1]].attempts == 0, "an unstarted spec's claim is not an attempt"
+    assert rows[identities[1]].claimed_by is None and rows[identities[1]].attempts == 0, (
+        "an unstarted spec's claim is not an attempt"
+    )
 
 
 class _InterruptedAt(_Sleeps):
@@ -272,7 +310,13 @@ def test_an_interrupted_batch_records_what_ran_and_gives_back_the_rest(registry_
         registry.ensure_pending(planned)
         batch = registry.claim_batch(identities, "w:1", 60, 4)
         with pytest.raises(KeyboardInterrupt):
-            run_claimed(registry, _InterruptedAt(tmp_path / "cache", 0.0, at=2), [(p, r.id) for p, r in zip(planned, batch)], "w:1", 60)
+            run_claimed(
+                registry,
+                _InterruptedAt(tmp_path / "cache", 0.0, at=2),
+                [(p, r.id) for p, r in zip(planned, batch)],
+                "w:1",
+                60,
+            )
         rows = {r.identity: r for r in registry.rows(identities=identities)}
     assert [rows[i].status for i in identities] == ["compiled", "compiled", "pending", "pending"]
 
@@ -297,7 +341,8 @@ def test_a_spec_whose_claim_was_lost_during_the_batch_is_not_started(registry_ur
 
 
 def test_batches_shrink_after_one_ran_slower_than_expected(registry_url: str, tmp_path: Path) -> None:
-    """History said 1 s, the specs took 10 s (a re-warm that hit a cache recorded the short times): one at a time next."""
+    """History said 1 s, the specs took 10 s (a re-warm that hit a cache recorded the short times): one at a time
+    next."""
     planned = _planned(tmp_path, model("m", generate=[generate(batch_sizes=range(1, 101))]))
     order = [p.identity for p in planned]
     with Registry.open(registry_url) as registry:
@@ -310,19 +355,21 @@ def test_batches_shrink_after_one_ran_slower_than_expected(registry_url: str, tm
 
 
 def test_a_waiting_worker_looks_again_less_and_less_often() -> None:
-    """5 s, 10 s, then every 20 s, each jittered down to half; never more than a third of a short lease, nor overflowing."""
+    """5 s, 10 s, then every 20 s, each jittered down to half; never more than a third of a short lease, nor
+    overflowing."""
     for looks, longest in [(0, 5.0), (1, 10.0), (2, 20.0), (3, 20.0), (5000, 20.0)]:
         waits = [_poll_wait(looks, 60) for _ in range(200)]
         assert all(longest / 2 <= wait <= longest for wait in waits), (looks, min(waits), max(waits))
     assert all(_poll_wait(looks, 1.5) <= 0.5 for looks in range(10))
 
 
-#: Worker A in its own process: claims the spec and "compiles" it for ten minutes under its cache lock (it is stopped meanwhile).
+#: Worker A in its own process: claims the spec and "compiles" it for ten minutes under its cache lock (it is stopped
+#: meanwhile).
 _HOLDER = """
 import sys, time
 from pathlib import Path
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
+from warmcache.identity.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.warmup.claims import claim_loop
 
@@ -341,10 +388,12 @@ with Registry.open(url) as registry:
 """
 
 
-def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_naming_it(registry_url: str, tmp_path: Path) -> None:
-    """A holds the spec's cache lock and is stopped (SIGSTOP); its lease runs out and B reclaims the spec. B's wait for the
-    lock ends before B's own claim would (its heartbeat does not renew a claim whose spec cannot start), the spec is
-    recorded failed with a line naming A's host and pid, and B's loop ends: nothing is left waiting forever."""
+def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_naming_it(
+    registry_url: str, tmp_path: Path
+) -> None:
+    """A holds the spec's cache lock and is stopped (SIGSTOP); its lease runs out and B reclaims the spec. B's wait
+    for the lock ends before B's own claim would (its heartbeat does not renew a claim whose spec cannot start), the
+    spec is recorded failed with a line naming A's host and pid, and B's loop ends: nothing is left waiting forever."""
     import os
     import signal
     import socket
@@ -359,14 +408,25 @@ def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_na
         registry.ensure_pending([spec])
     (tmp_path / "holder.py").write_text(_HOLDER)
     holder = subprocess.Popen(
-        [sys.executable, str(tmp_path / "holder.py"), registry_url, str(tmp_path / "fleet.toml"), str(root), str(lease)], stdout=subprocess.PIPE, text=True
+        [
+            sys.executable,
+            str(tmp_path / "holder.py"),
+            registry_url,
+            str(tmp_path / "fleet.toml"),
+            str(root),
+            str(lease),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "compiling"
         os.kill(holder.pid, signal.SIGSTOP)
         outcomes: list = []
         with Registry.open(registry_url) as registry:
-            worker_b = threading.Thread(target=claim_loop, args=(registry, _Sleeps(root, 0.0), [spec], lease, outcomes.append), daemon=True)
+            worker_b = threading.Thread(
+                target=claim_loop, args=(registry, _Sleeps(root, 0.0), [spec], lease, outcomes.append), daemon=True
+            )
             worker_b.start()
             worker_b.join(3 * lease)  # A's lease runs out, B claims and waits: all within three leases, or never
             assert not worker_b.is_alive(), "worker B is still waiting on the stopped worker's lock"
@@ -377,5 +437,10 @@ def test_a_worker_waiting_on_a_stopped_workers_lock_gives_up_within_its_lease_na
     (outcome,) = outcomes
     assert outcome.status == Outcome.FAILED and outcome.seconds < lease, outcome
     assert f"host {socket.gethostname()} pid {holder.pid} since " in (outcome.error or ""), outcome.error
-    assert outcome.error and outcome.error.startswith("TimeoutError: ") and "cache lock held by" in outcome.error and "\n" not in outcome.error
+    assert (
+        outcome.error
+        and outcome.error.startswith("TimeoutError: ")
+        and "cache lock held by" in outcome.error
+        and "\n" not in outcome.error
+    )
     assert (row.status, row.claimed_by, row.error) == ("failed", None, outcome.error)

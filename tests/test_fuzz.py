@@ -45,12 +45,18 @@ _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=1
 #: Values that broke a reader once (issue 15), drawn often so that 120 examples meet them in every key.
 _hostile = st.sampled_from(
     [
-        -1, 0, 2**31, 2**63, 10**30, -(2**63) - 1, float("nan"), float("inf"), "", "a" * 300, "x/" + "y" * 256, "../../etc",
-        "/abs/path", "~nobody/x", "bad\x00byte", "sqlite:///" + "z" * 300, "not-a-url", "ed25519:AAAA", DEEP, [DEEP], {"": DEEP},
+        -1, 0, 2**31, 2**63, 10**30, -(2**63) - 1, float("nan"), float("inf"),
+        "", "a" * 300, "x/" + "y" * 256, "../../etc", "/abs/path", "~nobody/x", "bad\x00byte", "sqlite:///" + "z" * 300,
+        "not-a-url", "ed25519:AAAA", DEEP, [DEEP], {"": DEEP},
     ]
 )  # fmt: skip
 _scalars = st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), _text)
-_values = st.one_of(_hostile, st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=8))
+_values = st.one_of(
+    _hostile,
+    st.recursive(
+        _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=8
+    ),
+)
 
 
 def _places(tree: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -72,7 +78,11 @@ def _mutate(data: st.DataObject, tree: Any) -> Any:
 
 def _change(data: st.DataObject, tree: Any, place: tuple[Any, ...], action: str) -> Any:
     if not place:
-        return {**tree, data.draw(_text): data.draw(_values)} if action == "add" and isinstance(tree, dict) else data.draw(_values)
+        return (
+            {**tree, data.draw(_text): data.draw(_values)}
+            if action == "add" and isinstance(tree, dict)
+            else data.draw(_values)
+        )
     key, rest = place[0], place[1:]
     if isinstance(tree, dict):
         if not rest and action == "delete":
@@ -104,7 +114,11 @@ def _mutate_bytes(data: st.DataObject, blob: bytes) -> bytes:
 
 def _settled(result: Result, sandbox: Path, allowed_after_success: set[str], before: set[str]) -> None:
     """An exit code, no traceback; a refusal left the sandbox as it was."""
-    assert result.exit_code == 0 or result.exit_code in REFUSED, (result.exit_code, result.output[-2000:], result.exception)
+    assert result.exit_code == 0 or result.exit_code in REFUSED, (
+        result.exit_code,
+        result.output[-2000:],
+        result.exception,
+    )
     assert result.exit_code != 0 or result.exception is None
     after = {p.relative_to(sandbox).as_posix() for p in sandbox.rglob("*")}
     if result.exit_code in REFUSED:
@@ -154,7 +168,9 @@ def _good_manifest(model_path: Path) -> dict[str, Any]:
 
 @FUZZ
 @given(data=st.data(), depth=st.sampled_from([3, 70, 5000]), raw=st.sampled_from([False, False, False, True]))
-def test_fuzzed_manifests_end_in_an_exit_code_and_write_nothing(tiny_models: dict[str, Path], data: st.DataObject, depth: int, raw: bool) -> None:
+def test_fuzzed_manifests_end_in_an_exit_code_and_write_nothing(
+    tiny_models: dict[str, Path], data: st.DataObject, depth: int, raw: bool
+) -> None:
     with tempfile.TemporaryDirectory() as folder:
         sandbox = Path(folder)
         document = _mutate(data, _good_manifest(tiny_models["qwen3"]))
@@ -190,14 +206,25 @@ def _unpack_in_sandbox(bundle_bytes: Callable[[Path], None]) -> None:
         sandbox = Path(folder)
         bundle_bytes(sandbox / "fuzzed.tar")
         before = {p.relative_to(sandbox).as_posix() for p in sandbox.rglob("*")}
-        result = cli("bundle", "unpack", "--allow-unsigned", str(sandbox / "fuzzed.tar"), "--cache-dir", str(sandbox / "cache"), "--db", f"sqlite:///{sandbox / 'reg.sqlite'}")
+        result = cli(
+            "bundle",
+            "unpack",
+            "--allow-unsigned",
+            str(sandbox / "fuzzed.tar"),
+            "--cache-dir",
+            str(sandbox / "cache"),
+            "--db",
+            f"sqlite:///{sandbox / 'reg.sqlite'}",
+        )
         _settled(result, sandbox, {"cache", "reg.sqlite", "reg.sqlite-wal", "reg.sqlite-shm"}, before)
         shutil.rmtree(sandbox / "cache", ignore_errors=True)
 
 
 @FUZZ
 @given(data=st.data(), depth=st.sampled_from([3, 70, 5000]))
-def test_fuzzed_bundle_metadata_ends_in_an_exit_code_and_writes_nothing(good_bundle: Path, data: st.DataObject, depth: int) -> None:
+def test_fuzzed_bundle_metadata_ends_in_an_exit_code_and_writes_nothing(
+    good_bundle: Path, data: st.DataObject, depth: int
+) -> None:
     def edit(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
         info, blob = members[0]
         assert blob is not None
@@ -210,7 +237,9 @@ def test_fuzzed_bundle_metadata_ends_in_an_exit_code_and_writes_nothing(good_bun
 
 @FUZZ
 @given(data=st.data(), compressed=st.booleans())
-def test_fuzzed_bundle_bytes_end_in_an_exit_code_and_write_nothing(good_bundle: Path, built: Built, tmp_path: Path, data: st.DataObject, compressed: bool) -> None:
+def test_fuzzed_bundle_bytes_end_in_an_exit_code_and_write_nothing(
+    good_bundle: Path, built: Built, tmp_path: Path, data: st.DataObject, compressed: bool
+) -> None:
     source = good_bundle
     if compressed:
         source = tmp_path / "good.tar.gz"

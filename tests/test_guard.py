@@ -23,9 +23,22 @@ from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.telemetry import MissTelemetry
 
 
-def _manifest_of_m(path: str = "{qwen3}", batch_sizes: Sequence[int] = (1, 2, 4), prompt_lengths: Sequence[int] = (16, 32), max_cache_len: int = 64) -> str:
+def _manifest_of_m(
+    path: str = "{qwen3}",
+    batch_sizes: Sequence[int] = (1, 2, 4),
+    prompt_lengths: Sequence[int] = (16, 32),
+    max_cache_len: int = 64,
+) -> str:
     """Model ``m``'s manifest; tests vary its checkpoint and generate shapes."""
-    return manifest_toml(model("m", path, backend="aot_eager", generate=[generate(batch_sizes, prompt_lengths, max_cache_len)], train=[train(seq_lengths=[32])]))
+    return manifest_toml(
+        model(
+            "m",
+            path,
+            backend="aot_eager",
+            generate=[generate(batch_sizes, prompt_lengths, max_cache_len)],
+            train=[train(seq_lengths=[32])],
+        )
+    )
 
 
 MANIFEST = _manifest_of_m()
@@ -51,10 +64,17 @@ def test_decide_pads_to_the_smallest_fitting_bucket(compiled: str) -> None:
     [
         ("pad", 8, 16, "request batch=8 seq=16 fits no compiled shape; nearest compiled: batch=4 seq=16"),
         ("pad", 1, 33, "request batch=1 seq=33 fits no compiled shape; nearest compiled: batch=1 seq=32"),
-        ("refuse", 3, 20, "request batch=3 seq=20 is not compiled exactly (policy refuse); nearest compiled: batch=2 seq=16"),
+        (
+            "refuse",
+            3,
+            20,
+            "request batch=3 seq=20 is not compiled exactly (policy refuse); nearest compiled: batch=2 seq=16",
+        ),
     ],
 )
-def test_refusals_name_the_request_and_the_nearest_compiled_shapes(compiled: str, policy: str, batch: int, seq: int, expected: str) -> None:
+def test_refusals_name_the_request_and_the_nearest_compiled_shapes(
+    compiled: str, policy: str, batch: int, seq: int, expected: str
+) -> None:
     guard = ShapeGuard.from_registry(compiled, "m", policy=policy, telemetry=False)  # type: ignore[arg-type]
     with pytest.raises(UnseenShapeError) as info:
         guard.decide(batch, seq)
@@ -98,7 +118,9 @@ def test_refresh_picks_up_newly_compiled_buckets(registry_url: str, write_manife
 
 def test_snapshot_round_trip_and_stale_rows(compiled: str, tmp_path: Path) -> None:
     out = tmp_path / "guard.json"
-    result = CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled, "--json"])
+    result = CliRunner().invoke(
+        main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled, "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["shapes"] == 7
     from_db = ShapeGuard.from_registry(compiled, "m", telemetry=False)
@@ -137,7 +159,9 @@ def test_bad_snapshot_names_file_and_key(tmp_path: Path, content: str, message: 
 
 
 def test_export_of_an_unknown_model_fails_cleanly(compiled: str, tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["guard", "export", "--model", "nope", "--out", str(tmp_path / "x.json"), "--db", compiled])
+    result = CliRunner().invoke(
+        main, ["guard", "export", "--model", "nope", "--out", str(tmp_path / "x.json"), "--db", compiled]
+    )
     assert result.exit_code == 2
     assert "model 'nope' has no compiled shapes" in result.stderr
     assert not (tmp_path / "x.json").exists()
@@ -156,7 +180,9 @@ def test_misses_are_flushed_in_the_background_and_summarised(compiled: str) -> N
     assert guard.telemetry.flushed == 6
     runner = CliRunner()
     summary = json.loads(runner.invoke(main, ["misses", "--db", compiled, "--json", "--model", "m"]).output)
-    assert [(s["batch_size"], s["seq_len"], s["decision"], s["padded_batch"], s["padded_seq"], s["count"]) for s in summary] == [
+    assert [
+        (s["batch_size"], s["seq_len"], s["decision"], s["padded_batch"], s["padded_seq"], s["count"]) for s in summary
+    ] == [
         (3, 20, "pad", 4, 32, 5),
         (8, 16, "refuse", None, None, 1),
     ]
@@ -186,11 +212,16 @@ def _closed_port_url() -> str:
 
 
 @pytest.mark.parametrize("outage", ["hung", "refused"])
-def test_a_database_outage_never_blocks_or_fails_requests(write_manifest, tmp_path: Path, silent_postgres: str, outage: str) -> None:
+def test_a_database_outage_never_blocks_or_fails_requests(
+    write_manifest, tmp_path: Path, silent_postgres: str, outage: str
+) -> None:
     source = f"sqlite:///{tmp_path / 'source.sqlite'}"
     _compile_all(source, write_manifest(MANIFEST))
     snapshot = tmp_path / "guard.json"
-    assert CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(snapshot), "--db", source]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(snapshot), "--db", source]).exit_code
+        == 0
+    )
     url = silent_postgres if outage == "hung" else _closed_port_url()
     guard = ShapeGuard.from_snapshot(snapshot, "m", telemetry_url=url, telemetry_interval=0.01)
     start = time.perf_counter()
@@ -202,7 +233,10 @@ def test_a_database_outage_never_blocks_or_fails_requests(write_manifest, tmp_pa
     closing = time.perf_counter()
     guard.close(timeout=0.5)
     close_seconds = time.perf_counter() - closing
-    print(f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in {close_seconds * 1000:.0f} ms")
+    print(
+        f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in "
+        f"{close_seconds * 1000:.0f} ms"
+    )
     # Liveness, not speed (tools/bench_guard.py measures that): a request or close() that
     # waited on the database would hang here for the whole connect timeout or forever.
     assert elapsed < 10 and close_seconds < 10
@@ -216,7 +250,9 @@ def test_runtime_guard_and_cli_import_without_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(
+    compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from warmcache.runtime import telemetry
 
     monkeypatch.setattr(telemetry, "MAX_KEYS", 50)
@@ -229,7 +265,8 @@ def test_telemetry_memory_is_bounded_under_a_flood_of_unique_shapes(compiled: st
 
 
 def test_a_miss_the_registry_cannot_hold_is_dropped_and_never_blocks_the_others(compiled: str) -> None:
-    """A refused request of batch 2**40 cannot be stored; kept pending, it would fail every flush and lose every miss after it."""
+    """A refused request of batch 2**40 cannot be stored; kept pending, it would fail every flush and lose every miss
+    after it."""
     guard = ShapeGuard.from_registry(compiled, "m", telemetry_interval=3600)
     with pytest.raises(UnseenShapeError):
         guard.decide(2**40, 16)
@@ -243,7 +280,8 @@ def test_a_miss_the_registry_cannot_hold_is_dropped_and_never_blocks_the_others(
 def test_a_model_of_another_config_is_refused(compiled: str, tiny_models: dict[str, Path]) -> None:
     guard = ShapeGuard.from_registry(compiled, "m", telemetry=False)
     config = json.loads((tiny_models["qwen3"] / "config.json").read_text())
-    guard.check_model_config({**config, "_name_or_path": "elsewhere", "eos_token_id": 7})  # graph-irrelevant keys may differ
+    # graph-irrelevant keys may differ
+    guard.check_model_config({**config, "_name_or_path": "elsewhere", "eos_token_id": 7})
     with pytest.raises(UsageError, match="model 'm': config_hash .* matches no compiled rows"):
         guard.check_model_config({**config, "num_hidden_layers": 3})
     guard.refresh()
@@ -258,7 +296,9 @@ def _another_config_of(model_dir: Path, into: Path) -> Path:
     return into
 
 
-def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_buckets_of_another_config_are_not_offered_until_the_config_is_known(
+    compiled: str, write_manifest, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     other = _another_config_of(tiny_models["qwen3"], tmp_path / "deeper")
     only_batch_8 = _manifest_of_m(str(other), batch_sizes=[2, 8])
     _compile_all(compiled, write_manifest(only_batch_8, name="other.toml"))
@@ -289,7 +329,9 @@ def _miss_counts(url: str) -> list[tuple[int, int, str, int]]:
     return [(s["batch_size"], s["seq_len"], s["decision"], s["count"]) for s in summary]
 
 
-def test_a_miss_recorded_while_the_flusher_writes_reaches_the_registry_on_close(compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_miss_recorded_while_the_flusher_writes_reaches_the_registry_on_close(
+    compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import threading
 
     from warmcache.registry import Registry
@@ -364,7 +406,10 @@ def test_a_failed_export_leaves_no_temporary_file(tmp_path: Path) -> None:
 
 def test_a_guard_built_from_a_snapshot_imports_no_database_layer(compiled: str, tmp_path: Path) -> None:
     out = tmp_path / "guard.json"
-    assert CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", compiled]).exit_code
+        == 0
+    )
     probe = (
         "import sys\n"
         "from warmcache.runtime.guard import ShapeGuard\n"

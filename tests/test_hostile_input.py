@@ -43,7 +43,8 @@ def one_line_error(result: Result, exit_code: int, *parts: str) -> str:
     """The result failed with ``exit_code`` and one short ``warmcache: error:`` line holding every part."""
     assert result.exit_code == exit_code, result.output
     assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warmcache: warning: ")]  # e.g. --allow-unsigned's
+    # e.g. --allow-unsigned's
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warmcache: warning: ")]
     assert len(lines) == 1 and lines[0].startswith("warmcache: error: "), result.stderr[:2000]
     assert len(lines[0]) < 1200, f"error line is {len(lines[0])} characters"
     for part in parts:
@@ -60,7 +61,9 @@ def plan(tmp_path: Path, manifest: Path) -> Result:
 
 def test_a_path_component_over_255_bytes_is_a_manifest_error(tmp_path: Path) -> None:
     manifest = write(tmp_path, manifest_text(path="./" + "a" * 300 + "/model"))
-    one_line_error(plan(tmp_path, manifest), 2, str(manifest), "model[0].path", "has a component of 300 bytes", "(308 characters)")
+    one_line_error(
+        plan(tmp_path, manifest), 2, str(manifest), "model[0].path", "has a component of 300 bytes", "(308 characters)"
+    )
     assert not (tmp_path / "reg.sqlite").exists()
 
 
@@ -81,7 +84,11 @@ def test_manifest_text_from_anywhere_meets_the_same_bounds() -> None:
     from warmcache.manifest import loads
 
     assert loads(manifest_text(), "inline.toml").models[0].name == "m"
-    for text, problem in (("a = " + "[" * 100 + "]" * 100, "nests 100 levels deep"), (b"\xff", "cannot read manifest"), ("x" * (2 << 20), "larger than")):
+    for text, problem in (
+        ("a = " + "[" * 100 + "]" * 100, "nests 100 levels deep"),
+        (b"\xff", "cannot read manifest"),
+        ("x" * (2 << 20), "larger than"),
+    ):
         with pytest.raises(ManifestError, match=f"^inline.toml: .*{problem}"):
             loads(text, "inline.toml")
 
@@ -89,7 +96,12 @@ def test_manifest_text_from_anywhere_meets_the_same_bounds() -> None:
 @pytest.mark.parametrize("value", [2**63, 2**31, 10**30])
 def test_integers_the_registry_cannot_hold_fail_validation(tmp_path: Path, value: int) -> None:
     manifest = write(tmp_path, manifest_text(batch=str(value)))
-    one_line_error(plan(tmp_path, manifest), 2, "model[0].generate[0].batch_sizes[0]", f"{value} is larger than the registry can hold (2147483647)")
+    one_line_error(
+        plan(tmp_path, manifest),
+        2,
+        "model[0].generate[0].batch_sizes[0]",
+        f"{value} is larger than the registry can hold (2147483647)",
+    )
     assert not (tmp_path / "reg.sqlite").exists()
 
 
@@ -115,20 +127,31 @@ def _model_with_config(tmp_path: Path, config: str) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(config)
-    return write(tmp_path, manifest_text(path=str(folder)).replace('dtype = "float32"', 'dtype = "float32"\nbackend = "eager"'))
+    return write(
+        tmp_path, manifest_text(path=str(folder)).replace('dtype = "float32"', 'dtype = "float32"\nbackend = "eager"')
+    )
 
 
 @pytest.mark.parametrize(
     ("config", "says"),
     [
-        ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0}', "transformers cannot read its config: ZeroDivisionError"),
-        ('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "config.json nests 100001 levels deep; a model config needs at most 64"),
+        (
+            '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0}',
+            "transformers cannot read its config: ZeroDivisionError",
+        ),
+        (
+            '{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "config.json nests 100001 levels deep; a model config needs at most 64",
+        ),
         ('{"model_type": "llama", "x": "' + "a" * (5 << 20) + '"}', "config.json is larger than 4194304 bytes"),
     ],
     ids=["zero-heads", "nested-100k", "5-MiB"],
 )
-def test_a_hostile_model_config_is_one_line_for_every_command_that_reads_it(config: str, says: str, tmp_path: Path) -> None:
-    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain, warmup)."""
+def test_a_hostile_model_config_is_one_line_for_every_command_that_reads_it(
+    config: str, says: str, tmp_path: Path
+) -> None:
+    """A model's config.json is input like a manifest: read with the same bounds, never a traceback (plan, explain,
+    warmup)."""
     manifest = _model_with_config(tmp_path, config)
     db = tmp_path / "reg.sqlite"
     assert cli("db", "upgrade", "--db", str(db)).exit_code == 0
@@ -143,18 +166,32 @@ def test_db_upgrade_refuses_another_applications_database(tmp_path: Path) -> Non
     other = tmp_path / "other-app.db"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
-    one_line_error(cli("db", "upgrade", "--db", f"sqlite:///{other}"), 3, "other-app.db", "has tables but no warmcache schema revision ('customers')", "another application")
+    one_line_error(
+        cli("db", "upgrade", "--db", f"sqlite:///{other}"),
+        3,
+        "other-app.db",
+        "has tables but no warmcache schema revision ('customers')",
+        "another application",
+    )
     with sqlite3.connect(other) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["customers"]
 
 
 def test_a_bare_word_or_unknown_scheme_is_not_a_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    one_line_error(cli("shapes", "--db", "not-a-url"), 2, "--db 'not-a-url' is neither a database URL nor a file path", "sqlite:///PATH", "postgresql://")
+    one_line_error(
+        cli("shapes", "--db", "not-a-url"),
+        2,
+        "--db 'not-a-url' is neither a database URL nor a file path",
+        "sqlite:///PATH",
+        "postgresql://",
+    )
     one_line_error(cli("shapes", "--db", "mysql://db/x"), 2, "unknown scheme 'mysql'", "postgresql://")
     assert list(tmp_path.iterdir()) == []
     # A path is still a path: named as the registry that is not there (a read creates none).
-    one_line_error(cli("shapes", "--db", "./reg.sqlite"), 3, f"registry sqlite:///{tmp_path / 'reg.sqlite'} does not exist")
+    one_line_error(
+        cli("shapes", "--db", "./reg.sqlite"), 3, f"registry sqlite:///{tmp_path / 'reg.sqlite'} does not exist"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,7 +206,9 @@ def test_a_bare_word_or_unknown_scheme_is_not_a_registry(tmp_path: Path, monkeyp
         ("sqlite://relative.db", "names no database file"),
     ],
 )
-def test_a_location_that_names_no_database_is_refused(url: str, says: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_location_that_names_no_database_is_refused(
+    url: str, says: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """libpq would fall back to the local socket and a database named after the user (where a read created warmcache's
     tables); SQLite would open an in-memory database that keeps nothing."""
     one_line_error(cli("shapes", "--db", url), 2, says, "postgresql://[USER@]HOST[:PORT]/DATABASE")
@@ -193,13 +232,23 @@ READ_ONLY_COMMANDS = {
 def test_a_read_only_command_creates_no_registry_anywhere(command: str, tmp_path: Path, write_manifest) -> None:
     """A missing file (and its folder), a file name beside system files, and the default registry: one line naming the
     path and the command that creates one; nothing is created."""
-    manifest = write_manifest("[[model]]\nname = 'm'\npath = '{qwen3}'\nbackend = 'eager'\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n")
+    manifest = write_manifest(
+        "[[model]]\nname = 'm'\npath = '{qwen3}'\nbackend = "
+        "'eager'\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = "
+        "16\n"
+    )
     args = [a.format(manifest=manifest, out=tmp_path / "guard.json") for a in READ_ONLY_COMMANDS[command]]
     before = sorted(tmp_path.rglob("*"))
     for db in (tmp_path / "nonexistent" / "dir" / "reg.sqlite", tmp_path / "passwd.db", None):
         where = ["--db", str(db)] if db else []
-        shown = db or tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite"  # the default, under the test's $XDG_CACHE_HOME
-        one_line_error(cli(*args, *where), 3, f"registry sqlite:///{shown} does not exist", f"warmcache db upgrade --db sqlite:///{shown}")
+        # the default, under the test's $XDG_CACHE_HOME
+        shown = db or tmp_path / "xdg-cache" / "warmcache" / "registry.sqlite"
+        one_line_error(
+            cli(*args, *where),
+            3,
+            f"registry sqlite:///{shown} does not exist",
+            f"warmcache db upgrade --db sqlite:///{shown}",
+        )
     assert sorted(tmp_path.rglob("*")) == before
 
 
@@ -224,7 +273,9 @@ def test_serve_reads_a_missing_registry_as_unavailable_and_creates_none(tmp_path
 def test_a_search_path_naming_no_schema_says_which_and_how_to_create_it(postgres_url: str) -> None:
     missing = postgres_url.replace("search_path%3D", "search_path%3Dnope_")
     for args in (["shapes"], ["db", "upgrade"], ["db", "current"]):
-        one_line_error(cli(*args, "--db", missing), 3, "names no schema that exists in this database", 'CREATE SCHEMA "nope_')
+        one_line_error(
+            cli(*args, "--db", missing), 3, "names no schema that exists in this database", 'CREATE SCHEMA "nope_'
+        )
     one_line_error(cli("shapes", "--db", postgres_url), 3, "holds no warmcache schema", "warmcache db upgrade --db")
     import sqlalchemy as sa
 
@@ -247,13 +298,29 @@ def test_an_empty_db_is_an_error_not_the_default_registry(tmp_path: Path, monkey
 
 def test_a_refused_unpack_leaves_no_registry_file(tmp_path: Path) -> None:
     db, target = tmp_path / "prod.sqlite", tmp_path / "cache"
-    one_line_error(cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target), "--db", f"sqlite:///{db}"), 2, "bundle not found")
-    one_line_error(cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target)), 2, "bundle not found")
+    one_line_error(
+        cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target), "--db", f"sqlite:///{db}"),
+        2,
+        "bundle not found",
+    )
+    one_line_error(
+        cli("bundle", "unpack", str(tmp_path / "missing.tar"), "--cache-dir", str(target)), 2, "bundle not found"
+    )
     assert list(tmp_path.iterdir()) == []  # no registry (given or default), no cache folder
 
 
 def unpack(bundle: Path, tmp_path: Path, *args: str) -> Result:
-    return cli("bundle", "unpack", str(bundle), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}", "--allow-unsigned", *args)
+    return cli(
+        "bundle",
+        "unpack",
+        str(bundle),
+        "--cache-dir",
+        str(tmp_path / "prod"),
+        "--db",
+        f"sqlite:///{tmp_path / 'prod.sqlite'}",
+        "--allow-unsigned",
+        *args,
+    )
 
 
 def nothing_written(tmp_path: Path) -> bool:
@@ -279,7 +346,11 @@ def test_a_row_value_the_registry_cannot_hold_is_refused_before_writing(built: B
     good = tmp_path / "good.tar"
     assert pack(built, good).exit_code == 0
     bad = rebuild(good, tmp_path / "bad.tar", lambda t, m: _edit_meta(m, _set("batch_size", 10**30)))
-    one_line_error(unpack(bad, tmp_path), 5, "rows[1].batch_size is 1000000000000000000000000000000, outside what the registry holds")
+    one_line_error(
+        unpack(bad, tmp_path),
+        5,
+        "rows[1].batch_size is 1000000000000000000000000000000, outside what the registry holds",
+    )
     assert nothing_written(tmp_path)
 
 
@@ -293,7 +364,10 @@ def _with_huge_member(good: Path, out: Path, size: int) -> Path:
         members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
     first_file = next(m.name for m, _ in members[1:] if m.isfile())
     name = first_file.rsplit("/", 1)[0] + "/huge.bin"
-    _edit_meta(members, lambda meta: meta["files"].append({"path": name[len("cache/") :], "sha256": GIB_OF_ZEROS_SHA256, "size": size}))
+    _edit_meta(
+        members,
+        lambda meta: meta["files"].append({"path": name[len("cache/") :], "sha256": GIB_OF_ZEROS_SHA256, "size": size}),
+    )
     with open(out, "wb") as raw:
         with tarfile.open(fileobj=raw, mode="w") as tar:
             for info, data in members:
@@ -309,11 +383,15 @@ def _with_huge_member(good: Path, out: Path, size: int) -> Path:
     return out
 
 
-def test_a_bundle_over_the_size_limit_is_refused_before_extraction(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bundle_over_the_size_limit_is_refused_before_extraction(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     good = tmp_path / "good.tar"
     assert pack(built, good).exit_code == 0
     gib = _with_huge_member(good, tmp_path / "gib.tar", 1024**3)
-    one_line_error(unpack(gib, tmp_path, "--max-size", "512M"), 5, "more than the unpack limit of 512.0 MiB", "--max-size")
+    one_line_error(
+        unpack(gib, tmp_path, "--max-size", "512M"), 5, "more than the unpack limit of 512.0 MiB", "--max-size"
+    )
     monkeypatch.setenv("WARMCACHE_MAX_UNPACK_SIZE", "100M")
     one_line_error(unpack(gib, tmp_path), 5, "more than the unpack limit of 100.0 MiB")
     monkeypatch.delenv("WARMCACHE_MAX_UNPACK_SIZE")
@@ -322,7 +400,9 @@ def test_a_bundle_over_the_size_limit_is_refused_before_extraction(built: Built,
     assert nothing_written(tmp_path)
 
 
-def test_a_wrong_hash_member_is_refused_before_any_file_is_written(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrong_hash_member_is_refused_before_any_file_is_written(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     good = tmp_path / "good.tar"
     assert pack(built, good).exit_code == 0
 
@@ -335,6 +415,10 @@ def test_a_wrong_hash_member_is_refused_before_any_file_is_written(built: Built,
     import warmcache.cache.unbundle as unbundle
 
     real = unbundle._extract_checked
-    monkeypatch.setattr(unbundle, "_extract_checked", lambda tar, member, expected, target: written.append(member.name) or real(tar, member, expected, target))
+    monkeypatch.setattr(
+        unbundle,
+        "_extract_checked",
+        lambda tar, member, expected, target: written.append(member.name) or real(tar, member, expected, target),
+    )
     one_line_error(unpack(bad, tmp_path), 5, "content does not match the listed sha256 and size")
     assert written == [] and nothing_written(tmp_path)

@@ -1,4 +1,5 @@
-"""A compiled shape's identity: complete (compiler variables, attention), host-free, and every miss explained (no compiles)."""
+"""A compiled shape's identity: complete (compiler variables, attention), host-free, and every miss explained (no
+compiles)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
 from warmcache.cli import main
-from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
 from warmcache.errors import UsageError
-from warmcache.explain import toolchain_differences
-from warmcache.fingerprint import current_toolchain, nvidia_driver_version
+from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH_ENV, TORCH_GRAPH_ENV, compile_env
+from warmcache.identity.fingerprint import current_toolchain
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest, loads
-from warmcache.plan import PlannedShape, plan_manifest
-from warmcache.query import local_toolchain_hash
 from warmcache.registry.registry import pending_row_values
+from warmcache.reports.explain import toolchain_differences
+from warmcache.reports.query import local_toolchain_hash
 from warmcache.runtime.guard import ShapeGuard
+from warmcache.targets.inductor import nvidia_driver_version
 
 #: The config modules whose variables decide what Inductor, Dynamo and AOTAutograd compile.
 TORCH_CONFIG_MODULES = ("torch._inductor.config", "torch._dynamo.config", "torch._functorch.config")
@@ -57,8 +59,17 @@ def test_every_variable_torch_config_reads_is_classified_once() -> None:
 
 
 def test_compiler_variables_change_the_toolchain_only_where_they_apply() -> None:
-    env = {"TORCHINDUCTOR_FREEZING": "1", "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1", "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCH_NEURONX_COMPLEX_DECOMPOSE": "0", "HOME": "/x"}
-    assert compile_env("cpu", "inductor", env) == (("TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS", "1"), ("TORCHINDUCTOR_FREEZING", "1"))
+    env = {
+        "TORCHINDUCTOR_FREEZING": "1",
+        "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+        "TORCH_NEURONX_COMPLEX_DECOMPOSE": "0",
+        "HOME": "/x",
+    }
+    assert compile_env("cpu", "inductor", env) == (
+        ("TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS", "1"),
+        ("TORCHINDUCTOR_FREEZING", "1"),
+    )
     assert compile_env("cpu", "aot_eager", env) == (("TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS", "1"),)
     assert ("TORCH_NEURONX_COMPLEX_DECOMPOSE", "0") in compile_env("neuron", "neuron", env)
     assert compile_env("cpu", "inductor", {"TORCHINDUCTOR_FREEZING": " "}) == ()  # empty reads as unset
@@ -69,30 +80,53 @@ def test_toolchain_hash_without_compiler_variables_is_what_it_was(monkeypatch: p
     for name in GRAPH_ENV:
         monkeypatch.delenv(name, raising=False)
     base = current_toolchain("cpu", "inductor")
-    assert "compile_env" not in base.as_dict() and "cuda_driver" not in base.as_dict()  # rows recorded before keep their identity
+    # rows recorded before keep their identity
+    assert "compile_env" not in base.as_dict() and "cuda_driver" not in base.as_dict()
     monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
     frozen = current_toolchain("cpu", "inductor")
     assert frozen.hash != base.hash and frozen.as_dict()["compile_env"] == {"TORCHINDUCTOR_FREEZING": "1"}
-    assert current_toolchain("cpu", "aot_eager").hash == dataclasses.replace(frozen, backend="aot_eager", compile_env=()).hash
+    assert (
+        current_toolchain("cpu", "aot_eager").hash
+        == dataclasses.replace(frozen, backend="aot_eager", compile_env=()).hash
+    )
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "7")  # how many workers, not what they compile
     assert current_toolchain("cpu", "inductor").hash == frozen.hash
 
 
 def test_the_nvidia_driver_version_is_read_from_either_module_wording() -> None:
-    assert nvidia_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \nGCC") == "580.159.04"
-    assert nvidia_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:15:33 UTC 2024") == "550.54.15"
+    assert (
+        nvidia_driver_version(
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \nGCC"
+        )
+        == "580.159.04"
+    )
+    assert (
+        nvidia_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:15:33 UTC 2024")
+        == "550.54.15"
+    )
     assert nvidia_driver_version("") == "unknown"
 
 
 def test_toolchain_differences_name_each_part() -> None:
     before = {"backend": "inductor", "packages": {"torch": "2.13.0", "transformers": "5.24.0"}, "neuron_cc_flags": ""}
-    after = {**before, "packages": {"torch": "2.13.0", "transformers": "5.25.0"}, "compile_env": {"TORCHINDUCTOR_FREEZING": "1"}}
-    assert [str(d) for d in toolchain_differences(before, after)] == ["transformers 5.24.0 → 5.25.0", "inductor TORCHINDUCTOR_FREEZING unset → 1"]
+    after = {
+        **before,
+        "packages": {"torch": "2.13.0", "transformers": "5.25.0"},
+        "compile_env": {"TORCHINDUCTOR_FREEZING": "1"},
+    }
+    assert [str(d) for d in toolchain_differences(before, after)] == [
+        "transformers 5.24.0 → 5.25.0",
+        "inductor TORCHINDUCTOR_FREEZING unset → 1",
+    ]
     assert toolchain_differences(before, dict(before)) == []
 
 
 #: What a host computes before it touches any registry or cache: the identity of each planned shape.
-HOST_CODE = "from warmcache.manifest import load_manifest; from warmcache.plan import plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in plan_manifest(load_manifest('manifest.toml'))]"
+HOST_CODE = (
+    "from warmcache.manifest import load_manifest; from warmcache.identity.plan import "
+    "plan_manifest; [print(p.model.name, p.spec.batch_size, p.identity) for p in "
+    "plan_manifest(load_manifest('manifest.toml'))]"
+)
 
 
 def test_two_hosts_compute_the_same_identity(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
@@ -150,18 +184,27 @@ def _explain(path: Path, url: str) -> list[dict]:
     return json.loads(result.output)
 
 
-def test_explain_names_the_differing_variable_and_the_nearest_bucket(warmed: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_names_the_differing_variable_and_the_nearest_bucket(
+    warmed: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, url = warmed
-    assert [(e["batch_size"], e["reason"]) for e in _explain(path, url)] == [(8, "missing: no row for batch=8; nearest compiled batch=4")]
+    assert [(e["batch_size"], e["reason"]) for e in _explain(path, url)] == [
+        (8, "missing: no row for batch=8; nearest compiled batch=4")
+    ]
 
     monkeypatch.setenv("TORCHINDUCTOR_FREEZING", "1")
     explained = _explain(path, url)
     assert [(e["batch_size"], e["status"]) for e in explained] == [(1, "stale"), (4, "stale"), (8, "missing")]
     assert explained[0]["reason"] == "stale: inductor TORCHINDUCTOR_FREEZING unset → 1"
-    assert explained[0]["differences"] == [{"field": "inductor TORCHINDUCTOR_FREEZING", "recorded": "unset", "current": "1"}]
+    assert explained[0]["differences"] == [
+        {"field": "inductor TORCHINDUCTOR_FREEZING", "recorded": "unset", "current": "1"}
+    ]
     assert explained[2]["reason"] == "missing: no row for batch=8 seq=8; nothing of this family is compiled here yet"
     text = CliRunner().invoke(main, ["explain", str(path), "--db", url])
-    assert "batch=1 seq=8: stale: inductor TORCHINDUCTOR_FREEZING unset → 1" in text.output and "3 of 3 shapes not usable here" in text.output
+    assert (
+        "batch=1 seq=8: stale: inductor TORCHINDUCTOR_FREEZING unset → 1" in text.output
+        and "3 of 3 shapes not usable here" in text.output
+    )
 
     plan = json.loads(CliRunner().invoke(main, ["plan", str(path), "--db", url, "--json"]).output)
     assert [p["reason"] for p in plan] == [e["reason"] for e in explained]
@@ -188,15 +231,23 @@ def test_attn_implementation_is_part_of_the_identity(write_manifest, tmp_path: P
     default, eager, sdpa = planned(), planned(attn_implementation="eager"), planned(attn_implementation="sdpa")
     assert len({*default, *eager, *sdpa}) == 3
 
-    path = write_manifest(manifest_toml(model("m", backend="aot_eager", attn_implementation="eager", generate=[generate()])))
+    path = write_manifest(
+        manifest_toml(model("m", backend="aot_eager", attn_implementation="eager", generate=[generate()]))
+    )
     url = f"sqlite:///{tmp_path / 'r.sqlite'}"
     mark_all_compiled(url, plan_manifest(load_manifest(path)))
     config = json.loads((Path(load_manifest(path).models[0].path) / "config.json").read_text())
     guard = ShapeGuard.from_registry(url, "m", telemetry=False)
-    with pytest.raises(UsageError, match="attn_implementation 'sdpa' matches no compiled rows .compiled with attn_implementation 'eager'"):
+    with pytest.raises(
+        UsageError,
+        match="attn_implementation 'sdpa' matches no compiled rows .compiled with attn_implementation 'eager'",
+    ):
         guard.check_model_config(config, "sdpa")
     guard.check_model_config(config, "eager")
-    other = write_manifest(manifest_toml(model("m", backend="aot_eager", attn_implementation="sdpa", generate=[generate()])), name="sdpa.toml")
+    other = write_manifest(
+        manifest_toml(model("m", backend="aot_eager", attn_implementation="sdpa", generate=[generate()])),
+        name="sdpa.toml",
+    )
     (explained,) = _explain(other, url)
     assert explained["reason"] == "stale: model attn_implementation eager → sdpa"
 
@@ -214,16 +265,34 @@ PINNED_SHAPE_HASHES = {
 
 def test_shape_hashes_and_stored_settings_are_what_they_were() -> None:
     defaults = generate((1, 2), (8,), 16)
-    beams = generate((4,), (32,), 64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid")
+    beams = generate(
+        (4,),
+        (32,),
+        64,
+        num_beams=2,
+        num_return_sequences=2,
+        do_sample=True,
+        prefill_chunk_size=16,
+        cache_implementation="hybrid",
+    )
     text = manifest_toml(
-        model("m", "/hub/m", generate=[defaults, beams], train=[train((2,), (8,)), train((1,), (16,), bf16=True, gradient_checkpointing=True)], dtype="bfloat16"),
+        model(
+            "m",
+            "/hub/m",
+            generate=[defaults, beams],
+            train=[train((2,), (8,)), train((1,), (16,), bf16=True, gradient_checkpointing=True)],
+            dtype="bfloat16",
+        ),
         model("d", "/hub/d", generate=[generate((1,), (8,), 16)], distributed={"tp_size": 2, "fsdp_size": 1}),
     )
     manifest = loads(text, Path("/manifests/warmcache.toml"))
     specs = manifest.specs()
     assert {s.describe(): s.shape_hash for s in specs} == PINNED_SHAPE_HASHES
     toolchain = current_toolchain("cpu", "inductor")
-    stored = {s.describe(): pending_row_values(PlannedShape(s, manifest.model(s.model), "config", toolchain))["settings"] for s in specs[2:4]}
+    stored = {
+        s.describe(): pending_row_values(PlannedShape(s, manifest.model(s.model), "config", toolchain))["settings"]
+        for s in specs[2:4]
+    }
     assert stored == {
         "m/generate bfloat16 max_cache_len=64 batch=4 seq=32": {
             "cache_implementation": "hybrid",

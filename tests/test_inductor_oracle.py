@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from warmcache.compile_env import EXCLUDED_ENV, GRAPH_ENV
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV
+from warmcache.identity.fingerprint import current_toolchain
 
 torch = pytest.importorskip("torch")
 
@@ -117,7 +117,9 @@ def fingerprint_moves(variable: str, monkeypatch: pytest.MonkeyPatch) -> bool:
         return current_toolchain("cpu", "inductor").hash != base
 
 
-def test_every_setting_that_moves_inductors_key_moves_the_fingerprint(key_moves: dict[str, bool], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_setting_that_moves_inductors_key_moves_the_fingerprint(
+    key_moves: dict[str, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert len(key_moves) > 100  # the mapping found Inductor's settings
     for name in GRAPH_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -134,5 +136,7 @@ def test_harmless_settings_move_neither(key_moves: dict[str, bool]) -> None:
     """What the oracle can flip and Inductor ignores is exactly what compile_env.py excludes, and is documented here."""
     unmoved = {v for v, moved in key_moves.items() if not moved}
     assert unmoved & HARMLESS == {v for v in HARMLESS if v in key_moves}
-    assert not (unmoved - set(EXCLUDED_ENV)), f"fingerprinted although Inductor's key ignores them: {sorted(unmoved - set(EXCLUDED_ENV))}"
+    assert not (unmoved - set(EXCLUDED_ENV)), (
+        f"fingerprinted although Inductor's key ignores them: {sorted(unmoved - set(EXCLUDED_ENV))}"
+    )
     assert HARMLESS <= set(EXCLUDED_ENV)

@@ -56,7 +56,9 @@ def test_the_serving_deployment_mounts_the_tag_warmup_pushes_read_only() -> None
     (deployment,) = documents("serve-deployment.yaml")
     pod = deployment["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if "image" in v]
-    assert f'url = "oci://{volume["image"]["reference"]}"' in manifest_text, "the deployment mounts the tag the warmup pushes"
+    assert f'url = "oci://{volume["image"]["reference"]}"' in manifest_text, (
+        "the deployment mounts the tag the warmup pushes"
+    )
     (container,) = pod["containers"]
     cache_mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
     assert cache_mount["readOnly"] and container["command"][2] == cache_mount["mountPath"]
@@ -71,9 +73,16 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
     generate_key(pod_root / "etc/warmcache/signing/build-key")
     (pod_root / "etc/warmcache/signing/build-key.pub").rename(pod_root / "etc/warmcache/trust/build-key.pub")
     manifest_file = pod_root / "etc/warmcache/deploy.toml"
-    manifest_file.write_text(config_map["data"]["deploy.toml"].replace('"/etc/warmcache/', f'"{pod_root}/etc/warmcache/'))
+    manifest_file.write_text(
+        config_map["data"]["deploy.toml"].replace('"/etc/warmcache/', f'"{pod_root}/etc/warmcache/')
+    )
     manifest = load_manifest(manifest_file)
-    assert manifest.store.push and manifest.store.url and manifest.store.url.startswith("oci://") and manifest.store.sign_key
+    assert (
+        manifest.store.push
+        and manifest.store.url
+        and manifest.store.url.startswith("oci://")
+        and manifest.store.sign_key
+    )
     assert manifest.trusted_keys.configured and [m.device for m in manifest.models] == ["neuron"]
     files_in = {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing/build-key", "/etc/warmcache/trust/build-key.pub"}
     paths_used: list[tuple[str, list[str]]] = []
@@ -85,22 +94,33 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
                 paths_used.append((container["name"], paths))
                 mounts = mounted(pod, container)
                 for path in paths:
-                    assert path.startswith("/app/") or any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts), (
-                        f"{doc['metadata']['name']}/{container['name']}: {path} is not mounted"
-                    )
+                    assert path.startswith("/app/") or any(
+                        path == m or path.startswith(m.rstrip("/") + "/") for m in mounts
+                    ), f"{doc['metadata']['name']}/{container['name']}: {path} is not mounted"
                 if doc["kind"] == "Job" and container["name"] == "warmup":
                     assert container["resources"]["limits"]["aws.amazon.com/neuron"] == "1"
-                    assert set(mounts) >= {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing", "/etc/warmcache/trust", "/etc/warmcache/docker", "/cache", "/models"}
+                    assert set(mounts) >= {
+                        "/etc/warmcache/deploy.toml",
+                        "/etc/warmcache/signing",
+                        "/etc/warmcache/trust",
+                        "/etc/warmcache/docker",
+                        "/cache",
+                        "/models",
+                    }
             if doc["kind"] == "Job":
                 assert doc["spec"]["activeDeadlineSeconds"] > 0 and doc["spec"]["ttlSecondsAfterFinished"] > 0
                 keys = [v for v in pod.get("volumes", []) if v["name"] == "signing-key"]
-                assert all(v["secret"]["defaultMode"] == 0o400 for v in keys), "warmcache refuses a private key others can read"
+                assert all(v["secret"]["defaultMode"] == 0o400 for v in keys), (
+                    "warmcache refuses a private key others can read"
+                )
     # The kubectl lines in the headers: each warmcache command names a file its pod mounts.
     for name in ("warmup-job.yaml", "serve-deployment.yaml"):
         for line in (EXAMPLES / name).read_text().splitlines():
             if line.startswith("#") and "kubectl exec" in line:
                 for path in re.findall(r"(/etc/warmcache/[\w./-]+|/cache\b)", line):
-                    assert path in files_in or path == "/cache", f"{name}: {line.strip()} names {path}, which no pod mounts"
+                    assert path in files_in or path == "/cache", (
+                        f"{name}: {line.strip()} names {path}, which no pod mounts"
+                    )
     assert ("warmup", ["/etc/warmcache/deploy.toml", "/cache"]) in paths_used
 
 

@@ -41,7 +41,9 @@ def test_signing_refuses_a_private_key_others_can_read(tmp_path: Path, mode: int
     with pytest.raises(UsageError) as caught:
         SigningKey.load(tmp_path / "signer")
     assert f"chmod 600 {tmp_path / 'signer'}" in str(caught.value)
-    result = cli("bundle", "pack", str(tmp_path / "m.toml"), "-o", str(tmp_path / "b.tar"), "--sign", str(tmp_path / "signer"))
+    result = cli(
+        "bundle", "pack", str(tmp_path / "m.toml"), "-o", str(tmp_path / "b.tar"), "--sign", str(tmp_path / "signer")
+    )
     assert result.exit_code == 2 and "chmod 600" in result.stderr
     os.chmod(tmp_path / "signer", 0o600)
     assert SigningKey.load(tmp_path / "signer").public
@@ -57,11 +59,25 @@ def test_keys_generate_writes_the_public_key_0644_whatever_the_umask(tmp_path: P
     assert stat.S_IMODE(os.stat(tmp_path / "signer").st_mode) == 0o600
 
 
-def test_an_unsigned_bundle_is_not_installed_without_trust_unless_allowed(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsigned_bundle_is_not_installed_without_trust_unless_allowed(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert test_bundle.pack(built, tmp_path / "warm.tar").exit_code == 0
-    base = ("bundle", "unpack", str(tmp_path / "warm.tar"), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}")
+    base = (
+        "bundle",
+        "unpack",
+        str(tmp_path / "warm.tar"),
+        "--cache-dir",
+        str(tmp_path / "prod"),
+        "--db",
+        f"sqlite:///{tmp_path / 'prod.sqlite'}",
+    )
     refused = cli(*base)
-    assert refused.exit_code == 5 and "no trusted keys configured" in refused.stderr and "--allow-unsigned" in refused.stderr
+    assert (
+        refused.exit_code == 5
+        and "no trusted keys configured" in refused.stderr
+        and "--allow-unsigned" in refused.stderr
+    )
     assert nothing_written(tmp_path)
     allowed = cli(*base, "--allow-unsigned")
     assert allowed.exit_code == 0, allowed.output
@@ -73,16 +89,30 @@ def test_an_unsigned_bundle_is_not_installed_without_trust_unless_allowed(built:
 def test_a_pull_without_trust_is_refused_before_the_store_is_read_unless_allowed(built: Built, tmp_path: Path) -> None:
     store = ["--store", (tmp_path / "store").as_uri()]
     assert cli("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store).exit_code == 0
-    base = ("pull", str(built.manifest), "--cache-dir", str(tmp_path / "prod"), "--db", f"sqlite:///{tmp_path / 'prod.sqlite'}", *store)
+    base = (
+        "pull",
+        str(built.manifest),
+        "--cache-dir",
+        str(tmp_path / "prod"),
+        "--db",
+        f"sqlite:///{tmp_path / 'prod.sqlite'}",
+        *store,
+    )
     refused = cli(*base)
     assert refused.exit_code == 5 and "no trusted keys configured" in refused.stderr and nothing_written(tmp_path)
     allowed = cli(*base, "--allow-unsigned")
-    assert allowed.exit_code == 1 and "installing compiled code whose origin nobody verified" in allowed.stderr, allowed.output  # 1: a shape nobody compiled
+    # 1: a shape nobody compiled
+    assert allowed.exit_code == 1 and "installing compiled code whose origin nobody verified" in allowed.stderr, (
+        allowed.output
+    )
     assert (tmp_path / "prod").is_dir()
 
 
-def test_a_private_key_pasted_as_text_is_never_echoed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_manifest) -> None:
-    """``--trust "$(cat key)"``, ``$WARMCACHE_TRUSTED_KEYS`` or an inline ``[trust] keys`` entry holding the key itself."""
+def test_a_private_key_pasted_as_text_is_never_echoed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_manifest
+) -> None:
+    """``--trust "$(cat key)"``, ``$WARMCACHE_TRUSTED_KEYS`` or an inline ``[trust] keys`` entry holding the key
+    itself."""
     from warmcache.manifest import load_manifest
     from warmcache.trust import TrustedKeys
 
@@ -95,8 +125,17 @@ def test_a_private_key_pasted_as_text_is_never_echoed(tmp_path: Path, monkeypatc
     monkeypatch.delenv("WARMCACHE_TRUSTED_KEYS")
     quoted = secret.replace("\n", "\\n")
     with pytest.raises(UsageError) as inline:
-        load_manifest(write_manifest(f'[trust]\nkeys = ["{quoted}"]\n[[model]]\nname = "m"\npath = "gpt2"\n[[model.generate]]\nbatch_sizes = [1]\n'))
-    for where, message in (("--trust", flag.stderr), ("$WARMCACHE_TRUSTED_KEYS", env.stderr), ("trust.keys", str(inline.value))):
+        load_manifest(
+            write_manifest(
+                f'[trust]\nkeys = ["{quoted}"]\n[[model]]\nname = "m"\npath = '
+                '"gpt2"\n[[model.generate]]\nbatch_sizes = [1]\n'
+            )
+        )
+    for where, message in (
+        ("--trust", flag.stderr),
+        ("$WARMCACHE_TRUSTED_KEYS", env.stderr),
+        ("trust.keys", str(inline.value)),
+    ):
         assert "a private key was given where a public key belongs" in message, (where, message)
         assert body[:12] not in message and "BEGIN" not in message and where in message
     with pytest.raises(UsageError, match=r"a block of text \(\d+ characters, not shown\)") as pem:

@@ -71,23 +71,49 @@ def test_defaults_per_device_and_relative_paths(write_manifest, tmp_path: Path) 
 def test_a_plain_registry_path_resolves_against_the_manifest_folder(write_manifest, tmp_path: Path) -> None:
     path = write_manifest('[registry]\nurl = "reg.sqlite"\n' + GOOD)
     registry = load_manifest(path).registry
-    assert registry and (registry.url, registry.source) == (f"sqlite:///{tmp_path / 'reg.sqlite'}", f"{path} [registry] url")
+    assert registry and (registry.url, registry.source) == (
+        f"sqlite:///{tmp_path / 'reg.sqlite'}",
+        f"{path} [registry] url",
+    )
 
 
 def test_hub_ids_stay_hub_ids(write_manifest) -> None:
-    path = write_manifest('[[model]]\nname = "q"\npath = "Qwen/Qwen3-0.6B"\n[[model.train]]\nbatch_sizes = [1]\nseq_lengths = [8]\n')
+    path = write_manifest(
+        '[[model]]\nname = "q"\npath = "Qwen/Qwen3-0.6B"\n[[model.train]]\nbatch_sizes = [1]\nseq_lengths = [8]\n'
+    )
     assert load_manifest(path).models[0].path == "Qwen/Qwen3-0.6B"
 
 
 BAD_CASES = {
     "unknown top key": ('[registy]\nurl = "x"\n' + GOOD, "registy: unknown key (did you mean 'registry'?)"),
-    "unknown model key": (GOOD.replace('name = "m"', 'name = "m"\ndtyp = "bf16"'), "model[0].dtyp: unknown key (did you mean 'dtype'?)"),
-    "unknown generate key": (GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_beam = 2"), "model[0].generate[0].num_beam: unknown key (did you mean 'num_beams'?)"),
-    "wrong type": (GOOD.replace("batch_sizes = [1, 2]", 'batch_sizes = ["1"]'), "model[0].generate[0].batch_sizes[0]: must be an integer, got '1' (str)"),
-    "bool is not an int": (GOOD.replace("max_cache_len = 32", "max_cache_len = true"), "model[0].generate[0].max_cache_len: must be an integer, got True (bool)"),
-    "size zero": (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 0]"), "model[0].generate[0].batch_sizes[1]: must be > 0, got 0"),
-    "negative size": (GOOD.replace("seq_lengths = [16]", "seq_lengths = [-16]"), "model[0].train[0].seq_lengths[0]: must be > 0, got -16"),
-    "empty list": (GOOD.replace("batch_sizes = [2]", "batch_sizes = []"), "model[0].train[0].batch_sizes: must be a non-empty list of integers"),
+    "unknown model key": (
+        GOOD.replace('name = "m"', 'name = "m"\ndtyp = "bf16"'),
+        "model[0].dtyp: unknown key (did you mean 'dtype'?)",
+    ),
+    "unknown generate key": (
+        GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_beam = 2"),
+        "model[0].generate[0].num_beam: unknown key (did you mean 'num_beams'?)",
+    ),
+    "wrong type": (
+        GOOD.replace("batch_sizes = [1, 2]", 'batch_sizes = ["1"]'),
+        "model[0].generate[0].batch_sizes[0]: must be an integer, got '1' (str)",
+    ),
+    "bool is not an int": (
+        GOOD.replace("max_cache_len = 32", "max_cache_len = true"),
+        "model[0].generate[0].max_cache_len: must be an integer, got True (bool)",
+    ),
+    "size zero": (
+        GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 0]"),
+        "model[0].generate[0].batch_sizes[1]: must be > 0, got 0",
+    ),
+    "negative size": (
+        GOOD.replace("seq_lengths = [16]", "seq_lengths = [-16]"),
+        "model[0].train[0].seq_lengths[0]: must be > 0, got -16",
+    ),
+    "empty list": (
+        GOOD.replace("batch_sizes = [2]", "batch_sizes = []"),
+        "model[0].train[0].batch_sizes: must be a non-empty list of integers",
+    ),
     "missing key": (GOOD.replace("max_cache_len = 32", ""), "model[0].generate[0].max_cache_len: missing required key"),
     "prompt overflows cache": (
         GOOD.replace("max_cache_len = 32", "max_cache_len = 16"),
@@ -98,13 +124,25 @@ BAD_CASES = {
         GOOD.replace('name = "m"', 'name = "m"\ndevice = "auto"'),
         "model[0].device: 'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU",
     ),
-    "unknown device": (GOOD.replace('name = "m"', 'name = "m"\ndevice = "cdua"'), "model[0].device: unknown value 'cdua' (allowed: neuron, cpu, cuda); did you mean 'cuda'?"),
-    "backend for wrong device": (GOOD.replace('name = "m"', 'name = "m"\nbackend = "neuron"'), "model[0].backend: backend 'neuron' does not compile for device 'cpu'"),
+    "unknown device": (
+        GOOD.replace('name = "m"', 'name = "m"\ndevice = "cdua"'),
+        "model[0].device: unknown value 'cdua' (allowed: neuron, cpu, cuda); did you mean 'cuda'?",
+    ),
+    "backend for wrong device": (
+        GOOD.replace('name = "m"', 'name = "m"\nbackend = "neuron"'),
+        "model[0].backend: backend 'neuron' does not compile for device 'cpu'",
+    ),
     "duplicate model": (GOOD + GOOD, "model[1].name: duplicate model name 'm' (first used by model[0])"),
-    "bad name": (GOOD.replace('name = "m"', 'name = "my model"'), "model[0].name: 'my model' must start with a letter or digit"),
+    "bad name": (
+        GOOD.replace('name = "m"', 'name = "my model"'),
+        "model[0].name: 'my model' must start with a letter or digit",
+    ),
     "no workload": ('[[model]]\nname = "m"\npath = "x"\n', "model[0]: model 'm' declares no workload"),
     "no model": ('[registry]\nurl = "sqlite:///x.db"\n', "model: no [[model]] entries"),
-    "tp size zero": (GOOD.replace('name = "m"', 'name = "m"\ndistributed = { tp_size = 0 }'), "model[0].distributed.tp_size: must be > 0, got 0"),
+    "tp size zero": (
+        GOOD.replace('name = "m"', 'name = "m"\ndistributed = { tp_size = 0 }'),
+        "model[0].distributed.tp_size: must be > 0, got 0",
+    ),
     "num_return_sequences": (
         GOOD.replace("max_cache_len = 32", "max_cache_len = 32\nnum_return_sequences = 2"),
         "model[0].generate[0].num_return_sequences: 2 exceeds num_beams 1",
@@ -135,7 +173,9 @@ def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
     """The allowed keys come from the schema's fields (a renamed or added field changes these lines)."""
     text = "zz = 1\n[registry]\nzz = 1\n[cache]\nzz = 1\n[store]\nzz = 1\n[trust]\nzz = 1\n" + GOOD.replace(
         'name = "m"', 'name = "m"\nzz = 1\ndistributed = { zz = 1 }'
-    ).replace("max_cache_len = 32", "max_cache_len = 32\nzz = 1").replace("seq_lengths = [16]", "seq_lengths = [16]\nzz = 1")
+    ).replace("max_cache_len = 32", "max_cache_len = 32\nzz = 1").replace(
+        "seq_lengths = [16]", "seq_lengths = [16]\nzz = 1"
+    )
     with pytest.raises(ManifestError) as info:
         loads(text, "m.toml")
     assert info.value.problems == [
@@ -144,15 +184,21 @@ def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
         "m.toml: cache.zz: unknown key (allowed: dir)",
         "m.toml: trust.zz: unknown key (allowed: keys)",
         "m.toml: store.zz: unknown key (allowed: url, endpoint_url, push, max_pull_size, sign_key)",
-        "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
+        "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, "
+        "device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
         "m.toml: model 'm': model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
-        "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, prefill_chunk_size, cache_implementation)",
-        "m.toml: model 'm': model[0].train[0].zz: unknown key (allowed: batch_sizes, seq_lengths, bf16, gradient_checkpointing)",
+        "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, "
+        "prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, "
+        "prefill_chunk_size, cache_implementation)",
+        "m.toml: model 'm': model[0].train[0].zz: unknown key (allowed: batch_sizes, "
+        "seq_lengths, bf16, gradient_checkpointing)",
     ]
 
 
 def test_every_problem_is_reported_one_per_line(write_manifest) -> None:
-    text = GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [0]").replace('name = "m"', 'name = "m"\ndevice = "auto"')
+    text = GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [0]").replace(
+        'name = "m"', 'name = "m"\ndevice = "auto"'
+    )
     with pytest.raises(ManifestError) as info:
         load_manifest(write_manifest(text))
     assert len(info.value.problems) == 2
@@ -180,7 +226,9 @@ def test_example_manifest_validates() -> None:
         ("not-in-the-hf-cache", "not a local folder and its config.json is not in the Hugging Face cache"),
     ],
 )
-def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_value: str, expected: str, tmp_path: Path) -> None:
+def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(
+    path_value: str, expected: str, tmp_path: Path
+) -> None:
     manifest = tmp_path / "manifest.toml"
     manifest.write_text(GOOD.replace('path = "/models/tiny-qwen3"', f'path = "{path_value}"'))
     db = tmp_path / "reg.sqlite"
@@ -194,11 +242,16 @@ def test_an_unreachable_model_path_is_one_line_naming_file_key_and_value(path_va
 
 
 def test_a_problem_in_a_named_model_says_which_model_it_is() -> None:
-    """In a manifest of many models an index alone is hard to find: once an entry's name is read, its problems carry it."""
-    text = GOOD + GOOD.replace('name = "m"', 'name = "tiny-llama"').replace("prompt_lengths = [8, 16]", "prompt_lengths = [8, 40]")
+    """In a manifest of many models an index alone is hard to find: once an entry's name is read, its problems carry
+    it."""
+    text = GOOD + GOOD.replace('name = "m"', 'name = "tiny-llama"').replace(
+        "prompt_lengths = [8, 16]", "prompt_lengths = [8, 40]"
+    )
     with pytest.raises(ManifestError) as info:
         loads(text + '[[model]]\nname = "bad name"\npath = "x"\n', "m.toml")
     assert info.value.problems == [
-        "m.toml: model 'tiny-llama': model[1].generate[0].prompt_lengths: prompt length 40 + 1 new token exceeds max_cache_len 32",
-        "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only letters, digits, '.', '_' and '-'",  # no name to give
+        "m.toml: model 'tiny-llama': model[1].generate[0].prompt_lengths: prompt length 40 + 1 "
+        "new token exceeds max_cache_len 32",
+        "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only "
+        "letters, digits, '.', '_' and '-'",  # no name to give
     ]

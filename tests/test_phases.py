@@ -1,4 +1,5 @@
-"""Progress inside a spec: the phases a running spec reports (warmcache.warmup.phases) and how the CLI shows them (warmcache.cli.running).
+"""Progress inside a spec: the phases a running spec reports (warmcache.warmup.phases) and how the CLI shows them
+(warmcache.cli.running).
 
 The reporting and rendering logic is tested on an explicit clock, so nothing here
 waits for a timer to prove a line is due; the real runs (a Worker on a tiny
@@ -96,7 +97,10 @@ def test_plain_lines_say_each_phase_as_it_starts_and_repeat_a_silent_one() -> No
 
     assert running.update(PhaseReport(SPEC, Phase.LOADING, process=1)) == f"{SPEC}: loading the model"
     clock.now += 4
-    assert running.update(PhaseReport(SPEC, Phase.COMPILING, process=1)) == f"{SPEC}: compiling the decode step (loading the model took 4s)"
+    assert (
+        running.update(PhaseReport(SPEC, Phase.COMPILING, process=1))
+        == f"{SPEC}: compiling the decode step (loading the model took 4s)"
+    )
     clock.now += 29
     assert running.due(30) == [] and running.next_due(30) == pytest.approx(1)
     clock.now += 1
@@ -108,7 +112,9 @@ def test_plain_lines_say_each_phase_as_it_starts_and_repeat_a_silent_one() -> No
     # A step within a phase prints nothing, but the next repeat says it; the next phase says how far it got.
     clock.now += 10
     assert running.update(PhaseReport(SPEC, Phase.DECODING, steps=96, detail="unpadded", process=1)) is not None
-    assert running.update(PhaseReport(SPEC, Phase.DECODING, 20.0, step=57, steps=96, detail="unpadded", process=1)) is None
+    assert (
+        running.update(PhaseReport(SPEC, Phase.DECODING, 20.0, step=57, steps=96, detail="unpadded", process=1)) is None
+    )
     clock.now += 30
     assert running.due(30) == [f"{SPEC}: decoding: 57/96 steps (unpadded) for 50s"]
     assert running.now_showing() == f"{SPEC}: decoding: 57/96 steps (unpadded) for 50s"  # what a bar shows
@@ -132,7 +138,9 @@ def test_plain_lines_say_each_phase_as_it_starts_and_repeat_a_silent_one() -> No
     assert running.due(30) == [f"{other}: loading the model for 30s"]
 
 
-def test_plain_progress_repeats_a_running_phase_on_its_own_thread_and_stops_when_closed(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plain_progress_repeats_a_running_phase_on_its_own_thread_and_stops_when_closed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     progress = LineProgress(total=1, every=0.05)
     progress.phase(PhaseReport(SPEC, Phase.PACKAGING, process=1))
     written = ""
@@ -157,41 +165,79 @@ def test_a_bar_shows_the_running_phase_with_its_time(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.slow
-def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_reports_the_phases_of_real_generate_and_training_specs(
+    write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     import torch
 
+    from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
-    from warmcache.plan import plan_manifest
     from warmcache.warmup.worker import Worker
 
-    # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's, the target's recompile limits.
+    # What the worker sets process-wide, restored after the test: the training workload's variable, the cache folder's,
+    # the target's recompile limits.
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "0")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     dynamo = torch._dynamo.config
-    path = write_manifest(manifest_toml(model("m", backend="eager", generate=[generate(prompt_lengths=[8], max_cache_len=16)], train=[train()])))
+    path = write_manifest(
+        manifest_toml(
+            model("m", backend="eager", generate=[generate(prompt_lengths=[8], max_cache_len=16)], train=[train()])
+        )
+    )
     reports: list[PhaseReport] = []
     worker = Worker(load_manifest(path), tmp_path / "cache", on_phase=reports.append)
     torch._dynamo.reset()
     try:
-        with dynamo.patch(recompile_limit=dynamo.recompile_limit, accumulated_recompile_limit=dynamo.accumulated_recompile_limit):
+        with dynamo.patch(
+            recompile_limit=dynamo.recompile_limit, accumulated_recompile_limit=dynamo.accumulated_recompile_limit
+        ):
             for planned in sorted(plan_manifest(load_manifest(path)), key=lambda p: p.spec.workload):
                 worker.run(planned)
     finally:
         torch._dynamo.reset()  # the next test starts with Dynamo as a fresh process has it
     generate_spec, train_spec = sorted({r.spec for r in reports})
     started = [(r.phase, r.detail) for r in reports if r.spec == generate_spec and r.step == 0]
-    assert started == [(Phase.LOADING, ""), (Phase.COMPILING, ""), (Phase.DECODING, "unpadded"), (Phase.DECODING, "left-padded")]
+    assert started == [
+        (Phase.LOADING, ""),
+        (Phase.COMPILING, ""),
+        (Phase.DECODING, "unpadded"),
+        (Phase.DECODING, "left-padded"),
+    ]
     # generate() streamed each form's decode to the cache's end: 16 - 8 + 1 new tokens, the last one reported.
     assert [r.step for r in reports if r.detail and r.step == r.steps] == [9, 9]
     trained = [(r.phase, r.step, r.steps) for r in reports if r.spec == train_spec]
-    assert trained[:2] == [(Phase.LOADING, 0, 0), (Phase.TRAINING, 0, 2)] and trained[-1] == (Phase.TRAINING, 2, 2)  # the Trainer's last step
+    # the Trainer's last step
+    assert trained[:2] == [(Phase.LOADING, 0, 0), (Phase.TRAINING, 0, 2)] and trained[-1] == (
+        Phase.TRAINING,
+        2,
+        2,
+    )
 
 
 @pytest.mark.slow
-def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_them(write_manifest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    path = write_manifest(manifest_toml(model("m", backend="eager", generate=[generate(prompt_lengths=[8], max_cache_len=16)], train=[train()])))
-    command = [sys.executable, "-m", "warmcache", "warmup", str(path), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--jobs", "2", "--progress-every", "0.1"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)  # stderr is a pipe: plain output, as in CI
+def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_them(
+    write_manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    path = write_manifest(
+        manifest_toml(
+            model("m", backend="eager", generate=[generate(prompt_lengths=[8], max_cache_len=16)], train=[train()])
+        )
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "warmcache",
+        "warmup",
+        str(path),
+        "--db",
+        f"sqlite:///{tmp_path / 'r.sqlite'}",
+        "--jobs",
+        "2",
+        "--progress-every",
+        "0.1",
+    ]
+    # stderr is a pipe: plain output, as in CI
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stderr.splitlines()
     generate_spec, train_spec = "m/generate float32 max_cache_len=16 batch=1 seq=8", "m/train float32 batch=2 seq=8"
@@ -203,8 +249,12 @@ def test_a_jobs_warmup_shows_each_childs_phases_labelled_by_spec_and_repeats_the
     assert said(generate_spec)[0] == "loading the model"
     assert said(generate_spec)[1].startswith("compiling the decode step (loading the model took ")
     assert said(generate_spec)[2].startswith("decoding 9 steps (unpadded) (compiling the decode step took ")
-    assert said(generate_spec)[3].startswith("decoding 9 steps (left-padded) (decoding took ") and said(generate_spec)[3].endswith(", 9/9 steps)")
-    assert said(train_spec)[0] == "loading the model" and said(train_spec)[1].startswith("training 2 steps (loading the model took ")
+    assert said(generate_spec)[3].startswith("decoding 9 steps (left-padded) (decoding took ") and said(generate_spec)[
+        3
+    ].endswith(", 9/9 steps)")
+    assert said(train_spec)[0] == "loading the model" and said(train_spec)[1].startswith(
+        "training 2 steps (loading the model took "
+    )
     # The parent repeats a running phase: a compile (the slowest phase, seconds even for a tiny model) outlasts 0.1 s.
     assert any(line.startswith(f"{generate_spec}: compiling the decode step for ") for line in lines)
     assert sum(line.startswith("[") for line in lines) == 2

@@ -1,4 +1,5 @@
-"""Precompiled decode artifacts (aot_eager, tiny Qwen3): a fresh process serves without Dynamo; the registry is the guard."""
+"""Precompiled decode artifacts (aot_eager, tiny Qwen3): a fresh process serves without Dynamo; the registry is the
+guard."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ from warmcache.registry import Registry
 
 MAX_CACHE_LEN = 32
 MANIFEST = manifest_toml(
-    model("m", "{path}", backend="aot_eager", precompile=True, generate=[generate(batch_sizes=[1, 2], max_cache_len=MAX_CACHE_LEN)]),
+    model(
+        "m",
+        "{path}",
+        backend="aot_eager",
+        precompile=True,
+        generate=[generate(batch_sizes=[1, 2], max_cache_len=MAX_CACHE_LEN)],
+    ),
     registry={"url": "sqlite:///{root}/registry.sqlite"},
     cache={"dir": "{root}/cache"},
 )
@@ -48,7 +55,10 @@ SERVE = textwrap.dedent(
     for batch, length in ((1, 5), (2, 8), (2, 3), (1, 8)):
         ids = torch.randint(5, 300, (batch, length), generator=torch.Generator().manual_seed(batch * 100 + length))
         out = guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6)
-        eager = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0)
+        mask = torch.ones_like(ids)
+        eager = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, disable_compile=True, pad_token_id=0
+        )
         same.append(out.tolist() == eager.tolist())
         served.append([batch, length])
     try:
@@ -76,14 +86,21 @@ def warmed(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     root = tmp_path_factory.mktemp("precompiled")
     manifest = root / "manifest.toml"
     manifest.write_text(MANIFEST.format(root=root, path=tiny_models["qwen3"]))
-    subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True
+    )
     return root
 
 
 def _serve(root: Path, model: Path, policy: str = "pad", *extra: str) -> dict[str, Any]:
     env_script = root / "serve.py"
     env_script.write_text(SERVE)
-    result = subprocess.run([sys.executable, str(env_script), f"sqlite:///{root}/registry.sqlite", str(model), policy, *extra], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(env_script), f"sqlite:///{root}/registry.sqlite", str(model), policy, *extra],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -100,7 +117,9 @@ def _artifacts(root: Path) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_fresh_process_serves_from_artifacts_with_zero_dynamo_frames(warmed: Path, tiny_models: dict[str, Path]) -> None:
+def test_fresh_process_serves_from_artifacts_with_zero_dynamo_frames(
+    warmed: Path, tiny_models: dict[str, Path]
+) -> None:
     served = _serve(warmed, tiny_models["qwen3"])
     assert served["artifacts_loaded"] == 2 and served["artifact_errors"] == []
     assert served["frames"] == 0 and served["graphs"] == 0, served
@@ -121,7 +140,9 @@ def test_each_batch_has_its_own_artifact_with_its_own_fingerprint(warmed: Path) 
 
 
 @pytest.mark.slow
-def test_tampered_artifact_is_refused_before_unpickling(warmed: Path, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_tampered_artifact_is_refused_before_unpickling(
+    warmed: Path, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(warmed, copy, ignore=shutil.ignore_patterns("*.py"))
     entry = _artifacts(copy)[1]
@@ -139,7 +160,11 @@ def test_tampered_artifact_is_refused_before_unpickling(warmed: Path, tiny_model
     # A missing one under warn is traced from the compile path; the other still loads; tokens stay right.
     path.unlink()
     missing = _serve(copy, tiny_models["qwen3"], "warn", str(copy / "cache"))
-    assert missing["artifacts_loaded"] == 1 and len(missing["artifact_errors"]) == 1 and "unreadable" in missing["artifact_errors"][0]
+    assert (
+        missing["artifacts_loaded"] == 1
+        and len(missing["artifact_errors"]) == 1
+        and "unreadable" in missing["artifact_errors"][0]
+    )
     assert missing["same_as_eager"] == [True] * 4 and missing["frames"] > 0
 
 
@@ -147,7 +172,7 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.generation import compile_config
+    from warmcache.modeling.generation import compile_config
     from warmcache.runtime.precompiled import PrecompiledDecoder, decode_signature
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen3"], dtype=torch.float32)
@@ -165,7 +190,8 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
     for batch in (1, 2):
         ids = torch.ones(batch, 4, dtype=torch.long)
         model.generate(
-            input_ids=ids, max_new_tokens=2, min_new_tokens=2, cache_implementation="static", max_cache_len=MAX_CACHE_LEN,
+            input_ids=ids, max_new_tokens=2, min_new_tokens=2,
+            cache_implementation="static", max_cache_len=MAX_CACHE_LEN,
             pad_token_id=0, compile_config=compile_config("eager", "default", "cpu"),
         )  # fmt: skip
     del model.get_compiled_call
@@ -180,13 +206,28 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
 
 
 def _header(batch: int = 1) -> Header:
-    fingerprint = Fingerprint("cfg", "tool", batch, MAX_CACHE_LEN, "float32", "inductor", "default", (("input_ids", (batch, 1), "torch.int64"),))
+    fingerprint = Fingerprint(
+        "cfg",
+        "tool",
+        batch,
+        MAX_CACHE_LEN,
+        "float32",
+        "inductor",
+        "default",
+        (("input_ids", (batch, 1), "torch.int64"),),
+    )
     return Header(fingerprint, {})
 
 
 def test_artifact_checks_sha256_and_fingerprint_without_unpickling(tmp_path: Path) -> None:
     entry = write_artifact(tmp_path, _header(), b"not a pickle: never read as one")
-    row = {"config_hash": "cfg", "toolchain_hash": "tool", "batch_size": 1, "max_cache_len": MAX_CACHE_LEN, "dtype": "float32"}
+    row = {
+        "config_hash": "cfg",
+        "toolchain_hash": "tool",
+        "batch_size": 1,
+        "max_cache_len": MAX_CACHE_LEN,
+        "dtype": "float32",
+    }
     header, payload = read_checked(tmp_path, entry, row)
     assert header == _header() and payload == b"not a pickle: never read as one"
     with pytest.raises(CacheError, match="another toolchain_hash"):
@@ -218,7 +259,9 @@ def test_bundle_carries_the_artifacts(warmed: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for entry in _artifacts(warmed).values():
         assert (tmp_path / "cache" / entry).read_bytes() == (warmed / "cache" / entry).read_bytes()
-    scan = CliRunner().invoke(main, ["cache", "scan", "--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"])
+    scan = CliRunner().invoke(
+        main, ["cache", "scan", "--cache-dir", str(tmp_path / "cache"), "--db", target_db, "--json"]
+    )
     assert scan.exit_code == 0, scan.output
     assert INDUCTOR_PRECOMPILED in scan.output
 

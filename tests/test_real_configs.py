@@ -39,10 +39,17 @@ REQUESTS = ((9,), (16, 5))
 def _warm_and_verify(root: Path, declared: dict[str, Any]) -> dict[str, Any]:
     """The real ``warmcache warmup`` then ``warmcache verify`` (fresh processes); verify's JSON report."""
     manifest = root / "manifest.toml"
-    manifest.write_text(manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"}))
+    manifest.write_text(
+        manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"})
+    )
     reports = {}
     for command in ("warmup", "verify"):
-        done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, f"{command}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
         reports[command] = json.loads(done.stdout)
     return reports["verify"]
@@ -56,12 +63,21 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def qwen3_packaged(qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("qwen3-aoti")
-    declared = model("m", str(qwen3), dtype="bfloat16", backend="inductor", precompile="aotinductor", generate=[generate([BATCH], [PROMPT], MAX_CACHE_LEN)])
+    declared = model(
+        "m",
+        str(qwen3),
+        dtype="bfloat16",
+        backend="inductor",
+        precompile="aotinductor",
+        generate=[generate([BATCH], [PROMPT], MAX_CACHE_LEN)],
+    )
     return root, _warm_and_verify(root, declared)
 
 
 @pytest.mark.slow
-def test_qwen3_at_real_width_in_bfloat16_is_served_by_its_package_without_the_compiler(qwen3_packaged: tuple[Path, dict[str, Any]], qwen3: Path) -> None:
+def test_qwen3_at_real_width_in_bfloat16_is_served_by_its_package_without_the_compiler(
+    qwen3_packaged: tuple[Path, dict[str, Any]], qwen3: Path
+) -> None:
     root, verified = qwen3_packaged
     assert [s["verdict"] for s in verified["specs"]] == ["verified"], verified
     served = serve(root, qwen3, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, dtype="bfloat16")
@@ -72,25 +88,35 @@ def _served_by(package_root: Path, serving: Any, ids: Any) -> tuple[Any, Any]:
     """Greedy tokens and logits of ``serving`` decoding through the bucket's package, to the cache's end."""
     import torch
 
-    from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.runtime.precompiled import install
-    from warmcache.workload_settings import GenerateSettings
+    from warmcache.shapes.workload_settings import GenerateSettings
 
     with Registry.open(f"sqlite:///{package_root}/registry.sqlite") as registry:
         (row,) = registry.rows(model="m", with_artifacts=True)
     config = compile_config("inductor", "default", "cpu")
     install(serving, config, [row], root_override=None, strict=True)
     new = max_new_tokens_that_fit(PROMPT, MAX_CACHE_LEN)
-    kwargs = generate_kwargs(GenerateSettings(MAX_CACHE_LEN), max_new_tokens=new, config=config, model_config=serving.config)
+    kwargs = generate_kwargs(
+        GenerateSettings(MAX_CACHE_LEN), max_new_tokens=new, config=config, model_config=serving.config
+    )
     with torch.no_grad():
         out = serving.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kwargs
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            min_new_tokens=new,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kwargs,
         )
     return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, dim=1)
 
 
 @pytest.mark.slow
-def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_other_weights(qwen3_packaged: tuple[Path, dict[str, Any]], qwen3: Path, tmp_path: Path) -> None:
+def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_other_weights(
+    qwen3_packaged: tuple[Path, dict[str, Any]], qwen3: Path, tmp_path: Path
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,11 +130,18 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     verdicts = {}
     for name, serving in {"right": right, "wrong": wrong}.items():
         tokens, logits = _served_by(root, serving, ids)
-        reference, eager = reference_logits(right, ids, mask, tokens), eager_decode_logits(right, ids, mask, tokens, pad_token_id=0)
+        reference, eager = (
+            reference_logits(right, ids, mask, tokens),
+            eager_decode_logits(right, ids, mask, tokens, pad_token_id=0),
+        )
         verdicts[name] = judge(reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right))
     assert verdicts["right"].agrees, verdicts["right"].describe()
     assert verdicts["right"].steps == MAX_CACHE_LEN - PROMPT + 1
-    assert not verdicts["wrong"].agrees and verdicts["wrong"].logit_error is not None and verdicts["wrong"].logit_error > 0.5, verdicts["wrong"].describe()
+    assert (
+        not verdicts["wrong"].agrees
+        and verdicts["wrong"].logit_error is not None
+        and verdicts["wrong"].logit_error > 0.5
+    ), verdicts["wrong"].describe()
 
 
 @pytest.mark.slow

@@ -17,13 +17,14 @@ from manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import SchemaOutOfDateError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import ArtifactRef, MissEvent, Registry
 from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.models import Base
 from warmcache.registry.registry import pending_row_values
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
+from warmcache.settings import RegistryLocation
 
 MANIFEST = manifest_toml(model("m", generate=[generate(batch_sizes=[1, 2], prompt_lengths=[8, 16], max_cache_len=32)]))
 
@@ -42,12 +43,14 @@ def test_migrations_build_an_empty_database_to_the_model_schema(registry_url: st
             migrated = {c["name"] for c in inspector.get_columns(table.name)}
             assert migrated == set(table.columns.keys()), f"migration and model disagree on {table.name}"
             checks = {c["name"] for c in inspector.get_check_constraints(table.name)}
-            assert checks == {c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)}, f"check constraints differ on {table.name}"
+            assert checks == {c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)}, (
+                f"check constraints differ on {table.name}"
+            )
 
 
 def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> None:
     Registry.open(registry_url).close()
-    engine = create_registry_engine(registry_url)
+    engine = create_registry_engine(RegistryLocation.parse(registry_url))
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffff'"))
     with pytest.raises(SchemaOutOfDateError, match="newer warmcache"):
@@ -65,16 +68,24 @@ def test_out_of_date_schema_is_a_clear_error_with_the_fix(registry_url: str) -> 
     assert "warmcache: error: registry" in result.stderr and "Traceback" not in result.output
 
 
-def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(registry_url: str, planned: list[PlannedShape]) -> None:
+def test_an_older_revision_is_refused_then_upgraded_keeping_its_rows(
+    registry_url: str, planned: list[PlannedShape]
+) -> None:
     from warmcache.registry import schema
 
-    engine = create_registry_engine(registry_url)
-    schema.upgrade(engine, "0001")  # a registry written by the first release, with the rows it could hold
+    engine = create_registry_engine(RegistryLocation.parse(registry_url))
+    # a registry written by the first release, with the rows it could hold
+    schema.upgrade(engine, "0001", display_url="test registry")
     with engine.begin() as conn:
         table = sa.Table("compiled_shapes", sa.MetaData(), autoload_with=conn)
-        conn.execute(table.insert(), [{k: v for k, v in pending_row_values(p).items() if k in table.c} for p in planned])
+        conn.execute(
+            table.insert(), [{k: v for k, v in pending_row_values(p).items() if k in table.c} for p in planned]
+        )
     engine.dispose()
-    with pytest.raises(SchemaOutOfDateError, match="at schema revision 0001 but this warmcache needs 0004; run: warmcache db upgrade --db"):
+    with pytest.raises(
+        SchemaOutOfDateError,
+        match="at schema revision 0001 but this warmcache needs 0004; run: warmcache db upgrade --db",
+    ):
         Registry.open(registry_url)
     shapes = CliRunner().invoke(main, ["shapes", "--db", registry_url])
     assert shapes.exit_code == 3 and "warmcache db upgrade" in shapes.stderr
@@ -104,7 +115,9 @@ def test_db_upgrade_and_current(registry_url: str) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["db", "current", "--db", registry_url, "--json"])
     if registry_url.startswith("sqlite"):  # a read: the file that is not there yet is named, not created
-        assert result.exit_code == 3 and "does not exist" in result.stderr and "warmcache db upgrade --db" in result.stderr
+        assert (
+            result.exit_code == 3 and "does not exist" in result.stderr and "warmcache db upgrade --db" in result.stderr
+        )
         assert not Path(registry_url.removeprefix("sqlite:///")).exists()
     else:  # an empty schema of its own
         assert result.exit_code == 0 and '"revision": null' in result.output
@@ -128,12 +141,24 @@ def test_claim_mark_compiled_and_verified(registry_url: str, planned: list[Plann
         registry.ensure_pending(planned)
         ids = [p.identity for p in planned]
         claimed = registry.claim(ids, "w1", lease_seconds=60)
-        assert claimed is not None and claimed.status == "compiling" and claimed.claimed_by == "w1" and claimed.attempts == 1
+        assert (
+            claimed is not None
+            and claimed.status == "compiling"
+            and claimed.claimed_by == "w1"
+            and claimed.attempts == 1
+        )
         artifacts = [ArtifactRef("inductor_fxgraph", "fxgraph/ab/fabc", 123)]
-        assert not registry.mark_compiled(claimed.id, "w2", compile_seconds=1.0, graphs_compiled=1), "only the claimant may finish"
+        assert not registry.mark_compiled(claimed.id, "w2", compile_seconds=1.0, graphs_compiled=1), (
+            "only the claimant may finish"
+        )
         assert registry.mark_compiled(claimed.id, "w1", compile_seconds=1.5, graphs_compiled=2, artifacts=artifacts)
         (row,) = registry.rows(identities=[claimed.identity], with_artifacts=True)
-        assert (row.status, row.compile_seconds, row.graphs_compiled, row.artifacts) == ("compiled", 1.5, 2, tuple(artifacts))
+        assert (row.status, row.compile_seconds, row.graphs_compiled, row.artifacts) == (
+            "compiled",
+            1.5,
+            2,
+            tuple(artifacts),
+        )
         assert row.claimed_by is None and row.compiled_at is not None
         assert registry.mark_verified([row.identity]) == 1
         assert registry.rows(identities=[row.identity])[0].status == "verified"
@@ -192,7 +217,10 @@ def test_failed_rows_are_retried_only_when_asked(registry_url: str, planned: lis
 
 
 def test_other_toolchains_read_as_stale(registry_url: str, planned: list[PlannedShape]) -> None:
-    old = [dataclasses.replace(p, toolchain=dataclasses.replace(p.toolchain, packages=(("torch", "2.0.0"),))) for p in planned]
+    old = [
+        dataclasses.replace(p, toolchain=dataclasses.replace(p.toolchain, packages=(("torch", "2.0.0"),)))
+        for p in planned
+    ]
     with Registry.open(registry_url) as registry:
         registry.ensure_pending(old[:2])
         statuses = registry.plan_status(planned)
@@ -202,7 +230,12 @@ def test_other_toolchains_read_as_stale(registry_url: str, planned: list[Planned
 def test_misses_are_summed_per_shape(registry_url: str) -> None:
     with Registry.open(registry_url) as registry:
         registry.record_misses([MissEvent("m", "generate", "float32", 3, 20, "padded", 4, 32, count=5)])
-        registry.record_misses([MissEvent("m", "generate", "float32", 3, 20, "padded", 4, 32, count=2), MissEvent("m", "generate", "float32", 9, 20, "refused")])
+        registry.record_misses(
+            [
+                MissEvent("m", "generate", "float32", 3, 20, "padded", 4, 32, count=2),
+                MissEvent("m", "generate", "float32", 9, 20, "refused"),
+            ]
+        )
         summary = registry.miss_summary("m")
         assert [(s["batch_size"], s["decision"], s["count"]) for s in summary] == [(3, "padded", 7), (9, "refused", 1)]
 
@@ -214,7 +247,8 @@ def test_unreachable_database_is_one_line(tmp_path) -> None:
 
 
 def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
-    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must match it."""
+    """``ShapeRecord`` is the row's one description in code (bundles and snapshots derive from it): the table must
+    match it."""
     from warmcache.registry.models import CompiledShape
     from warmcache.registry.records import COLUMNS
 
@@ -224,13 +258,18 @@ def test_the_orm_model_and_the_record_describe_the_same_row() -> None:
         (annotation,) = typing.get_args(hints[column.name])  # Mapped[X] -> X
         members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
         (kind,) = [m for m in members if m is not type(None)]
-        assert column.nullable == (type(None) in members), f"{column.name}: the annotation and the column disagree on NULL"
+        assert column.nullable == (type(None) in members), (
+            f"{column.name}: the annotation and the column disagree on NULL"
+        )
         mapped[column.name] = (typing.get_origin(kind) or kind, bool(column.nullable))
     assert mapped == COLUMNS
 
 
-def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release(registry_url: str, planned: list[PlannedShape]) -> None:
-    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: no row of its batch may stay 'compiling'."""
+def test_a_claim_is_given_back_even_when_a_second_interrupt_lands_in_the_release(
+    registry_url: str, planned: list[PlannedShape]
+) -> None:
+    """Ctrl-C reaches a --jobs worker and its parent, which then SIGTERMs the worker: no row of its batch may stay
+    'compiling'."""
     from warmcache.warmup.claims import _give_back
 
     class InterruptedOnce:

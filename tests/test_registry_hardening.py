@@ -1,4 +1,5 @@
-"""The registry under a fleet's first start: concurrent ``db upgrade`` runs of an empty database all end well on one schema."""
+"""The registry under a fleet's first start: concurrent ``db upgrade`` runs of an empty database all end well on one
+schema."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from test_bundle import Built
 
 from warmcache.registry import schema
 from warmcache.registry.engine import create_registry_engine
+from warmcache.settings import RegistryLocation
 
 built = test_bundle.built  # a SQLite registry with two compiled rows (a fixture)
 #: ``setpriv`` to the ``nobody`` user, where this runs as root.
@@ -24,14 +26,16 @@ UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] i
 
 
 @pytest.mark.parametrize("trial", range(3))  # the race was lost in 5 of 8 trials before the lock
-def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_schema(postgres_url: str, trial: int) -> None:
+def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_schema(
+    postgres_url: str, trial: int
+) -> None:
     barrier, failures, changes = threading.Barrier(4), [], []
 
     def upgrade() -> None:
-        engine = create_registry_engine(postgres_url)
+        engine = create_registry_engine(RegistryLocation.parse(postgres_url))
         try:
             barrier.wait()
-            changes.append(schema.upgrade(engine))
+            changes.append(schema.upgrade(engine, display_url="test registry"))
         except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
             failures.append(exc)
         finally:
@@ -42,8 +46,9 @@ def test_concurrent_db_upgrades_of_an_empty_postgresql_database_end_with_one_sch
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert failures == [] and not any(thread.is_alive() for thread in threads)  # racing DDL could also wait on itself forever
-    engine = create_registry_engine(postgres_url)
+    # racing DDL could also wait on itself forever
+    assert failures == [] and not any(thread.is_alive() for thread in threads)
+    engine = create_registry_engine(RegistryLocation.parse(postgres_url))
     try:
         head = schema.head_revision(engine)
         assert schema.current_revision(engine) == head
@@ -68,7 +73,8 @@ print(json.dumps({"shapes": [shapes.exit_code, len(json.loads(shapes.stdout or "
 
 
 def test_a_sqlite_registry_in_a_read_only_folder_answers_every_read(built: Built) -> None:
-    """Run as an unprivileged user (root ignores folder modes): WAL would need to create its -shm file beside the database."""
+    """Run as an unprivileged user (root ignores folder modes): WAL would need to create its -shm file beside the
+    database."""
     folder = Path(tempfile.mkdtemp(prefix="warmcache-ro-"))
     try:
         shutil.copyfile(built.url.removeprefix("sqlite:///"), folder / "registry.sqlite")

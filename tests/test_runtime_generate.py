@@ -1,4 +1,5 @@
-"""Guarded generate() on tiny Qwen3 and Llama (aot_eager): padding keeps greedy tokens, and nothing compiles after prime."""
+"""Guarded generate() on tiny Qwen3 and Llama (aot_eager): padding keeps greedy tokens, and nothing compiles after
+prime."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ import pytest
 from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.generation import compile_config, generate_kwargs
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import compile_config, generate_kwargs
 from warmcache.runtime.budget import reserve_recompile_room
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.serving import PrimeReport
-from warmcache.workload_settings import GenerateSettings
+from warmcache.shapes.workload_settings import GenerateSettings
 
 pytestmark = pytest.mark.slow
 
 BATCH_SIZES = (1, 2, 4, 8)
 PROMPT_LENGTHS = (8, 16)
 MAX_CACHE_LEN = 32
-MANIFEST = manifest_toml(model("m", "{path}", backend="aot_eager", generate=[generate(BATCH_SIZES, PROMPT_LENGTHS, MAX_CACHE_LEN)]))
+MANIFEST = manifest_toml(
+    model("m", "{path}", backend="aot_eager", generate=[generate(BATCH_SIZES, PROMPT_LENGTHS, MAX_CACHE_LEN)])
+)
 WORDS = "the a compile cache warm shape batch token neuron graph model train serve guard pad bucket fast slow".split()
 
 
@@ -38,7 +41,9 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
-def served(request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -64,7 +69,12 @@ def _prompts(rng: random.Random, count: int, min_words: int, max_words: int) -> 
 
 def _unguarded(model: Any, max_new_tokens: int, **inputs: Any) -> Any:
     """The call a user would make without the guard: the same compiled settings, the caller's own shapes."""
-    kwargs = generate_kwargs(GenerateSettings(MAX_CACHE_LEN), max_new_tokens=max_new_tokens, config=compile_config("aot_eager", "default", "cpu"), model_config=model.config)
+    kwargs = generate_kwargs(
+        GenerateSettings(MAX_CACHE_LEN),
+        max_new_tokens=max_new_tokens,
+        config=compile_config("aot_eager", "default", "cpu"),
+        model_config=model.config,
+    )
     return model.generate(**inputs, **kwargs)
 
 
@@ -112,16 +122,24 @@ def test_replay_of_200_requests_compiles_nothing_with_the_guard(served: Served) 
     stream = []
     for _ in range(200):
         batch = rng.randint(1, max(BATCH_SIZES))
-        stream.append(served.tokenizer(_prompts(rng, batch, 1, 12), return_tensors="pt", padding=True, truncation=True, max_length=16))
+        stream.append(
+            served.tokenizer(
+                _prompts(rng, batch, 1, 12), return_tensors="pt", padding=True, truncation=True, max_length=16
+            )
+        )
     assert {s["input_ids"].shape[0] for s in stream} == set(range(1, 9))
     with CompileCounter() as guarded:
         for inputs in stream:
             served.guard.generate(served.model, **inputs, max_new_tokens=2)
-    # Without the guard, the stream's first 40 requests already compile graph after graph (all 200: 30 s more, the same answer).
+    # Without the guard, the stream's first 40 requests already compile graph after graph (all 200: 30 s more, the same
+    # answer).
     with CompileCounter() as unguarded:
         for inputs in stream[:40]:
             _unguarded(served.model, 2, **inputs)
-    print(f"\n200 requests, batch 1-8, prompt 1-16 tokens: {guarded.graphs} graphs compiled with the guard, {unguarded.graphs} without it in the first 40")
+    print(
+        f"\n200 requests, batch 1-8, prompt 1-16 tokens: {guarded.graphs} graphs compiled with "
+        f"the guard, {unguarded.graphs} without it in the first 40"
+    )
     assert guarded.graphs == 0
     assert unguarded.graphs > 1
 
@@ -136,7 +154,10 @@ def test_max_new_tokens_is_clipped_or_refused(served: Served) -> None:
     assert output.shape[1] - inputs["input_ids"].shape[1] <= MAX_CACHE_LEN - 8 + 1  # prompt bucket 8 leaves 25 tokens
     assert any(m.decision == "clip" and m.padded_seq == 8 for m in served.guard.misses())
     strict = ShapeGuard(lambda: served.guard.records, model="m", policy="refuse", source="test")
-    with pytest.raises(UnseenShapeError, match=r"max_new_tokens=100 with prompt bucket seq=8 overflows the compiled max_cache_len=32 \(at most 25 fit\)"):
+    with pytest.raises(
+        UnseenShapeError,
+        match=r"max_new_tokens=100 with prompt bucket seq=8 overflows the compiled max_cache_len=32 \(at most 25 fit\)",
+    ):
         strict.generate(served.model, input_ids=torch.ones((2, 8), dtype=torch.long), max_new_tokens=100)
     with pytest.raises(UsageError, match="num_beams=4 differs from the compiled"):
         served.guard.generate(served.model, **inputs, num_beams=4)
@@ -146,23 +167,33 @@ def test_unservable_requests_are_refused_before_generate(served: Served) -> None
     import torch
 
     too_many = torch.ones((9, 8), dtype=torch.long)
-    with pytest.raises(UnseenShapeError, match="request batch=9 seq=8 fits no compiled shape; nearest compiled: batch=8 seq=8"):
+    with pytest.raises(
+        UnseenShapeError, match="request batch=9 seq=8 fits no compiled shape; nearest compiled: batch=8 seq=8"
+    ):
         served.guard.generate(served.model, input_ids=too_many)
-    right_padded = {"input_ids": torch.ones((2, 5), dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+    right_padded = {
+        "input_ids": torch.ones((2, 5), dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+    }
     with pytest.raises(UsageError, match="right-padded"):
         served.guard.generate(served.model, **right_padded)
     with pytest.raises(UsageError, match=r"'input_ids' of shape \(0, 8\) is empty"):
         served.guard.fit({"input_ids": torch.ones((0, 8), dtype=torch.long)})
     with pytest.raises(UsageError, match="'attention_mask' must be a tensor of input_ids' shape"):
-        served.guard.fit({"input_ids": torch.ones((2, 8), dtype=torch.long), "attention_mask": torch.ones((2, 7), dtype=torch.long)})
+        served.guard.fit(
+            {"input_ids": torch.ones((2, 8), dtype=torch.long), "attention_mask": torch.ones((2, 7), dtype=torch.long)}
+        )
 
 
-def test_warn_runs_an_unservable_request_unpadded_and_records_its_compile(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+def test_warn_runs_an_unservable_request_unpadded_and_records_its_compile(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
     import torch
 
     lenient = ShapeGuard(lambda: served.guard.records, model="m", policy="warn", source="test")
     lenient.primed = True  # the buckets are loaded in this process (by the fixture's prime)
-    reserve_recompile_room(1)  # the replay's unguarded stream may have used the budget up: past it Dynamo runs eager, unseen
+    # the replay's unguarded stream may have used the budget up: past it Dynamo runs eager, unseen
+    reserve_recompile_room(1)
     ids = torch.full((9, 8), 5, dtype=torch.long)
     output = lenient.generate(served.model, input_ids=ids, max_new_tokens=2)
     assert output.shape == (9, 10)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError
+from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.runtime.sentinel import recompile_sentinel
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,10 @@ def test_strict_sentinel_turns_a_recompile_into_unseen_shape_error(policy: str) 
     with recompile_sentinel(policy, "bucket batch=2") as report:
         double(torch.ones(2))  # a cache hit is fine
     assert report.graphs == 0
-    with pytest.raises(UnseenShapeError, match=r"bucket batch=2: torch.compile would recompile here \(policy " + policy + r"\).*size mismatch"):
+    with pytest.raises(
+        UnseenShapeError,
+        match=r"bucket batch=2: torch.compile would recompile here \(policy " + policy + r"\).*size mismatch",
+    ):
         with recompile_sentinel(policy, "bucket batch=2"):
             double(torch.ones(3))
 

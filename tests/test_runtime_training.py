@@ -41,7 +41,8 @@ def test_collator_pads_right_to_a_bucket_with_ignored_labels(guard_url: str) -> 
     assert short_last["labels"][0, :3].tolist() == [IGNORE_INDEX, 6, IGNORE_INDEX]
     assert short_last["attention_mask"][1].sum() == 0 and (short_last["labels"][1] == IGNORE_INDEX).all()
 
-    too_long = collate([{"input_ids": list(range(40))}, {"input_ids": [1]}])  # policy pad: truncate to the longest bucket
+    # policy pad: truncate to the longest bucket
+    too_long = collate([{"input_ids": list(range(40))}, {"input_ids": [1]}])
     assert too_long["input_ids"].shape == (2, 32) and too_long["input_ids"][0, -1] == 31
     assert sorted(m.decision for m in guard.misses()) == ["pad", "pad", "truncate"]
 
@@ -50,7 +51,10 @@ def test_collator_and_callback_refuse_what_was_not_compiled(guard_url: str, tiny
     from transformers import AutoModelForCausalLM
 
     guard = ShapeGuard.from_registry(guard_url, "m", "train", policy="refuse", telemetry=False)
-    with pytest.raises(UnseenShapeError, match="request batch=2 seq=40 fits no compiled training shape .*nearest compiled: batch=2 seq=32"):
+    with pytest.raises(
+        UnseenShapeError,
+        match="request batch=2 seq=40 fits no compiled training shape .*nearest compiled: batch=2 seq=32",
+    ):
         guard.collator(None, pad_token_id=0)([{"input_ids": list(range(40))}, {"input_ids": [1]}])
     with pytest.raises(UnseenShapeError, match="request batch=3 seq=5 fits no compiled training shape"):
         guard.collator(None, pad_token_id=0)([{"input_ids": [1] * 5}] * 3)
@@ -104,7 +108,9 @@ def test_compiled_training_stays_on_buckets_and_compiles_only_on_the_first_pass(
         report_to=[],
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=guard.collator(tokenizer), callbacks=[callback])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=guard.collator(tokenizer), callbacks=[callback]
+    )
     trainer.train()
 
     steps = callback.steps
@@ -114,6 +120,10 @@ def test_compiled_training_stays_on_buckets_and_compiles_only_on_the_first_pass(
     assert {s.shape for s in steps} == set(guard.buckets)  # both lengths were really exercised
     first_pass_done = max(next(i for i, s in enumerate(steps) if s.shape == bucket) for bucket in guard.buckets)
     assert all(s.graphs == 0 for s in steps[first_pass_done + 1 :])
-    assert [s.graphs for s in steps[: first_pass_done + 1] if s.graphs] == [1, 1]  # one static graph per bucket, seen by the callback
+    # one static graph per bucket, seen by the callback
+    assert [s.graphs for s in steps[: first_pass_done + 1] if s.graphs] == [
+        1,
+        1,
+    ]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 12 and all(math.isfinite(loss) for loss in losses)  # dummy rows (attention 0) stay harmless

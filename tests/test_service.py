@@ -22,8 +22,8 @@ from test_guard import silent_postgres  # noqa: F401 - fixture: a PostgreSQL ser
 
 from warmcache.cli import main
 from warmcache.errors import TrustError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.service import ServiceConfig
@@ -35,7 +35,9 @@ from warmcache.trust import SigningKey, generate_key
 TOKEN = "s3cret-token"
 
 
-def call(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+def call(
+    url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, dict[str, str]]:
     """``(status, decoded JSON or text, headers)`` of one request; HTTP errors are answers, not exceptions."""
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
@@ -44,7 +46,11 @@ def call(url: str, method: str = "GET", body: bytes | None = None, headers: dict
     except urllib.error.HTTPError as exc:
         status, raw, got = exc.code, exc.read(), dict(exc.headers)
     text = raw.decode()
-    return status, json.loads(text) if got.get("content-type", "").startswith("application/json") and text else text, got
+    return (
+        status,
+        json.loads(text) if got.get("content-type", "").startswith("application/json") and text else text,
+        got,
+    )
 
 
 def cli_json(*args: str) -> Any:
@@ -76,7 +82,9 @@ def compiled(registry_url: str, manifest: Path) -> str:
 
 @pytest.fixture
 def service(compiled: str, manifest: Path) -> Iterator[str]:
-    with running_server(ServiceConfig(RegistryLocation.parse(compiled), token=TOKEN, manifest=manifest, refresh_interval=0.2)) as base:
+    with running_server(
+        ServiceConfig(RegistryLocation.parse(compiled), token=TOKEN, manifest=manifest, refresh_interval=0.2)
+    ) as base:
         wait_ready(base)
         yield base
 
@@ -112,24 +120,56 @@ def test_check_answers_as_the_cli_does(service: str, compiled: str) -> None:
 
 def test_reads_match_the_cli_json(service: str, compiled: str, manifest: Path) -> None:
     assert call(f"{service}/v1/shapes")[1] == cli_json("shapes", "--db", compiled)
-    assert call(f"{service}/v1/shapes?workload=generate&status=compiled")[1] == cli_json("shapes", "--db", compiled, "--workload", "generate", "--status", "compiled")
+    assert call(f"{service}/v1/shapes?workload=generate&status=compiled")[1] == cli_json(
+        "shapes", "--db", compiled, "--workload", "generate", "--status", "compiled"
+    )
     status, models, _ = call(f"{service}/v1/models")
-    assert status == 200 and models == [{"model": "m", "workloads": ["generate", "train"], "shapes": 7, "counts": {"pending": 2, "compiled": 4, "failed": 1}}]
+    assert status == 200 and models == [
+        {
+            "model": "m",
+            "workloads": ["generate", "train"],
+            "shapes": 7,
+            "counts": {"pending": 2, "compiled": 4, "failed": 1},
+        }
+    ]
     report = call(f"{service}/v1/status")[1]
     expected = cli_json("status", str(manifest), "--db", compiled)
-    assert {k: v for k, v in report.items() if k != "checked_at"} == {k: v for k, v in expected.items() if k != "checked_at"}
+    assert {k: v for k, v in report.items() if k != "checked_at"} == {
+        k: v for k, v in expected.items() if k != "checked_at"
+    }
     assert report["groups"][1]["failures"][0]["error"] == "RuntimeError: out of memory"
     status, planned, _ = call(f"{service}/v1/plan", "POST", manifest.read_bytes(), {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and planned == cli_json("plan", str(manifest), "--db", compiled)
-    assert {p["reason"].split(":")[0] for p in planned if p["reason"]} == {"pending", "failed"}  # each unusable shape says why
+    # each unusable shape says why
+    assert {p["reason"].split(":")[0] for p in planned if p["reason"]} == {
+        "pending",
+        "failed",
+    }
 
 
 def test_misses_round_trip_and_show_in_metrics(service: str, compiled: str) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     report = {
         "misses": [
-            {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "pad", "padded_batch": 4, "padded_seq": 32, "count": 5},
-            {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 9, "seq_len": 99, "decision": "refuse"},
+            {
+                "model": "m",
+                "workload": "generate",
+                "dtype": "float32",
+                "batch_size": 3,
+                "seq_len": 20,
+                "decision": "pad",
+                "padded_batch": 4,
+                "padded_seq": 32,
+                "count": 5,
+            },
+            {
+                "model": "m",
+                "workload": "generate",
+                "dtype": "float32",
+                "batch_size": 9,
+                "seq_len": 99,
+                "decision": "refuse",
+            },
         ]
     }
     status, answer, _ = call(f"{service}/v1/misses", "POST", json.dumps(report).encode(), auth)
@@ -151,7 +191,20 @@ def _miss_count(url: str) -> int:
 
 
 def test_writes_without_the_right_token_are_refused_and_change_nothing(service: str, compiled: str) -> None:
-    body = json.dumps({"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "refuse"}]}).encode()
+    body = json.dumps(
+        {
+            "misses": [
+                {
+                    "model": "m",
+                    "workload": "generate",
+                    "dtype": "float32",
+                    "batch_size": 3,
+                    "seq_len": 20,
+                    "decision": "refuse",
+                }
+            ]
+        }
+    ).encode()
     for header in [None, "Bearer wrong-token", f"Basic {TOKEN}", "Bearer ", f"Bearer {TOKEN}x"]:
         headers = {"Authorization": header} if header else {}
         for path in ("/v1/misses", "/v1/plan", "/v1/refresh"):
@@ -163,7 +216,20 @@ def test_writes_without_the_right_token_are_refused_and_change_nothing(service: 
 def test_without_a_configured_token_every_write_is_refused(compiled: str) -> None:
     with running_server(ServiceConfig(RegistryLocation.parse(compiled), token=None)) as base:
         wait_ready(base)
-        body = json.dumps({"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "refuse"}]}).encode()
+        body = json.dumps(
+            {
+                "misses": [
+                    {
+                        "model": "m",
+                        "workload": "generate",
+                        "dtype": "float32",
+                        "batch_size": 3,
+                        "seq_len": 20,
+                        "decision": "refuse",
+                    }
+                ]
+            }
+        ).encode()
         status, answer, _ = call(f"{base}/v1/misses", "POST", body, {"Authorization": "Bearer anything"})
         assert status == 403 and "writes are disabled" in answer["error"]["message"]
         assert call(f"{base}/v1/check?model=m&batch=1&seq=16")[0] == 200  # reads stay open
@@ -193,9 +259,21 @@ def test_bad_input_is_a_4xx_naming_the_field(service: str) -> None:
 BAD_MISSES = [
     (b"not json", "body"),
     (b'{"misses": {}}', "misses"),
-    (b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": -1, "decision": "pad"}]}', "misses[0].seq_len"),
-    (b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 2, "decision": "pad"}, 7]}', "misses[1]"),
-    (b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 2, "decision": "eat"}]}', "misses[0].decision"),
+    (
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": -1, "decision": "pad"}]}',
+        "misses[0].seq_len",
+    ),
+    (
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": 2, "decision": "pad"}, 7]}',
+        "misses[1]",
+    ),
+    (
+        b'{"misses": [{"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, '
+        b'"seq_len": 2, "decision": "eat"}]}',
+        "misses[0].decision",
+    ),
 ]
 
 
@@ -217,11 +295,15 @@ def test_bodies_over_the_limit_are_refused(service: str) -> None:
     response = connection.getresponse()
     assert response.status == 413 and json.loads(response.read())["error"]["field"] == "body"
     connection.close()
-    status, answer, _ = call(f"{service}/v1/plan", "POST", b"[[model]]\nname = 1\n", {"Authorization": f"Bearer {TOKEN}"})
+    status, answer, _ = call(
+        f"{service}/v1/plan", "POST", b"[[model]]\nname = 1\n", {"Authorization": f"Bearer {TOKEN}"}
+    )
     assert status == 400 and "model[0].name" in answer["error"]["message"], answer
 
 
-def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(service: str, compiled: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(
+    service: str, compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     status, snapshot, headers = call(f"{service}/v1/guard/m?workload=generate")
     assert status == 200 and headers["etag"] and snapshot["format"] == "warmcache-guard-snapshot"
     assert sorted((r["batch_size"], r["seq_len"]) for r in snapshot["records"]) == [(1, 16), (1, 32), (2, 16), (2, 32)]
@@ -232,7 +314,10 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
     for batch, seq in [(1, 16), (2, 10), (1, 31), (2, 32)]:
         assert remote.decide(batch, seq) == local.decide(batch, seq)
     assert remote.telemetry.flush() and remote.telemetry.flushed == 2
-    assert sorted((m["batch_size"], m["seq_len"], m["count"]) for m in call(f"{service}/v1/misses")[1]) == [(1, 31, 1), (2, 10, 1)]
+    assert sorted((m["batch_size"], m["seq_len"], m["count"]) for m in call(f"{service}/v1/misses")[1]) == [
+        (1, 31, 1),
+        (2, 10, 1),
+    ]
     assert remote.buckets == local.buckets == [(1, 16), (1, 32), (2, 16), (2, 32)]
     remote.refresh()
     source = remote._load.__self__  # type: ignore[attr-defined]
@@ -250,13 +335,17 @@ def test_guard_from_url_decides_as_from_registry_and_refreshes_with_the_etag(ser
     assert {"/v1/check", "/v1/guard/{model}", "/metrics", "/v1/misses", "/v1/plan"} <= set(openapi["paths"])
 
 
-def test_guard_answers_signed_by_serve_sign_are_verified_by_from_url(service: str, compiled: str, manifest: Path, tmp_path: Path) -> None:
+def test_guard_answers_signed_by_serve_sign_are_verified_by_from_url(
+    service: str, compiled: str, manifest: Path, tmp_path: Path
+) -> None:
     for name in ("ours", "theirs"):
         generate_key(tmp_path / name)
     ours, theirs = [str(tmp_path / "ours.pub")], [str(tmp_path / "theirs.pub")]
     with pytest.raises(TrustError, match="unsigned, but trusted keys are configured"):
         ShapeGuard.from_url(service, "m", telemetry=False, trust=ours)  # the fixture's service does not sign
-    config = ServiceConfig(RegistryLocation.parse(compiled), refresh_interval=0.2, signing_key=SigningKey.load(tmp_path / "ours"))
+    config = ServiceConfig(
+        RegistryLocation.parse(compiled), refresh_interval=0.2, signing_key=SigningKey.load(tmp_path / "ours")
+    )
     with running_server(config) as base:
         wait_ready(base)
         guard = ShapeGuard.from_url(base, "m", telemetry=False, trust=ours)
@@ -269,7 +358,9 @@ def test_guard_answers_signed_by_serve_sign_are_verified_by_from_url(service: st
 
 
 def test_a_registry_outage_is_a_503_never_a_hang(silent_postgres: str) -> None:  # noqa: F811 - the imported fixture
-    with running_server(ServiceConfig(RegistryLocation.parse(silent_postgres), token=TOKEN, refresh_interval=0.5)) as base:
+    with running_server(
+        ServiceConfig(RegistryLocation.parse(silent_postgres), token=TOKEN, refresh_interval=0.5)
+    ) as base:
         assert call(f"{base}/healthz")[:2] == (200, {"ok": True})
         deadline = time.monotonic() + 15
         while "unavailable" not in str(call(f"{base}/readyz")[1]):

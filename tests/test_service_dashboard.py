@@ -15,9 +15,9 @@ import pytest
 from test_cli_query import MANIFEST, _compile_all
 from test_service import TOKEN, seed_registry, wait_ready
 
-from warmcache.query import effective_status
 from warmcache.registry import Registry
 from warmcache.registry.records import MissEvent
+from warmcache.reports.query import effective_status
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.settings import RegistryLocation
@@ -36,7 +36,13 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1100,900"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1100,900",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     try:
@@ -74,7 +80,9 @@ def test_dashboard_grid_matches_the_registry_and_follows_it_live(browser, tmp_pa
     path = write_manifest(MANIFEST)
     seed_registry(url, path)
     with Registry.open(url) as registry:
-        registry.record_misses([MissEvent("m", "generate", "float32", 2, 20, "pad", padded_batch=2, padded_seq=32, count=7)])
+        registry.record_misses(
+            [MissEvent("m", "generate", "float32", 2, 20, "pad", padded_batch=2, padded_seq=32, count=7)]
+        )
         rows = registry.rows(model="m")
     with running_server(ServiceConfig(RegistryLocation.parse(url), token=TOKEN, refresh_interval=0.3)) as base:
         wait_ready(base)

@@ -23,15 +23,29 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def miss(**overrides: object) -> bytes:
-    item = {"model": "m", "workload": "generate", "dtype": "float32", "batch_size": 3, "seq_len": 20, "decision": "pad", **overrides}
+    item = {
+        "model": "m",
+        "workload": "generate",
+        "dtype": "float32",
+        "batch_size": 3,
+        "seq_len": 20,
+        "decision": "pad",
+        **overrides,
+    }
     return json.dumps({"misses": [item]}).encode()
 
 
-@pytest.mark.parametrize(("field", "value"), [("batch_size", 2**31), ("count", 2**63), ("count", 2**62), ("padded_seq", MAX_COUNT + 1)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("batch_size", 2**31), ("count", 2**63), ("count", 2**62), ("padded_seq", MAX_COUNT + 1)]
+)
 def test_a_miss_report_the_registry_cannot_hold_is_a_400_naming_the_field(field: str, value: int) -> None:
     with pytest.raises(ApiError) as caught:
         parse_misses(miss(**{field: value}))
-    assert caught.value.status == 400 and caught.value.field == f"misses[0].{field}" and str(MAX_COUNT) in caught.value.message
+    assert (
+        caught.value.status == 400
+        and caught.value.field == f"misses[0].{field}"
+        and str(MAX_COUNT) in caught.value.message
+    )
     assert parse_misses(miss(**{field: MAX_COUNT}))[0]  # the largest value both backends hold is accepted
 
 
@@ -42,7 +56,12 @@ def test_json_nested_100000_deep_is_a_400_before_parsing() -> None:
 
 
 def test_an_oversized_miss_report_never_marks_the_registry_down(service: str, compiled: str) -> None:  # noqa: F811
-    for body in (miss(batch_size=2**31), miss(count=2**62), miss(count=2**62), b'{"misses": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+    for body in (
+        miss(batch_size=2**31),
+        miss(count=2**62),
+        miss(count=2**62),
+        b'{"misses": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ):
         status, answer, _ = call(f"{service}/v1/misses", "POST", body, AUTH)
         assert status == 400, answer
     assert call(f"{service}/v1/refresh", "POST", b"", AUTH)[0] == 200  # a refresh still sums the misses
@@ -57,34 +76,64 @@ def test_query_integers_are_ascii_digits_only(service: str, batch: str) -> None:
 
 @pytest.mark.parametrize("path", ["/etc", "/proc/self", "/no/such/folder", "/tmp"])
 def test_plan_does_not_reveal_whether_server_paths_exist(service: str, path: str) -> None:  # noqa: F811
-    body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    body = (
+        f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = '
+        "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+    )
     status, answer, _ = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400, answer
     message = answer["error"]["message"]
     assert "model path not checked by the service" in message and answer["error"]["field"] == "model[0].path"
-    assert "not a folder" not in message and "not found" not in message and "/proc/" not in message and path not in message
+    assert (
+        "not a folder" not in message and "not found" not in message and "/proc/" not in message and path not in message
+    )
 
 
 def test_plan_answers_are_the_same_for_a_missing_and_an_existing_server_path(service: str, tmp_path: Path) -> None:  # noqa: F811
     answers = set()
     for path in ("/etc", "/no/such/folder"):
-        body = f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+        body = (
+            f'[[model]]\nname = "x"\npath = "{path}"\n[[model.generate]]\nbatch_sizes = '
+            "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+        )
         answers.add(json.dumps(call(f"{service}/v1/plan", "POST", body, AUTH)[1]).replace(path, "PATH"))
     assert len(answers) == 1, answers
 
 
 def serve_command(tmp_path: Path, host: str) -> list[str]:
-    return [sys.executable, "-c", "from warmcache.cli import main; main()", "serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--host", host, "--port", str(free_port())]
+    return [
+        sys.executable,
+        "-c",
+        "from warmcache.cli import main; main()",
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path / 'r.sqlite'}",
+        "--host",
+        host,
+        "--port",
+        str(free_port()),
+    ]
 
 
 def test_serve_refuses_a_short_token_without_quoting_it(tmp_path: Path) -> None:
-    env = {**os.environ, "WARMCACHE_TOKEN": "x"}  # a server that started anyway is killed by the timeout, failing the test
-    result = subprocess.run(serve_command(tmp_path, "0.0.0.0"), capture_output=True, text=True, env=env, timeout=60, check=False)
+    # a server that started anyway is killed by the timeout, failing the test
+    env = {
+        **os.environ,
+        "WARMCACHE_TOKEN": "x",
+    }
+    result = subprocess.run(
+        serve_command(tmp_path, "0.0.0.0"), capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert result.returncode == 2 and "fewer than 16" in result.stderr and "'x'" not in result.stderr
 
 
-@pytest.mark.parametrize(("host", "shown", "warned"), [("::", "http://[::]:", True), ("0.0.0.0", "http://0.0.0.0:", True), ("127.0.0.1", "http://127.0.0.1:", False)])
-def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path, host: str, shown: str, warned: bool) -> None:
+@pytest.mark.parametrize(
+    ("host", "shown", "warned"),
+    [("::", "http://[::]:", True), ("0.0.0.0", "http://0.0.0.0:", True), ("127.0.0.1", "http://127.0.0.1:", False)],
+)
+def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(
+    tmp_path: Path, host: str, shown: str, warned: bool
+) -> None:
     env = {**os.environ, "WARMCACHE_TOKEN": "a-long-enough-secret-token"}
     command = serve_command(tmp_path, host)
     with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as server:
@@ -98,17 +147,22 @@ def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(tmp_path: Path
 
 
 def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
-    """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no weights)."""
+    """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no
+    weights)."""
     folder = tmp_path / "config-only"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}))
     values = list(range(1, side + 1))
-    table = f'path = "{folder}"\n[[model.generate]]\nbatch_sizes = {values}\nprompt_lengths = {values}\nmax_cache_len = {side + 1}\n'
+    table = (
+        f'path = "{folder}"\n[[model.generate]]\nbatch_sizes = {values}\nprompt_lengths = '
+        f"{values}\nmax_cache_len = {side + 1}\n"
+    )
     return "\n".join(f'[[model]]\nname = "m{i}"\n{table}' for i in range(models)).encode()
 
 
 def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(service: str, tmp_path: Path) -> None:  # noqa: F811
-    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI alike."""
+    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI
+    alike."""
     body = grid_manifest(tmp_path, 50, 299)
     assert len(body) < 150_000  # far inside the 1 MiB a manifest may be
     start = time.monotonic()
@@ -120,13 +174,23 @@ def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(servi
     assert "model[0] 'm0' generate[0]: 299 batch sizes × 299 lengths = 89,401" in message and "\n" not in message
     (tmp_path / "big.toml").write_bytes(body)
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "warmcache", "plan", str(tmp_path / "big.toml"), "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache", "plan", str(tmp_path / "big.toml"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "declares 4,470,050 shapes" in done.stderr and "Traceback" not in done.stderr
     assert time.monotonic() - start < 10  # interpreter start-up included; the refusal itself is milliseconds
 
 
-def test_a_plan_that_outlives_its_answer_stops_using_cpu(service: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """97,200 shapes (within the limit) against a 0.3 s budget: the 503 comes, and the planning thread stops within a second."""
+def test_a_plan_that_outlives_its_answer_stops_using_cpu(
+    service: str,  # noqa: F811 - the fixture of that name
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """97,200 shapes (within the limit) against a 0.3 s budget: the 503 comes, and the planning thread stops within a
+    second."""
     from warmcache.service import app
 
     monkeypatch.setattr(app, "PLAN_TIMEOUT_S", 0.3)
@@ -144,10 +208,14 @@ def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_
     folder = tmp_path / "deep"
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    body = f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = [1]\nprompt_lengths = [8]\nmax_cache_len = 16\n'.encode()
+    body = (
+        f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = '
+        "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
+    )
     status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
-    assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]  # the server's disk is not described
+    # the server's disk is not described
+    assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]
 
 
 def test_connections_that_never_finish_their_headers_are_closed(service: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -169,7 +237,8 @@ def test_connections_that_never_finish_their_headers_are_closed(service: str, mo
     kept = http.client.HTTPConnection(host, port, timeout=10)
     kept.request("GET", "/healthz")
     assert kept.getresponse().read() and kept.sock is not None
-    kept.sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")  # a second request on the kept-alive connection, never finished
+    # a second request on the kept-alive connection, never finished
+    kept.sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
     until = time.monotonic() + 2.5
     while time.monotonic() < until:
         for sock in trickling:

@@ -14,7 +14,19 @@ from warmcache.cli import main
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
-from warmcache.settings import CACHE_DIR, REGISTRY, SETTINGS, STORE, TRUSTED_KEYS, Chosen, RegistryLocation, Setting, choose, resolve_cache_folder, resolve_registry
+from warmcache.settings import (
+    CACHE_DIR,
+    REGISTRY,
+    SETTINGS,
+    STORE,
+    TRUSTED_KEYS,
+    Chosen,
+    RegistryLocation,
+    Setting,
+    choose,
+    resolve_cache_folder,
+    resolve_registry,
+)
 
 PACKAGE = Path(warmcache.__file__).parent
 
@@ -23,7 +35,12 @@ PACKAGE = Path(warmcache.__file__).parent
 def test_each_setting_takes_flag_then_environment_then_manifest_then_default(setting: Setting, tmp_path: Path) -> None:
     manifest = tmp_path / "m.toml"
     flag, env, from_manifest, default = setting.sources(manifest)
-    assert (flag, env, from_manifest, default) == (setting.flag, f"${setting.env}", f"{manifest} {setting.manifest_key}", "default")
+    assert (flag, env, from_manifest, default) == (
+        setting.flag,
+        f"${setting.env}",
+        f"{manifest} {setting.manifest_key}",
+        "default",
+    )
     given = {setting.env: "e"}
     for (flag_value, environ, manifest_value), expected in (
         (("f", given, "m"), Chosen("f", flag)),
@@ -37,11 +54,22 @@ def test_each_setting_takes_flag_then_environment_then_manifest_then_default(set
 def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
     """The same order for the registry and the cache folder, through the functions the CLI calls."""
     manifest = load_manifest(_manifest(tmp_path, registry={"url": "from-manifest.sqlite"}))
-    env = {"WARMCACHE_DB": str(tmp_path / "env.sqlite"), "WARMCACHE_CACHE_DIR": str(tmp_path / "env-cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    assert resolve_registry(str(tmp_path / "flag.sqlite"), manifest.registry, env) == RegistryLocation(f"sqlite:///{tmp_path / 'flag.sqlite'}", "--db")
-    assert resolve_registry(None, manifest.registry, env) == RegistryLocation(f"sqlite:///{tmp_path / 'env.sqlite'}", "$WARMCACHE_DB")
+    env = {
+        "WARMCACHE_DB": str(tmp_path / "env.sqlite"),
+        "WARMCACHE_CACHE_DIR": str(tmp_path / "env-cache"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+    }
+    assert resolve_registry(str(tmp_path / "flag.sqlite"), manifest.registry, env) == RegistryLocation(
+        f"sqlite:///{tmp_path / 'flag.sqlite'}", "--db"
+    )
+    assert resolve_registry(None, manifest.registry, env) == RegistryLocation(
+        f"sqlite:///{tmp_path / 'env.sqlite'}", "$WARMCACHE_DB"
+    )
     assert resolve_registry(None, manifest.registry, {"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == manifest.registry
-    assert manifest.registry == RegistryLocation(f"sqlite:///{tmp_path / 'from-manifest.sqlite'}", f"{manifest.path} [registry] url")  # anchored at the manifest's folder
+    # anchored at the manifest's folder
+    assert manifest.registry == RegistryLocation(
+        f"sqlite:///{tmp_path / 'from-manifest.sqlite'}", f"{manifest.path} [registry] url"
+    )
     assert resolve_registry(None, None, {"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == RegistryLocation(
         f"sqlite:///{tmp_path / 'xdg' / 'warmcache' / 'registry.sqlite'}", "default"
     )
@@ -50,7 +78,8 @@ def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
     assert folder is not None and (folder.path, folder.source) == (tmp_path / "flag-cache", "--cache-dir")
     folder = resolve_cache_folder(None, env)
     assert folder is not None and (folder.path, folder.source) == (tmp_path / "env-cache", "$WARMCACHE_CACHE_DIR")
-    assert resolve_cache_folder(None, {}) is None  # then the manifest's [cache] dir, then the target's own (resolve_cache_dir)
+    # then the manifest's [cache] dir, then the target's own (resolve_cache_dir)
+    assert resolve_cache_folder(None, {}) is None
     assert {s.env for s in SETTINGS} == {REGISTRY.env, CACHE_DIR.env, STORE.env, TRUSTED_KEYS.env}
 
 
@@ -66,17 +95,22 @@ def test_errors_name_the_source_of_the_bad_value(tmp_path: Path, monkeypatch: py
     assert result.exit_code == 2 and "$WARMCACHE_CACHE_DIR is empty" in result.output, result.output
     bad = _manifest(tmp_path, registry={"url": "mysql://db/x"})
     result = CliRunner().invoke(main, ["plan", str(bad)])
-    assert result.exit_code == 2 and f"{bad}: registry.url: 'mysql://db/x': unknown scheme 'mysql'" in result.output, result.output
+    assert result.exit_code == 2 and f"{bad}: registry.url: 'mysql://db/x': unknown scheme 'mysql'" in result.output, (
+        result.output
+    )
 
 
-def test_the_registry_url_is_normalised_in_exactly_one_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dburl.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command normalises once."""
+def test_the_registry_url_is_normalised_in_exactly_one_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``settings.normalise_url`` is the one normaliser and ``RegistryLocation.parse`` its one caller; a command
+    normalises once."""
     callers = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
-        if path.name != "dburl.py"
-        and any(
-            isinstance(node, ast.Name | ast.alias | ast.Attribute) and "normalise_url" in (getattr(node, "id", None), getattr(node, "name", None), getattr(node, "attr", None))
+        if any(
+            isinstance(node, ast.Name | ast.alias | ast.Attribute)
+            and "normalise_url" in (getattr(node, "id", None), getattr(node, "name", None), getattr(node, "attr", None))
             for node in ast.walk(ast.parse(path.read_text()))
         )
     )
@@ -101,11 +135,21 @@ def test_the_registry_url_is_normalised_in_exactly_one_function(tmp_path: Path, 
 
 def test_postgresql_locations_are_edited_as_urls_not_text() -> None:
     location = RegistryLocation.parse("postgres://u:secret@db:5432/reg?options=-csearch_path%3Dteam", "$WARMCACHE_DB")
-    assert location.url.startswith("postgresql+psycopg://") and location.display == "postgresql+psycopg://u:***@db:5432/reg?options=-csearch_path%3Dteam"
+    assert (
+        location.url.startswith("postgresql+psycopg://")
+        and location.display == "postgresql+psycopg://u:***@db:5432/reg?options=-csearch_path%3Dteam"
+    )
     bounded = location.bounded(3, 5000)
-    assert bounded.url == "postgresql+psycopg://u:secret@db:5432/reg?connect_timeout=3&options=-csearch_path%3Dteam+-c+statement_timeout%3D5000"
+    assert (
+        bounded.url
+        == "postgresql+psycopg://u:secret@db:5432/reg?connect_timeout=3&options=-csearch_path%3Dteam+-c+statement_timeout%3D5000"
+    )
     assert bounded.bounded(3, 5000) == bounded and bounded.source == "$WARMCACHE_DB"  # idempotent
-    assert RegistryLocation.parse("postgresql://db/reg?connect_timeout=10").bounded(3).url == "postgresql+psycopg://db/reg?connect_timeout=10"  # the URL's own wins
+    # the URL's own wins
+    assert (
+        RegistryLocation.parse("postgresql://db/reg?connect_timeout=10").bounded(3).url
+        == "postgresql+psycopg://db/reg?connect_timeout=10"
+    )
     sqlite = RegistryLocation.parse("sqlite:///reg.sqlite")
     assert sqlite.bounded(3, 5000) == sqlite and sqlite.sqlite_file == Path("reg.sqlite").resolve()
 

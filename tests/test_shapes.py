@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmcache.errors import RegistryError, UsageError
-from warmcache.generation import max_new_tokens_that_fit, prompt_fits
+from warmcache.modeling.generation import max_new_tokens_that_fit, prompt_fits
 from warmcache.shapes import BucketTable, ShapeFamily
-from warmcache.workload_settings import GenerateSettings, TrainSettings, from_stored
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, from_stored
 
 GRID = {(b, n) for b in (1, 2, 4) for n in (16, 32, 64)}
 
@@ -51,7 +51,9 @@ def test_decision_matches_brute_force(compiled: set[tuple[int, int]], batch: int
 
 
 def test_settings_travel_through_the_registry_object_unchanged() -> None:
-    generate = GenerateSettings(64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid")
+    generate = GenerateSettings(
+        64, num_beams=2, num_return_sequences=2, do_sample=True, prefill_chunk_size=16, cache_implementation="hybrid"
+    )
     assert from_stored("generate", generate.stored(), 64, "row g") == generate
     assert "max_cache_len" not in generate.stored()  # a column of its own
     train = TrainSettings(bf16=True)

@@ -45,14 +45,20 @@ def registry(tmp_path: Path, write_manifest) -> str:
 
 def export(registry: str, out: Path, key: Path | None = None) -> dict[str, object]:
     sign = ["--sign", str(key.with_suffix(""))] if key else []
-    result = CliRunner().invoke(main, ["guard", "export", "--model", "m", "--out", str(out), "--db", registry, "--json", *sign])
+    result = CliRunner().invoke(
+        main, ["guard", "export", "--model", "m", "--out", str(out), "--db", registry, "--json", *sign]
+    )
     assert result.exit_code == 0, result.output
     return dict(json.loads(result.output))
 
 
-def test_a_signed_snapshot_is_verified_and_every_other_is_refused(registry: str, keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signed_snapshot_is_verified_and_every_other_is_refused(
+    registry: str, keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     signed, unsigned = tmp_path / "signed.json", tmp_path / "unsigned.json"
-    assert export(registry, signed, keys["ours"])["signed_by"] == TrustedKeys.load([str(keys["ours"])], "t").keys[0].key_id
+    assert (
+        export(registry, signed, keys["ours"])["signed_by"] == TrustedKeys.load([str(keys["ours"])], "t").keys[0].key_id
+    )
     assert export(registry, unsigned)["signed_by"] is None
 
     guard = ShapeGuard.from_snapshot(signed, "m", trust=[str(keys["ours"])])
@@ -75,7 +81,9 @@ def test_a_signed_snapshot_is_verified_and_every_other_is_refused(registry: str,
         assert str(path) in str(refused.value) and "\n" not in str(refused.value), name
 
 
-def test_verify_snapshot_takes_a_folder_and_refuses_without_keys_unless_allowed(registry: str, keys: dict[str, Path], tmp_path: Path) -> None:
+def test_verify_snapshot_takes_a_folder_and_refuses_without_keys_unless_allowed(
+    registry: str, keys: dict[str, Path], tmp_path: Path
+) -> None:
     folder = tmp_path / "shipped"
     folder.mkdir()
     assert export(registry, folder, keys["ours"])["path"] == str(folder / SNAPSHOT_FILE)
@@ -99,9 +107,13 @@ def test_rows_of_an_unverified_snapshot_name_no_code_that_loads(tmp_path: Path) 
     ArtifactTrust.registry("sqlite:///r.sqlite").require_trusted_rows()
 
 
-def test_a_snapshot_row_never_chooses_the_folder_code_loads_from(registry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_snapshot_row_never_chooses_the_folder_code_loads_from(
+    registry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     compiled = ShapeGuard.from_registry(registry, "m", telemetry=False).records[0]
-    row = dataclasses.replace(compiled, cache_root="/tmp/attacker", artifacts=(ArtifactRef("aotinductor", f"aotinductor/{SHA}", 1),))
+    row = dataclasses.replace(
+        compiled, cache_root="/tmp/attacker", artifacts=(ArtifactRef("aotinductor", f"aotinductor/{SHA}", 1),)
+    )
     assert ArtifactTrust.registry("db").root(row, None) == Path("/tmp/attacker")  # warmup on the fleet wrote it
     monkeypatch.setenv("WARMCACHE_CACHE_DIR", str(tmp_path / "cache"))
     snapshot = ArtifactTrust("guard.json", signed_by="key")
@@ -112,7 +124,16 @@ def test_a_snapshot_row_never_chooses_the_folder_code_loads_from(registry: str, 
     assert snapshot.root(row, tmp_path / "given") == tmp_path / "given"
 
 
-@pytest.mark.parametrize("entry", [f"aotinductor/../../evil/{SHA}", f"/tmp/aotinductor/{SHA}", "aotinductor/.partial", f"fxgraph/ab/{SHA}", "aotinductor/short"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        f"aotinductor/../../evil/{SHA}",
+        f"/tmp/aotinductor/{SHA}",
+        "aotinductor/.partial",
+        f"fxgraph/ab/{SHA}",
+        "aotinductor/short",
+    ],
+)
 def test_an_artifact_entry_outside_the_layout_is_refused(entry: str, tmp_path: Path) -> None:
     with pytest.raises(TrustError, match="is not a precompiled/<sha256> or aotinductor/<sha256> entry"):
         ArtifactTrust("guard.json", signed_by="key").confined(tmp_path, entry)
@@ -127,7 +148,10 @@ def test_an_artifact_linked_out_of_the_cache_folder_is_refused(tmp_path: Path) -
         ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"aotinductor/{SHA}")
     (tmp_path / "cache" / "precompiled").mkdir()
     (tmp_path / "cache" / "precompiled" / SHA).write_bytes(b"ok")
-    assert ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"precompiled/{SHA}") == tmp_path / "cache" / "precompiled" / SHA
+    assert (
+        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"precompiled/{SHA}")
+        == tmp_path / "cache" / "precompiled" / SHA
+    )
 
 
 def test_a_snapshot_nested_deep_is_one_line(tmp_path: Path) -> None:
@@ -140,7 +164,8 @@ def test_a_snapshot_nested_deep_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("status", [200, 500])
 def test_a_service_answer_nested_deep_is_one_line(status: int) -> None:
-    """``from_url`` (and each refresh) reads the answer with the snapshot's bounds; an error body nested deep is no traceback either."""
+    """``from_url`` (and each refresh) reads the answer with the snapshot's bounds; an error body nested deep is no
+    traceback either."""
     import http.server
     import threading
 

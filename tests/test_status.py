@@ -11,14 +11,16 @@ from click.testing import CliRunner
 from manifests import generate, manifest_toml, model, train
 
 from warmcache.cli import main
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.status import warmup_status
+from warmcache.reports.status import warmup_status
 from warmcache.units import format_duration
 
 MANIFEST = manifest_toml(
-    model("gen", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[8, 16], max_cache_len=32)]),
+    model(
+        "gen", backend="aot_eager", generate=[generate(batch_sizes=[1, 2, 4], prompt_lengths=[8, 16], max_cache_len=32)]
+    ),
     model("tp", "{llama}", backend="eager", distributed={"tp_size": 2}, train=[train(seq_lengths=[16, 32])]),
 )
 
@@ -62,7 +64,11 @@ def test_status_counts_claims_failures_and_eta(registry_url: str, write_manifest
 
     claims = {c.claimed_by: c for c in gen.claims}
     assert set(claims) == {"host-c:33", "host-d:44"}
-    assert (claims["host-c:33"].host, claims["host-c:33"].pid, claims["host-c:33"].lease_expired) == ("host-c", 33, False)
+    assert (claims["host-c:33"].host, claims["host-c:33"].pid, claims["host-c:33"].lease_expired) == (
+        "host-c",
+        33,
+        False,
+    )
     assert claims["host-d:44"].lease_expired
     assert report.live_workers == ("host-c:33",)
 
@@ -114,7 +120,15 @@ def test_status_cli_json(registry_url: str, write_manifest) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     gen = data["groups"][0]
-    assert gen["counts"] == {"missing": 0, "stale": 0, "pending": 0, "compiling": 2, "compiled": 3, "verified": 0, "failed": 1}
+    assert gen["counts"] == {
+        "missing": 0,
+        "stale": 0,
+        "pending": 0,
+        "compiling": 2,
+        "compiled": 3,
+        "verified": 0,
+        "failed": 1,
+    }
     assert gen["eta_seconds"] == 8.0 and data["eta_seconds"] is None
     assert {c["claimed_by"]: c["lease_expired"] for c in gen["claims"]} == {"host-c:33": False, "host-d:44": True}
     assert gen["failures"][0]["error"] == "RuntimeError: compiler crashed"
@@ -149,11 +163,15 @@ def test_status_cli_text(registry_url: str, write_manifest) -> None:
 
 def test_status_of_an_unknown_model_is_a_usage_error(write_manifest, tmp_path: Path) -> None:
     path = write_manifest(MANIFEST)
-    result = CliRunner().invoke(main, ["status", str(path), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--model", "nope"])
+    result = CliRunner().invoke(
+        main, ["status", str(path), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--model", "nope"]
+    )
     assert result.exit_code != 0
     assert "no model named 'nope'" in result.output
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(None, "unknown"), (0.4, "0s"), (42, "42s"), (185, "3m05s"), (3720, "1h02m")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(None, "unknown"), (0.4, "0s"), (42, "42s"), (185, "3m05s"), (3720, "1h02m")]
+)
 def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text

@@ -64,7 +64,9 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def push(built: Built, store: list[str], *extra: str) -> dict:
-    code, data, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store, *extra)
+    code, data, err = run(
+        "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store, *extra
+    )
     assert code == 0 and data is not None, err
     return data
 
@@ -77,17 +79,31 @@ def object_store(store: list[str]):
     return open_store(store[1], store[3] if len(store) > 2 else None)
 
 
-def test_push_then_pull_installs_the_entries_and_rows_and_a_second_run_does_nothing(built: Built, store: list[str], tmp_path: Path) -> None:
+def test_push_then_pull_installs_the_entries_and_rows_and_a_second_run_does_nothing(
+    built: Built, store: list[str], tmp_path: Path
+) -> None:
     first = push(built, store)
     # 8 files, 5 distinct contents: both modules share their HLO, flags and empty done marker.
-    assert (first["shapes"], first["indexes_written"], first["blobs_uploaded"], first["declared_but_not_compiled"]) == (2, 2, 5, 1)
+    assert (first["shapes"], first["indexes_written"], first["blobs_uploaded"], first["declared_but_not_compiled"]) == (
+        2,
+        2,
+        5,
+        1,
+    )
     again = push(built, store)
-    assert (again["indexes_written"], again["indexes_unchanged"], again["blobs_uploaded"], again["blobs_present"]) == (0, 2, 0, 5)
+    assert (again["indexes_written"], again["indexes_unchanged"], again["blobs_uploaded"], again["blobs_present"]) == (
+        0,
+        2,
+        0,
+        5,
+    )
 
     cache, db = tmp_path / "host-b-cache", f"sqlite:///{tmp_path / 'host-b.sqlite'}"
     code, pulled, err = run(*pull_args(built, store, cache, db))
     assert code == 1, err  # the manifest declares a third shape nobody compiled
-    assert pulled is not None and pulled["missing_in_store"] == ["neuron-m/generate float32 max_cache_len=64 batch=4 seq=16"]
+    assert pulled is not None and pulled["missing_in_store"] == [
+        "neuron-m/generate float32 max_cache_len=64 batch=4 seq=16"
+    ]
     assert (pulled["shapes_pulled"], pulled["entries_added"], pulled["rows"]["inserted"]) == (2, 2, 2)
     expected = {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
     assert files_under(cache) == expected  # byte for byte, and no work folder left behind
@@ -102,15 +118,26 @@ def test_push_then_pull_installs_the_entries_and_rows_and_a_second_run_does_noth
 
     shutil.rmtree(cache / built.entries[0])  # the row still says compiled, but its entry is gone
     code, third, _ = run(*pull_args(built, store, cache, db))
-    assert third is not None and (third["shapes_already_present"], third["shapes_pulled"], third["entries_added"]) == (1, 1, 1)
+    assert third is not None and (third["shapes_already_present"], third["shapes_pulled"], third["entries_added"]) == (
+        1,
+        1,
+        1,
+    )
     assert files_under(cache) == expected
 
 
-def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(built: Built, store: list[str], tmp_path: Path) -> None:
+def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
+    built: Built, store: list[str], tmp_path: Path
+) -> None:
     manifest = load_manifest(built.manifest)
     planned = planned_by_batch(built.manifest)
     location = CacheLocation(built.root, "neuron", "test")
-    subsets = [[planned[1].identity, planned[2].identity], [planned[2].identity], [planned[1].identity, planned[2].identity], [planned[1].identity]]
+    subsets = [
+        [planned[1].identity, planned[2].identity],
+        [planned[2].identity],
+        [planned[1].identity, planned[2].identity],
+        [planned[1].identity],
+    ]
     barrier, errors = threading.Barrier(len(subsets)), []
 
     def host(identities: list[str]) -> None:
@@ -148,7 +175,12 @@ def test_a_corrupted_blob_is_refused_and_nothing_is_installed(built: Built, stor
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     code, _, err = run(*pull_args(built, store, cache, db))
     assert code == 5
-    assert key in err and "does not match the listed sha256 and size" in err and "fetched 3 times" in err and len(error_lines(err)) == 1
+    assert (
+        key in err
+        and "does not match the listed sha256 and size" in err
+        and "fetched 3 times" in err
+        and len(error_lines(err)) == 1
+    )
     assert rows(db) == [] and not [p for p in cache.rglob("*") if p.is_file() and BLOB_FOLDER not in p.as_posix()]
 
 
@@ -170,7 +202,10 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     flaky = _FlakyStore(tmp_path / "store")
     manifest = load_manifest(built.manifest)
     result = pull_manifest(
-        ShipmentScope(manifest, CacheLocation(tmp_path / "b", "neuron", "test")), RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"), flaky, allow_unsigned=True
+        ShipmentScope(manifest, CacheLocation(tmp_path / "b", "neuron", "test")),
+        RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"),
+        flaky,
+        allow_unsigned=True,
     )
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
     assert result.pulled == 2 and sorted(flaky.reads.values()) == [1, 2, 2, 2, 2]
@@ -192,24 +227,43 @@ class _DyingStore(FileStore):
         yield from super().blocks(key)
 
 
-def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetching(built: Built, tmp_path: Path) -> None:
+def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetching(
+    built: Built, tmp_path: Path
+) -> None:
     push(built, ["--store", (tmp_path / "store").as_uri()])
     manifest, cache, db = load_manifest(built.manifest), tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     location = CacheLocation(cache, "neuron", "test")
     with pytest.raises(StoreError, match="connection reset"):
-        pull_manifest(ShipmentScope(manifest, location), RegistryLocation.parse(db), _DyingStore(tmp_path / "store", allowed=3), allow_unsigned=True)
+        pull_manifest(
+            ShipmentScope(manifest, location),
+            RegistryLocation.parse(db),
+            _DyingStore(tmp_path / "store", allowed=3),
+            allow_unsigned=True,
+        )
     assert rows(db) == []
     assert {p.relative_to(cache).parts[0] for p in cache.iterdir()} == {BLOB_FOLDER}  # no entry, only checked blobs
     kept = len(list((cache / BLOB_FOLDER).iterdir()))
     assert kept >= 1
 
-    code, resumed, err = run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--allow-unsigned", "--store", (tmp_path / "store").as_uri())
+    code, resumed, err = run(
+        "pull",
+        str(built.manifest),
+        "--cache-dir",
+        str(cache),
+        "--db",
+        db,
+        "--allow-unsigned",
+        "--store",
+        (tmp_path / "store").as_uri(),
+    )
     assert code == 1 and resumed is not None, err
     assert resumed["shapes_pulled"] == 2 and resumed["bytes_reused"] > 0 and resumed["entries_added"] == 2
     assert not (cache / BLOB_FOLDER).exists() and len(rows(db)) == 2
 
 
-def test_pull_refuses_more_than_the_size_limit_before_downloading(built: Built, store: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pull_refuses_more_than_the_size_limit_before_downloading(
+    built: Built, store: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     push(built, store)
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     code, _, err = run(*pull_args(built, store, cache, db), "--max-size", "4K")
@@ -227,33 +281,69 @@ def test_gc_plans_first_then_deletes_only_unreferenced_blobs(built: Built, store
     doomed = next(o.key for o in target.list(INDEX_PREFIX) if planned_by_batch(built.manifest)[1].identity in o.key)
     target.delete(doomed)  # as if that shape had been withdrawn
     code, young, _ = run("store", "gc", *store)
-    assert code == 0 and young is not None and (young["remove"], young["kept_young"]) == ([], 1)  # only its NEFF was its own
+    # only its NEFF was its own
+    assert code == 0 and young is not None and (young["remove"], young["kept_young"]) == ([], 1)
     code, dry, _ = run("store", "gc", *store, "--grace", "0s")
     assert dry is not None and len(dry["remove"]) == 1 and dry["applied"] is False
     assert len(list(target.list(BLOB_PREFIX))) == 5
     code, done, _ = run("store", "gc", *store, "--grace", "0s", "--apply")
     assert done is not None and done["deleted"] == 1 and len(list(target.list(BLOB_PREFIX))) == 4
     code, listing, _ = run("store", "ls", *store)
-    assert listing is not None and [(g["model"], g["shapes"]) for g in listing["groups"]] == [("neuron-m", 1)] and listing["blobs"] == 4
+    assert (
+        listing is not None
+        and [(g["model"], g["shapes"]) for g in listing["groups"]] == [("neuron-m", 1)]
+        and listing["blobs"] == 4
+    )
     code, pulled, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
     assert pulled is not None and pulled["shapes_pulled"] == 1, err
 
 
 def test_an_unreachable_endpoint_is_one_line_after_retries(built: Built, s3_bucket: str) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"
-    code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", f"s3://{s3_bucket}/x", "--endpoint-url", endpoint)
+    code, _, err = run(
+        "push",
+        str(built.manifest),
+        "--cache-dir",
+        str(built.root),
+        "--db",
+        built.url,
+        "--store",
+        f"s3://{s3_bucket}/x",
+        "--endpoint-url",
+        endpoint,
+    )
     assert code == 6 and len(error_lines(err)) == 1
     assert f"s3://{s3_bucket}/x: cannot reach the S3 endpoint" in err and "after retries" in err
 
 
 def test_a_missing_bucket_is_one_line_naming_it(built: Built, s3_endpoint: str, s3_bucket: str, tmp_path: Path) -> None:
-    code, _, err = run(*pull_args(built, ["--store", "s3://no-such-bucket/p", "--endpoint-url", s3_endpoint], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    code, _, err = run(
+        *pull_args(
+            built,
+            ["--store", "s3://no-such-bucket/p", "--endpoint-url", s3_endpoint],
+            tmp_path / "b",
+            f"sqlite:///{tmp_path / 'b.sqlite'}",
+        )
+    )
     assert code == 6 and len(error_lines(err)) == 1 and "bucket 'no-such-bucket' does not exist" in err
-    code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", "s3://no-such-bucket/p", "--endpoint-url", s3_endpoint)
+    code, _, err = run(
+        "push",
+        str(built.manifest),
+        "--cache-dir",
+        str(built.root),
+        "--db",
+        built.url,
+        "--store",
+        "s3://no-such-bucket/p",
+        "--endpoint-url",
+        s3_endpoint,
+    )
     assert code == 6 and len(error_lines(err)) == 1 and "bucket 'no-such-bucket' does not exist" in err
 
 
-def test_no_credentials_is_one_line(built: Built, s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_no_credentials_is_one_line(
+    built: Built, s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -263,7 +353,9 @@ def test_no_credentials_is_one_line(built: Built, s3_endpoint: str, s3_bucket: s
     assert code == 6 and len(error_lines(err)) == 1 and "no AWS credentials found" in err
 
 
-def test_the_store_comes_from_the_flag_the_environment_or_the_manifest(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_comes_from_the_flag_the_environment_or_the_manifest(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = run("store", "ls")
     assert code == 2 and "no store: pass --store" in err
     monkeypatch.setenv("WARMCACHE_STORE", (tmp_path / "env-store").as_uri())
@@ -304,7 +396,9 @@ def test_s3_blobs_are_content_addressed_under_the_prefix(built: Built, s3_endpoi
     assert hashlib.sha256(body).hexdigest() == blob.rsplit("/", 1)[1]
 
 
-def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     modules = {
         "MODULE_done+f": ("model.hlo_module.pb", "model.neff", "model.done"),
@@ -319,11 +413,18 @@ def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(s3_endpoint: str, s
     result = cli("cache", "scan", "--json")
     assert result.exit_code == 0, result.output
     [remote] = [info for info in json.loads(result.stdout) if info.get("remote")]
-    assert remote["root"] == f"s3://{s3_bucket}/neuron-cache" and remote["states"] == {"done": 1, "failed": 1, "locked": 1}
+    assert remote["root"] == f"s3://{s3_bucket}/neuron-cache" and remote["states"] == {
+        "done": 1,
+        "failed": 1,
+        "locked": 1,
+    }
     assert {e["path"]: e["compiler_version"] for e in remote["entries"]}["neuronxcc-2.15.1/MODULE_done+f"] == "2.15.1"
     doctor = cli("cache", "doctor")
     assert doctor.exit_code == 0, doctor.output
-    assert "failed: neuronxcc-2.15.1/MODULE_failed+f" in doctor.stdout and "locked: neuronxcc-2.15.1/MODULE_locked+f (lock" in doctor.stdout
+    assert (
+        "failed: neuronxcc-2.15.1/MODULE_failed+f" in doctor.stdout
+        and "locked: neuronxcc-2.15.1/MODULE_locked+f (lock" in doctor.stdout
+    )
 
 
 @pytest.fixture
@@ -339,10 +440,13 @@ def nothing_pulled(cache: Path, db: str) -> bool:
     return rows(db) == [] and (not cache.exists() or not any(cache.rglob("*")))
 
 
-def test_a_signed_push_pulls_cleanly_under_trust(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]) -> None:
+def test_a_signed_push_pulls_cleanly_under_trust(
+    built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]
+) -> None:
     key, public = signer
     push(built, store, "--sign", str(key))
-    assert push(built, store, "--sign", str(key))["indexes_written"] == 0  # Ed25519 is deterministic: a re-push writes nothing
+    # Ed25519 is deterministic: a re-push writes nothing
+    assert push(built, store, "--sign", str(key))["indexes_written"] == 0
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     code, pulled, err = run(*pull_args(built, store, cache, db), "--trust", public)
     assert code == 1 and pulled is not None, err  # exit 1: the declared-but-not-compiled shape
@@ -362,7 +466,9 @@ def _tamper_rehashed(store: list[str]) -> str:
     return key
 
 
-def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_written(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]) -> None:
+def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_written(
+    built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str]
+) -> None:
     key, public = signer
     push(built, store, "--sign", str(key))
     tampered = _tamper_rehashed(store)
@@ -375,12 +481,18 @@ def test_a_tampered_index_is_refused_under_a_trusted_key_before_anything_is_writ
     assert pulled is not None and pulled["signatures_checked"] is False and pulled["shapes_pulled"] == 2, err
 
 
-def test_an_unsigned_index_is_refused_under_trust(built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsigned_index_is_refused_under_trust(
+    built: Built, store: list[str], tmp_path: Path, signer: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     push(built, store)
     cache, db = tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
     monkeypatch.setenv("WARMCACHE_TRUSTED_KEYS", signer[1])
     code, _, err = run(*pull_args(built, store, cache, db))
-    assert code == 5 and "unsigned, but trusted keys are configured ($WARMCACHE_TRUSTED_KEYS" in err and len(error_lines(err)) == 1, err
+    assert (
+        code == 5
+        and "unsigned, but trusted keys are configured ($WARMCACHE_TRUSTED_KEYS" in err
+        and len(error_lines(err)) == 1
+    ), err
     assert nothing_pulled(cache, db)
 
 
@@ -391,7 +503,9 @@ def test_pull_says_when_it_did_not_check_signatures(built: Built, tmp_path: Path
     assert "index signatures not checked: no trusted keys configured" in result.stdout, result.output
 
 
-def test_the_manifest_names_the_signing_key_and_the_trusted_keys(built: Built, tmp_path: Path, signer: tuple[Path, str]) -> None:
+def test_the_manifest_names_the_signing_key_and_the_trusted_keys(
+    built: Built, tmp_path: Path, signer: tuple[Path, str]
+) -> None:
     key, _ = signer
     store = ["--store", (tmp_path / "store").as_uri()]
     text = built.manifest.read_text()

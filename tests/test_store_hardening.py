@@ -49,12 +49,17 @@ def dangling(store: list[str]) -> list[str]:
 
 def push_in_process(built: Built, store: list[str]) -> None:
     with Registry.open(built.url) as registry:
-        push_manifest(ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")), registry, object_store(store))
+        push_manifest(
+            ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")),
+            registry,
+            object_store(store),
+        )
 
 
 @pytest.fixture
 def orphaned(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
-    """A pushed store where one shape's index was withdrawn, so its own blob is unreferenced and older than the grace."""
+    """A pushed store where one shape's index was withdrawn, so its own blob is unreferenced and older than the
+    grace."""
     monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every blob is "old" here: gc's grace is seconds
     monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.3)
     push(built, store)
@@ -65,7 +70,9 @@ def orphaned(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) ->
     return withdrawn
 
 
-def test_gc_deciding_while_a_push_reuses_an_old_blob_never_leaves_a_dangling_index(built: Built, store: list[str], orphaned: str) -> None:
+def test_gc_deciding_while_a_push_reuses_an_old_blob_never_leaves_a_dangling_index(
+    built: Built, store: list[str], orphaned: str
+) -> None:
     target = object_store(store)
     plan = plan_gc(target, grace_seconds=GRACE)
     assert len(plan.removals) == 1  # the withdrawn shape's own blob
@@ -89,9 +96,11 @@ def test_a_whole_gc_between_a_pushs_blob_check_and_its_index_write_never_leaves_
     assert deleted == [0] and dangling(store) == []
 
 
-def test_a_gc_that_takes_a_reused_blob_before_the_push_refreshes_it_is_uploaded_again(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads it again
-    (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
+def test_a_gc_that_takes_a_reused_blob_before_the_push_refreshes_it_is_uploaded_again(
+    built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push saw the blob, then a gc removed it before the refresh: the refresh finds it gone and the push uploads
+    it again (it failed once in ten rounds with ``cannot refresh (No such file or directory)``)."""
     push(built, store)
     monkeypatch.setattr(push_module, "REFRESH_AGE_SECONDS", 0.0)  # every re-used blob is refreshed
     monkeypatch.setattr(push_module, "GC_DECISION_SECONDS", 0.0)
@@ -143,7 +152,9 @@ def endpoint_of(store: list[str]) -> str | None:
     return store[3] if len(store) > 2 else None
 
 
-def test_push_replaces_a_blob_damaged_in_place_and_pulls_work_again(built: Built, store: list[str], tmp_path: Path) -> None:
+def test_push_replaces_a_blob_damaged_in_place_and_pulls_work_again(
+    built: Built, store: list[str], tmp_path: Path
+) -> None:
     push(built, store)
     key = corrupt_in_place(store, endpoint_of(store))
     again = push(built, store)
@@ -160,7 +171,9 @@ def test_s3_blobs_carry_s3s_own_sha256_checksum(built: Built, s3_endpoint: str, 
     assert client.head_object(Bucket=s3_bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumSHA256")
 
 
-def test_a_file_replaced_while_push_runs_never_lands_under_the_old_key(built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_replaced_while_push_runs_never_lands_under_the_old_key(
+    built: Built, store: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     neff = built.root / built.entries[0] / "model.neff"
     upload_missing = push_module._upload_missing
 
@@ -176,12 +189,18 @@ def test_a_file_replaced_while_push_runs_never_lands_under_the_old_key(built: Bu
     assert all(target.sha256_of(o.key) == o.key.rsplit("/", 1)[1] for o in target.list(BLOB_PREFIX))
 
 
-def test_store_check_finds_a_damaged_blob_and_repair_restores_it_from_a_host_that_has_the_entry(built: Built, store: list[str]) -> None:
+def test_store_check_finds_a_damaged_blob_and_repair_restores_it_from_a_host_that_has_the_entry(
+    built: Built, store: list[str]
+) -> None:
     push(built, store)
     key = corrupt_in_place(store, endpoint_of(store))
     code, report, err = run("store", "check", *store)
     assert code == 5 and report is not None, err
-    assert [(p["key"], p["problem"]) for p in report["problems"]] == [(key, "damaged")] and report["indexes"] == 2 and report["blobs"] == 5
+    assert (
+        [(p["key"], p["problem"]) for p in report["problems"]] == [(key, "damaged")]
+        and report["indexes"] == 2
+        and report["blobs"] == 5
+    )
     code, repaired, err = run("store", "check", *store, "--repair", "--cache-dir", str(built.root))
     assert code == 0 and repaired is not None and repaired["repaired"] == [key], err
     code, clean, _ = run("store", "check", *store)
@@ -195,7 +214,11 @@ def test_store_check_reports_an_index_naming_a_missing_blob(built: Built, tmp_pa
     gone = min(o.key for o in target.list(BLOB_PREFIX))
     target.delete(gone)
     code, report, _ = run("store", "check", *store)
-    assert code == 5 and report is not None and [(p["key"], p["problem"]) for p in report["problems"]] == [(gone, "missing")]
+    assert (
+        code == 5
+        and report is not None
+        and [(p["key"], p["problem"]) for p in report["problems"]] == [(gone, "missing")]
+    )
     code, repaired, _ = run("store", "check", *store, "--repair", "--cache-dir", str(tmp_path / "empty"))
     assert code == 5 and repaired is not None and repaired["repaired"] == [] and repaired["problems"][0]["key"] == gone
 
@@ -210,12 +233,20 @@ def test_a_refused_pull_leaves_no_registry_file_and_no_cache_folder(built: Built
     corrupt_in_place(store, None)
     code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
     assert code == 5 and "fetched 3 times" in err and nothing_left(tmp_path), err
-    code, _, err = run(*pull_args(built, ["--store", (tmp_path / "typo").as_uri()], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    code, _, err = run(
+        *pull_args(
+            built, ["--store", (tmp_path / "typo").as_uri()], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+        )
+    )
     assert code == 6 and nothing_left(tmp_path), err
 
 
 def test_a_file_store_whose_folder_is_missing_is_exit_6_like_a_missing_bucket(built: Built, tmp_path: Path) -> None:
-    code, _, err = run(*pull_args(built, ["--store", "file:///typo-no-such-store"], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
+    code, _, err = run(
+        *pull_args(
+            built, ["--store", "file:///typo-no-such-store"], tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"
+        )
+    )
     assert code == 6 and len(error_lines(err)) == 1 and "store folder does not exist" in err, err
 
 
@@ -235,7 +266,8 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
 
 @pytest.fixture(params=["trickle", "silent"])
 def slow_endpoint(request: pytest.FixtureRequest) -> Iterator[str]:
-    """An S3 endpoint that accepts and then sends one byte every 0.5 s forever (``trickle``), or nothing (``silent``)."""
+    """An S3 endpoint that accepts and then sends one byte every 0.5 s forever (``trickle``), or nothing
+    (``silent``)."""
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -262,27 +294,39 @@ def slow_endpoint(request: pytest.FixtureRequest) -> Iterator[str]:
     server.close()
 
 
-def test_a_trickling_or_silent_endpoint_cannot_hold_a_pull_past_its_timeout(built: Built, slow_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trickling_or_silent_endpoint_cannot_hold_a_pull_past_its_timeout(
+    built: Built, slow_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, value in DUMMY_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     started = time.monotonic()
     store = ["--store", "s3://bucket/p", "--endpoint-url", slow_endpoint]
-    code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"), "--timeout", "3s")
+    code, _, err = run(
+        *pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"), "--timeout", "3s"
+    )
     assert code == 6 and time.monotonic() - started < 15, err
-    assert len(error_lines(err)) == 1 and "the command's deadline" in err and "--timeout" in err and nothing_left(tmp_path), err
+    assert (
+        len(error_lines(err)) == 1 and "the command's deadline" in err and "--timeout" in err and nothing_left(tmp_path)
+    ), err
     monkeypatch.setattr(deadline, "REQUEST_SECONDS", 2.0)  # without --timeout, each request has its own deadline (60 s)
     started = time.monotonic()
     code, _, err = run(*pull_args(built, store, tmp_path / "b", f"sqlite:///{tmp_path / 'b.sqlite'}"))
-    assert code == 6 and time.monotonic() - started < 15 and "the per-request deadline" in err and nothing_left(tmp_path), err
+    assert (
+        code == 6 and time.monotonic() - started < 15 and "the per-request deadline" in err and nothing_left(tmp_path)
+    ), err
 
 
-def test_a_timeout_from_the_environment_is_named_as_the_environment(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_timeout_from_the_environment_is_named_as_the_environment(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = ["--store", f"s3://{s3_bucket}/p", "--endpoint-url", s3_endpoint]
     monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "banana")
     code, _, err = run("store", "ls", *store)
     assert code == 2 and "$WARMCACHE_STORE_TIMEOUT: 'banana' is not an age" in err and "--timeout" not in err, err
     monkeypatch.setenv("WARMCACHE_STORE_TIMEOUT", "0s")  # spent before the first request
     code, _, err = run("store", "ls", *store)
-    assert code == 6 and "the command's deadline of 0 s passed" in err and "($WARMCACHE_STORE_TIMEOUT to change it)" in err, err
+    assert (
+        code == 6 and "the command's deadline of 0 s passed" in err and "($WARMCACHE_STORE_TIMEOUT to change it)" in err
+    ), err
     code, _, err = run("store", "ls", *store, "--timeout", "0s")  # the flag wins, and is named
     assert code == 6 and "(--timeout to change it)" in err, err

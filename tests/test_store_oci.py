@@ -31,7 +31,9 @@ def tag(registry_host: RunningRegistry) -> list[str]:
 
 
 def push(built: Built, store: list[str], *extra: str) -> dict:
-    code, data, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store, *extra)
+    code, data, err = run(
+        "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store, *extra
+    )
     assert code == 0 and data is not None, err
     return data
 
@@ -40,7 +42,9 @@ def pull(built: Built, store: list[str], cache: Path, db: str, *extra: str) -> t
     return run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--allow-unsigned", *store, *extra)
 
 
-def test_push_then_pull_round_trips_and_a_second_push_writes_nothing(built: Built, tag: list[str], tmp_path: Path) -> None:
+def test_push_then_pull_round_trips_and_a_second_push_writes_nothing(
+    built: Built, tag: list[str], tmp_path: Path
+) -> None:
     first = push(built, tag)
     assert (first["shapes"], first["indexes_written"], first["declared_but_not_compiled"]) == (2, 2, 1), first
     again = push(built, tag)
@@ -74,15 +78,19 @@ def image_of(store: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: list[str], tmp_path: Path) -> None:
-    """What a container runtime mounts: every layer unpacked in order over one folder gives the pulled cache, plus the metadata."""
+    """What a container runtime mounts: every layer unpacked in order over one folder gives the pulled cache, plus
+    the metadata."""
     import tarfile
 
     push(built, tag)
     oci, image = image_of(tag)
-    assert image is not None and image.flavor == "neuron" and len(image.layers) == 2  # the two entries hash into two layers
+    # the two entries hash into two layers
+    assert image is not None and image.flavor == "neuron" and len(image.layers) == 2
     mount = tmp_path / "mount"
     manifest = json.loads(oci.client.manifest("prod")[1])  # type: ignore[index]
-    assert all(d["mediaType"] == "application/vnd.oci.image.layer.v1.tar" for d in manifest["layers"]), "pushed uncompressed: digest = diff_id"
+    assert all(d["mediaType"] == "application/vnd.oci.image.layer.v1.tar" for d in manifest["layers"]), (
+        "pushed uncompressed: digest = diff_id"
+    )
     for descriptor in manifest["layers"]:
         layer = tmp_path / "layer.tar"
         layer.write_bytes(b"".join(oci.client.blocks(descriptor["digest"])))
@@ -94,10 +102,15 @@ def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: lis
     assert set(mounted) - set(expected) == {".warmcache-image/index.json", "warmcache-guard.json"}
     config = json.loads(b"".join(oci.client.blocks(manifest["config"]["digest"])))
     assert config["rootfs"]["diff_ids"] == [d["digest"] for d in manifest["layers"]] and config["os"] == "linux"
-    assert manifest["annotations"]["dev.warmcache.models"] == "neuron-m" and "1x16" in manifest["annotations"]["dev.warmcache.shapes"]
+    assert (
+        manifest["annotations"]["dev.warmcache.models"] == "neuron-m"
+        and "1x16" in manifest["annotations"]["dev.warmcache.shapes"]
+    )
 
 
-def test_a_tampered_layer_is_refused_and_leaves_nothing_behind(built: Built, tag: list[str], registry_host: RunningRegistry, tmp_path: Path) -> None:
+def test_a_tampered_layer_is_refused_and_leaves_nothing_behind(
+    built: Built, tag: list[str], registry_host: RunningRegistry, tmp_path: Path
+) -> None:
     push(built, tag)
     _, image = image_of(tag)
     layer = image.layers[0]
@@ -120,13 +133,35 @@ def test_signed_push_is_refused_under_another_key(built: Built, tag: list[str], 
     generate_key(tmp_path / "other-key")
     push(built, tag, "--sign", str(tmp_path / "build-key"))
     cache, db = tmp_path / "b" / "cache", f"sqlite:///{tmp_path / 'b.sqlite'}"
-    code, _, err = run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--trust", str(tmp_path / "other-key.pub"), *tag)
+    code, _, err = run(
+        "pull",
+        str(built.manifest),
+        "--cache-dir",
+        str(cache),
+        "--db",
+        db,
+        "--trust",
+        str(tmp_path / "other-key.pub"),
+        *tag,
+    )
     assert code == 5 and "not trusted" in err and not cache.exists(), err
-    code, pulled, err = run("pull", str(built.manifest), "--cache-dir", str(cache), "--db", db, "--trust", str(tmp_path / "build-key.pub"), *tag)
+    code, pulled, err = run(
+        "pull",
+        str(built.manifest),
+        "--cache-dir",
+        str(cache),
+        "--db",
+        db,
+        "--trust",
+        str(tmp_path / "build-key.pub"),
+        *tag,
+    )
     assert code == 1 and pulled is not None and pulled["signatures_checked"] and pulled["shapes_pulled"] == 2, err
 
 
-def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_references(built: Built, registry_host: RunningRegistry, tmp_path: Path) -> None:
+def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_references(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
     repository = f"team/gc-{uuid.uuid4().hex[:8]}"
     prod, keep = ["--store", registry_host.url(repository, "prod")], ["--store", registry_host.url(repository, "keep")]
     push(built, prod)
@@ -136,7 +171,12 @@ def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_refe
     neff.write_bytes(b"recompiled" + neff.read_bytes())  # the entry changed (its row still names it)
     changed = push(built, prod)
     # the changed entry's layer and the metadata layer go up; the other data layer keeps its digest
-    assert (changed["indexes_written"], changed["indexes_unchanged"], changed["blobs_uploaded"], changed["blobs_present"]) == (1, 1, 2, 1), changed
+    assert (
+        changed["indexes_written"],
+        changed["indexes_unchanged"],
+        changed["blobs_uploaded"],
+        changed["blobs_present"],
+    ) == (1, 1, 2, 1), changed
     _, after = image_of(prod)
     assert after.superseded[-1].digest == before.digest
     old_layers = {layer.digest for layer in before.layers} - {layer.digest for layer in after.layers}
@@ -163,7 +203,9 @@ def test_a_re_pushed_tag_carries_the_change_and_gc_deletes_only_what_no_tag_refe
     assert code == 0 and checked is not None and checked["ok"], err
 
 
-def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(built: Built, tag: list[str], tmp_path: Path) -> None:
+def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
+    built: Built, tag: list[str], tmp_path: Path
+) -> None:
     import threading
 
     from test_cache_neuron import planned_by_batch
@@ -197,7 +239,9 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(built
     assert len(image.indexes) == 2, "neither host's shape was lost to the other's write"
 
 
-def test_basic_auth_credentials_come_from_docker_config_and_never_show(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_basic_auth_credentials_come_from_docker_config_and_never_show(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import base64
 
     from oci_registry import oci_registry
@@ -208,7 +252,9 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(built: Bu
         monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "nobody"))
         code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *store)
         (line,) = error_lines(err)
-        assert code == 6 and "credentials for 127.0.0.1" in line and str(tmp_path / "nobody" / "config.json") in line, err
+        assert code == 6 and "credentials for 127.0.0.1" in line and str(tmp_path / "nobody" / "config.json") in line, (
+            err
+        )
         docker = tmp_path / "docker"
         docker.mkdir()
         for password, expected in (("wrong", 6), (secret, 0)):
@@ -221,7 +267,9 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(built: Bu
         assert pulled is not None and pulled["shapes_pulled"] == 2 and secret not in err, err
 
 
-def test_skopeo_copies_the_tag_to_another_repository_and_it_still_pulls(built: Built, registry_host: RunningRegistry, tmp_path: Path) -> None:
+def test_skopeo_copies_the_tag_to_another_repository_and_it_still_pulls(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
     import subprocess
 
     from warmcache.trust import generate_key
@@ -231,16 +279,45 @@ def test_skopeo_copies_the_tag_to_another_repository_and_it_still_pulls(built: B
     push(built, ["--store", source], "--sign", str(tmp_path / "key"))
     copy = registry_host.url(f"mirror/copy-{uuid.uuid4().hex[:8]}", "prod")
     image = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
-    done = subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", image(source), image(copy)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", image(source), image(copy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    inspected = subprocess.run(["skopeo", "inspect", "--tls-verify=false", image(copy)], capture_output=True, text=True, timeout=60)
+    inspected = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", image(copy)], capture_output=True, text=True, timeout=60
+    )
     labels = json.loads(inspected.stdout)["Labels"]
-    assert labels["dev.warmcache.models"] == "neuron-m" and "neuron/" in labels["dev.warmcache.toolchains"] and "1x16" in labels["dev.warmcache.shapes"]
-    raw = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", image(copy)], capture_output=True, text=True, timeout=60).stdout)
+    assert (
+        labels["dev.warmcache.models"] == "neuron-m"
+        and "neuron/" in labels["dev.warmcache.toolchains"]
+        and "1x16" in labels["dev.warmcache.shapes"]
+    )
+    raw = json.loads(
+        subprocess.run(
+            ["skopeo", "inspect", "--raw", "--tls-verify=false", image(copy)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
     assert raw["annotations"] == labels, "the manifest's annotations say the same"
-    assert {d["mediaType"] for d in raw["layers"]} == {"application/vnd.oci.image.layer.v1.tar+gzip"}, "skopeo gzips each layer on the way"
+    assert {d["mediaType"] for d in raw["layers"]} == {"application/vnd.oci.image.layer.v1.tar+gzip"}, (
+        "skopeo gzips each layer on the way"
+    )
     code, pulled, err = run(
-        "pull", str(built.manifest), "--cache-dir", str(tmp_path / "c"), "--db", f"sqlite:///{tmp_path / 'c.sqlite'}", "--trust", str(tmp_path / "key.pub"), "--store", copy
+        "pull",
+        str(built.manifest),
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--db",
+        f"sqlite:///{tmp_path / 'c.sqlite'}",
+        "--trust",
+        str(tmp_path / "key.pub"),
+        "--store",
+        copy,
     )
     assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2 and pulled["signatures_checked"], err
 
@@ -256,7 +333,12 @@ def test_a_registry_that_is_down_or_stalls_ends_within_the_deadline_in_one_line(
     start = time.monotonic()
     code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, *down)
     (line,) = error_lines(err)
-    assert code == 6 and "cannot reach the registry" in line and down[1].rsplit(":", 1)[0] in line and time.monotonic() - start < 15, err
+    assert (
+        code == 6
+        and "cannot reach the registry" in line
+        and down[1].rsplit(":", 1)[0] in line
+        and time.monotonic() - start < 15
+    ), err
 
     with socket.socket() as listener:  # accepts connections and never answers
         listener.bind(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""The issue's "done when": AOTInductor packages through a registry, and a pod that starts from the tag mounted read-only.
+"""The issue's "done when": AOTInductor packages through a registry, and a pod that starts from the tag mounted
+read-only.
 
 Host A is the suite's AOTInductor warmup (``conftest.packaged``: warmup and verify
 with ``precompile = "aotinductor"``). It pushes, signed, to the session's registry. Host B,
@@ -49,35 +50,54 @@ SERVE = textwrap.dedent(
             mask[row, -length:] = 1
             ids[row, :-length] = 0
         out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4)
-        eager = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, disable_compile=True, pad_token_id=0)
+        eager = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
+            do_sample=False, disable_compile=True, pad_token_id=0,
+        )
         same.append(out.tolist() == eager.tolist())
     from torch._dynamo.utils import counters
-    print(json.dumps({"artifacts_loaded": report.artifacts_loaded, "graphs": int(counters["stats"]["unique_graphs"]), "same": same,
-                      "compiler": [m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules]}))
+    compiler = [m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules]
+    graphs = int(counters["stats"]["unique_graphs"])
+    loaded = report.artifacts_loaded
+    print(json.dumps({"artifacts_loaded": loaded, "graphs": graphs, "same": same, "compiler": compiler}))
     """
 )
 
 
 def tree(root: Path) -> dict[str, tuple[int, float, str]]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime, hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (
+            p.stat().st_size,
+            p.stat().st_mtime,
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+        )
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def unpack_like_a_runtime(layout: Path, tag: str, into: Path) -> None:
     """Apply the image's layers in order over one folder (an OCI layout written by skopeo)."""
     index = json.loads((layout / "index.json").read_text())
-    (manifest,) = [m for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag]
+    (manifest,) = [
+        m for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag
+    ]
     blob = lambda digest: layout / "blobs" / "sha256" / digest.split(":", 1)[1]  # noqa: E731
     for layer in json.loads(blob(manifest["digest"]).read_text())["layers"]:
         with tarfile.open(blob(layer["digest"]), "r:*") as tar:
             tar.extractall(into, filter="data")
 
 
-def serve_read_only(mount: Path, model: Path, key: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def serve_read_only(
+    mount: Path, model: Path, key: Path, tmp_path: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
     python = f"{sys.executable} {script} {mount} {model} {key}"
     command = f"mount --bind {mount} {mount} && mount -o remount,bind,ro {mount} && exec {python}"
-    return subprocess.run(["unshare", "--mount", "sh", "-c", command], capture_output=True, text=True, timeout=300, env={**_env(), **env})
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", command], capture_output=True, text=True, timeout=300, env={**_env(), **env}
+    )
 
 
 def _env() -> dict[str, str]:
@@ -90,7 +110,10 @@ def _env() -> dict[str, str]:
 def test_packages_travel_through_a_registry_and_serve_from_a_read_only_mount(
     packaged: Path, registry_host: RunningRegistry, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("unshare --mount is not permitted here: a read-only bind mount needs it")
     generate_key(tmp_path / "build-key")
     generate_key(tmp_path / "other-key")
@@ -102,18 +125,32 @@ def test_packages_travel_through_a_registry_and_serve_from_a_read_only_mount(
 
     mirror = registry_host.url(f"mirror/{repository}", "v1")
     docker = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
-    copy = subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", docker(store), docker(mirror)], capture_output=True, text=True, timeout=120)
+    copy = subprocess.run(
+        ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", docker(store), docker(mirror)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert copy.returncode == 0, copy.stderr
     for name, source in (("host-b", store), ("host-c", mirror)):  # host C pulls the skopeo copy
         cache, db = tmp_path / name / "cache", f"sqlite:///{tmp_path / name / 'registry.sqlite'}"
-        pulled = warmcache("pull", str(manifest), "--trust", str(pub), "--cache-dir", str(cache), "--db", db, "--store", source)
-        assert (pulled["shapes_pulled"], pulled["missing_in_store"], pulled["signatures_checked"]) == (2, [], True), pulled
+        pulled = warmcache(
+            "pull", str(manifest), "--trust", str(pub), "--cache-dir", str(cache), "--db", db, "--store", source
+        )
+        assert (pulled["shapes_pulled"], pulled["missing_in_store"], pulled["signatures_checked"]) == (2, [], True), (
+            pulled
+        )
         verified = warmcache("verify", str(manifest), "--cache-dir", str(cache), "--db", db)
         assert [s["verdict"] for s in verified["specs"]] == ["verified", "verified"], verified
         assert all(s["cache_misses"] == 0 and s["new_entries"] == [] for s in verified["specs"]), verified
 
     layout = tmp_path / "layout"
-    done = subprocess.run(["skopeo", "copy", "--src-tls-verify=false", docker(store), f"oci:{layout}:v1"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["skopeo", "copy", "--src-tls-verify=false", docker(store), f"oci:{layout}:v1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     mount = tmp_path / "pod" / "cache"
     unpack_like_a_runtime(layout, "v1", mount)

@@ -26,7 +26,8 @@ def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytes
     target = target_for(manifest.models[0])
     assert isinstance(target, InductorTarget) and target.cache_flavor is None  # aot_eager keeps no cache
 
-    # The folder the edge resolved (--cache-dir, then $WARMCACHE_CACHE_DIR: tests/test_settings.py), then the manifest's.
+    # The folder the edge resolved (--cache-dir, then $WARMCACHE_CACHE_DIR: tests/test_settings.py), then the
+    # manifest's.
     assert resolve_cache_dir(target, tmp_path / "from-flag", manifest) == ((tmp_path / "from-flag").resolve(), True)
     assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-manifest").resolve(), True)
 
@@ -79,9 +80,11 @@ def test_neuron_unavailable_is_a_clear_error_with_exit_4(write_manifest, tmp_pat
 
 
 def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
-    from warmcache.plan import plan_manifest
+    from warmcache.identity.plan import plan_manifest
 
-    parsed = load_manifest(write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))]))))
+    parsed = load_manifest(
+        write_manifest(manifest_toml(model("m", backend="aot_eager", generate=[generate(batch_sizes=range(1, 8))])))
+    )
     planned = plan_manifest(parsed)
     shards = [Shard.parse(f"{i}/3").select(planned) for i in (1, 2, 3)]
     ids = [p.identity for shard in shards for p in shard]
@@ -90,3 +93,41 @@ def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
     for bad in ("0/3", "4/3", "1-3", "a/b"):
         with pytest.raises(UsageError, match="--shard"):
             Shard.parse(bad)
+
+
+def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint combines what a target names (vLLM's ``compute_hash`` per backend); it never branches on the
+    device itself."""
+    from warmcache.identity import fingerprint
+    from warmcache.identity.fingerprint import current_toolchain
+    from warmcache.targets.inductor import CUDA_PACKAGES
+
+    monkeypatch.setenv("NEURON_CC_FLAGS", "-O1 --cache_dir /var/cache --model-type transformer")
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    neuron = NeuronTarget("neuron", "neuron").toolchain_factors()
+    assert (neuron.platform, neuron.neuron_cc_flags, neuron.packages, neuron.cuda_driver) == (
+        "neuron:trn2",
+        "--model-type=transformer -O1",
+        (),
+        None,
+    )
+    cpu = InductorTarget("cpu", "inductor").toolchain_factors()
+    assert cpu.platform.startswith("cpu:") and (cpu.neuron_cc_flags, cpu.packages, cpu.cuda_driver) == ("", (), None)
+    cuda = InductorTarget("cuda", "inductor").toolchain_factors()
+    assert cuda.platform.startswith("cuda:") and cuda.packages == CUDA_PACKAGES and cuda.cuda_driver is not None
+    for device, backend, factors in (
+        ("neuron", "neuron", neuron),
+        ("cpu", "inductor", cpu),
+        ("cuda", "inductor", cuda),
+    ):
+        toolchain = current_toolchain(device, backend)
+        assert (toolchain.platform, toolchain.neuron_cc_flags, toolchain.cuda_driver) == (
+            factors.platform,
+            factors.neuron_cc_flags,
+            factors.cuda_driver,
+        )
+        assert tuple(name for name, _ in toolchain.packages) == (*fingerprint._TOOLCHAIN_PACKAGES, *factors.packages)
+    assert (
+        '"neuron"' not in Path(fingerprint.__file__).read_text()
+        and '"cuda"' not in Path(fingerprint.__file__).read_text()
+    )

@@ -44,7 +44,9 @@ def test_keys_generate_writes_a_private_key_only_its_owner_reads(tmp_path: Path)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert stat.S_IMODE(os.stat(tmp_path / "signer").st_mode) == 0o600
-    assert (tmp_path / "signer.pub").read_text().strip() == data["public_key"] and data["public_key"].startswith("ed25519:")
+    assert (tmp_path / "signer.pub").read_text().strip() == data["public_key"] and data["public_key"].startswith(
+        "ed25519:"
+    )
     assert SigningKey.load(tmp_path / "signer").public.key_id == data["key_id"]
     again = cli("keys", "generate", str(tmp_path / "signer"))
     assert again.exit_code == 2 and "already exists" in again.stderr
@@ -66,7 +68,9 @@ def _tamper_rehashed(members: list) -> None:
     _edit_meta(members, rehash)
 
 
-def test_a_tampered_rehashed_bundle_is_refused_under_a_trusted_key(built: Built, tmp_path: Path, keys: dict[str, Path]) -> None:
+def test_a_tampered_rehashed_bundle_is_refused_under_a_trusted_key(
+    built: Built, tmp_path: Path, keys: dict[str, Path]
+) -> None:
     signed = tmp_path / "signed.tar"
     packed = pack_signed(built, signed, keys["ours"])
     assert packed.exit_code == 0 and "signed by key" in packed.output, packed.output
@@ -84,7 +88,9 @@ def test_a_tampered_rehashed_bundle_is_refused_under_a_trusted_key(built: Built,
     assert files_under(tmp_path / "prod") == {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
 
 
-def test_without_trust_the_tampered_bundle_unpacks_and_says_it_was_not_checked(built: Built, tmp_path: Path, keys: dict[str, Path]) -> None:
+def test_without_trust_the_tampered_bundle_unpacks_and_says_it_was_not_checked(
+    built: Built, tmp_path: Path, keys: dict[str, Path]
+) -> None:
     signed = tmp_path / "signed.tar"
     assert pack_signed(built, signed, keys["ours"]).exit_code == 0
     tampered = rebuild(signed, tmp_path / "tampered.tar", lambda t, m: _tamper_rehashed(m))
@@ -107,12 +113,19 @@ def test_unsigned_and_foreign_bundles_are_refused_by_every_trust_source(
     monkeypatch.setenv("WARMCACHE_TRUSTED_KEYS", Path(ours_pub).read_text().strip())
     by_env = unpack(theirs, tmp_path)
     their_id = SigningKey.load(keys["theirs"]).public.key_id
-    assert by_env.exit_code == 5 and f"signed by key {their_id}, which is not trusted ($WARMCACHE_TRUSTED_KEYS:" in by_env.stderr
+    assert (
+        by_env.exit_code == 5
+        and f"signed by key {their_id}, which is not trusted ($WARMCACHE_TRUSTED_KEYS:" in by_env.stderr
+    )
     monkeypatch.delenv("WARMCACHE_TRUSTED_KEYS")
 
     manifest = write_manifest('[trust]\nkeys = ["keys/ours.pub"]\n' + built.manifest.read_text(), name="trusting.toml")
     by_manifest = unpack(theirs, tmp_path, "--manifest", str(manifest))
-    assert by_manifest.exit_code == 5 and "trust.keys" in by_manifest.stderr and "which is not trusted" in by_manifest.stderr
+    assert (
+        by_manifest.exit_code == 5
+        and "trust.keys" in by_manifest.stderr
+        and "which is not trusted" in by_manifest.stderr
+    )
     assert nothing_written(tmp_path)
 
 

@@ -17,8 +17,8 @@ from manifests import generate, manifest_toml, model
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.cli import main
 from warmcache.errors import UsageError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.settings import RegistryLocation
@@ -26,17 +26,30 @@ from warmcache.warmup.verify import ReplayResult, Verdict, judge, merge_ranks
 
 
 def cli(*args: str) -> tuple[int, dict[str, Any], str]:
-    result = subprocess.run([sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "warmcache", *args, "--json"], capture_output=True, text=True, timeout=600
+    )
     return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
 
 
 @pytest.mark.slow
-def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(inductor_warmup: InductorWarmup, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(
+    inductor_warmup: InductorWarmup, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     # The suite's real Inductor warmup (its batch-2 shapes: prompts 8 and 12) plus an aot_eager model warmed here.
     build = inductor_warmup.copy(tmp_path / "build")
     path = tmp_path / "manifest.toml"
     path.write_text(
-        manifest_toml(build.model(batch_sizes=(2,)), model("fast", str(tiny_models["llama"]), backend="aot_eager", attn_implementation="eager", generate=[generate()]))
+        manifest_toml(
+            build.model(batch_sizes=(2,)),
+            model(
+                "fast",
+                str(tiny_models["llama"]),
+                backend="aot_eager",
+                attn_implementation="eager",
+                generate=[generate()],
+            ),
+        )
     )
     db, cache = build.db, build.cache
     served_name = INDUCTOR_MODEL
@@ -48,7 +61,8 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(in
     # Both prompt lengths share one decode graph: the spec that reused it names its entries too.
     shared = {a.path for a in served.artifacts if a.kind == INDUCTOR_FXGRAPH} & {a.path for a in reuser.artifacts}
     assert shared, (served.artifacts, reuser.artifacts)
-    assert served.cache_root is not None and Path(served.cache_root).resolve() == inductor_warmup.cache.resolve()  # where it was compiled
+    # where it was compiled
+    assert served.cache_root is not None and Path(served.cache_root).resolve() == inductor_warmup.cache.resolve()
     # The artifacts are the Inductor cache entries this spec wrote, and they exist on disk.
     kinds = {a.kind for a in served.artifacts}
     assert INDUCTOR_FXGRAPH in kinds
@@ -67,7 +81,11 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(in
     assert list_entries(cache, "inductor") == on_disk
     identities = [p.identity for p in plan_manifest(load_manifest(path))]
     with Registry.open(db) as registry:
-        assert sorted((r.model_name, r.status) for r in registry.rows(identities=identities)) == [("fast", "compiled"), (served_name, "verified"), (served_name, "verified")]
+        assert sorted((r.model_name, r.status) for r in registry.rows(identities=identities)) == [
+            ("fast", "compiled"),
+            (served_name, "verified"),
+            (served_name, "verified"),
+        ]
 
     _frozen_inductor_shapes_are_stale_and_taken_by_warmup(str(path), db, cache)
     _eager_attention_rows_refuse_an_sdpa_model(db, tiny_models["llama"])
@@ -83,27 +101,40 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(in
 
 
 def _frozen_inductor_shapes_are_stale_and_taken_by_warmup(path: str, db: str, cache: Path) -> None:
-    """Under TORCHINDUCTOR_FREEZING=1 Inductor compiles other code: its shapes read stale and say why; aot_eager's do not move.
+    """Under TORCHINDUCTOR_FREEZING=1 Inductor compiles other code: its shapes read stale and say why; aot_eager's do
+    not move.
 
     In this process (CliRunner sets the variable for each call): these commands compile nothing.
     """
 
     def run(*args: str, frozen: bool = False) -> Any:
-        result = CliRunner().invoke(main, [*args, "--db", db, "--json"], env={"TORCHINDUCTOR_FREEZING": "1" if frozen else None})
+        result = CliRunner().invoke(
+            main, [*args, "--db", db, "--json"], env={"TORCHINDUCTOR_FREEZING": "1" if frozen else None}
+        )
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout)
 
     before = run("plan", path)
     planned = run("plan", path, frozen=True)
-    assert [(p["model"], p["status"]) for p in planned] == [(INDUCTOR_MODEL, "stale"), (INDUCTOR_MODEL, "stale"), ("fast", "compiled")]
+    assert [(p["model"], p["status"]) for p in planned] == [
+        (INDUCTOR_MODEL, "stale"),
+        (INDUCTOR_MODEL, "stale"),
+        ("fast", "compiled"),
+    ]
     explained = run("explain", path, frozen=True)
-    assert [(e["model"], e["reason"]) for e in explained] == [(INDUCTOR_MODEL, "stale: inductor TORCHINDUCTOR_FREEZING unset → 1")] * 2
+    assert [(e["model"], e["reason"]) for e in explained] == [
+        (INDUCTOR_MODEL, "stale: inductor TORCHINDUCTOR_FREEZING unset → 1")
+    ] * 2
     # Which shapes warmup takes, without paying for the compile. (A real run under freezing claims exactly these two
     # and then fails in Inductor's generated kernel for this tiny model's static-cache decode step: "index out of
     # bounds: 0 <= tmp9 < 16"; seen with torch 2.13, not investigated here.)
     report = run("warmup", path, "--cache-dir", str(cache), "--dry-run", frozen=True)
     assert report["to_compile"] == 2
-    assert [(p["spec"].split("/")[0], p["action"]) for p in report["plan"]] == [(INDUCTOR_MODEL, "compile"), (INDUCTOR_MODEL, "compile"), ("fast", "skip (compiled)")]
+    assert [(p["spec"].split("/")[0], p["action"]) for p in report["plan"]] == [
+        (INDUCTOR_MODEL, "compile"),
+        (INDUCTOR_MODEL, "compile"),
+        ("fast", "skip (compiled)"),
+    ]
     assert run("plan", path) == before  # unset, the first rows serve again
 
 
@@ -114,7 +145,11 @@ def _eager_attention_rows_refuse_an_sdpa_model(db: str, llama: Path) -> None:
 
     guard = ShapeGuard.from_registry(db, "fast", telemetry=False)
     sdpa = AutoModelForCausalLM.from_pretrained(llama, attn_implementation="sdpa")
-    with pytest.raises(UsageError, match="model 'fast': attn_implementation 'sdpa' matches no compiled rows .compiled with attn_implementation 'eager'"):
+    with pytest.raises(
+        UsageError,
+        match="model 'fast': attn_implementation 'sdpa' matches no compiled rows .compiled with "
+        "attn_implementation 'eager'",
+    ):
         guard.prime(sdpa)
     report = guard.prime(AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager"))
     assert guard.primed and report.graphs >= 1
@@ -124,7 +159,8 @@ def _eager_attention_rows_refuse_an_sdpa_model(db: str, llama: Path) -> None:
 def test_judge_needs_zero_misses_and_no_new_entries() -> None:
     clean = ReplayResult("i", graphs=1, cache_hits=1, cache_misses=0, new_entries=(), persistent_cache=True)
     assert judge("i", "d", clean).verdict == Verdict.VERIFIED
-    assert judge("i", "d", clean).message() == "verified (0 cache misses, 1 hits, 1 graph traced in 0.0s)"  # the progress line
+    # the progress line
+    assert judge("i", "d", clean).message() == "verified (0 cache misses, 1 hits, 1 graph traced in 0.0s)"
     assert judge("i", "d", replace(clean, new_entries=("fxgraph/ab/fabc",))).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, cache_misses=1)).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, persistent_cache=False)).verdict == Verdict.REPLAY_ONLY
@@ -159,7 +195,9 @@ with ReportWriter(sys.argv[-1]) as reports, reports.failures_reported():
 
 
 @pytest.mark.parametrize("how", ["crash", "refuse"])
-def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(
+    how: str, write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from test_cli_query import _compile_all
 
     from warmcache.warmup import distributed
@@ -182,6 +220,11 @@ def test_a_replay_that_stops_early_keeps_the_verdicts_it_sent(how: str, write_ma
     first, *rest = summary.verdicts
     assert first.verdict == Verdict.REPLAY_ONLY and first.measured.graphs == 1
     assert [v.verdict for v in rest] == [Verdict.REPLAY_FAILED, Verdict.REPLAY_FAILED]
-    assert all(v.reason == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after 1 result(s); see its output above" for v in rest)
+    assert all(
+        v.reason == "the replay stopped before this spec: verify's replay (1 rank) exited with code 7 after "
+        "1 result(s); see its output above"
+        for v in rest
+    )
     with Registry.open(db) as registry:
-        assert {r.status for r in registry.rows(model="m")} == {"compiled"}  # a replay that proved nothing demotes nothing
+        # a replay that proved nothing demotes nothing
+        assert {r.status for r in registry.rows(model="m")} == {"compiled"}

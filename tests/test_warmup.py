@@ -16,8 +16,8 @@ import pytest
 from manifests import generate, manifest_toml, model, train
 from registry_fill import mark_all_compiled
 
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
 
 
@@ -45,7 +45,13 @@ def sqlite_url(tmp_path: Path) -> str:
 
 BOTH_ARCHS = manifest_toml(
     model("qwen3", backend="aot_eager", generate=[generate(batch_sizes=[1, 2])], train=[train()]),
-    model("llama", "{llama}", backend="eager", generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])], train=[train(seq_lengths=[8, 12])]),
+    model(
+        "llama",
+        "{llama}",
+        backend="eager",
+        generate=[generate(batch_sizes=[2], prompt_lengths=[8, 12])],
+        train=[train(seq_lengths=[8, 12])],
+    ),
 )
 
 
@@ -63,7 +69,9 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
         assert noise not in result.stderr + result.stdout, noise
 
     records = rows(sqlite_url)
-    assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {(m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")}
+    assert {(r.model_name, r.workload, r.status, r.attempts) for r in records} == {
+        (m, w, "compiled", 1) for m in ("qwen3", "llama") for w in ("generate", "train")
+    }
     assert all(r.compile_seconds and r.compile_seconds > 0 and r.host for r in records)
     graphs = {(r.model_name, r.workload, r.batch_size, r.seq_len): r.graphs_compiled for r in records}
     # A new batch size, or a new training length, is a new graph; the first spec of each
@@ -80,13 +88,22 @@ def test_real_warmup_of_two_architectures_and_both_workloads(write_manifest, sql
     started = time.perf_counter()
     again = warmup(str(path), "--db", sqlite_url)
     assert again.returncode == 0, again.stderr
-    assert summary(again.stdout) | {"seconds": 0} == summary(again.stdout) | {"planned": 7, "already_compiled": 7, "to_compile": 0, "compiled": 0, "specs": [], "seconds": 0}
+    assert summary(again.stdout) | {"seconds": 0} == summary(again.stdout) | {
+        "planned": 7,
+        "already_compiled": 7,
+        "to_compile": 0,
+        "compiled": 0,
+        "specs": [],
+        "seconds": 0,
+    }
     assert time.perf_counter() - started < 30
     assert {r.attempts for r in rows(sqlite_url)} == {1}
 
 
 def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_manifest, sqlite_url: str) -> None:
-    path = write_manifest(manifest_toml(model("big", generate=[generate(range(1, 11), range(8, 408, 4), max_cache_len=512)])))
+    path = write_manifest(
+        manifest_toml(model("big", generate=[generate(range(1, 11), range(8, 408, 4), max_cache_len=512)]))
+    )
     planned = plan_manifest(load_manifest(path))
     assert len(planned) == 1000
     mark_all_compiled(sqlite_url, planned)
@@ -97,7 +114,8 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
         "try:\n"
         f"    main(['warmup', {str(path)!r}, '--db', {sqlite_url!r}, '--json'])\n"
         "except SystemExit as exit:\n"
-        "    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules, round(time.perf_counter() - start, 3), file=sys.stderr)\n"
+        "    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules, "
+        "round(time.perf_counter() - start, 3), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     exit_code, torch_loaded, transformers_loaded, seconds = result.stderr.split()[-4:]
@@ -109,7 +127,11 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
 
 def test_dry_run_prints_the_plan_and_compiles_nothing(write_manifest, sqlite_url: str) -> None:
     path = write_manifest(BOTH_ARCHS)
-    result = subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(path), "--db", sqlite_url, "--dry-run"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "warmcache", "warmup", str(path), "--db", sqlite_url, "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert sum(line.startswith("compile ") for line in lines) == 7
@@ -119,12 +141,17 @@ def test_dry_run_prints_the_plan_and_compiles_nothing(write_manifest, sqlite_url
 
 
 @pytest.mark.slow
-def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_failing_spec_is_recorded_and_the_run_goes_on(
+    write_manifest, sqlite_url: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     broken = tmp_path / "broken-model"
     broken.mkdir()
     shutil.copy(tiny_models["qwen3"] / "config.json", broken / "config.json")  # no weights
     path = write_manifest(
-        manifest_toml(model("broken", str(broken), backend="eager", generate=[generate()]), model("good", "{llama}", backend="eager", generate=[generate()]))
+        manifest_toml(
+            model("broken", str(broken), backend="eager", generate=[generate()]),
+            model("good", "{llama}", backend="eager", generate=[generate()]),
+        )
     )
     first = warmup(str(path), "--db", sqlite_url)
     assert first.returncode == 1
@@ -132,7 +159,12 @@ def test_failing_spec_is_recorded_and_the_run_goes_on(write_manifest, sqlite_url
     assert (report["compiled"], report["failed"]) == (1, 1)
     failed = next(r for r in rows(sqlite_url) if r.model_name == "broken")
     # Where and why, one line: the phase it broke in, then what broke.
-    assert failed.status == "failed" and failed.error and failed.error.startswith("loading the model: OSError: ") and "\n" not in failed.error
+    assert (
+        failed.status == "failed"
+        and failed.error
+        and failed.error.startswith("loading the model: OSError: ")
+        and "\n" not in failed.error
+    )
     assert failed.claimed_by is None
     assert next(r for r in rows(sqlite_url) if r.model_name == "good").status == "compiled"
 

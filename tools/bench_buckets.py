@@ -41,12 +41,18 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--ks", default="2,3,4,6,8,12")
-    parser.add_argument("--quick", action="store_true", help="A smoke run in about a second (CI): 5,000 samples, K = 2 and 4, lengths up to 1024.")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run in about a second (CI): 5,000 samples, K = 2 and 4, lengths up to 1024.",
+    )
     args = parser.parse_args()
     if args.quick:
         args.samples, args.ks, args.max_length = 5_000, "2,4", 1024
 
-    lengths = LengthDistribution.from_lengths(lognormal_lengths(args.samples, args.seed, args.mu, args.sigma, args.max_length))
+    lengths = LengthDistribution.from_lengths(
+        lognormal_lengths(args.samples, args.seed, args.mu, args.sigma, args.max_length)
+    )
     print(
         f"log-normal(mu={args.mu}, sigma={args.sigma}), seed {args.seed}: {lengths.total} lengths, "
         f"{len(lengths.values)} distinct, {lengths.min_length}-{lengths.max_length}, mean {lengths.mean_length:.1f}"
@@ -57,16 +63,30 @@ def main() -> None:
         weights = traffic.planner_weights
         title = "single requests" if batch == 1 else f"batches of {batch} (buckets on the batch maximum)"
         unavoidable = traffic.cost(lengths.values).waste_percent
-        print(f"\n{title}; waste % = padded / computed tokens" + (f"; unavoidable with every length compiled: {unavoidable:.2f}%" if batch > 1 else ""))
-        print(f"{'K':>3}  {'DP':>7}  {'pow2':>7}  {'even':>7}  {'DP pad/req':>10}  {'pow2 pad/req':>12}  {'DP ms':>7}  DP buckets")
+        print(
+            f"\n{title}; waste % = padded / computed tokens"
+            + (f"; unavoidable with every length compiled: {unavoidable:.2f}%" if batch > 1 else "")
+        )
+        print(
+            f"{'K':>3}  {'DP':>7}  {'pow2':>7}  {'even':>7}  {'DP pad/req':>10}  {'pow2 pad/req':>12} "
+            f" {'DP ms':>7}  DP buckets"
+        )
         for k in ks:
             started = time.perf_counter()
             plan = plan_fixed(lengths.values, weights, k)
             elapsed_ms = 1000 * (time.perf_counter() - started)
-            dp, pow2, even = (traffic.cost(b) for b in (plan.buckets, powers_of_two_count(lengths.max_length, k), evenly_spaced(lengths.max_length, k)))
+            dp, pow2, even = (
+                traffic.cost(b)
+                for b in (
+                    plan.buckets,
+                    powers_of_two_count(lengths.max_length, k),
+                    evenly_spaced(lengths.max_length, k),
+                )
+            )
             print(
                 f"{k:>3}  {dp.waste_percent:>7.2f}  {pow2.waste_percent:>7.2f}  {even.waste_percent:>7.2f}  "
-                f"{dp.padded_tokens_per_request:>10.1f}  {pow2.padded_tokens_per_request:>12.1f}  {elapsed_ms:>7.1f}  {list(plan.buckets)}"
+                f"{dp.padded_tokens_per_request:>10.1f}  {pow2.padded_tokens_per_request:>12.1f}  "
+                f"{elapsed_ms:>7.1f}  {list(plan.buckets)}"
             )
         ladder = powers_of_two(lengths.max_length)
         same = plan_fixed(lengths.values, weights, len(ladder))

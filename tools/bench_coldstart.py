@@ -57,10 +57,10 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
-    from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.modeling.compile_counter import CompileCounter
+    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.shapes.workload_settings import GenerateSettings
     from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
-    from warmcache.workload_settings import GenerateSettings
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -75,10 +75,17 @@ def child(args: argparse.Namespace) -> None:
 
     def generate() -> float:
         # Built per call: each generate() fills a fresh cache object.
-        kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=compile_config(args.backend, "default", "cpu"), model_config=model.config)
+        kwargs = generate_kwargs(
+            GenerateSettings(args.max_cache_len),
+            max_new_tokens=new,
+            config=compile_config(args.backend, "default", "cpu"),
+            model_config=model.config,
+        )
         begin = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs)
+            model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), min_new_tokens=new, pad_token_id=0, **kwargs
+            )
         return time.perf_counter() - begin
 
     with CompileCounter() as counter:
@@ -117,7 +124,13 @@ def guarded_request_seconds(guard: Any, model: Any, ids: Any) -> float:
     from warmcache.warmup.workloads import DECODE_TOKENS
 
     begin = time.perf_counter()
-    guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+    guard.generate(
+        model,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=DECODE_TOKENS,
+        min_new_tokens=DECODE_TOKENS,
+    )
     return time.perf_counter() - begin
 
 
@@ -197,7 +210,12 @@ def aotinductor_child(args: argparse.Namespace) -> None:
     steady = sorted(guarded_request_seconds(guard, model, ids) for _ in range(7))[3]
     from torch._dynamo.utils import counters
 
-    compiler = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+    compiler = (
+        "torch._inductor.compile_fx",
+        "torch._inductor.lowering",
+        "torch._inductor.graph",
+        "torch._inductor.codecache",
+    )
     print(
         json.dumps(
             {
@@ -221,34 +239,51 @@ def aotinductor_child(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, cache_dir: Path, *extra: str) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": str(args.threads)}
     command = [
-        sys.executable, __file__, "--child", "--model", str(args.model), "--batch", str(args.batch), "--prompt", str(args.prompt),
-        "--max-cache-len", str(args.max_cache_len), "--backend", args.backend, *extra,
+        sys.executable, __file__, "--child", "--model", str(args.model),
+        "--batch", str(args.batch), "--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len),
+        "--backend", args.backend, *extra,
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def warm_with_warmcache(args: argparse.Namespace, work: Path, cache_dir: Path, registry: str = "registry.sqlite", backend: str = "", precompile: str = "true") -> None:
+def warm_with_warmcache(
+    args: argparse.Namespace,
+    work: Path,
+    cache_dir: Path,
+    registry: str = "registry.sqlite",
+    backend: str = "",
+    precompile: str = "true",
+) -> None:
     manifest = work / f"bench-{registry}.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{work / registry}"\n[cache]\ndir = "{cache_dir}"\n'
-        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = "{backend or args.backend}"\nprecompile = {precompile}\n'
-        f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[[model]]\nname = "bench"\npath = "{args.model}"\nbackend = '
+        f'"{backend or args.backend}"\nprecompile = {precompile}\n'
+        f"[[model.generate]]\nbatch_sizes = {args.batches}\nprompt_lengths = "
+        f"[{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
-    subprocess.run([sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "warmcache", "warmup", str(manifest)], check=True, capture_output=True, text=True
+    )
 
 
 def show_aotinductor(r: dict[str, Any], cold: dict[str, Any]) -> None:
     compiler = ", ".join(r["compiler_modules"]) or "none"
     print(
-        f"aoti  first request {r['first_request_s']:6.3f}s after model load  (package load + bind {r['package_load_s'] * 1000:.1f} ms for {r['packages']}, "
-        f"first decode step {r['first_step_s'] * 1000:.1f} ms, prime {r['prime_s']:.3f}s, first request {r['first_generate_s']:.3f}s; "
-        f"{r['dynamo_frames']} Dynamo frames, compiler modules imported: {compiler})  steady request {r['steady_s']:.3f}s  "
+        f"aoti  first request {r['first_request_s']:6.3f}s after model load  (package load + bind "
+        f"{r['package_load_s'] * 1000:.1f} ms for {r['packages']}, "
+        f"first decode step {r['first_step_s'] * 1000:.1f} ms, prime {r['prime_s']:.3f}s, first "
+        f"request {r['first_generate_s']:.3f}s; "
+        f"{r['dynamo_frames']} Dynamo frames, compiler modules imported: {compiler})  steady "
+        f"request {r['steady_s']:.3f}s  "
         f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s, registry read {r['registry_s']:.2f}s]"
     )
     print(
-        f"cold/aotinductor first request (after model load, prime included): {cold['first_generate_s'] / r['first_request_s']:.0f}x; "
-        f"compile overhead: first request (prime included) / steady request {r['first_request_s'] / r['steady_s']:.1f}x "
+        "cold/aotinductor first request (after model load, prime included): "
+        f"{cold['first_generate_s'] / r['first_request_s']:.0f}x; "
+        "compile overhead: first request (prime included) / steady request "
+        f"{r['first_request_s'] / r['steady_s']:.1f}x "
         f"(first request alone {r['first_generate_s'] / r['steady_s']:.1f}x)"
     )
 
@@ -258,13 +293,15 @@ def show(name: str, r: dict[str, Any]) -> None:
         print(
             f"{name:<5} first token {r['first_token_s']:6.2f}s  (import dynamo {r['dynamo_import_s']:5.2f}s, "
             f"artifact load {r['artifact_load_s']:5.2f}s for {r['artifacts']}, prime call {r['prime_call_s']:5.2f}s, "
-            f"first request {r['first_generate_s']:5.3f}s; {r['dynamo_frames']} Dynamo frames)  next call {r['second_generate_s']:.3f}s  "
+            f"first request {r['first_generate_s']:5.3f}s; {r['dynamo_frames']} Dynamo frames)  next "
+            f"call {r['second_generate_s']:.3f}s  "
             f"[import {r['import_s']:.1f}s, load {r['load_s']:.1f}s]"
         )
         return
     print(
         f"{name:<5} first generate() {r['first_generate_s']:6.2f}s  (dynamo trace {r['dynamo_trace_s']:5.2f}s, "
-        f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache misses, {r['cache_hits']} hits)  "
+        f"backend {r['backend_s']:5.2f}s, other {r['other_s']:5.2f}s; {r['cache_misses']} cache "
+        f"misses, {r['cache_hits']} hits)  "
         f"next call {r['second_generate_s']:.3f}s  [import {r['import_s']:.1f}s, load {r['load_s']:.1f}s"
         + (f", mega-cache load {r['mega_load_s']:.2f}s]" if r["mega_load_s"] else "]")
     )
@@ -273,8 +310,12 @@ def show(name: str, r: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="A causal LM folder (default: build a tiny Qwen3).")
-    parser.add_argument("--batches", default="1,4", help="Comma-separated batch sizes, each measured in its own processes.")
-    parser.add_argument("--layers", type=int, default=4, help="Layers of the tiny Qwen3 built when --model is not given.")
+    parser.add_argument(
+        "--batches", default="1,4", help="Comma-separated batch sizes, each measured in its own processes."
+    )
+    parser.add_argument(
+        "--layers", type=int, default=4, help="Layers of the tiny Qwen3 built when --model is not given."
+    )
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--max-cache-len", type=int, default=32)
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
@@ -312,7 +353,8 @@ def main() -> None:
         if not args.quick:
             warm_with_warmcache(args, work, work / "aoti-cache", "aoti-registry.sqlite", "inductor", '"aotinductor"')
         print(
-            f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} max_cache_len={args.max_cache_len}, {args.backend} on CPU "
+            f"tiny model {args.model.name} ({args.layers} layers), prompt={args.prompt} "
+            f"max_cache_len={args.max_cache_len}, {args.backend} on CPU "
             f"({os.cpu_count()} cores, OMP_NUM_THREADS={args.threads})"
         )
         for batch in args.batches:
@@ -328,15 +370,27 @@ def main() -> None:
                 show("mega", mega)
                 ratios += f"; cold/mega: {cold['first_generate_s'] / mega['first_generate_s']:.1f}x"
             show("pre", pre)
-            ratios += f"; cold/precompiled (first token incl. artifact load): {cold['first_generate_s'] / pre['first_token_s']:.1f}x"
+            ratios += (
+                "; cold/precompiled (first token incl. artifact load): "
+                f"{cold['first_generate_s'] / pre['first_token_s']:.1f}x"
+            )
             print(ratios)
             if pre["dynamo_frames"]:
                 raise SystemExit(f"precompiled scenario compiled {pre['dynamo_frames']} Dynamo frames; expected none")
             if not args.quick:
-                aoti = measure(args, work / f"aoti-empty-cache-{batch}", "--aotinductor", "--registry", f"sqlite:///{work / 'aoti-registry.sqlite'}")
+                aoti = measure(
+                    args,
+                    work / f"aoti-empty-cache-{batch}",
+                    "--aotinductor",
+                    "--registry",
+                    f"sqlite:///{work / 'aoti-registry.sqlite'}",
+                )
                 show_aotinductor(aoti, cold)
                 if aoti["dynamo_frames"] or aoti["compiler_modules"]:
-                    raise SystemExit(f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported {aoti['compiler_modules']}; expected none")
+                    raise SystemExit(
+                        f"aotinductor scenario traced {aoti['dynamo_frames']} frames / imported "
+                        f"{aoti['compiler_modules']}; expected none"
+                    )
 
 
 if __name__ == "__main__":

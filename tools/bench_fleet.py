@@ -49,8 +49,8 @@ import fleet_sim  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 
 #: The default time scale: specs a second the simulated fleet claims on average over its LPT makespan. This
 #: machine runs the server and all the workers on two cores, and each claim costs it 15-30 ms of CPU (a new
@@ -107,12 +107,26 @@ def fresh_registry(db: str | None, work: Path, name: str) -> Iterator[str]:
 
 
 def run_fleet(manifest: Path, url: str, cache: Path, workers: int, split_cores: bool) -> Run:
-    command = [sys.executable, "-m", "warmcache", "warmup", str(manifest), "--db", url, "--cache-dir", str(cache), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "warmcache",
+        "warmup",
+        str(manifest),
+        "--db",
+        url,
+        "--cache-dir",
+        str(cache),
+        "--json",
+    ]
     env = dict(os.environ)
     if split_cores:
         env["OMP_NUM_THREADS"] = str(threads_per_worker(workers))
     start = time.perf_counter()
-    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(workers)]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(workers)
+    ]
     results = [p.communicate() for p in processes]
     wall = time.perf_counter() - start
     summaries = []
@@ -144,8 +158,10 @@ def report(runs: list[Run], specs: int, db: str, split_cores: bool) -> str:
     ]
     for run in runs:
         lines.append(
-            f"{run.workers:>7}  {run.wall_seconds:>7.1f}  {base / run.wall_seconds:>7.2f}x  {run.compile_seconds:>10.1f}  "
-            f"{run.compile_seconds / max(1, sum(run.compiled_per_worker)):>13.2f}  {'/'.join(map(str, run.compiled_per_worker))}"
+            f"{run.workers:>7}  {run.wall_seconds:>7.1f}  {base / run.wall_seconds:>7.2f}x  "
+            f"{run.compile_seconds:>10.1f}  "
+            f"{run.compile_seconds / max(1, sum(run.compiled_per_worker)):>13.2f}  "
+            f"{'/'.join(map(str, run.compiled_per_worker))}"
             + (f"  ({run.duplicates} DUPLICATE compiles)" if run.duplicates else "")
         )
     lines.append(
@@ -162,33 +178,87 @@ def main() -> None:
         default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"),
         help="PostgreSQL URL (a fresh schema per run; default: $WARMCACHE_TEST_POSTGRES_URL) or omit for SQLite files.",
     )
-    parser.add_argument("--workers", default=None, help="Comma-separated process counts (default: 1,2,4; with --simulate: 8).")
-    parser.add_argument("--batch-sizes", type=int, default=24, help="Batch sizes 1..N per model: 2N specs (default 24: ~45 s for one process on 2 cores).")
+    parser.add_argument(
+        "--workers", default=None, help="Comma-separated process counts (default: 1,2,4; with --simulate: 8)."
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        default=24,
+        help="Batch sizes 1..N per model: 2N specs (default 24: ~45 s for one process on 2 cores).",
+    )
     parser.add_argument("--backend", default="aot_eager", choices=("eager", "aot_eager", "inductor"))
-    parser.add_argument("--no-split-cores", dest="split_cores", action="store_false", help="Leave every process at torch's default thread count.")
+    parser.add_argument(
+        "--no-split-cores",
+        dest="split_cores",
+        action="store_false",
+        help="Leave every process at torch's default thread count.",
+    )
     parser.add_argument("--work", type=Path, default=None, help="Working folder (default: a temporary one).")
-    parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 2 workers share 2 eager specs (with --simulate: 8 workers, 200 specs).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run (CI): 2 workers share 2 eager specs (with --simulate: 8 workers, 200 specs).",
+    )
     simulation = parser.add_argument_group("simulation (--simulate)")
-    simulation.add_argument("--simulate", action="store_true", help="Measure the coordination layer: the compile is replaced by a sleep (PostgreSQL only).")
+    simulation.add_argument(
+        "--simulate",
+        action="store_true",
+        help="Measure the coordination layer: the compile is replaced by a sleep (PostgreSQL only).",
+    )
     simulation.add_argument("--specs", default="2000", help="Comma-separated spec counts (default 2000).")
-    simulation.add_argument("--order", choices=(*fleet_sim.ORDERS, "both"), default="both", help="Claim order(s) to run, side by side (default both).")
-    simulation.add_argument("--median", type=float, default=60.0, help="Median compile seconds of the log-normal, before scaling (default 60).")
-    simulation.add_argument("--spread", type=float, default=1.0, help="Sigma of the log-normal's log: 1.0 is skewed (default).")
-    simulation.add_argument("--durations", type=Path, default=None, help="A file of recorded compile_s to draw from instead of the log-normal.")
+    simulation.add_argument(
+        "--order",
+        choices=(*fleet_sim.ORDERS, "both"),
+        default="both",
+        help="Claim order(s) to run, side by side (default both).",
+    )
+    simulation.add_argument(
+        "--median",
+        type=float,
+        default=60.0,
+        help="Median compile seconds of the log-normal, before scaling (default 60).",
+    )
+    simulation.add_argument(
+        "--spread", type=float, default=1.0, help="Sigma of the log-normal's log: 1.0 is skewed (default)."
+    )
+    simulation.add_argument(
+        "--durations",
+        type=Path,
+        default=None,
+        help="A file of recorded compile_s to draw from instead of the log-normal.",
+    )
     simulation.add_argument(
         "--target",
         type=float,
         default=None,
-        help=f"Scale compile times so the ideal makespan is this many seconds (default: so that the fleet claims {CLAIMS_PER_SECOND:g} specs a second).",
+        help="Scale compile times so the ideal makespan is this many seconds (default: so that the "
+        f"fleet claims {CLAIMS_PER_SECOND:g} specs a second).",
     )
     simulation.add_argument(
-        "--starts-per-second", type=float, default=fleet_sim.STARTS_PER_SECOND, help=f"How fast workers start after the gate (default {fleet_sim.STARTS_PER_SECOND:g})."
+        "--starts-per-second",
+        type=float,
+        default=fleet_sim.STARTS_PER_SECOND,
+        help=f"How fast workers start after the gate (default {fleet_sim.STARTS_PER_SECOND:g}).",
     )
     simulation.add_argument("--lease", type=float, default=None, help="Lease seconds (default 60; --quick 8).")
-    simulation.add_argument("--faults", action="store_true", help="Also a longest-first run with faults: SIGKILL, terminated backends, an outage.")
-    simulation.add_argument("--faults-only", action="store_true", help="Only the run with faults (its clean twin measured before).")
-    simulation.add_argument("--kill", type=float, default=0.1, help="Fraction of workers SIGKILLed in the fault run (default 0.1).")
-    simulation.add_argument("--outage", type=float, default=30.0, help="Seconds one worker loses its database in the fault run (default 30; --quick 2).")
+    simulation.add_argument(
+        "--faults",
+        action="store_true",
+        help="Also a longest-first run with faults: SIGKILL, terminated backends, an outage.",
+    )
+    simulation.add_argument(
+        "--faults-only", action="store_true", help="Only the run with faults (its clean twin measured before)."
+    )
+    simulation.add_argument(
+        "--kill", type=float, default=0.1, help="Fraction of workers SIGKILLed in the fault run (default 0.1)."
+    )
+    simulation.add_argument(
+        "--outage",
+        type=float,
+        default=30.0,
+        help="Seconds one worker loses its database in the fault run (default 30; --quick 2).",
+    )
     simulation.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.simulate:
@@ -212,7 +282,11 @@ def main() -> None:
                 raise SystemExit(f"{workers} workers compiled {sum(run.compiled_per_worker)} of {specs} specs")
             print(f"{workers} worker(s): {run.wall_seconds:.1f}s", file=sys.stderr, flush=True)
             runs.append(run)
-        print(report(runs, specs, "PostgreSQL" if args.db and args.db.startswith("postgres") else "SQLite", args.split_cores))
+        print(
+            report(
+                runs, specs, "PostgreSQL" if args.db and args.db.startswith("postgres") else "SQLite", args.split_cores
+            )
+        )
         if any(r.duplicates for r in runs):
             raise SystemExit("some specs were compiled more than once")
 
@@ -225,7 +299,10 @@ def simulate(args: argparse.Namespace) -> None:
         args.workers, args.specs, args.target, args.outage, args.faults = args.workers or "8", "200", 4.0, 2.0, True
     lease = args.lease or (8.0 if args.quick else 60.0)
     if (args.faults or args.faults_only) and lease < 2 * args.outage:
-        raise SystemExit(f"--lease {lease:g} must be at least twice --outage {args.outage:g}: a lease that runs out during the outage is a second compile by design")
+        raise SystemExit(
+            f"--lease {lease:g} must be at least twice --outage {args.outage:g}: a lease that runs "
+            "out during the outage is a second compile by design"
+        )
     orders = fleet_sim.ORDERS if args.order == "both" else (args.order,)
     results = []
     failed = False
@@ -239,16 +316,35 @@ def simulate(args: argparse.Namespace) -> None:
                 target = args.target or default_target(raw, workers)
                 runs = [] if args.faults_only else [(order, fleet_sim.Faults()) for order in orders]
                 if args.faults or args.faults_only:
-                    runs.append(("longest", fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage)))
+                    runs.append(
+                        (
+                            "longest",
+                            fleet_sim.Faults(kill_fraction=args.kill, terminate_every=1.0, outage_seconds=args.outage),
+                        )
+                    )
                 batch = []
                 for order, faults in runs:
-                    setup = fleet_sim.Setup(workers, specs, fleet_sim.scaled(raw, workers, target), lease, faults, args.starts_per_second)
-                    result = fleet_sim.run_once(args.db, work, manifest, planned, setup, order, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
+                    setup = fleet_sim.Setup(
+                        workers, specs, fleet_sim.scaled(raw, workers, target), lease, faults, args.starts_per_second
+                    )
+                    result = fleet_sim.run_once(
+                        args.db,
+                        work,
+                        manifest,
+                        planned,
+                        setup,
+                        order,
+                        args.seed,
+                        lambda text: print(text, file=sys.stderr, flush=True),
+                    )
                     print(result.summary_line(), file=sys.stderr, flush=True)
                     batch.append(result)
                     failed |= not result.ok
                 print(
-                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median {args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {target:g} s, workers starting at {args.starts_per_second:g}/s, lease {lease:g} s, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+                    f"fleet simulation: {workers} workers x {specs} specs, compile times log-normal(median "
+                    f"{args.median:g} s, sigma {args.spread:g}) scaled to an ideal makespan of {target:g} s, "
+                    f"workers starting at {args.starts_per_second:g}/s, lease {lease:g} s, {os.cpu_count()} "
+                    f"cores, load {os.getloadavg()[0]:.1f}"
                 )
                 print(fleet_sim.report(batch))
                 results.extend(batch)

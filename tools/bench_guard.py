@@ -30,34 +30,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import PlannedShape, plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import PlannedShape, plan_manifest  # noqa: E402
 from warmcache.registry import ShapeRecord  # noqa: E402
 from warmcache.registry.registry import pending_row_values  # noqa: E402
+from warmcache.registry.statuses import Status  # noqa: E402
 from warmcache.runtime.guard import ShapeGuard  # noqa: E402
-from warmcache.statuses import Status  # noqa: E402
 
 BATCH_SIZES = list(range(1, 101))
 LENGTHS = list(range(64, 6464, 64))  # 100 lengths x 100 batch sizes = 10,000 compiled shapes
 
 
 def compiled_record(planned: PlannedShape, row_id: int) -> ShapeRecord:
-    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the database).
+    """The row the registry would hold for ``planned`` once compiled (built in memory: 10,000 claims would time the
+    database).
 
     Derived from the registry's own insert values, so a new column needs no edit here.
     """
     now = dt.datetime.now(dt.UTC)
     unset = {f.name: None for f in dataclasses.fields(ShapeRecord) if f.name != "artifacts"}
-    compiled = dict(id=row_id, status=Status.COMPILED, attempts=1, host="bench", compile_seconds=1.0, graphs_compiled=1, compiled_at=now)
+    compiled = dict(
+        id=row_id,
+        status=Status.COMPILED,
+        attempts=1,
+        host="bench",
+        compile_seconds=1.0,
+        graphs_compiled=1,
+        compiled_at=now,
+    )
     return ShapeRecord(**{**unset, **pending_row_values(planned), **compiled})
 
 
-def compiled_records(work: Path, model_dir: Path, name: str, batch_sizes: list[int], lengths: list[int], *, max_cache_len: int) -> list[ShapeRecord]:
+def compiled_records(
+    work: Path, model_dir: Path, name: str, batch_sizes: list[int], lengths: list[int], *, max_cache_len: int
+) -> list[ShapeRecord]:
     """Every (batch, length) of one model's generate workload, as compiled rows."""
     manifest = work / f"{name}.toml"
     manifest.write_text(
         f'[[model]]\nname = "{name}"\npath = "{model_dir}"\nbackend = "aot_eager"\n'
-        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = {lengths}\nmax_cache_len = {max_cache_len}\n"
+        f"[[model.generate]]\nbatch_sizes = {batch_sizes}\nprompt_lengths = "
+        f"{lengths}\nmax_cache_len = {max_cache_len}\n"
     )
     return [compiled_record(p, i) for i, p in enumerate(plan_manifest(load_manifest(manifest)))]
 
@@ -98,7 +110,9 @@ def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
     """Miss telemetry to a database that refuses or never answers must not slow a request down."""
     records = compiled_records(work, model_dir, "outage", [1, 2, 4], [16, 32], max_cache_len=64)
     requests = [(1 + i % 3, 17 + i % 10) for i in range(decisions)]  # every one padded: every one a miss to record
-    print(f"miss telemetry during a database outage ({decisions:,} padded decisions timed one by one, flush every 10 ms):")
+    print(
+        f"miss telemetry during a database outage ({decisions:,} padded decisions timed one by one, flush every 10 ms):"
+    )
     with socket.socket() as refused, socket.socket() as silent:
         refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         silent.bind(("127.0.0.1", 0))
@@ -109,7 +123,9 @@ def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
             "hung": f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x",
         }
         for label, url in outages.items():
-            guard = ShapeGuard(lambda: records, model="outage", source="bench", telemetry_url=url, telemetry_interval=0.01)
+            guard = ShapeGuard(
+                lambda: records, model="outage", source="bench", telemetry_url=url, telemetry_interval=0.01
+            )
             p50, p99 = percentiles(time_each(guard.decide, requests))
             closing = time.perf_counter()
             guard.close(timeout=0.5)
@@ -129,12 +145,16 @@ def bench_padding(model_dir: Path, work: Path, forwards: int) -> None:
         ids = torch.randint(3, 300, (batch, length))
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         fitted = guard.fit(inputs)
-        output = torch.cat([fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1)  # a generate()-shaped output
+        # a generate()-shaped output
+        output = torch.cat([fitted.inputs["input_ids"], fitted.inputs["input_ids"][:, :8]], dim=1)
         pad_ns = [_ns(lambda inputs=inputs, output=output: guard.fit(inputs).unpad(output)) for _ in range(forwards)]
         with torch.inference_mode():
             forward_ns = [_ns(lambda fitted=fitted: model(**fitted.inputs)) for _ in range(forwards)]
         pad, fwd = statistics.median(pad_ns) / 1e6, statistics.median(forward_ns) / 1e6
-        print(f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: fit+unpad {pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}")
+        print(
+            f"  batch={batch} seq={length} -> bucket {fitted.shape[0]}x{fitted.shape[1]}: fit+unpad "
+            f"{pad:.3f} ms, forward {fwd:.3f} ms, ratio {pad / fwd:.3f}"
+        )
     guard.close()
 
 
@@ -148,7 +168,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=100_000, help="Decisions timed per traffic pattern.")
     parser.add_argument("--forwards", type=int, default=50, help="Repetitions of fit+unpad and of the forward.")
-    parser.add_argument("--quick", action="store_true", help="A few seconds' smoke run (CI): 1,000 decisions, 3 forwards.")
+    parser.add_argument(
+        "--quick", action="store_true", help="A few seconds' smoke run (CI): 1,000 decisions, 3 forwards."
+    )
     args = parser.parse_args()
     if args.quick:
         args.decisions, args.forwards = 1_000, 3

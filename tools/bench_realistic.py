@@ -3,7 +3,8 @@
     python tools/bench_realistic.py                                   # Qwen3-0.6B, all 28 layers, float32
     python tools/bench_realistic.py --config meta-llama__Llama-3.2-1B --layers 4 --dtype bfloat16
     python tools/bench_realistic.py --routes aotinductor --new-tokens 32
-    python tools/bench_realistic.py --quick                           # CI: tiny Qwen3, aot_eager; checks the script runs
+    python tools/bench_realistic.py --quick                           # CI: tiny Qwen3, aot_eager; checks the script
+    runs
 
 The model is built from the published ``config.json`` (``tests/data/realconfigs``) at its
 real width with random weights (``tools/real_model.py``; compile cost depends on the
@@ -48,10 +49,15 @@ from real_model import build_real_model, real_configs  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 ROUTES = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+COMPILER_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.graph",
+    "torch._inductor.codecache",
+)
 #: Steady requests timed after the first; the median is reported.
 STEADY_REPEATS = 3
-#: The smallest overhead a ratio divides by (seconds): below the steady requests' spread, or this, only a bound is printed.
+#: The smallest overhead a ratio divides by (seconds): below it, or the steady spread, only a bound is printed.
 RESOLUTION_S = 0.01
 
 
@@ -74,7 +80,8 @@ class Warmed:
 
 
 def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run ``command``; its wall seconds, its own peak RSS in GiB (``wait4``: this child's, not the largest so far) and its stdout."""
+    """Run ``command``; its wall seconds, its own peak RSS in GiB (``wait4``: this child's, not the largest so far)
+    and its stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         begin = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
@@ -110,8 +117,10 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
     manifest = root / "bench.toml"
     manifest.write_text(
         f'[registry]\nurl = "sqlite:///{root / "registry.sqlite"}"\n[cache]\ndir = "{root / "cache"}"\n'
-        f'[[model]]\nname = "bench"\npath = "{model}"\ndtype = "{args.dtype}"\nbackend = "{args.backend}"\nprecompile = {ROUTES[route]}\n'
-        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = [{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndtype = "{args.dtype}"\nbackend = '
+        f'"{args.backend}"\nprecompile = {ROUTES[route]}\n'
+        f"[[model.generate]]\nbatch_sizes = [{args.batch}]\nprompt_lengths = "
+        f"[{args.prompt}]\nmax_cache_len = {args.max_cache_len}\n"
     )
     warmup_s, peak, out = run_measured([sys.executable, "-m", "warmcache", "warmup", str(manifest), "--json"], env)
     (spec,) = json.loads(out)["specs"]
@@ -125,24 +134,68 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
 
 
 def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
-    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no database."""
+    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no
+    database."""
     cache = warmed.root / "cache"
-    command = [sys.executable, "-m", "warmcache", "guard", "export", "--model", "bench", "--out", str(cache), "--sign", str(key), "--db", warmed.registry]
+    command = [
+        sys.executable,
+        "-m",
+        "warmcache",
+        "guard",
+        "export",
+        "--model",
+        "bench",
+        "--out",
+        str(cache),
+        "--sign",
+        str(key),
+        "--db",
+        warmed.registry,
+    ]
     run_measured(command, env)
     return cache
 
 
-def start(args: argparse.Namespace, route: str, model: Path, env: dict[str, str], snapshot: Path | None, trusted: Path | None, inductor_cache: Path) -> dict[str, Any]:
+def start(
+    args: argparse.Namespace,
+    route: str,
+    model: Path,
+    env: dict[str, str],
+    snapshot: Path | None,
+    trusted: Path | None,
+    inductor_cache: Path,
+) -> dict[str, Any]:
     """A fresh production process (``--child``): its start, first and steady request, and what it compiled."""
-    command = [sys.executable, __file__, "--child", route, "--model", str(model), "--dtype", args.dtype, "--batch", str(args.batch)]
-    command += ["--prompt", str(args.prompt), "--max-cache-len", str(args.max_cache_len), "--new-tokens", str(args.new_tokens), "--backend", args.backend]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        route,
+        "--model",
+        str(model),
+        "--dtype",
+        args.dtype,
+        "--batch",
+        str(args.batch),
+    ]
+    command += [
+        "--prompt",
+        str(args.prompt),
+        "--max-cache-len",
+        str(args.max_cache_len),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--backend",
+        args.backend,
+    ]
     command += ["--snapshot", str(snapshot), "--trust", str(trusted)] if snapshot and trusted else []
     _, _, out = run_measured(command, {**env, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def cpu_seconds() -> float:
-    """CPU seconds this process and its finished children (Inductor's compile workers) used: what a request costs, whatever else the machine runs."""
+    """CPU seconds this process and its finished children (Inductor's compile workers) used: what a request costs,
+    whatever else the machine runs."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -150,15 +203,16 @@ def cpu_seconds() -> float:
 
 
 def child(args: argparse.Namespace) -> None:
-    """One production process: load the model, start (prime, or nothing when cold), time the first and steady requests."""
+    """One production process: load the model, start (prime, or nothing when cold), time the first and steady
+    requests."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
-    from warmcache.generation import compile_config, generate_kwargs
+    from warmcache.modeling.compile_counter import CompileCounter
+    from warmcache.modeling.generation import compile_config, generate_kwargs
     from warmcache.runtime.guard import ShapeGuard
+    from warmcache.shapes.workload_settings import GenerateSettings
     from warmcache.warmup.workloads import token_ids
-    from warmcache.workload_settings import GenerateSettings
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     ids = token_ids(model, args.batch, args.prompt)
@@ -169,7 +223,9 @@ def child(args: argparse.Namespace) -> None:
         config = compile_config(args.backend, "default", "cpu")
 
         def request() -> None:
-            kwargs = generate_kwargs(GenerateSettings(args.max_cache_len), max_new_tokens=new, config=config, model_config=model.config)
+            kwargs = generate_kwargs(
+                GenerateSettings(args.max_cache_len), max_new_tokens=new, config=config, model_config=model.config
+            )
             with torch.inference_mode():
                 model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=new, pad_token_id=0, **kwargs)
 
@@ -215,7 +271,7 @@ def overhead(r: dict[str, Any], clock: str = "") -> float:
 
 
 def versus_cold(cold: dict[str, Any], r: dict[str, Any], clock: str = "") -> str:
-    """Cold's overhead over ``r``'s, as ``"237x"``; ``"≥4615x"`` when ``r``'s is within the spread of its steady requests.
+    """Cold's overhead over ``r``'s, as ``"237x"``; ``"≥4615x"`` when ``r``'s is within its steady requests' spread.
 
     An overhead that small (even negative: start + first request faster than the median
     steady one) cannot be told apart from run-to-run noise, so the ratio is only bounded,
@@ -229,37 +285,56 @@ def versus_cold(cold: dict[str, Any], r: dict[str, Any], clock: str = "") -> str
 
 def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dict[str, Any]], params_m: float) -> None:
     print(
-        f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU {os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
-        f"batch {args.batch}, prompt {args.prompt}, max_cache_len {args.max_cache_len}, requests of {args.new_tokens} new tokens"
+        f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU "
+        f"{os.cpu_count()} cores (OMP_NUM_THREADS={args.threads}); "
+        f"batch {args.batch}, prompt {args.prompt}, max_cache_len {args.max_cache_len}, requests "
+        f"of {args.new_tokens} new tokens"
     )
     print(f"{'route':<12} {'warmup':>8} {'peak RSS':>9} {'written':>10} {'verify':>8}")
     for w in warmed:
-        print(f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB {w.bytes_written / 2**20:8.1f}MiB {w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}")
+        print(
+            f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB "
+            f"{w.bytes_written / 2**20:8.1f}MiB "
+            f"{w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}"
+        )
     cold = starts["cold"]
-    print(f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} {'CPU overhead':>13} {'vs cold':>8}  compiled in production")
+    print(
+        f"{'start':<12} {'start':>8} {'first':>8} {'steady':>8} {'overhead':>9} {'vs cold':>8} "
+        f"{'CPU overhead':>13} {'vs cold':>8}  compiled in production"
+    )
     for name, r in starts.items():
         versus = "" if name == "cold" else versus_cold(cold, r)
         versus_cpu = "" if name == "cold" else versus_cold(cold, r, "cpu")
-        compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {', '.join(r['compiler_modules']) or 'none'}"
+        modules = ", ".join(r["compiler_modules"]) or "none"
+        compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {modules}"
         print(
-            f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s {overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
+            f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s "
+            f"{overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
         )
     by_route = {w.route: w for w in warmed}
     if "aotinductor" in by_route and "inductor" in by_route:
         package, plain = by_route["aotinductor"].spec_s, by_route["inductor"].spec_s
-        print(f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s ({package / plain:.2f}x)")
+        print(
+            f"package build {package:.1f}s vs plain Inductor warmup of the same bucket {plain:.1f}s "
+            f"({package / plain:.2f}x)"
+        )
     if "aotinductor" in starts:
         packaged = starts["aotinductor"]
         print(
-            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s (steady requests spread {packaged['steady_spread_s']:.3f}s): "
-            f"cold's {overhead(cold):.1f}s is {versus_cold(cold, packaged)} that (CPU: {versus_cold(cold, packaged, 'cpu')}); "
+            f"aotinductor: first-request compile overhead {overhead(packaged):.3f}s "
+            f"(steady requests spread {packaged['steady_spread_s']:.3f}s): cold's {overhead(cold):.1f}s is "
+            f"{versus_cold(cold, packaged)} that (CPU: {versus_cold(cold, packaged, 'cpu')}); "
             f"packaged first request {packaged['first_s'] / packaged['steady_s']:.2f}x a steady request"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="Qwen__Qwen3-0.6B", help="A published config.json, or the stem of one in tests/data/realconfigs.")
+    parser.add_argument(
+        "--config",
+        default="Qwen__Qwen3-0.6B",
+        help="A published config.json, or the stem of one in tests/data/realconfigs.",
+    )
     parser.add_argument("--layers", type=int, default=0, help="Decoder layers to keep (0: all the config has).")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--batch", type=int, default=1)
@@ -268,9 +343,19 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16, help="New tokens of each timed request.")
     parser.add_argument("--routes", default=",".join(ROUTES), help=f"Comma-separated, of {', '.join(ROUTES)}.")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
-    # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is steady.
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every measured process (default 1: steady on a shared machine).")
-    parser.add_argument("--quick", action="store_true", help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.")
+    # Two OpenMP threads on a shared machine made requests 2-8x slower and erratic (spin-waits on a busy core): one is
+    # steady.
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of every measured process (default 1: steady on a shared machine).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A tiny Qwen3, aot_eager, the inductor route only: checks the script runs, not its figures.",
+    )
     parser.add_argument("--child", choices=("cold", *ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
@@ -303,7 +388,15 @@ def main() -> None:
         for w in warmed:
             # The package route needs no Inductor cache at all: its process gets an empty one.
             inductor_cache = w.root / "cache" if w.route != "aotinductor" else work / "empty-cache"
-            starts[w.route] = start(args, w.route, model, env, export_snapshot(w, key, env), key.with_name(key.name + ".pub"), inductor_cache)
+            starts[w.route] = start(
+                args,
+                w.route,
+                model,
+                env,
+                export_snapshot(w, key, env),
+                key.with_name(key.name + ".pub"),
+                inductor_cache,
+            )
     report(args, warmed, starts, params_m)
     if not all(w.verified for w in warmed):
         raise SystemExit("a route did not verify")

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from postgres_schema import temporary_schema  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 from warmcache.registry import Registry  # noqa: E402
 from warmcache.registry.models import CompiledShape  # noqa: E402
-from warmcache.statuses import Status  # noqa: E402
+from warmcache.registry.statuses import Status  # noqa: E402
 
 PLAN_GOAL_SECONDS = 3.0
 
@@ -80,7 +80,8 @@ def write_manifest(work: Path, models: int, per_model: int) -> Path:
     lengths = per_model // batches
     tables = [
         f'[[model]]\nname = "m{i}"\npath = "{folder}"\nbackend = "inductor"\n'
-        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = {[8 * j for j in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
+        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = "
+        f"{[8 * j for j in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
         for i in range(models)
     ]
     (work / "all.toml").write_text("\n".join(tables))
@@ -106,7 +107,9 @@ def fill(url: str, manifest: Path) -> int:
 def timed(program: str, *args: str) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MiB) and stdout of ``program`` run in a fresh process."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", REPORT_RSS + program, *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", REPORT_RSS + program, *args], capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{program[:60]!r} {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
@@ -125,7 +128,11 @@ def fresh_registry(db: str | None, work: Path) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"), help="PostgreSQL URL (a fresh schema), else a SQLite file.")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("WARMCACHE_TEST_POSTGRES_URL"),
+        help="PostgreSQL URL (a fresh schema), else a SQLite file.",
+    )
     parser.add_argument("--quick", action="store_true", help="CI: 10 models x 1,000 shapes.")
     args = parser.parse_args()
     models, per_model = 10, (1_000 if args.quick else 10_000)
@@ -142,12 +149,21 @@ def main() -> None:
             refresh = timed(SERVE_REFRESH, url)
             guard = timed(GUARD_LOAD, url)
         db = "PostgreSQL" if url.startswith("postgres") else "SQLite"
-        print(f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; each in a fresh process")
+        print(
+            f"registry of {rows:,} rows ({models} models x {per_model:,}), {db}, {os.cpu_count()} "
+            f"cores, load {os.getloadavg()[0]:.1f}; each in a fresh process"
+        )
         print(f"{'measurement':<44} {'wall_s':>7} {'inner_s':>7} {'max_rss_MiB':>11}")
         print(f"{f'plan --json of {planned:,} specs':<44} {plan[0]:>7.2f} {'':>7} {plan[1]:>11.0f}")
         print(f"{f'shapes --json of {listed:,} rows (streamed)':<44} {listing[0]:>7.2f} {'':>7} {listing[1]:>11.0f}")
-        print(f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} {float(refresh[2]):>7.2f} {refresh[1]:>11.0f}")
-        print(f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} {float(guard[2]):>7.2f} {guard[1]:>11.0f}")
+        print(
+            f"{f'serve: one refresh of {rows:,} rows':<44} {refresh[0]:>7.2f} "
+            f"{float(refresh[2]):>7.2f} {refresh[1]:>11.0f}"
+        )
+        print(
+            f"{f'guard: from_registry of {per_model:,} rows':<44} {guard[0]:>7.2f} "
+            f"{float(guard[2]):>7.2f} {guard[1]:>11.0f}"
+        )
         if listed != rows or planned != per_model:
             raise SystemExit(f"listed {listed} of {rows} rows, planned {planned} of {per_model} specs")
         if not args.quick and plan[0] > PLAN_GOAL_SECONDS:

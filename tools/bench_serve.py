@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_guard import percentiles, time_each  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 from warmcache.registry import Registry  # noqa: E402
 from warmcache.runtime.guard import ShapeGuard  # noqa: E402
 
@@ -68,7 +68,9 @@ def free_port() -> int:
 
 def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "warmcache", "serve", "--db", url, "--port", str(port), "--refresh", "60"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "WARMCACHE_TOKEN": ""})
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "WARMCACHE_TOKEN": ""}
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -77,7 +79,9 @@ def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
                     return server
         except OSError:
             if server.poll() is not None:
-                raise SystemExit(f"warmcache serve exited: {server.stderr.read().decode() if server.stderr else ''}") from None
+                raise SystemExit(
+                    f"warmcache serve exited: {server.stderr.read().decode() if server.stderr else ''}"
+                ) from None
         time.sleep(0.1)
     server.kill()
     raise SystemExit("warmcache serve did not become ready within 60 s")
@@ -86,7 +90,15 @@ def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
 class CheckClient(asyncio.Protocol):
     """One keep-alive connection: send a request, read its whole answer, time it, send the next."""
 
-    def __init__(self, requests: list[bytes], shared: dict[str, int], limit: int, deadline: float, latencies: list[int], done: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        requests: list[bytes],
+        shared: dict[str, int],
+        limit: int,
+        deadline: float,
+        latencies: list[int],
+        done: asyncio.Future[None],
+    ) -> None:
         self.requests, self.shared, self.limit, self.deadline = requests, shared, limit, deadline
         self.latencies, self.done = latencies, done
         self.buffer = b""
@@ -130,7 +142,9 @@ class CheckClient(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def drive(port: int, requests: list[bytes], total: int, seconds: float, connections: int) -> tuple[list[int], int, float]:
+async def drive(
+    port: int, requests: list[bytes], total: int, seconds: float, connections: int
+) -> tuple[list[int], int, float]:
     loop = asyncio.get_running_loop()
     latencies: list[int] = []
     shared = {"issued": 0, "errors": 0}
@@ -139,7 +153,9 @@ async def drive(port: int, requests: list[bytes], total: int, seconds: float, co
     waits = []
     for _ in range(connections):
         done: asyncio.Future[None] = loop.create_future()
-        await loop.create_connection(functools.partial(CheckClient, requests, shared, total, deadline, latencies, done), "127.0.0.1", port)
+        await loop.create_connection(
+            functools.partial(CheckClient, requests, shared, total, deadline, latencies, done), "127.0.0.1", port
+        )
         waits.append(done)
     await asyncio.wait_for(asyncio.gather(*waits), seconds + 10)  # a server that stops answering must not hang the run
     return latencies, shared["errors"], time.perf_counter() - started
@@ -165,9 +181,13 @@ def cpu_seconds(pid: int) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100_000, help="Checks to send (the run also stops at --seconds).")
+    parser.add_argument(
+        "--requests", type=int, default=100_000, help="Checks to send (the run also stops at --seconds)."
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="Upper bound on the load phase.")
-    parser.add_argument("--connections", type=int, default=32, help="Keep-alive connections, one request in flight on each.")
+    parser.add_argument(
+        "--connections", type=int, default=32, help="Keep-alive connections, one request in flight on each."
+    )
     parser.add_argument("--quick", action="store_true", help="A small run for CI: checks that the benchmark works.")
     args = parser.parse_args()
     if args.quick:
@@ -181,16 +201,22 @@ def main() -> None:
         seed_registry(url, build_tiny_model("qwen3", work / "tiny-qwen3"), work, batches, lengths)
         rng = random.Random(0)
         shapes = [(rng.randint(1, batches[-1] + 2), rng.randint(1, lengths[-1] + 64)) for _ in range(1000)]
-        requests = [f"GET /v1/check?model=bench&batch={b}&seq={s} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() for b, s in shapes]
+        requests = [
+            f"GET /v1/check?model=bench&batch={b}&seq={s} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+            for b, s in shapes
+        ]
 
         port = free_port()
         server = start_server(url, port)
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/check?model=bench&batch=1&seq=1", timeout=5) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/v1/check?model=bench&batch=1&seq=1", timeout=5
+            ) as response:
                 sample = json.loads(response.read())
             assert sample["decision"] == "pad" and sample["target"] == {"batch_size": 1, "seq_len": 64}, sample
             runner = event_loop_runner()
-            runner(drive(port, requests[:50], 500, 5.0, args.connections))  # warm the server's memo and the client's code
+            # warm the server's memo and the client's code
+            runner(drive(port, requests[:50], 500, 5.0, args.connections))
             server_cpu = cpu_seconds(server.pid)
             client_cpu = time.process_time()
             latencies, errors, elapsed = runner(drive(port, requests, args.requests, args.seconds, args.connections))
@@ -207,16 +233,25 @@ def main() -> None:
 
     rps = len(latencies) / elapsed
     p50, p99 = (v / 1000 for v in percentiles(latencies))
-    print(f"/v1/check over loopback, {len(batches) * len(lengths)} compiled shapes, {args.connections} keep-alive connections, {os.cpu_count()} cores:")
-    print(f"  {len(latencies):,} checks in {elapsed:.2f} s: {rps:,.0f} checks/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms, {errors} non-200")
+    print(
+        f"/v1/check over loopback, {len(batches) * len(lengths)} compiled shapes, "
+        f"{args.connections} keep-alive connections, {os.cpu_count()} cores:"
+    )
+    print(
+        f"  {len(latencies):,} checks in {elapsed:.2f} s: {rps:,.0f} checks/s, p50 {p50:.2f} ms, "
+        f"p99 {p99:.2f} ms, {errors} non-200"
+    )
     if server_cpu:
         # On a shared machine the wall-clock rate depends on the neighbours; CPU time per check does not.
         print(
-            f"  server CPU {server_cpu * 1e6 / len(latencies):.0f} us per check ({len(latencies) / server_cpu:,.0f} checks per CPU-second), "
-            f"load generator {client_cpu * 1e6 / len(latencies):.0f} us per check; load average {os.getloadavg()[0]:.1f}"
+            f"  server CPU {server_cpu * 1e6 / len(latencies):.0f} us per check "
+            f"({len(latencies) / server_cpu:,.0f} checks per CPU-second), "
+            f"load generator {client_cpu * 1e6 / len(latencies):.0f} us per check; load average "
+            f"{os.getloadavg()[0]:.1f}"
         )
     print(
-        f"  in-process ShapeGuard.bucket (the table's decision) on the same requests: p50 {local_p50:.2f} us, p99 {local_p99:.2f} us "
+        "  in-process ShapeGuard.bucket (the table's decision) on the same requests: p50 "
+        f"{local_p50:.2f} us, p99 {local_p99:.2f} us "
         f"(HTTP p50 is {p50 * 1000 / max(local_p50, 0.001):,.0f}x)"
     )
     verdict = "ok" if rps >= TARGET_RPS and p99 < TARGET_P99_MS else "BELOW TARGET"

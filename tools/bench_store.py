@@ -1,4 +1,5 @@
-"""Store throughput: warmcache push/pull of a 256 MiB cache over S3 and an OCI registry, beside plain clients, and a no-op pull.
+"""Store throughput: warmcache push/pull of a 256 MiB cache over S3 and an OCI registry, beside plain clients, and a
+no-op pull.
 
 Builds a Neuron-layout cache (64 module folders, each a random 4 MiB NEFF plus its
 small files) with one compiled registry row per module, starts moto's standalone
@@ -44,8 +45,8 @@ MIB = 1024 * 1024
 
 def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path, str]:
     """A manifest of ``entries`` Neuron shapes, their cache entries, and a registry recording them compiled."""
+    from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
-    from warmcache.plan import plan_manifest
     from warmcache.registry import Registry
     from warmcache.registry.records import ArtifactRef
 
@@ -55,7 +56,9 @@ def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path,
     manifest = folder / "manifest.toml"
     batches = ", ".join(str(b) for b in range(1, entries + 1))
     manifest.write_text(
-        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = "neuron"\n[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = [16]\nmax_cache_len = 64\n'
+        f'[[model]]\nname = "bench"\npath = "{model}"\ndevice = '
+        f'"neuron"\n[[model.generate]]\nbatch_sizes = [{batches}]\nprompt_lengths = '
+        "[16]\nmax_cache_len = 64\n"
     )
     cache, url = folder / "cache", f"sqlite:///{folder / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))
@@ -70,7 +73,13 @@ def build_host(folder: Path, entries: int, neff_bytes: int) -> tuple[Path, Path,
             (cache / entry / "model.done").write_bytes(b"")
             row = registry.claim([shape.identity], "bench", 600)
             assert row is not None
-            registry.mark_compiled(row.id, "bench", compile_seconds=1.0, graphs_compiled=1, artifacts=[ArtifactRef("neuron-module", entry, None)])
+            registry.mark_compiled(
+                row.id,
+                "bench",
+                compile_seconds=1.0,
+                graphs_compiled=1,
+                artifacts=[ArtifactRef("neuron-module", entry, None)],
+            )
     return manifest, cache, url
 
 
@@ -84,7 +93,9 @@ def timed(label: str, action):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="8 MiB and 50 no-op entries: only checks that the benchmark runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="8 MiB and 50 no-op entries: only checks that the benchmark runs"
+    )
     args = parser.parse_args()
     entries, neff, noop_entries = (8, MIB, 50) if args.quick else (64, 4 * MIB, 2000)
     os.environ.update(DUMMY_CREDENTIALS)
@@ -122,7 +133,10 @@ def main() -> None:
 
         def pull(into: Path):  # type: ignore[no-untyped-def]
             return pull_manifest(
-                ShipmentScope(manifest, CacheLocation(into, "neuron", "bench")), RegistryLocation.parse(f"sqlite:///{into}.sqlite"), store, allow_unsigned=True
+                ShipmentScope(manifest, CacheLocation(into, "neuron", "bench")),
+                RegistryLocation.parse(f"sqlite:///{into}.sqlite"),
+                store,
+                allow_unsigned=True,
             )
 
         def plain_download(into: Path) -> None:
@@ -138,15 +152,24 @@ def main() -> None:
         pull_s, pulled = timed("warmcache pull (sha256-checked, rows merged)", lambda: pull(work / "b"))
         plain_down_s, _ = timed("plain boto3 download_file loop", lambda: plain_download(work / "plain"))
         assert pulled.pulled == entries and not pulled.missing
-        print(f"push: {total / MIB / push_s:7.1f} MiB/s vs plain {total / MIB / plain_up_s:7.1f} MiB/s  -> {plain_up_s / push_s:.2f}x")
-        print(f"pull: {total / MIB / pull_s:7.1f} MiB/s vs plain {total / MIB / plain_down_s:7.1f} MiB/s  -> {plain_down_s / pull_s:.2f}x")
+        print(
+            f"push: {total / MIB / push_s:7.1f} MiB/s vs plain {total / MIB / plain_up_s:7.1f} MiB/s  "
+            f"-> {plain_up_s / push_s:.2f}x"
+        )
+        print(
+            f"pull: {total / MIB / pull_s:7.1f} MiB/s vs plain {total / MIB / plain_down_s:7.1f} "
+            f"MiB/s  -> {plain_down_s / pull_s:.2f}x"
+        )
 
         print(f"no-op pull of {noop_entries} entries already in the cache:")
         noop_manifest, noop_cache, noop_url = build_host(work / "noop", noop_entries, 16)
         noop_seconds, noop = timed(
             "warmcache pull (nothing to fetch)",
             lambda: pull_manifest(
-                ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")), RegistryLocation.parse(noop_url), store, allow_unsigned=True
+                ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")),
+                RegistryLocation.parse(noop_url),
+                store,
+                allow_unsigned=True,
             ),
         )
         assert noop.already_present == noop_entries and noop.pulled == 0
@@ -155,10 +178,30 @@ def main() -> None:
             print(f"oci:// skipped: {MISSING}")
             return
         with oci_registry() as running:
-            bench_oci(running, work, manifest, cache, url, entries, total, (push_s, pull_s), (noop_manifest, noop_cache, noop_url, noop_entries))
+            bench_oci(
+                running,
+                work,
+                manifest,
+                cache,
+                url,
+                entries,
+                total,
+                (push_s, pull_s),
+                (noop_manifest, noop_cache, noop_url, noop_entries),
+            )
 
 
-def bench_oci(running, work: Path, manifest, cache: Path, url: str, entries: int, total: int, s3_seconds: tuple[float, float], noop) -> None:  # type: ignore[no-untyped-def]
+def bench_oci(
+    running,
+    work: Path,
+    manifest,
+    cache: Path,
+    url: str,
+    entries: int,
+    total: int,
+    s3_seconds: tuple[float, float],
+    noop,
+) -> None:  # type: ignore[no-untyped-def]
     """Push and pull through ``oci://`` beside ``skopeo copy`` of the same tag, and a no-op pull, all in this run."""
     import subprocess
 
@@ -179,31 +222,53 @@ def bench_oci(running, work: Path, manifest, cache: Path, url: str, entries: int
             return push_manifest(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench")), registry, store)
 
     def skopeo(source: str, target: str) -> None:
-        done = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false", source, target], capture_output=True, text=True)
+        done = subprocess.run(
+            ["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false", source, target],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr
 
     print(f"oci:// on docker-registry at {running.host}:")
     push_s, _ = timed("warmcache push (tar layers, includes the 2.5 s settle)", push)
     layout = work / "layout"
-    down_s, _ = timed("skopeo copy registry -> oci layout", lambda: skopeo(f"docker://{running.host}/bench/cache:v1", f"oci:{layout}:v1"))
-    with oci_registry() as other:  # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
-        up_s, _ = timed("skopeo copy oci layout -> another registry", lambda: skopeo(f"oci:{layout}:v1", f"docker://{other.host}/bench/copy:v1"))
+    down_s, _ = timed(
+        "skopeo copy registry -> oci layout",
+        lambda: skopeo(f"docker://{running.host}/bench/cache:v1", f"oci:{layout}:v1"),
+    )
+    # a second registry: on the first, skopeo would mount the blobs across repositories and send nothing
+    with oci_registry() as other:
+        up_s, _ = timed(
+            "skopeo copy oci layout -> another registry",
+            lambda: skopeo(f"oci:{layout}:v1", f"docker://{other.host}/bench/copy:v1"),
+        )
     pull_s, pulled = timed(
         "warmcache pull (sha256-checked, rows merged)",
         lambda: pull_manifest(
-            ShipmentScope(parsed, CacheLocation(work / "oci-b", "neuron", "bench")), RegistryLocation.parse(f"sqlite:///{work}/oci-b.sqlite"), store, allow_unsigned=True
+            ShipmentScope(parsed, CacheLocation(work / "oci-b", "neuron", "bench")),
+            RegistryLocation.parse(f"sqlite:///{work}/oci-b.sqlite"),
+            store,
+            allow_unsigned=True,
         ),
     )
     assert pulled.pulled == entries and not pulled.missing
     mib = total / MIB
     print(f"oci push: {mib / push_s:7.1f} MiB/s vs skopeo copy up {mib / up_s:7.1f} MiB/s  -> {up_s / push_s:.2f}x")
-    print(f"oci pull: {mib / pull_s:7.1f} MiB/s vs skopeo copy down {mib / down_s:7.1f} MiB/s  -> {down_s / pull_s:.2f}x")
-    print(f"oci vs s3 (same cache, this run): push {s3_seconds[0] / push_s:.2f}x, pull {s3_seconds[1] / pull_s:.2f}x (above 1: oci faster)")
+    print(
+        f"oci pull: {mib / pull_s:7.1f} MiB/s vs skopeo copy down {mib / down_s:7.1f} MiB/s  -> {down_s / pull_s:.2f}x"
+    )
+    print(
+        f"oci vs s3 (same cache, this run): push {s3_seconds[0] / push_s:.2f}x, pull "
+        f"{s3_seconds[1] / pull_s:.2f}x (above 1: oci faster)"
+    )
     noop_manifest, noop_cache, noop_url, noop_entries = noop
     noop_seconds, result = timed(
         "warmcache pull from oci:// (nothing to fetch)",
         lambda: pull_manifest(
-            ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")), RegistryLocation.parse(noop_url), store, allow_unsigned=True
+            ShipmentScope(load_manifest(noop_manifest), CacheLocation(noop_cache, "neuron", "bench")),
+            RegistryLocation.parse(noop_url),
+            store,
+            allow_unsigned=True,
         ),
     )
     assert result.already_present == noop_entries and result.pulled == 0

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fill import mark_all_compiled  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
+from warmcache.identity.plan import plan_manifest  # noqa: E402
 from warmcache.manifest import load_manifest  # noqa: E402
-from warmcache.plan import plan_manifest  # noqa: E402
 
 TARGET_SECONDS = 2.0
 
@@ -37,7 +37,8 @@ try:
     main(["warmup", sys.argv[1], "--db", sys.argv[2], "--json"])
 except SystemExit as exit:
     seconds = time.perf_counter() - start
-    print(json.dumps({"exit": exit.code, "seconds": seconds, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}), file=sys.stderr)
+    loaded = {name: name in sys.modules for name in ("torch", "transformers")}
+    print(json.dumps({"exit": exit.code, "seconds": seconds, **loaded}), file=sys.stderr)
 """
 
 
@@ -46,7 +47,8 @@ def warm_registry(work: Path, lengths: int) -> tuple[Path, str, int]:
     manifest = work / "warm.toml"
     manifest.write_text(
         f'[[model]]\nname = "big"\npath = "{model}"\n[[model.generate]]\n'
-        f"batch_sizes = {list(range(1, 11))}\nprompt_lengths = {list(range(8, 8 + 4 * lengths, 4))}\nmax_cache_len = {8 + 4 * lengths + 8}\n"
+        f"batch_sizes = {list(range(1, 11))}\nprompt_lengths = "
+        f"{list(range(8, 8 + 4 * lengths, 4))}\nmax_cache_len = {8 + 4 * lengths + 8}\n"
     )
     url = f"sqlite:///{work / 'registry.sqlite'}"
     planned = plan_manifest(load_manifest(manifest))
@@ -55,7 +57,9 @@ def warm_registry(work: Path, lengths: int) -> tuple[Path, str, int]:
 
 
 def rerun(manifest: Path, url: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(manifest), url], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(manifest), url], capture_output=True, text=True, check=False
+    )
     result = json.loads(done.stderr.strip().splitlines()[-1])
     summary = json.loads(done.stdout)
     if result["exit"] != 0 or summary["to_compile"] != 0:
@@ -65,7 +69,12 @@ def rerun(manifest: Path, url: str) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, default=100, help="Prompt lengths per batch size (10 batch sizes): 100 gives 1,000 specs.")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        default=100,
+        help="Prompt lengths per batch size (10 batch sizes): 100 gives 1,000 specs.",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="A smoke run (CI): 100 specs, one rerun.")
     args = parser.parse_args()
@@ -77,7 +86,10 @@ def main() -> None:
     seconds = statistics.median(float(str(r["seconds"])) for r in runs)
     heavy = sorted(name for name in ("torch", "transformers") if any(r[name] for r in runs))
     verdict = "ok" if seconds < TARGET_SECONDS else "ABOVE TARGET"
-    print(f"warm rerun of {specs} compiled specs, fresh process, imports included: median {seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})")
+    print(
+        f"warm rerun of {specs} compiled specs, fresh process, imports included: median "
+        f"{seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})"
+    )
     print(f"heavy imports: {', '.join(heavy) if heavy else 'none (torch and transformers stay unloaded)'}")
     if heavy:
         raise SystemExit("a warm rerun imported " + ", ".join(heavy))

@@ -51,10 +51,15 @@ class BackendTerminator(threading.Thread):
         self.terminated = 0
 
     def run(self) -> None:
-        query = sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE :prefix AND pid <> pg_backend_pid() ORDER BY random() LIMIT :n")
+        query = sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE "
+            ":prefix AND pid <> pg_backend_pid() ORDER BY random() LIMIT :n"
+        )
         while not self._stop.wait(self._interval):
             with self._engine.begin() as conn:
-                self.terminated += sum(1 for (ok,) in conn.execute(query, {"prefix": f"{self._prefix}%", "n": self._per_round}) if ok)
+                self.terminated += sum(
+                    1 for (ok,) in conn.execute(query, {"prefix": f"{self._prefix}%", "n": self._per_round}) if ok
+                )
 
     def stop(self) -> None:
         self._stop.set()
@@ -110,7 +115,8 @@ class OutageProxy(threading.Thread):
                 sock.close()
 
     def outage(self, at: float, seconds: float) -> threading.Thread:
-        """From ``at`` (a ``time.time()``), drop every connection for ``seconds``; the returned thread ends when it is over."""
+        """From ``at`` (a ``time.time()``), drop every connection for ``seconds``; the returned thread ends when it
+        is over."""
 
         def cut() -> None:
             time.sleep(max(0.0, at - time.time()))

@@ -47,13 +47,13 @@ import sqlalchemy as sa
 from fleet_faults import BackendTerminator, Killer, OutageProxy
 from postgres_schema import temporary_schema
 
-from warmcache.dburl import normalise_url
 from warmcache.errors import RegistryUnavailableError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import CompiledShape
 from warmcache.registry.patience import patiently
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
+from warmcache.settings import normalise_url
 from warmcache.targets import Target
 from warmcache.warmup.claims import claim_loop
 from warmcache.warmup.ordering import expected_seconds, longest_first
@@ -129,8 +129,10 @@ class Result:
 
     def summary_line(self) -> str:
         return (
-            f"simulate: {self.setup.workers} workers, {self.setup.specs} specs, order={self.order}: makespan {self.makespan:.1f} s, "
-            f"bound {self.lpt_bound:.1f} s ({self.over_bound:.1f}% over), claim p99 {self.claim_percentile(0.99):.0f} ms, "
+            f"simulate: {self.setup.workers} workers, {self.setup.specs} specs, order={self.order}: "
+            f"makespan {self.makespan:.1f} s, "
+            f"bound {self.lpt_bound:.1f} s ({self.over_bound:.1f}% over), claim p99 "
+            f"{self.claim_percentile(0.99):.0f} ms, "
             f"compiled twice {self.compiled_twice}, lost {self.lost}"
         )
 
@@ -143,14 +145,17 @@ class Result:
 
 
 def draw_seconds(specs: int, median: float, spread: float, seed: int, recorded: Path | None) -> list[float]:
-    """Unscaled compile times: a log-normal, or recorded ones (one number per line, or JSON numbers / rows with compile_s(econds))."""
+    """Unscaled compile times: a log-normal, or recorded ones (one number per line, or JSON numbers / rows with
+    compile_s(econds))."""
     rng = random.Random(seed)
     if recorded is None:
         return [rng.lognormvariate(math.log(median), spread) for _ in range(specs)]
     text = recorded.read_text()
     try:
         data = json.loads(text)
-        values = [float(v if isinstance(v, int | float) else v.get("compile_s", v.get("compile_seconds"))) for v in data]
+        values = [
+            float(v if isinstance(v, int | float) else v.get("compile_s", v.get("compile_seconds"))) for v in data
+        ]
     except json.JSONDecodeError:
         values = [float(line) for line in text.split() if line.strip()]
     values = [v for v in values if v > 0]
@@ -166,7 +171,8 @@ def scaled(seconds: Sequence[float], workers: int, target: float) -> tuple[float
 
 
 def lpt_bound(seconds: Sequence[float], starts: Sequence[float]) -> float:
-    """The makespan of longest-processing-time-first list scheduling with the true times, each worker free from its start."""
+    """The makespan of longest-processing-time-first list scheduling with the true times, each worker free from its
+    start."""
     loads = sorted(starts)
     for s in sorted(seconds, reverse=True):
         heapq.heapreplace(loads, loads[0] + s)
@@ -180,13 +186,16 @@ def write_manifest(work: Path, specs: int) -> Path:
     """One model (a config.json is all a plan reads) with a batch × length grid of at least ``specs`` decode shapes."""
     model = work / "sim-model"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128}))
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128})
+    )
     batches = max(d for d in range(1, math.isqrt(specs) + 1) if specs % d == 0)
     lengths = specs // batches
     manifest = work / "sim.toml"
     manifest.write_text(
         f'[[model]]\nname = "sim"\npath = "{model}"\nbackend = "inductor"\n'
-        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = {[8 * i for i in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
+        f"[[model.generate]]\nbatch_sizes = {list(range(1, batches + 1))}\nprompt_lengths = "
+        f"{[8 * i for i in range(1, lengths + 1)]}\nmax_cache_len = {8 * lengths + 64}\n"
     )
     return manifest
 
@@ -194,11 +203,28 @@ def write_manifest(work: Path, specs: int) -> Path:
 def seed_history(registry: Registry, planned: Sequence[PlannedShape], seconds: Sequence[float], seed: int) -> None:
     """Rows of an older toolchain, compiled, with each shape's time ±15 %: what longest-first goes by."""
     rng = random.Random(seed + 1)
-    older = [dataclasses.replace(p, toolchain=dataclasses.replace(p.toolchain, platform=p.toolchain.platform + "-older")) for p in planned]
+    older = [
+        dataclasses.replace(p, toolchain=dataclasses.replace(p.toolchain, platform=p.toolchain.platform + "-older"))
+        for p in planned
+    ]
     registry.ensure_pending(older)
     with registry.session() as session:
-        ids = dict(session.execute(sa.select(CompiledShape.identity, CompiledShape.id).where(CompiledShape.status == Status.PENDING)).tuples().all())
-        rows = [{"id": ids[p.identity], "status": Status.COMPILED, "compile_seconds": s * rng.uniform(0.85, 1.15), "graphs_compiled": 1} for p, s in zip(older, seconds)]
+        ids = dict(
+            session.execute(
+                sa.select(CompiledShape.identity, CompiledShape.id).where(CompiledShape.status == Status.PENDING)
+            )
+            .tuples()
+            .all()
+        )
+        rows = [
+            {
+                "id": ids[p.identity],
+                "status": Status.COMPILED,
+                "compile_seconds": s * rng.uniform(0.85, 1.15),
+                "graphs_compiled": 1,
+            }
+            for p, s in zip(older, seconds)
+        ]
         session.execute(sa.update(CompiledShape), rows)
 
 
@@ -217,7 +243,9 @@ class _CountingRegistry(Registry):
 
     log: Any = None
 
-    def claim_batch(self, identities: Sequence[str], worker: str, lease_seconds: float, count: int, *, retry_failed: bool = False) -> list[ShapeRecord]:
+    def claim_batch(
+        self, identities: Sequence[str], worker: str, lease_seconds: float, count: int, *, retry_failed: bool = False
+    ) -> list[ShapeRecord]:
         start = time.perf_counter()
         try:
             records = super().claim_batch(identities, worker, lease_seconds, count, retry_failed=retry_failed)
@@ -250,11 +278,29 @@ class SleepingCompile:
         self.log.write(f"start {planned.identity} {time.time():.3f}\n")
         time.sleep(seconds)
         self.log.write(f"done {planned.identity} {time.time():.3f}\n")
-        return SpecRun(seconds, graphs=1, padded_graphs=0, cache_hits=0, cache_misses=1, new_entries={}, cache_root=self.root, persistent_cache=False)
+        return SpecRun(
+            seconds,
+            graphs=1,
+            padded_graphs=0,
+            cache_hits=0,
+            cache_misses=1,
+            new_entries={},
+            cache_root=self.root,
+            persistent_cache=False,
+        )
 
 
 def _worker(
-    url: str, todo: Sequence[PlannedShape], expected: dict[str, float], seconds: dict[str, float], lease: float, work: Path, index: int, gate: Any, start: float, opening: Any
+    url: str,
+    todo: Sequence[PlannedShape],
+    expected: dict[str, float],
+    seconds: dict[str, float],
+    lease: float,
+    work: Path,
+    index: int,
+    gate: Any,
+    start: float,
+    opening: Any,
 ) -> None:
     with open(work / f"worker-{index}.log", "w", buffering=1) as log:
         with opening:  # a few at a time: the server (shared with others) must never run out of connections
@@ -286,7 +332,8 @@ def _first_use(registry: Registry) -> None:
     CPUs; here 256 workers would pay it on two shared cores, all within seconds, and
     the run would measure this machine's run queue. Nothing is claimed or changed.
     """
-    Registry.claim_batch(registry, ["first-use"], "first-use", 1, 2)  # the base class's: nothing is logged as a claim or renewal
+    # the base class's: nothing is logged as a claim or renewal
+    Registry.claim_batch(registry, ["first-use"], "first-use", 1, 2)
     Registry.renew_leases(registry, [-1], "first-use", 1)
     with registry.together():
         Registry.mark_compiled(registry, -1, "first-use", compile_seconds=0, graphs_compiled=0)
@@ -314,7 +361,16 @@ class _ConnectionSampler(threading.Thread):
         self._stop.set()
 
 
-def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape], setup: Setup, order: str, seed: int, progress: Any) -> Result:
+def run_once(
+    db: str,
+    work: Path,
+    manifest: Path,
+    planned: Sequence[PlannedShape],
+    setup: Setup,
+    order: str,
+    seed: int,
+    progress: Any,
+) -> Result:
     """One simulated fleet warmup on a fresh PostgreSQL schema."""
     prefix = f"wcsim{os.getpid()}x{order[0]}"
     with temporary_schema(db, prefix="sim") as url:
@@ -342,7 +398,20 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
             name = f"{prefix}-{i}"
             port = proxy.port if proxy and i == setup.workers - 1 else None
             process = context.Process(
-                target=_worker, args=(worker_url(url, name, port), todo, expected, seconds, setup.lease_seconds, run_dir, i, gate, starts[i], opening), daemon=True
+                target=_worker,
+                args=(
+                    worker_url(url, name, port),
+                    todo,
+                    expected,
+                    seconds,
+                    setup.lease_seconds,
+                    run_dir,
+                    i,
+                    gate,
+                    starts[i],
+                    opening,
+                ),
+                daemon=True,
             )
             process.start()
             processes.append(process)
@@ -372,7 +441,10 @@ def run_once(db: str, work: Path, manifest: Path, planned: Sequence[PlannedShape
         crashed = [f"worker {i} exited {p.exitcode}" for i, p in enumerate(processes) if p.exitcode and p not in doomed]
         killed = {i for i, p in enumerate(processes) if p.pid in killer.killed}
         result = _collect(run_dir, setup, order, start, ideal, lpt_bound(setup.seconds, starts), planned, url, killed)
-        result.connections_max, result.connections_mean = max(sampler.samples, default=0), statistics.fmean(sampler.samples or [0])
+        result.connections_max, result.connections_mean = (
+            max(sampler.samples, default=0),
+            statistics.fmean(sampler.samples or [0]),
+        )
         result.killed, result.crashed = len(killer.killed), crashed
         result.terminated = terminator.terminated if terminator else 0
         result.refused = proxy.refused if proxy else 0
@@ -398,7 +470,17 @@ def _wait_until_open(run_dir: Path, workers: int) -> None:
         time.sleep(0.2)
 
 
-def _collect(run_dir: Path, setup: Setup, order: str, start: float, ideal: float, bound: float, planned: Sequence[PlannedShape], url: str, killed: set[int]) -> Result:
+def _collect(
+    run_dir: Path,
+    setup: Setup,
+    order: str,
+    start: float,
+    ideal: float,
+    bound: float,
+    planned: Sequence[PlannedShape],
+    url: str,
+    killed: set[int],
+) -> Result:
     """Read every worker's log: when each spec ran where, claim times, statements, renewals.
 
     A spec that ran twice is allowed only if each earlier run was on a worker that was
@@ -445,16 +527,42 @@ def _collect(run_dir: Path, setup: Setup, order: str, start: float, ideal: float
                 twice += 1
                 print(f"compiled twice: {identity} by workers {workers} (killed: {sorted(killed)})", file=sys.stderr)
     with Registry.open(url) as registry, registry.session() as session:
-        compiled = set(session.scalars(sa.select(CompiledShape.identity).where(CompiledShape.status == Status.COMPILED)))
+        compiled = set(
+            session.scalars(sa.select(CompiledShape.identity).where(CompiledShape.status == Status.COMPILED))
+        )
     lost = sum(1 for p in planned if p.identity not in compiled)
     makespan = last_done - start
-    result = Result(setup, order, makespan, ideal, bound, claim_ms, statements, by_survivors, renewals, 0, 0.0, twice, rerun, lost, 0, 0, 0, [])
+    result = Result(
+        setup,
+        order,
+        makespan,
+        ideal,
+        bound,
+        claim_ms,
+        statements,
+        by_survivors,
+        renewals,
+        0,
+        0.0,
+        twice,
+        rerun,
+        lost,
+        0,
+        0,
+        0,
+        [],
+    )
     result.claims_unavailable = unavailable
     return result
 
 
 def _status(manifest: Path, url: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "warmcache", "status", str(manifest), "--db", url], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache", "status", str(manifest), "--db", url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return f"$ warmcache status (exit {done.returncode})\n{done.stdout}{done.stderr}"
 
 
@@ -463,21 +571,28 @@ def _status(manifest: Path, url: str) -> str:
 
 def report(results: Sequence[Result]) -> str:
     lines = [
-        f"{'order':>8} {'faults':>6} {'makespan_s':>10} {'ideal_s':>7} {'lpt_bound_s':>11} {'over_bound':>10} {'claim_p50_ms':>12} {'claim_p99_ms':>12} "
+        f"{'order':>8} {'faults':>6} {'makespan_s':>10} {'ideal_s':>7} {'lpt_bound_s':>11} "
+        f"{'over_bound':>10} {'claim_p50_ms':>12} {'claim_p99_ms':>12} "
         f"{'stmts/spec':>10} {'renew/s':>7} {'conns_max':>9} {'conns_mean':>10} {'claims_retried':>14}"
     ]
     for r in results:
         lines.append(
-            f"{r.order:>8} {'yes' if r.setup.faults != Faults() else 'no':>6} {r.makespan:>10.1f} {r.ideal:>7.1f} {r.lpt_bound:>11.1f} {r.over_bound:>9.1f}% "
-            f"{r.claim_percentile(0.5):>12.1f} {r.claim_percentile(0.99):>12.1f} {r.statements / max(1, r.specs_by_survivors):>10.1f} "
-            f"{r.renewals / max(r.makespan, 1e-9):>7.1f} {r.connections_max:>9} {r.connections_mean:>10.1f} {r.claims_unavailable:>14}"
+            f"{r.order:>8} {'yes' if r.setup.faults != Faults() else 'no':>6} {r.makespan:>10.1f} "
+            f"{r.ideal:>7.1f} {r.lpt_bound:>11.1f} {r.over_bound:>9.1f}% "
+            f"{r.claim_percentile(0.5):>12.1f} {r.claim_percentile(0.99):>12.1f} "
+            f"{r.statements / max(1, r.specs_by_survivors):>10.1f} "
+            f"{r.renewals / max(r.makespan, 1e-9):>7.1f} {r.connections_max:>9} "
+            f"{r.connections_mean:>10.1f} {r.claims_unavailable:>14}"
         )
     for r in results:
         if r.setup.faults != Faults():
             lines.append(
-                f"faults ({r.order}): {r.killed} workers SIGKILLed, {r.terminated} backends terminated, one worker's database cut for "
-                f"{r.setup.faults.outage_seconds:.0f} s ({r.refused} connections refused); {r.rerun_after_kill} specs compiled again after their worker "
-                f"was killed holding them, {r.compiled_twice} compiled twice otherwise, {r.lost} not compiled" + (f"; CRASHED: {', '.join(r.crashed)}" if r.crashed else "")
+                f"faults ({r.order}): {r.killed} workers SIGKILLed, {r.terminated} backends terminated, "
+                "one worker's database cut for "
+                f"{r.setup.faults.outage_seconds:.0f} s ({r.refused} connections refused); "
+                f"{r.rerun_after_kill} specs compiled again after their worker "
+                f"was killed holding them, {r.compiled_twice} compiled twice otherwise, {r.lost} not compiled"
+                + (f"; CRASHED: {', '.join(r.crashed)}" if r.crashed else "")
             )
             lines.append(r.status_text.rstrip())
     return "\n".join(lines)

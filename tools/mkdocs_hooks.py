@@ -31,7 +31,7 @@ PACKAGE = "warmcache"
 #: part of a longer path or URL (``~/.cache/warmcache/...``, ``oci://host/warmcache/x``,
 #: ``.warmcache/models``); a trailing sentence full stop is not part of it.
 PATH_RE = re.compile(r"(?<![\w./:@~$-])((?:warmcache|tools|tests|examples|migrations)/[\w.*/-]*[\w*/])")
-#: A dotted name inside the package: ``warmcache.kv_cache.PositionTensorCache``.
+#: A dotted name inside the package: ``warmcache.modeling.kv_cache.PositionTensorCache``.
 DOTTED_RE = re.compile(r"(?<![\w./:@~$-])(warmcache(?:\.[A-Za-z_]\w*)+)")
 
 #: A Sphinx role mkdocstrings rendered as text in front of its code span.

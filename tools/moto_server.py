@@ -18,7 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 #: What boto3 needs to sign requests; moto accepts any key.
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+DUMMY_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def free_port() -> int:
@@ -33,7 +37,9 @@ def moto_server() -> Iterator[str]:
     port = free_port()
     executable = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
     command = [executable] if executable else [sys.executable, "-m", "moto.server"]
-    process = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [*command, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -43,7 +49,9 @@ def moto_server() -> Iterator[str]:
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {endpoint} (exit code {process.poll()})") from None
+                    raise RuntimeError(
+                        f"moto_server did not start on {endpoint} (exit code {process.poll()})"
+                    ) from None
                 time.sleep(0.1)
         yield endpoint
     finally:

@@ -24,7 +24,10 @@ from moto_server import free_port
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
 #: Why a test or benchmark that needs them does not run, named once.
-MISSING = "Debian's docker-registry and skopeo are not installed (apt-get install docker-registry skopeo apache2-utils; .ci/run installs them)"
+MISSING = (
+    "Debian's docker-registry and skopeo are not installed (apt-get install docker-registry "
+    "skopeo apache2-utils; .ci/run installs them)"
+)
 
 
 def available() -> bool:
@@ -53,7 +56,11 @@ def oci_registry(users: dict[str, str] | None = None) -> Iterator[RunningRegistr
         auth = ""
         if users:
             for number, (user, password) in enumerate(users.items()):
-                subprocess.run(["htpasswd", "-Bb" + ("c" if number == 0 else ""), str(root / "htpasswd"), user, password], check=True, capture_output=True)
+                subprocess.run(
+                    ["htpasswd", "-Bb" + ("c" if number == 0 else ""), str(root / "htpasswd"), user, password],
+                    check=True,
+                    capture_output=True,
+                )
             auth = f"auth:\n  htpasswd:\n    realm: warmcache-test\n    path: {root / 'htpasswd'}\n"
         config = root / "config.yml"
         config.write_text(
@@ -61,7 +68,9 @@ def oci_registry(users: dict[str, str] | None = None) -> Iterator[RunningRegistr
             f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
         )
-        process = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [REGISTRY_BINARY, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         host = f"127.0.0.1:{port}"
         try:
             _wait_until_up(host, process)

@@ -58,7 +58,12 @@ class Cell:
 
 
 def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
-    done = subprocess.run([sys.executable, "-m", "warmcache", command, str(manifest), "--json"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         report = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
@@ -67,11 +72,20 @@ def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
 
 
 def _declared(model_path: Path, dtype: str, route: str) -> str:
-    head = f'[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = "m"\npath = "{model_path}"\nbackend = "inductor"\n'
+    head = (
+        '[registry]\nurl = "sqlite:///REGISTRY"\n[cache]\ndir = "CACHE"\n[[model]]\nname = '
+        f'"m"\npath = "{model_path}"\nbackend = "inductor"\n'
+    )
     if route == "train":
-        return head + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = [{TRAIN_LENGTH}]\nbf16 = {"true" if dtype == "bfloat16" else "false"}\n'
+        return (
+            head + f'dtype = "float32"\n[[model.train]]\nbatch_sizes = [{BATCH}]\nseq_lengths = '
+            f"[{TRAIN_LENGTH}]\nbf16 = {'true' if dtype == 'bfloat16' else 'false'}\n"
+        )
     precompile = {"inductor": "false", "precompile": "true", "aotinductor": '"aotinductor"'}[route]
-    return head + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = [{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n'
+    return (
+        head + f'dtype = "{dtype}"\nprecompile = {precompile}\n[[model.generate]]\nbatch_sizes = '
+        f"[{BATCH}]\nprompt_lengths = [{PROMPT}]\nmax_cache_len = {MAX_CACHE_LEN}\n"
+    )
 
 
 def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) -> Cell:
@@ -80,14 +94,21 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     root = work / f"{config}-{dtype}-{route}"
     root.mkdir(parents=True)
     manifest = root / "manifest.toml"
-    manifest.write_text(_declared(model_path, dtype, route).replace("REGISTRY", str(root / "registry.sqlite")).replace("CACHE", str(root / "cache")))
+    manifest.write_text(
+        _declared(model_path, dtype, route)
+        .replace("REGISTRY", str(root / "registry.sqlite"))
+        .replace("CACHE", str(root / "cache"))
+    )
 
     def cell(outcome: str, detail: str) -> Cell:
         return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start)
 
     # plan is read-only and refuses a registry that does not exist yet: create it first, as a pipeline would.
     created = subprocess.run(
-        [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if created.returncode:
         return cell("FAIL", f"db upgrade: {(created.stderr.strip().splitlines() or [''])[-1]}")
@@ -103,7 +124,10 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
     code, report, last = _cli("verify", manifest)
     verdicts = [s for s in (report or {}).get("specs", [])]
     if code or any(v["verdict"] != "verified" for v in verdicts):
-        return cell("FAIL", f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}")
+        return cell(
+            "FAIL",
+            f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}",
+        )
     served = serve(root, model_path, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, dtype=dtype)
     problems = []
     if served["graphs_after_priming"] or served["artifact_errors"]:
@@ -118,7 +142,8 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
 
 
 def config_file(name: str) -> Path:
-    """A config kept in ``tests/data/realconfigs`` by its stem, or any ``config.json`` by its path (configs the project never saw)."""
+    """A config kept in ``tests/data/realconfigs`` by its stem, or any ``config.json`` by its path (configs the
+    project never saw)."""
     known = real_configs()
     path = known[name] if name in known else Path(name)
     if not path.is_file():
@@ -126,7 +151,9 @@ def config_file(name: str) -> Path:
     return path
 
 
-def run_matrix(work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print) -> list[Cell]:
+def run_matrix(
+    work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print
+) -> list[Cell]:
     """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
     cells = []
     for config_path in map(config_file, configs):
@@ -148,11 +175,13 @@ def markdown(cells: Sequence[Cell], seconds: float) -> str:
         lines.append(f"| {config} | {dtype} | {' | '.join(row.get(r, '') for r in routes)} |")
     lines += [
         "",
-        "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), then a fresh serving process with "
-        "0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no compiler module imported at all), every step judged by "
-        "warmcache.warmup.verify.agreement; the figure is the largest distance of a served token's logit below the best, as a share of the step's "
-        "logit RMS. train: two real Trainer steps.",
-        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, random weights, Inductor, CPU; "
-        f"batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
+        "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), "
+        "then a fresh serving process with 0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no "
+        "compiler module imported at all), every step judged by warmcache.warmup.verify.agreement; the figure is the "
+        "largest distance of a served token's logit below the best, as a share of the step's logit RMS. "
+        "train: two real Trainer steps.",
+        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, "
+        f"random weights, Inductor, CPU; batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, "
+        f"ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]
     return "\n".join(lines)

@@ -34,7 +34,8 @@ DEFAULT_INIT_STD = 0.2
 
 
 def projection_std(init_std: float, fan_in: int) -> float:
-    """A projection's spread: ``init_std`` at fan-in 64, shrunk as ``1/sqrt(fan_in)`` so activations keep their scale at any width."""
+    """A projection's spread: ``init_std`` at fan-in 64, shrunk as ``1/sqrt(fan_in)`` so activations keep their scale
+    at any width."""
     return init_std * (64 / max(64, fan_in)) ** 0.5
 
 
@@ -70,7 +71,9 @@ def cut_config(config_path: Path, layers: int) -> Any:
     return type(config).from_dict(values)
 
 
-def build_real_model(config_path: Path, out_dir: Path, *, layers: int = 2, seed: int = 0, init_std: float = DEFAULT_INIT_STD) -> Path:
+def build_real_model(
+    config_path: Path, out_dir: Path, *, layers: int = 2, seed: int = 0, init_std: float = DEFAULT_INIT_STD
+) -> Path:
     """Write the depth-cut model of ``config_path`` into ``out_dir``; an existing complete folder is left as it is."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -98,15 +101,22 @@ def build_real_model(config_path: Path, out_dir: Path, *, layers: int = 2, seed:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="A published config.json, or the stem of one in tests/data/realconfigs (e.g. Qwen__Qwen3-0.6B).")
+    parser.add_argument(
+        "config", help="A published config.json, or the stem of one in tests/data/realconfigs (e.g. Qwen__Qwen3-0.6B)."
+    )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--layers", type=int, default=2, help="Decoder layers to keep (0: all; a hybrid model keeps one of each attention kind).")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=2,
+        help="Decoder layers to keep (0: all; a hybrid model keeps one of each attention kind).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD)
     args = parser.parse_args()
     from transformers.utils.logging import disable_progress_bar
 
-    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise in a quickstart's output
+    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise here
     known = real_configs()
     path = known[args.config] if args.config in known else Path(args.config)
     if not path.is_file():

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 
 
-def mark_all_compiled(url: str, planned: Sequence[PlannedShape], *, worker: str = "test", compile_seconds: float = 0.5) -> None:
+def mark_all_compiled(
+    url: str, planned: Sequence[PlannedShape], *, worker: str = "test", compile_seconds: float = 0.5
+) -> None:
     with Registry.open(url) as registry:
         registry.ensure_pending(planned)
         while (row := registry.claim([p.identity for p in planned], worker, 60)) is not None:

@@ -18,18 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.codecache")
+COMPILER_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.graph",
+    "torch._inductor.codecache",
+)
 
 SERVE = """
 import json, sys, time
 import torch
 from transformers import AutoModelForCausalLM
-from warmcache.generation import compile_config
+from warmcache.modeling.generation import compile_config
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 
 args = json.loads(sys.argv[1])
-model = AutoModelForCausalLM.from_pretrained(args["path"], dtype=getattr(torch, args["dtype"]), device_map=args["device"]).eval()
+dtype = getattr(torch, args["dtype"])
+model = AutoModelForCausalLM.from_pretrained(args["path"], dtype=dtype, device_map=args["device"]).eval()
 guard = ShapeGuard.from_registry(args["url"], args["name"], telemetry=False)
 from torch._dynamo.utils import counters
 start = time.perf_counter()
@@ -39,7 +45,8 @@ primed_graphs, primed_frames = int(counters["stats"]["unique_graphs"]), sum(coun
 results, seconds = [], []
 for lengths in args["requests"]:
     batch = len(lengths)
-    ids = torch.randint(5, 300, (batch, max(lengths)), generator=torch.Generator().manual_seed(batch * 100 + sum(lengths)))
+    seeded = torch.Generator().manual_seed(batch * 100 + sum(lengths))
+    ids = torch.randint(5, 300, (batch, max(lengths)), generator=seeded)
     mask = torch.zeros_like(ids)
     for row, length in enumerate(lengths):  # ragged: left-padded to the batch's longest prompt
         mask[row, -length:] = 1
@@ -50,9 +57,15 @@ for lengths in args["requests"]:
     out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
     seconds.append(time.perf_counter() - begin)
     generated = out[:, ids.shape[1]:]
-    reference, eager = reference_logits(model, ids, mask, generated), eager_decode_logits(model, ids, mask, generated, pad_token_id=0)
+    reference = reference_logits(model, ids, mask, generated)
+    eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=0)
     agreement = judge(reference, eager, generated, args["dtype"], forbidden=eos_token_ids(model))
-    results.append({"agrees": agreement.agrees, "agreement": agreement.describe(), "worst": agreement.token_deficit, "new_tokens": generated.flatten().tolist()})
+    results.append({
+        "agrees": agreement.agrees,
+        "agreement": agreement.describe(),
+        "worst": agreement.token_deficit,
+        "new_tokens": generated.flatten().tolist(),
+    })
 decoder = model.get_compiled_call(compile_config(*[guard.target[i] for i in (1, 2, 0)]))
 print(json.dumps({
     "artifacts_loaded": report.artifacts_loaded,
@@ -72,9 +85,18 @@ print(json.dumps({
 
 
 def serve(
-    root: Path, model_path: Path, requests: Sequence[Sequence[int]], *, prompt: int, max_cache_len: int, name: str = "m", dtype: str = "float32", device: str = "cpu"
+    root: Path,
+    model_path: Path,
+    requests: Sequence[Sequence[int]],
+    *,
+    prompt: int,
+    max_cache_len: int,
+    name: str = "m",
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Run :data:`SERVE` on the registry in ``root``; ``requests`` are each row's prompt length, left-padded to the longest."""
+    """Run :data:`SERVE` on the registry in ``root``; ``requests`` are each row's prompt length, left-padded to the
+    longest."""
     script = root / "serve.py"
     script.write_text(SERVE)
     args = {
@@ -94,7 +116,8 @@ def serve(
 
 
 def assert_served_by_packages(served: dict[str, Any], *, packages: int, min_calls: int) -> None:
-    """Every bucket served by its package, nothing traced or compiled, no compiler imported, every token agreeing with eager."""
+    """Every bucket served by its package, nothing traced or compiled, no compiler imported, every token agreeing
+    with eager."""
     assert served["artifacts_loaded"] == packages and served["artifact_errors"] == []
     assert served["graphs"] == 0 and served["frames"] == 0, served
     assert served["compiler_modules"] == [], served

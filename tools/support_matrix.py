@@ -14,7 +14,8 @@ README's support table from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
-    python tools/support_matrix.py --real          # published configs at real width, every route and dtype (tools/real_matrix.py; hours)
+    python tools/support_matrix.py --real          # published configs at real width, every route and dtype
+    (tools/real_matrix.py; hours)
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _manifest(models: dict[str, Path], workload: str) -> str:
     for arch, path in models.items():
         head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "aot_eager"\n'
         if workload == "generate":
-            body = f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = {list(PROMPT_LENGTHS)}\nmax_cache_len = {MAX_CACHE_LEN}\n"
+            body = (
+                f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = "
+                f"{list(PROMPT_LENGTHS)}\nmax_cache_len = {MAX_CACHE_LEN}\n"
+            )
         else:
             body = f"[[model.train]]\nbatch_sizes = {list(BATCH_SIZES)}\nseq_lengths = [{TRAIN_LENGTH}]\n"
         tables.append(head + body)
@@ -129,7 +133,7 @@ def serve(prepared: Prepared, arch: str) -> Served:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.compile_counter import CompileCounter
+    from warmcache.modeling.compile_counter import CompileCounter
     from warmcache.runtime.guard import ShapeGuard
 
     torch._dynamo.reset()  # as a fresh serving process has it
@@ -146,11 +150,19 @@ def serve(prepared: Prepared, arch: str) -> Served:
                 ids, mask = _ragged(lengths, seed)
                 guarded = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens)
                 eager = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=guarded.shape[1] - ids.shape[1], do_sample=False, pad_token_id=0, disable_compile=True
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=guarded.shape[1] - ids.shape[1],
+                    do_sample=False,
+                    pad_token_id=0,
+                    disable_compile=True,
                 )
                 compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
                 if not torch.equal(guarded, eager):
-                    mismatches.append(f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager {eager[:, ids.shape[1] :].tolist()}")
+                    mismatches.append(
+                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager "
+                        f"{eager[:, ids.shape[1] :].tolist()}"
+                    )
         return Served(primed.graphs, after.graphs, compared, mismatches)
     finally:
         guard.close()
@@ -177,7 +189,11 @@ def _layers(path: Path) -> str:
     sliding = kinds.count("sliding_attention")
     if not sliding:
         return "full"
-    return f"sliding (window {SLIDING_WINDOW})" if sliding == len(kinds) else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
+    return (
+        f"sliding (window {SLIDING_WINDOW})"
+        if sliding == len(kinds)
+        else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
+    )
 
 
 def row(prepared: Prepared, arch: str) -> Row:
@@ -187,7 +203,10 @@ def row(prepared: Prepared, arch: str) -> Row:
     else:
         served = serve(prepared, arch)
         if served.graphs_after_priming or served.mismatches:
-            generate = f"FAIL: {served.graphs_after_priming} graphs after priming, {len(served.mismatches)} request(s) differ from eager"
+            generate = (
+                f"FAIL: {served.graphs_after_priming} graphs after priming, {len(served.mismatches)} "
+                "request(s) differ from eager"
+            )
         else:
             generate = f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager, past the window"
     train = "FAIL: " + prepared.train[arch][0] if prepared.train[arch] else "pass"
@@ -209,8 +228,17 @@ def markdown(rows: Sequence[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
-    parser.add_argument("--real", action="store_true", help="Published configs at real width through every route and dtype (tools/real_matrix.py).")
-    parser.add_argument("--config", action="append", help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path (default: all kept).")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="Published configs at real width through every route and dtype (tools/real_matrix.py).",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        help=f"With --real: config(s) to run, by stem ({', '.join(sorted(real_configs()))}) or path "
+        "(default: all kept).",
+    )
     parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
     parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
@@ -218,7 +246,13 @@ def main() -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="warmcache-matrix-") as tmp:
         if args.real:
-            cells = run_matrix(Path(tmp), args.config or sorted(real_configs()), args.dtype or DTYPES, args.route or ROUTES, lambda line: print(line, file=sys.stderr))
+            cells = run_matrix(
+                Path(tmp),
+                args.config or sorted(real_configs()),
+                args.dtype or DTYPES,
+                args.route or ROUTES,
+                lambda line: print(line, file=sys.stderr),
+            )
             table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
         else:
             prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)

@@ -31,7 +31,10 @@ _CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
     "mistral": ("MistralConfig", {"head_dim": 16, "sliding_window": None}),
     "mistral-sliding": ("MistralConfig", {"head_dim": 16, "sliding_window": SLIDING_WINDOW}),
     "qwen2": ("Qwen2Config", {}),
-    "qwen3-moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
     "gemma2": ("Gemma2Config", {"head_dim": 16, **_HYBRID}),
     "gemma3-text": ("Gemma3TextConfig", {"head_dim": 16, **_HYBRID}),
     "phi3": ("Phi3Config", {}),
@@ -131,11 +134,13 @@ def build_tiny_model(arch: str, out_dir: Path, seed: int = 0, layers: int = 2) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_root", type=Path, help="Folder that receives one sub-folder per model (tiny-<arch>).")
-    parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: qwen3 and llama).")
+    parser.add_argument(
+        "--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to build (default: qwen3 and llama)."
+    )
     args = parser.parse_args()
     from transformers.utils.logging import disable_progress_bar
 
-    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise in a quickstart's output
+    disable_progress_bar()  # transformers' per-file bars ("Writing model shards", "Loading weights") are noise here
     for arch in args.arch or DEFAULT_ARCHITECTURES:
         path = build_tiny_model(arch, args.out_root / f"tiny-{arch}")
         print(f"tiny-{arch}: {path}")

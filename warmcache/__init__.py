@@ -20,8 +20,8 @@ from warmcache.errors import (
     UsageError,
     WarmcacheError,
 )
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry.records import ShapeRecord
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
 

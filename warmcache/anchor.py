@@ -2,7 +2,7 @@
 
 The one place such a path is anchored: a manifest's cache folder, folder store, signing
 key and local model (:mod:`warmcache.manifest.parse`), its registry file
-(:mod:`warmcache.dburl`) and its trusted key files (:mod:`warmcache.trust`). A path
+(:mod:`warmcache.settings`) and its trusted key files (:mod:`warmcache.trust`). A path
 given on the command line anchors at the working folder (:meth:`Anchor.here`).
 """
 
@@ -29,5 +29,6 @@ class Anchor:
         return cls(Path.cwd())
 
     def path(self, text: str) -> Path:
-        """``text`` (``~`` expanded) from the anchor, absolute and resolved; an absolute ``text`` stays itself (resolved)."""
+        """``text`` (``~`` expanded) from the anchor, absolute and resolved; an absolute ``text`` stays itself
+        (resolved)."""
         return (self.base / os.path.expanduser(text)).resolve()

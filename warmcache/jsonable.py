@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any
 
 
-def fields_json(result: Any, renamed: Mapping[str, str] | None = None, *, leave_out: Collection[str] = ()) -> dict[str, Any]:
-    """``result``'s fields (a dataclass instance) as JSON: keyed by name, or by ``renamed[name]``; ``leave_out`` names fields that stay private."""
+def fields_json(
+    result: Any, renamed: Mapping[str, str] | None = None, *, leave_out: Collection[str] = ()
+) -> dict[str, Any]:
+    """``result``'s fields (a dataclass instance) as JSON: keyed by name, or by ``renamed[name]``; ``leave_out``
+    names fields that stay private."""
     keys = renamed or {}
-    return {keys.get(f.name, f.name): json_value(getattr(result, f.name)) for f in fields(result) if f.name not in leave_out}
+    return {
+        keys.get(f.name, f.name): json_value(getattr(result, f.name)) for f in fields(result) if f.name not in leave_out
+    }
 
 
 def json_value(value: Any) -> Any:

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmcache.dburl import ACCEPTED_FORMS, normalise_url
+from warmcache.anchor import Anchor
+from warmcache.bounds import path_problem
 from warmcache.errors import UsageError, shown
 
 DEFAULT = "default"
@@ -36,10 +37,18 @@ class Setting:
         return (self.flag, f"${self.env}", f"{manifest_path or 'manifest'} {self.manifest_key}", DEFAULT)
 
 
-REGISTRY = Setting("registry", "--db", "WARMCACHE_DB", "[registry] url", "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)")
+REGISTRY = Setting(
+    "registry",
+    "--db",
+    "WARMCACHE_DB",
+    "[registry] url",
+    "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
+)
 CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
 STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
-TRUSTED_KEYS = Setting("trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked")
+TRUSTED_KEYS = Setting(
+    "trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked"
+)
 
 #: Every setting warmcache resolves from flag, environment, manifest and default, in that order.
 SETTINGS = (REGISTRY, CACHE_DIR, STORE, TRUSTED_KEYS)
@@ -54,9 +63,14 @@ class Chosen:
 
 
 def choose(
-    setting: Setting, flag: str | None, manifest_value: str | None = None, manifest_path: Path | str | None = None, environ: Mapping[str, str] | None = None
+    setting: Setting,
+    flag: str | None,
+    manifest_value: str | None = None,
+    manifest_path: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Chosen | None:
-    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the default.
+    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the
+    default.
 
     A flag or variable that is given but empty is chosen all the same (and refused by
     the setting's parser, naming it), not a reason to fall back: ``--db
@@ -64,10 +78,75 @@ def choose(
     """
     environ = os.environ if environ is None else environ
     flag_source, env_source, manifest_source, _ = setting.sources(manifest_path)
-    for text, source in ((flag, flag_source), (environ.get(setting.env), env_source), (manifest_value, manifest_source)):
+    for text, source in (
+        (flag, flag_source),
+        (environ.get(setting.env), env_source),
+        (manifest_value, manifest_source),
+    ):
         if text is not None:
             return Chosen(text, source)
     return None
+
+
+# Registry locations: what ``--db``, ``$WARMCACHE_DB`` and a manifest's ``[registry] url`` may be. Checked
+# before any database is touched, so a typo is an error naming the accepted forms instead of a new SQLite
+# file in the current folder.
+
+#: What a registry location may be; every refused one is answered with this list.
+ACCEPTED_FORMS = "sqlite:///PATH, a file path (with a '/' or ending in .sqlite, .sqlite3 or .db) or postgresql://[USER@]HOST[:PORT]/DATABASE"
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+_SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+def normalise_url(url: str, source: str = "registry URL", base: Path | None = None) -> str:
+    """Check a registry location and make it a SQLAlchemy URL (psycopg 3 for PostgreSQL, absolute SQLite paths).
+
+    ``source`` names where the value came from (``--db``, ``$WARMCACHE_DB``) in the
+    error; a relative SQLite path anchors at ``base`` (a manifest's folder), else at
+    the current folder. A bare word is refused rather than taken as a file name:
+    ``--db not-a-url`` would otherwise create a database named ``not-a-url`` in the
+    current folder, and an empty value would silently mean the default registry.
+    Only :meth:`RegistryLocation.parse` calls this.
+    """
+    if not url.strip():
+        raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
+    if "://" not in url:
+        if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
+            raise UsageError(f"{source} {shown(url)} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
+        return f"sqlite:///{_checked_file(url, source, base)}"
+    scheme, rest = url.split("://", 1)
+    if scheme.split("+", 1)[0] not in _SCHEMES:
+        raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
+    if scheme.split("+", 1)[0] in ("postgresql", "postgres"):
+        _require_database(url, rest, source)
+        return "postgresql+psycopg://" + rest
+    path, mark, query = rest[1:].partition("?")
+    if not rest.startswith("/") or path in ("", ":memory:"):
+        # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
+        raise UsageError(
+            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps "
+            f"nothing between commands); give {ACCEPTED_FORMS}"
+        )
+    return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
+
+
+def _require_database(url: str, rest: str, source: str) -> None:
+    """A PostgreSQL URL must name its database: without one libpq silently picks the database named after the user."""
+    location, _, query = rest.partition("?")
+    database = location.partition("/")[2]
+    if not database and "dbname=" not in query:
+        raise UsageError(
+            f"{source} {shown(url)} names no database (libpq would fall back to a database named "
+            "after the user, on the local socket "
+            f"unless a host is given); give {ACCEPTED_FORMS}"
+        )
+
+
+def _checked_file(path: str, source: str, base: Path | None) -> Path:
+    problem = path_problem(path)
+    if problem:
+        raise UsageError(f"{source} {shown(path)} {problem}")
+    return (Anchor(base) if base else Anchor.here()).path(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +200,8 @@ class RegistryLocation:
         return make_url(self.url).render_as_string(hide_password=True)
 
     def bounded(self, connect_timeout_s: int, statement_timeout_ms: int | None = None) -> RegistryLocation:
-        """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by default).
+        """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by
+        default).
 
         A value the URL already sets wins; the statement timeout joins libpq's
         ``options`` (which may already set a ``search_path``). SQLite is returned as is.
@@ -151,8 +231,11 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
     return RegistryLocation(f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}", DEFAULT)
 
 
-def resolve_registry(flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then the default."""
+def resolve_registry(
+    flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None
+) -> RegistryLocation:
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then
+    the default."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:
         return RegistryLocation.parse(chosen.text, chosen.source)
@@ -161,7 +244,8 @@ def resolve_registry(flag: str | None, manifest_location: RegistryLocation | Non
 
 @dataclass(frozen=True, slots=True)
 class CacheFolder:
-    """A cache folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (the manifest's and the target's own are resolved per model)."""
+    """A cache folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (the manifest's and the target's own are
+    resolved per model)."""
 
     path: Path
     source: str
@@ -171,7 +255,8 @@ class CacheFolder:
 
 
 def resolve_cache_folder(flag: str | None, environ: Mapping[str, str] | None = None) -> CacheFolder | None:
-    """``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``; ``None`` leaves the choice to the manifest, then the target's default."""
+    """``--cache-dir``, then ``$WARMCACHE_CACHE_DIR``; ``None`` leaves the choice to the manifest, then the target's
+    default."""
     chosen = choose(CACHE_DIR, flag, environ=environ)
     if chosen is None:
         return None

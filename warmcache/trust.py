@@ -78,7 +78,9 @@ class SigningKey:
     def __init__(self, private: Ed25519PrivateKey, path: Path) -> None:
         self._private = private
         self.path = path
-        self.public = PublicKey(private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+        self.public = PublicKey(
+            private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> SigningKey:
@@ -90,7 +92,9 @@ class SigningKey:
         except OSError as exc:
             raise UsageError(f"{file}: cannot read signing key: {exc.strerror or exc}") from None
         except (ValueError, TypeError):
-            raise UsageError(f"{file}: not an unencrypted PEM private key (make one with: warmcache keys generate)") from None
+            raise UsageError(
+                f"{file}: not an unencrypted PEM private key (make one with: warmcache keys generate)"
+            ) from None
         if not isinstance(private, Ed25519PrivateKey):
             raise UsageError(f"{file}: a {type(private).__name__}, not an Ed25519 key; refused")
         return cls(private, file)
@@ -101,11 +105,14 @@ class SigningKey:
 
 
 def generate_key(path: str | Path) -> PublicKey:
-    """Write a new private key to ``path`` (mode 0600, never over an existing file) and its public key to ``path.pub``."""
+    """Write a new private key to ``path`` (mode 0600, never over an existing file) and its public key to
+    ``path.pub``."""
     file = Path(path)
     public_file = file.with_name(file.name + ".pub")
     private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     public = SigningKey(private, file).public
     for existing in (file, public_file):
         if os.path.lexists(existing):
@@ -125,7 +132,9 @@ def canonical_bytes(document: Any) -> bytes:
     bytes a reader would never reproduce.
     """
     try:
-        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+            "utf-8"
+        )
     except (TypeError, ValueError) as exc:
         raise TrustError(f"cannot sign or check a document that is not plain JSON ({exc})") from None
 
@@ -148,7 +157,10 @@ class SignatureCheck:
         if self.checked:
             return f"signature verified (key {self.key_id})"
         signed = f"signed by key {self.key_id}, " if self.key_id else "unsigned, "
-        return f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+        return (
+            f"{signed}signature not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
+            "or the manifest's [trust] keys)"
+        )
 
     def as_json(self) -> dict[str, Any]:
         return fields_json(self, {"key_id": "key"})
@@ -183,7 +195,10 @@ class TrustedKeys:
         if from_env is not None:
             entries = [e for e in from_env.text.split(",") if e.strip()]
             if not entries:
-                raise UsageError(f"{from_env.source} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub files, comma-separated)")
+                raise UsageError(
+                    f"{from_env.source} is set but empty; unset it or list keys ({KEY_PREFIX}... or .pub "
+                    "files, comma-separated)"
+                )
             return cls.load(entries, from_env.source)
         return fallback or cls()
 
@@ -199,7 +214,11 @@ class TrustedKeys:
         trusted = ", ".join(k.key_id for k in self.keys)
         if signature is None:
             raise TrustError(f"{what}: unsigned, but trusted keys are configured ({self.source}: {trusted}); refused")
-        if not isinstance(signature, dict) or not isinstance(signature.get("key"), str) or not isinstance(signature.get("ed25519"), str):
+        if (
+            not isinstance(signature, dict)
+            or not isinstance(signature.get("key"), str)
+            or not isinstance(signature.get("ed25519"), str)
+        ):
             raise TrustError(f"{what}: malformed signature {shown(signature)}; refused")
         try:
             signer = PublicKey.parse(signature["key"], f"{what}: signature key")
@@ -207,12 +226,17 @@ class TrustedKeys:
         except (UsageError, binascii.Error, ValueError):
             raise TrustError(f"{what}: malformed signature {shown(signature)}; refused") from None
         if signer not in self.keys:
-            raise TrustError(f"{what}: signed by key {signer.key_id}, which is not trusted ({self.source}: {trusted}); refused")
+            raise TrustError(
+                f"{what}: signed by key {signer.key_id}, which is not trusted ({self.source}: {trusted}); refused"
+            )
         payload = canonical_bytes({name: value for name, value in document.items() if name != SIGNATURE_MEMBER})
         try:
             Ed25519PublicKey.from_public_bytes(signer.raw).verify(raw_signature, payload)
         except InvalidSignature:
-            raise TrustError(f"{what}: the signature of key {signer.key_id} does not match the content: altered after signing; refused") from None
+            raise TrustError(
+                f"{what}: the signature of key {signer.key_id} does not match the content: altered after "
+                "signing; refused"
+            ) from None
         return SignatureCheck(True, signer.key_id)
 
 
@@ -229,8 +253,10 @@ def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None
     """
     if not trusted.configured and not allow_unsigned:
         raise TrustError(
-            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and a compile cache is code; refused: "
-            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or --allow-unsigned to install it unverified"
+            f"{what}: no trusted keys configured, so nothing proves who built this compile cache, and "
+            "a compile cache is code; refused: "
+            f"pass --trust KEY.pub (or set ${TRUSTED_KEYS_ENV}, or the manifest's [trust] keys), or "
+            "--allow-unsigned to install it unverified"
         )
 
 
@@ -243,23 +269,34 @@ def load_public_key(entry: str, source: str, base: Path | None = None) -> Public
     try:
         text = _read_small(file).decode("utf-8")
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{source}: cannot read public key file {shown(str(file))}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise UsageError(
+            f"{source}: cannot read public key file {shown(str(file))}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     # Never quote the file: it may be the private key (or any secret) passed by mistake, and errors land in CI logs.
     if "PRIVATE KEY" in text:
         raise UsageError(f"{source}: {shown(str(file))} holds a private key; pass the .pub file")
     try:
         return PublicKey.parse(text, f"{source}: {file}")
     except UsageError:
-        raise UsageError(f"{source}: {shown(str(file))} is not a public key file (expected one line {KEY_PREFIX}<base64>, as warmcache keys generate writes)") from None
+        raise UsageError(
+            f"{source}: {shown(str(file))} is not a public key file (expected one line "
+            f"{KEY_PREFIX}<base64>, as warmcache keys generate writes)"
+        ) from None
 
 
 def _refuse_key_text(entry: str, source: str) -> None:
     """Refuse, without quoting it, an entry that is key material rather than a key or a file name
     (``--trust "$(cat key)"``): errors land in CI logs."""
     if "PRIVATE KEY" in entry:
-        raise UsageError(f"{source}: a private key was given where a public key belongs; pass the .pub file or its {KEY_PREFIX}... line")
+        raise UsageError(
+            f"{source}: a private key was given where a public key belongs; pass the .pub file or its "
+            f"{KEY_PREFIX}... line"
+        )
     if "-----BEGIN" in entry or "\n" in entry.strip():
-        raise UsageError(f"{source}: a block of text ({len(entry)} characters, not shown) was given where a public key belongs; pass a .pub file or its {KEY_PREFIX}... line")
+        raise UsageError(
+            f"{source}: a block of text ({len(entry)} characters, not shown) was given where a public "
+            f"key belongs; pass a .pub file or its {KEY_PREFIX}... line"
+        )
 
 
 def _signer_id(signature: Any) -> str | None:
@@ -279,10 +316,13 @@ def _write_new(file: Path, data: bytes, mode: int) -> None:
 
 
 def _refuse_readable_by_others(file: Path) -> None:
-    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as you."""
+    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as
+    you."""
     mode = os.stat(file).st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(f"{file}: private key is readable by others (mode {stat.S_IMODE(mode):o}); refused: run chmod 600 {file}")
+        raise UsageError(
+            f"{file}: private key is readable by others (mode {stat.S_IMODE(mode):o}); refused: run chmod 600 {file}"
+        )
 
 
 def _read_small(file: Path) -> bytes:

@@ -88,7 +88,9 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(length=32), nullable=False),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("size_bytes", sa.BigInteger(), nullable=True),
-        sa.ForeignKeyConstraint(["shape_id"], ["compiled_shapes.id"], name=op.f("fk_artifacts_shape_id_compiled_shapes"), ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["shape_id"], ["compiled_shapes.id"], name=op.f("fk_artifacts_shape_id_compiled_shapes"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_artifacts")),
         sa.UniqueConstraint("shape_id", "kind", "path", name="uq_artifacts_shape_kind_path"),
     )

@@ -84,7 +84,9 @@ def read_dataset_lengths(
     return Lengths(LengthDistribution.from_counts(counts), source)
 
 
-def lengths_from_misses(summary: list[dict[str, Any]], *, registry: str, model: str, workload: str, limit: LengthLimit | None = None) -> Lengths:
+def lengths_from_misses(
+    summary: list[dict[str, Any]], *, registry: str, model: str, workload: str, limit: LengthLimit | None = None
+) -> Lengths:
     """Recorded guard misses (``Registry.miss_summary``) of one model and workload, each length weighted by its count.
 
     A miss's ``seq_len`` is the length the guard saw for the whole request, i.e.

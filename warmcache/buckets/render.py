@@ -8,7 +8,7 @@ from typing import Any
 
 from warmcache.buckets.suggest import Suggestion
 from warmcache.errors import UsageError
-from warmcache.generation import prompt_fits
+from warmcache.modeling.generation import prompt_fits
 from warmcache.shapes import Workload
 from warmcache.units import format_count
 
@@ -18,11 +18,17 @@ PLOT_INSTALL_HINT = "pip install 'warmcache[plot]'"
 def objective_text(suggestion: Suggestion) -> str:
     """The exact quantity the plan minimises, in words a reviewer can check."""
     n = suggestion.traffic.batch_size
-    padded = "E[bucket(L)] - E[L] padded tokens per request" if n == 1 else f"E[bucket(M)] - E[L] padded tokens per request, M = longest of {n} (P(M <= x) = F(x)^{n})"
+    padded = (
+        "E[bucket(L)] - E[L] padded tokens per request"
+        if n == 1
+        else f"E[bucket(M)] - E[L] padded tokens per request, M = longest of {n} (P(M <= x) = F(x)^{n})"
+    )
     if suggestion.compile_cost is None:
         count = len(suggestion.buckets)
         return f"minimise {padded}, with at most {format_count(count, 'bucket')}"
-    return f"minimise {suggestion.expected_requests} requests x ({padded}) + {suggestion.compile_cost:g} tokens x buckets"
+    return (
+        f"minimise {suggestion.expected_requests} requests x ({padded}) + {suggestion.compile_cost:g} tokens x buckets"
+    )
 
 
 def as_json(suggestion: Suggestion, source: dict[str, Any], snippet: str | None = None) -> dict[str, Any]:
@@ -89,10 +95,21 @@ def manifest_snippet(
     ]
     if workload == "generate":
         if max_cache_len is None:
-            raise UsageError("--manifest-snippet for generate needs --max-cache-len (the static cache length the buckets are compiled for)")
+            raise UsageError(
+                "--manifest-snippet for generate needs --max-cache-len (the static cache length the "
+                "buckets are compiled for)"
+            )
         if not prompt_fits(buckets[-1], max_cache_len):
-            raise UsageError(f"--max-cache-len {max_cache_len}: the longest bucket {buckets[-1]} + 1 new token does not fit; raise it to at least {buckets[-1] + 1}")
-        lines += ["[[model.generate]]", f"batch_sizes = [{sizes}]", f"prompt_lengths = [{lengths}]", f"max_cache_len = {max_cache_len}"]
+            raise UsageError(
+                f"--max-cache-len {max_cache_len}: the longest bucket {buckets[-1]} + 1 new token does "
+                f"not fit; raise it to at least {buckets[-1] + 1}"
+            )
+        lines += [
+            "[[model.generate]]",
+            f"batch_sizes = [{sizes}]",
+            f"prompt_lengths = [{lengths}]",
+            f"max_cache_len = {max_cache_len}",
+        ]
     else:
         if max_cache_len is not None:
             raise UsageError("--max-cache-len applies to generate only; train shapes have no KV cache")

@@ -94,7 +94,9 @@ def suggest_buckets(
     values, weights = [v for v, _ in kept], [w for _, w in kept]
     started = time.perf_counter()
     if compile_cost is not None:
-        plan = plan_by_compile_cost(values, weights, compile_cost=compile_cost, scale=requests / sum(weights), max_buckets=max_buckets)
+        plan = plan_by_compile_cost(
+            values, weights, compile_cost=compile_cost, scale=requests / sum(weights), max_buckets=max_buckets
+        )
     else:
         budget = max_buckets if max_buckets is not None else len(powers_of_two(longest, pow2_floor))
         plan = plan_fixed(values, weights, budget)
@@ -117,12 +119,16 @@ def suggest_buckets(
         Strategy("optimal (DP)", traffic.cost(plan.buckets), k),
         strategy("powers of two", pow2(k), pow2, powers_of_two_most(longest)),
         strategy("evenly spaced", even(k), even, even_most),
-        strategy(f"powers of two from {pow2_floor}", powers_of_two(longest, pow2_floor), pow2, powers_of_two_most(longest)),
+        strategy(
+            f"powers of two from {pow2_floor}", powers_of_two(longest, pow2_floor), pow2, powers_of_two_most(longest)
+        ),
     )
     return Suggestion(traffic, strategies, traffic.cost(lengths.values), compile_cost, requests, elapsed)
 
 
-def _buckets_to_match(traffic: Traffic, family: Callable[[int], tuple[int, ...]], most: int, target: float) -> int | None:
+def _buckets_to_match(
+    traffic: Traffic, family: Callable[[int], tuple[int, ...]], most: int, target: float
+) -> int | None:
     """The fewest buckets of ``family`` padding no more than ``target`` tokens per request."""
     allowed = target * (1 + _TOLERANCE) + _TOLERANCE
     for count in range(1, most + 1):

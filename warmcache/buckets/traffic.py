@@ -61,7 +61,10 @@ class Traffic:
         if not ordered or ordered[-1] < self.lengths.max_length:
             raise ValueError(f"buckets {ordered} do not hold the longest length {self.lengths.max_length}")
         weights = self.planner_weights
-        expected = sum(w * ordered[bisect.bisect_left(ordered, v)] for v, w in zip(self.lengths.values, weights)) / self._total_weight
+        expected = (
+            sum(w * ordered[bisect.bisect_left(ordered, v)] for v, w in zip(self.lengths.values, weights))
+            / self._total_weight
+        )
         per_request = max(expected - self.lengths.mean_length, 0.0)  # clamp float noise at exact fits
         return Cost(
             buckets=ordered,

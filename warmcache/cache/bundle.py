@@ -35,7 +35,7 @@ from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.quiet import open_quietly
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
 from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
@@ -118,7 +118,13 @@ def sha256_of(path: Path) -> str:
 
 
 def pack_bundle(
-    scope: ShipmentScope, registry: Registry, output: Path, *, verified_only: bool = False, signing_key: SigningKey | None = None, progress: Progress | None = None
+    scope: ShipmentScope,
+    registry: Registry,
+    output: Path,
+    *,
+    verified_only: bool = False,
+    signing_key: SigningKey | None = None,
+    progress: Progress | None = None,
 ) -> PackResult:
     """Write the bundle of the manifest's compiled shapes to ``output`` (atomically: all or nothing).
 
@@ -133,17 +139,32 @@ def pack_bundle(
     manifest, location = scope.manifest, scope.location
     try:
         entries = sorted(set(entries_needed(records, location)) | shared_kernels(location))
-        files = [BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size) for path in entry_files(location.root, entries)]
+        files = [
+            BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
+            for path in entry_files(location.root, entries)
+        ]
         meta = _meta(manifest, location, records, files)
-        total = _write(output, mode, sign_document(meta, signing_key) if signing_key else meta, location.root, files, progress)
+        total = _write(
+            output, mode, sign_document(meta, signing_key) if signing_key else meta, location.root, files, progress
+        )
     except OSError as exc:
         # A read-only or full output folder, a cache file that vanished or shrank
         # mid-pack: one line naming the path, not a traceback.
         raise CacheError(f"{exc.filename or output}: {exc.strerror or exc}; bundle not written") from None
-    return PackResult(output, signing_key.public.key_id if signing_key else None, len(records), len(entries), len(files), total, not_compiled)
+    return PackResult(
+        output,
+        signing_key.public.key_id if signing_key else None,
+        len(records),
+        len(entries),
+        len(files),
+        total,
+        not_compiled,
+    )
 
 
-def _meta(manifest: Manifest, location: CacheLocation, records: list[ShapeRecord], files: list[BundleFile]) -> dict[str, Any]:
+def _meta(
+    manifest: Manifest, location: CacheLocation, records: list[ShapeRecord], files: list[BundleFile]
+) -> dict[str, Any]:
     return {
         "format": BUNDLE_FORMAT,
         "created_at": utcnow().isoformat(),
@@ -156,7 +177,9 @@ def _meta(manifest: Manifest, location: CacheLocation, records: list[ShapeRecord
     }
 
 
-def _write(output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, files: list[BundleFile], progress: Progress | None) -> int:
+def _write(
+    output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, files: list[BundleFile], progress: Progress | None
+) -> int:
     """Write the archive beside ``output`` and rename it into place; returns the bytes of cache files."""
     total = sum(f.size for f in files)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
@@ -170,7 +193,9 @@ def _write(output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, file
             for f in files:
                 source = root / f.path
                 stat = source.stat()
-                info = _tarinfo(CACHE_PREFIX + f.path, f.size, 0o755 if stat.st_mode & 0o111 else 0o644, stat.st_mtime or now)
+                info = _tarinfo(
+                    CACHE_PREFIX + f.path, f.size, 0o755 if stat.st_mode & 0o111 else 0o644, stat.st_mtime or now
+                )
                 with open_quietly(source) as handle:
                     try:
                         tar.addfile(info, handle)
@@ -195,13 +220,18 @@ def entries_needed(records: list[ShapeRecord], location: CacheLocation) -> list[
             flavor = flavor_of_kind(artifact.kind)
             if flavor != location.flavor:
                 raise UsageError(
-                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind {shown(artifact.kind)} is not "
+                    f"row {record.model_name} batch={record.batch_size} seq={record.seq_len}: artifact kind "
+                    f"{shown(artifact.kind)} is not "
                     f"in the {location.flavor} cache {location.root}; pack each model's cache separately with --model"
                 )
-            path = check_relpath(artifact.path, f"registry artifact of {record.model_name} batch={record.batch_size} seq={record.seq_len}")
+            path = check_relpath(
+                artifact.path,
+                f"registry artifact of {record.model_name} batch={record.batch_size} seq={record.seq_len}",
+            )
             if not os.path.lexists(location.root / path):
                 raise CacheError(
-                    f"{location.root / path}: cache entry of {record.model_name} {record.workload} batch={record.batch_size} "
+                    f"{location.root / path}: cache entry of {record.model_name} {record.workload} "
+                    f"batch={record.batch_size} "
                     f"seq={record.seq_len} is gone; run warmcache cache doctor --fix, then warmcache warmup"
                 )
             entries.add(path)
@@ -216,10 +246,16 @@ def entry_files(root: Path, entries: list[str]) -> Iterator[str]:
     """The regular files of each entry; a link or special file inside one is refused."""
     for entry in entries:
         path = root / entry
-        candidates = [path] if not path.is_dir() or path.is_symlink() else sorted(p for p in path.rglob("*") if not p.is_dir() or p.is_symlink())
+        candidates = (
+            [path]
+            if not path.is_dir() or path.is_symlink()
+            else sorted(p for p in path.rglob("*") if not p.is_dir() or p.is_symlink())
+        )
         for candidate in candidates:
             if candidate.is_symlink() or not candidate.is_file():
-                raise CacheError(f"{candidate}: not a regular file (link or special file); bundles carry regular files only")
+                raise CacheError(
+                    f"{candidate}: not a regular file (link or special file); bundles carry regular files only"
+                )
             yield candidate.relative_to(root).as_posix()
 
 

@@ -23,9 +23,10 @@ from warmcache.jsonable import FieldsJson
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
 
-#: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine only.
+#: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine
+#: only.
 _LOCAL_ONLY = frozenset({"id", "claimed_by", "lease_expires_at", "cache_root", "error"})
 _FIELDS = tuple(name for name in COLUMNS if name not in _LOCAL_ONLY)
 _TIMES = tuple(name for name in _FIELDS if COLUMNS[name][0] is dt.datetime)
@@ -53,8 +54,14 @@ def row_to_json(record: ShapeRecord) -> dict[str, Any]:
 _STR, _INT, _DICT = (str,), (int,), (dict,)
 #: The JSON type(s) a column of each Python type arrives as (timestamps as ISO text).
 _JSON_TYPES: dict[type, tuple[type, ...]] = {str: _STR, int: _INT, float: (int, float), dict: _DICT, dt.datetime: _STR}
-_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {name: (_JSON_TYPES[COLUMNS[name][0]], COLUMNS[name][1]) for name in _FIELDS}
-_ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {"kind": (_STR, False), "path": (_STR, False), "size_bytes": (_INT, True)}
+_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    name: (_JSON_TYPES[COLUMNS[name][0]], COLUMNS[name][1]) for name in _FIELDS
+}
+_ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "kind": (_STR, False),
+    "path": (_STR, False),
+    "size_bytes": (_INT, True),
+}
 #: What each integer column holds (``Integer`` is 32-bit on PostgreSQL): checked before the
 #: first write, or the driver's OverflowError would surface halfway through an install.
 _INT_LIMITS = {"size_bytes": MAX_BYTES}
@@ -76,7 +83,9 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
         _check_types(row, _TYPES, at)
         if row["status"] not in DONE_STATUSES:
             raise CacheError(f"{at}.status is {shown(row['status'])}; a bundle carries only compiled or verified rows")
-        if not isinstance(row["artifacts"], list) or not all(isinstance(a, dict) and {"kind", "path"} <= a.keys() for a in row["artifacts"]):
+        if not isinstance(row["artifacts"], list) or not all(
+            isinstance(a, dict) and {"kind", "path"} <= a.keys() for a in row["artifacts"]
+        ):
             raise CacheError(f"{at}.artifacts must be a list of {{kind, path, size_bytes}} objects")
         for number, artifact in enumerate(row["artifacts"]):
             _check_types(artifact, _ARTIFACT_TYPES, f"{at}.artifacts[{number}]")
@@ -90,10 +99,15 @@ def _check_types(data: dict[str, Any], types: dict[str, tuple[tuple[type, ...], 
         if value is None and nullable:
             continue
         if isinstance(value, bool) or not isinstance(value, allowed):  # JSON true is not a count
-            wanted = " or ".join({str: "a string", int: "an integer", float: "a number", dict: "an object"}[t] for t in allowed)
+            wanted = " or ".join(
+                {str: "a string", int: "an integer", float: "a number", dict: "an object"}[t] for t in allowed
+            )
             raise CacheError(f"{at}.{name} is {shown(value)}, not {wanted}{' or null' if nullable else ''}; refused")
         if isinstance(value, int) and not 0 <= value <= _INT_LIMITS.get(name, MAX_COUNT):
-            raise CacheError(f"{at}.{name} is {shown(value)}, outside what the registry holds (0 to {_INT_LIMITS.get(name, MAX_COUNT)}); refused")
+            raise CacheError(
+                f"{at}.{name} is {shown(value)}, outside what the registry holds (0 to "
+                f"{_INT_LIMITS.get(name, MAX_COUNT)}); refused"
+            )
 
 
 def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: str | None = None) -> MergeResult:
@@ -108,7 +122,11 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
     with registry.session() as session:
         existing = {
             row.identity: row
-            for row in session.scalars(select(CompiledShape).where(CompiledShape.identity.in_([r["identity"] for r in rows])).options(selectinload(CompiledShape.artifacts)))
+            for row in session.scalars(
+                select(CompiledShape)
+                .where(CompiledShape.identity.in_([r["identity"] for r in rows]))
+                .options(selectinload(CompiledShape.artifacts))
+            )
         }
         for data in rows:
             values = {**_values(data), "cache_root": cache_root}
@@ -122,11 +140,18 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
                 inserted += 1
             elif row.status in DONE_STATUSES:
                 have = {(a.kind, a.path) for a in row.artifacts}
-                extra = [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items()) if (k, p) not in have]
+                extra = [
+                    Artifact(kind=k, path=p, size_bytes=s)
+                    for (k, p), s in sorted(artifacts.items())
+                    if (k, p) not in have
+                ]
                 row.artifacts.extend(extra)
                 updated, unchanged = (updated + 1, unchanged) if extra else (updated, unchanged + 1)
             elif row.status == Status.COMPILING and row.lease_expires_at is not None and row.lease_expires_at > now:
-                skipped.append(f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: {row.claimed_by} is compiling it now")
+                skipped.append(
+                    f"{row.model_name} {row.workload} batch={row.batch_size} seq={row.seq_len}: "
+                    f"{row.claimed_by} is compiling it now"
+                )
             else:
                 for name in (*_RESULT_FIELDS, "cache_root"):
                     setattr(row, name, values[name])
@@ -134,7 +159,9 @@ def merge_rows(registry: Registry, rows: Sequence[dict[str, Any]], cache_root: s
                 row.updated_at = now
                 row.artifacts.clear()
                 session.flush()  # delete the old artifact rows before inserting ones with the same (kind, path)
-                row.artifacts.extend([Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items())])
+                row.artifacts.extend(
+                    [Artifact(kind=k, path=p, size_bytes=s) for (k, p), s in sorted(artifacts.items())]
+                )
                 updated += 1
     return MergeResult(inserted, updated, unchanged, tuple(skipped))
 
@@ -147,7 +174,10 @@ def _values(data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
             try:
                 values[name] = dt.datetime.fromisoformat(values[name])
             except (TypeError, ValueError):
-                raise CacheError(f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an ISO timestamp; refused") from None
+                raise CacheError(
+                    f"{at or 'bundle row ' + shown(data['identity'])}.{name} {shown(values[name])} is not an "
+                    "ISO timestamp; refused"
+                ) from None
             if values[name].tzinfo is None:
                 values[name] = values[name].replace(tzinfo=dt.UTC)
     return values

@@ -44,11 +44,17 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
     notes: list[str] = []
     for entry in info.entries:
         if entry.lock_held:
-            notes.append(f"{entry.path}: locked, and a live process holds the lock or a Neuron compiler runs on this host; left alone")
+            notes.append(
+                f"{entry.path}: locked, and a live process holds the lock or a Neuron compiler runs on "
+                "this host; left alone"
+            )
             continue
         fresh_locks = [lk for lk in entry.locks if not lk.is_stale(grace_seconds)]
         if fresh_locks:
-            notes.append(f"{entry.path}: lock {fresh_locks[0].path} is only {format_age(fresh_locks[0].age_seconds)} old; left alone")
+            notes.append(
+                f"{entry.path}: lock {fresh_locks[0].path} is only "
+                f"{format_age(fresh_locks[0].age_seconds)} old; left alone"
+            )
             continue
         reason = _entry_problem(entry, info.scanned_at - entry.last_used, grace_seconds)
         if reason is not None:
@@ -56,7 +62,14 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
             _forget_users(forgets, entry.used_by, f"its cache entry {entry.path} is removed ({reason.split(':')[0]})")
             continue
         for lock in entry.locks:
-            removals.append(Removal(lock.path, lock.size_bytes, f"stale lock: no live holder, {format_age(lock.age_seconds)} old", is_entry=False))
+            removals.append(
+                Removal(
+                    lock.path,
+                    lock.size_bytes,
+                    f"stale lock: no live holder, {format_age(lock.age_seconds)} old",
+                    is_entry=False,
+                )
+            )
     here = socket.gethostname()
     holds_some = {u.row_id for e in info.entries for u in e.used_by}
     elsewhere: set[int] = set()
@@ -75,7 +88,14 @@ def diagnose(info: CacheInfo, grace_seconds: float = DEFAULT_GRACE_SECONDS, *, a
         )
     for work in info.work_dirs:
         if work.age_seconds >= grace_seconds:
-            removals.append(Removal(work.path, work.size_bytes, "leftover of an interrupted prune, unpack or artifact write", is_entry=False))
+            removals.append(
+                Removal(
+                    work.path,
+                    work.size_bytes,
+                    "leftover of an interrupted prune, unpack or artifact write",
+                    is_entry=False,
+                )
+            )
     return CleanupPlan(info.root, info.location.flavor, tuple(removals), tuple(forgets.values()), tuple(notes))
 
 

@@ -21,7 +21,9 @@ from warmcache.trust import SignatureCheck, TrustedKeys
 _HEX = frozenset("0123456789abcdef")
 
 
-def read_signed_document(data: bytes, where: str, what: str, expected_format: int, trusted: TrustedKeys) -> tuple[dict[str, Any], SignatureCheck, CacheFlavor]:
+def read_signed_document(
+    data: bytes, where: str, what: str, expected_format: int, trusted: TrustedKeys
+) -> tuple[dict[str, Any], SignatureCheck, CacheFlavor]:
     """Parse a shipped file list (bundle metadata, store index): bounded nesting, its format, its
     signature when trusted keys are configured, then its cache layout.
 
@@ -36,7 +38,11 @@ def read_signed_document(data: bytes, where: str, what: str, expected_format: in
     except ValueError as exc:
         raise CacheError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != expected_format:
-        raise CacheError(f"{where}: unsupported {what} format {shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads format {expected_format})")
+        raise CacheError(
+            f"{where}: unsupported {what} format "
+            f"{shown(raw.get('format') if isinstance(raw, dict) else raw)} (this warmcache reads "
+            f"format {expected_format})"
+        )
     signature = trusted.check_document(raw, where)
     flavor = raw.get("flavor")
     if flavor not in FLAVORS:
@@ -45,11 +51,14 @@ def read_signed_document(data: bytes, where: str, what: str, expected_format: in
 
 
 def check_artifacts(row: dict[str, Any], files: dict[str, BundleFile], flavor: CacheFlavor, where: str) -> None:
-    """Every artifact of a shipped row (bundle or store index) is a safe path, in this layout, with files listed beside it."""
+    """Every artifact of a shipped row (bundle or store index) is a safe path, in this layout, with files listed
+    beside it."""
     for artifact in row["artifacts"]:
         path = check_relpath(artifact["path"], f"{where} artifact")
         if flavor_of_kind(artifact["kind"]) != flavor:
-            raise CacheError(f"{where} artifact {shown(path)} of kind {shown(artifact['kind'])} is not in a {flavor} cache")
+            raise CacheError(
+                f"{where} artifact {shown(path)} of kind {shown(artifact['kind'])} is not in a {flavor} cache"
+            )
         if not any(name == path or name.startswith(path + "/") for name in files):
             raise CacheError(f"{where} artifact {shown(path)} has no files listed")
 

@@ -12,6 +12,7 @@ anything is fetched or extracted, a file list that would not fit.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import uuid
@@ -29,6 +30,8 @@ from warmcache.errors import CacheError
 from warmcache.registry import Registry
 from warmcache.trust import SignatureCheck
 from warmcache.units import format_size
+
+log = logging.getLogger(__name__)
 
 #: What one unpack may write unless told otherwise (``--max-size``, ``$WARMCACHE_MAX_UNPACK_SIZE``):
 #: room for the Neuron cache of a large model, not for a disk-filling bundle.
@@ -76,7 +79,8 @@ def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source
     if total > max_bytes:
         raise CacheError(
             f"{source}: lists {len(files)} files of {format_size(total)} ({total} bytes), more than the unpack limit "
-            f"of {format_size(max_bytes)}; refused (raise it with --max-size or $WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
+            f"of {format_size(max_bytes)}; refused (raise it with --max-size or "
+            "$WARMCACHE_MAX_UNPACK_SIZE if you expect this)"
         )
     existing = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(existing).free
@@ -84,7 +88,12 @@ def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source
         raise CacheError(f"{source}: needs {format_size(total)} but {existing} has {format_size(free)} free; refused")
 
 
-def install_staged(meta: BundleMeta, location: CacheLocation, open_registry: Callable[[], AbstractContextManager[Registry]], stage: Callable[[Path], None]) -> UnpackResult:
+def install_staged(
+    meta: BundleMeta,
+    location: CacheLocation,
+    open_registry: Callable[[], AbstractContextManager[Registry]],
+    stage: Callable[[Path], None],
+) -> UnpackResult:
     """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
 
     Shared by bundle unpack and store pull: the staging folder lies inside the cache
@@ -119,10 +128,14 @@ def install_staged(meta: BundleMeta, location: CacheLocation, open_registry: Cal
         raise
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(parked, ignore_errors=True)
-    return UnpackResult(root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows, meta.signature)
+    return UnpackResult(
+        root, added, replaced, present, len(meta.files), sum(f.size for f in meta.files.values()), rows, meta.signature
+    )
 
 
-def write_checked(blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False) -> None:
+def write_checked(
+    blocks: Iterable[bytes], expected: BundleFile, target: Path, *, where: str, executable: bool = False
+) -> None:
     """Stream ``blocks`` to ``target`` (a new file, never through a link) and check size and sha256.
 
     The size is enforced while writing (bundle members and store blobs alike): a
@@ -162,7 +175,8 @@ def _check_digest(found: tuple[str, int], expected: BundleFile, where: str) -> N
     if size != expected.size or digest != expected.sha256:
         raise CacheError(
             f"{where}: content does not match the listed sha256 and size "
-            f"(sha256 {digest[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed {expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
+            f"(sha256 {digest[:16]}…, {size}{'+' if size > expected.size else ''} bytes; listed "
+            f"{expected.sha256[:16]}…, {expected.size} bytes): corrupt or tampered; refused"
         )
 
 
@@ -181,7 +195,9 @@ class _Move:
     new_dirs: tuple[Path, ...] = ()
 
 
-def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, journal: list[_Move]) -> tuple[int, int, int]:
+def _move_into_place(
+    meta: BundleMeta, staging: Path, parked: Path, root: Path, journal: list[_Move]
+) -> tuple[int, int, int]:
     """Move each staged entry to its place with one rename; an identical entry already there is kept.
 
     Every rename is appended to ``journal`` as it happens, so that :func:`_undo` can
@@ -198,8 +214,10 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
         move = _Move(dest)
         if os.path.lexists(dest):
             if holds_files(root, files):
+                log.debug("cache hit: %s already holds these files; kept", dest)
                 present += 1
                 continue
+            log.debug("cache entry %s differs; replaced (the old one parked until the install succeeds)", dest)
             parked.mkdir(exist_ok=True)
             os.rename(dest, parked / str(index))
             move.original = parked / str(index)
@@ -216,7 +234,10 @@ def _move_into_place(meta: BundleMeta, staging: Path, parked: Path, root: Path, 
             if not holds_files(root, files):
                 raise
             # A concurrent unpack of the same entry won the race: it is present, not ours.
-            added, replaced, present = (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
+            log.debug("cache entry %s: a concurrent install put the same files there first", dest)
+            added, replaced, present = (
+                (added - 1, replaced, present + 1) if move.original is None else (added, replaced - 1, present + 1)
+            )
             continue
         move.installed = True
     return added, replaced, present
@@ -237,7 +258,8 @@ def _undo(journal: list[_Move]) -> None:
             for folder in move.new_dirs:  # deepest first
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
-        except OSError:
+        except OSError as exc:
+            log.warning("could not undo the install of %s (%s); run warmcache cache doctor", move.dest, exc)
             continue
 
 
@@ -252,7 +274,12 @@ def holds_files(root: Path, files: list[BundleFile]) -> bool:
     """Whether the cache already has exactly these files (same bytes)."""
     for file in files:
         path = root / file.path
-        if path.is_symlink() or not path.is_file() or path.stat().st_size != file.size or sha256_of(path) != file.sha256:
+        if (
+            path.is_symlink()
+            or not path.is_file()
+            or path.stat().st_size != file.size
+            or sha256_of(path) != file.sha256
+        ):
             return False
     return True
 

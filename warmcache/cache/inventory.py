@@ -20,15 +20,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.layout import NEURON_MODULE, NEURON_NEFF, SHARED_KINDS, STAGING_PREFIX, TRASH_PREFIX, entry_size, list_entries
+from warmcache.cache.layout import (
+    NEURON_MODULE,
+    NEURON_NEFF,
+    SHARED_KINDS,
+    STAGING_PREFIX,
+    TRASH_PREFIX,
+    entry_size,
+    list_entries,
+)
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.locks import warmup_running
-from warmcache.cache.neuron import EntryState, LockInfo, NeuronEntryFacts, inspect_module, inspect_native, neuron_compiler_running
+from warmcache.cache.neuron import (
+    EntryState,
+    LockInfo,
+    NeuronEntryFacts,
+    inspect_module,
+    inspect_native,
+    neuron_compiler_running,
+)
 from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.jsonable import FieldsJson, fields_json
-from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.query import effective_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +129,11 @@ class CacheEntry:
         return any(lock.held for lock in self.locks)
 
     def as_json(self) -> dict[str, Any]:
-        return {**fields_json(self, leave_out={"used_by"}), "orphan": self.is_orphan, "used_by": [u.as_json() for u in self.used_by]}
+        return {
+            **fields_json(self, leave_out={"used_by"}),
+            "orphan": self.is_orphan,
+            "used_by": [u.as_json() for u in self.used_by],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +147,8 @@ class MissingArtifact(FieldsJson):
 
 @dataclass(frozen=True, slots=True)
 class WorkDir:
-    """A prune's trash, an unpack's staging folder or a precompiled artifact's ``.partial`` file (a crash leaves them)."""
+    """A prune's trash, an unpack's staging folder or a precompiled artifact's ``.partial`` file (a crash leaves
+    them)."""
 
     path: str
     size_bytes: int
@@ -178,7 +198,10 @@ class CacheInfo:
             "warmup_running": self.warmup_running,
             "entries": [e.as_json() for e in self.entries],
             "missing": [m.as_json() for m in self.missing],
-            "work_dirs": [{"path": w.path, "size_bytes": w.size_bytes, "age_seconds": round(w.age_seconds, 1)} for w in self.work_dirs],
+            "work_dirs": [
+                {"path": w.path, "size_bytes": w.size_bytes, "age_seconds": round(w.age_seconds, 1)}
+                for w in self.work_dirs
+            ],
         }
 
 
@@ -196,12 +219,17 @@ def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now
                 wanted.append((artifact.path, artifact.kind, use))
     found = list_entries(root, location.flavor)
     compiler_running = location.flavor != "inductor" and bool(found) and neuron_compiler_running()
-    entries = tuple(_entry(root, path, kind, tuple(users.get(path, ())), now, compiler_running) for path, kind in sorted(found.items()))
+    entries = tuple(
+        _entry(root, path, kind, tuple(users.get(path, ())), now, compiler_running)
+        for path, kind in sorted(found.items())
+    )
     missing = tuple(MissingArtifact(path, kind, use) for path, kind, use in wanted if path not in found)
     return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now, warmup_running(root))
 
 
-def _entry(root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float, compiler_running: bool) -> CacheEntry:
+def _entry(
+    root: Path, path: str, kind: str, used_by: tuple[EntryUse, ...], now: float, compiler_running: bool
+) -> CacheEntry:
     facts = _facts(root, path, kind, now, compiler_running)
     state: EntryState = "locked" if facts.locks else facts.content_state
     return CacheEntry(
@@ -235,7 +263,9 @@ def last_used(path: Path) -> float:
     since something is changing it this very moment and no age rule should pick it.
     """
     candidates = list(_files(path)) if path.is_dir() else []
-    stats = [s for s in map(_lstat_or_none, candidates) if s is not None] or [s for s in (_lstat_or_none(path),) if s is not None]
+    stats = [s for s in map(_lstat_or_none, candidates) if s is not None] or [
+        s for s in (_lstat_or_none(path),) if s is not None
+    ]
     return max((max(s.st_atime, s.st_mtime) for s in stats), default=time.time())
 
 
@@ -253,7 +283,8 @@ def _files(folder: Path) -> Iterable[Path]:
 
 
 def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
-    """Trash and staging folders left in the cache; one that a concurrent prune or unpack removes mid-scan is skipped."""
+    """Trash and staging folders left in the cache; one that a concurrent prune or unpack removes mid-scan is
+    skipped."""
     if not root.is_dir():
         return ()
     out = []

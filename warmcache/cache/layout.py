@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR
-from warmcache.flavors import CacheFlavor
+from warmcache.targets.flavors import CacheFlavor
 
 INDUCTOR_FXGRAPH = "inductor-fxgraph"
 INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"

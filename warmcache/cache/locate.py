@@ -28,7 +28,12 @@ FLAVORS: tuple[str, ...] = get_args(CacheFlavor)
 
 #: Which cache layout holds artifacts of each registry artifact kind prefix.
 #: AOTInductor packages (``aotinductor/<sha256>``) live in the Inductor cache folder of the model that warmed them.
-_KIND_FLAVOR = (("inductor-", "inductor"), ("aotinductor", "inductor"), ("neuron-module", "neuron"), ("neuron-neff", "neuron-native"))
+_KIND_FLAVOR = (
+    ("inductor-", "inductor"),
+    ("aotinductor", "inductor"),
+    ("neuron-module", "neuron"),
+    ("neuron-neff", "neuron-native"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,9 @@ def detect_flavor(root: Path) -> CacheFlavor:
     return "inductor"
 
 
-def locate_caches(cache_dir: CacheFolder | None, manifest: Manifest | None = None, flavor: str | None = None) -> list[CacheLocation]:
+def locate_caches(
+    cache_dir: CacheFolder | None, manifest: Manifest | None = None, flavor: str | None = None
+) -> list[CacheLocation]:
     """The cache folders to inspect, deduplicated, in a stable order.
 
     With a manifest, each model's target resolves its folder and knows its layout;
@@ -79,7 +86,9 @@ def locate_caches(cache_dir: CacheFolder | None, manifest: Manifest | None = Non
     defaults: list[tuple[Target, CacheFlavor | None]] = [(InductorTarget("cpu", "inductor"), "inductor")]
     if not remote_cache_url():
         defaults.append((NeuronTarget("neuron", "neuron"), "neuron"))
-    targets: list[tuple[Target, CacheFlavor | None]] = [(target_for(m), _flavor_of_model(m)) for m in manifest.models] if manifest else defaults
+    targets: list[tuple[Target, CacheFlavor | None]] = (
+        [(target_for(m), _flavor_of_model(m)) for m in manifest.models] if manifest else defaults
+    )
     out: dict[Path, CacheLocation] = {}
     for target, layout in targets:
         if layout is None or (manifest is None and flavor is not None and layout != flavor):
@@ -91,7 +100,8 @@ def locate_caches(cache_dir: CacheFolder | None, manifest: Manifest | None = Non
 
 
 def _flavor_of_model(model: ModelSpec) -> CacheFlavor | None:
-    """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an Inductor-layout one."""
+    """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an
+    Inductor-layout one."""
     flavor = target_for(model).cache_flavor
     return "inductor" if flavor is None and model.precompile else flavor
 
@@ -111,5 +121,8 @@ def single_location(manifest: Manifest, cache_dir: CacheFolder | None, model_nam
     locations = locate_caches(cache_dir, scope)
     if len(locations) != 1:
         roots = ", ".join(f"{loc.root} ({loc.flavor})" for loc in locations) or "none"
-        raise UsageError(f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a time with --model or --cache-dir")
+        raise UsageError(
+            f"{manifest.path}: its models use {len(locations)} cache folders ({roots}); take one at a "
+            "time with --model or --cache-dir"
+        )
     return locations[0]

@@ -99,7 +99,12 @@ def inspect_module(root: Path, entry: str, now: float, compiler_running: bool) -
     version_dir = entry.split("/", 1)[0]
     version = version_dir[len("neuronxcc-") :] if version_dir.startswith("neuronxcc-") else None
     names = {name for name in ("model.neff", "model.done", "model.log") if (folder / name).is_file()}
-    return NeuronEntryFacts(module_state(names), version, _read_flags(folder / "compile_flags.json"), find_locks(root, entry, now, compiler_running))
+    return NeuronEntryFacts(
+        module_state(names),
+        version,
+        _read_flags(folder / "compile_flags.json"),
+        find_locks(root, entry, now, compiler_running),
+    )
 
 
 def module_state(names: Collection[str]) -> Literal["done", "failed", "incomplete"]:
@@ -115,7 +120,9 @@ def inspect_native(root: Path, entry: str, now: float, compiler_running: bool) -
     """Facts about one top-level entry of the native backend's NEFF cache."""
     path = root / entry
     has_neff = path.suffix == ".neff" if path.is_file() else any(path.rglob("*.neff"))
-    return NeuronEntryFacts("done" if has_neff else "incomplete", None, None, find_locks(root, entry, now, compiler_running))
+    return NeuronEntryFacts(
+        "done" if has_neff else "incomplete", None, None, find_locks(root, entry, now, compiler_running)
+    )
 
 
 def _read_flags(path: Path) -> tuple[str, ...] | None:

@@ -27,9 +27,11 @@ from warmcache.errors import CacheError, TrustError
 
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
 PRECOMPILED_DIR = "precompiled"
-#: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see ``runtime.aotinductor``).
+#: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see
+#: ``runtime.aotinductor``).
 AOTINDUCTOR_DIR = "aotinductor"
-#: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor --fix`` removes them).
+#: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor
+#: --fix`` removes them).
 PARTIAL_SUFFIX = ".partial"
 MAGIC = b"warmcache-precompiled-v1\n"
 
@@ -51,11 +53,14 @@ class Fingerprint:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fingerprint:
         values = dict(data)
-        values["signature"] = tuple((str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"])
+        values["signature"] = tuple(
+            (str(n), tuple(int(d) for d in shape), str(dt)) for n, shape, dt in data["signature"]
+        )
         return cls(**values)
 
 
-#: The :class:`Fingerprint` fields a registry row fixes, each named as the row's column (the signature comes from the decode call).
+#: The :class:`Fingerprint` fields a registry row fixes, each named as the row's column (the signature comes from the
+#: decode call).
 ROW_FINGERPRINT = tuple(f.name for f in fields(Fingerprint) if f.name != "signature")
 
 
@@ -64,7 +69,8 @@ class Header:
     fingerprint: Fingerprint
     #: Dynamo names its module references ``___module_<name>_<id>_c<n>``; a fresh process binds them to these modules.
     module_globals: dict[str, str]
-    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aotinductor.package_decode``); ``None`` otherwise.
+    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aotinductor.package_decode``); ``None``
+    #: otherwise.
     aotinductor: dict[str, Any] | None = None
 
 
@@ -110,17 +116,26 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
         raise CacheError(f"{path}: precompiled artifact unreadable ({exc.strerror or exc})") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != name:  # altered since it was recorded: refused under every guard policy, like a forged row
-        raise TrustError(f"{path}: precompiled artifact sha256 {digest[:16]}… differs from its registry record {name[:16]}…; refusing to load it")
+        raise TrustError(
+            f"{path}: precompiled artifact sha256 {digest[:16]}… differs from its registry record "
+            f"{name[:16]}…; refusing to load it"
+        )
     if not data.startswith(MAGIC):
         raise CacheError(f"{path}: not a warmcache precompiled artifact")
     end = data.find(b"\n", len(MAGIC))
     try:
         raw = json.loads(data[len(MAGIC) : end])
-        header = Header(Fingerprint.from_json(raw["fingerprint"]), {str(k): str(v) for k, v in raw["module_globals"].items()}, raw.get("aotinductor"))
+        header = Header(
+            Fingerprint.from_json(raw["fingerprint"]),
+            {str(k): str(v) for k, v in raw["module_globals"].items()},
+            raw.get("aotinductor"),
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise CacheError(f"{path}: precompiled artifact header unreadable ({exc})") from None
     differing = {f: v for f, v in expected.items() if getattr(header.fingerprint, f) != v}
     if differing:
         shown = ", ".join(f"{f}={getattr(header.fingerprint, f)!r} (row: {v!r})" for f, v in differing.items())
-        raise CacheError(f"{path}: precompiled artifact was compiled for another {'/'.join(differing)}: {shown}; refusing to load it")
+        raise CacheError(
+            f"{path}: precompiled artifact was compiled for another {'/'.join(differing)}: {shown}; refusing to load it"
+        )
     return header, data[end + 1 :]

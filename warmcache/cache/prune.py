@@ -43,8 +43,15 @@ class PruneRules:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
 
     def check(self) -> None:
-        if not (self.orphans or self.stale_toolchains or self.older_than_seconds is not None or self.max_size_bytes is not None):
-            raise UsageError("cache prune: say what to prune: --orphans, --stale-toolchains, --older-than AGE and/or --max-size SIZE")
+        if not (
+            self.orphans
+            or self.stale_toolchains
+            or self.older_than_seconds is not None
+            or self.max_size_bytes is not None
+        ):
+            raise UsageError(
+                "cache prune: say what to prune: --orphans, --stale-toolchains, --older-than AGE and/or --max-size SIZE"
+            )
 
 
 def plan_prune(info: CacheInfo, rules: PruneRules) -> CleanupPlan:
@@ -68,10 +75,15 @@ def plan_prune(info: CacheInfo, rules: PruneRules) -> CleanupPlan:
     forgets: dict[int, Forget] = {}
     for entry, reason in eligible:
         for use in entry.used_by:
-            forgets.setdefault(use.row_id, Forget(use.row_id, use.describe(), f"its cache entry {entry.path} is pruned ({reason})"))
+            forgets.setdefault(
+                use.row_id, Forget(use.row_id, use.describe(), f"its cache entry {entry.path} is pruned ({reason})")
+            )
         if entry.is_shared_kernel:
             for use in info.needed_by:
-                forgets.setdefault(use.row_id, Forget(use.row_id, use.describe(), f"it may load kernel file {entry.path}, which is pruned"))
+                forgets.setdefault(
+                    use.row_id,
+                    Forget(use.row_id, use.describe(), f"it may load kernel file {entry.path}, which is pruned"),
+                )
     removals = tuple(Removal(e.path, e.size_bytes, reason) for e, reason in eligible)
     return CleanupPlan(info.root, info.location.flavor, removals, tuple(forgets.values()), tuple(notes))
 
@@ -80,7 +92,10 @@ def _kept_note(blocker: str, entries: list[CacheEntry]) -> str:
     """One line per reason, however many entries it keeps."""
     if len(entries) == 1:
         return f"{entries[0].path}: kept: {blocker}"
-    return f"{len(entries)} entries ({format_size(sum(e.size_bytes for e in entries))}) kept: {blocker}; e.g. {entries[0].path}"
+    return (
+        f"{len(entries)} entries ({format_size(sum(e.size_bytes for e in entries))}) kept: "
+        f"{blocker}; e.g. {entries[0].path}"
+    )
 
 
 def _selected(entry: CacheEntry, rules: PruneRules, now: float) -> str | None:
@@ -110,7 +125,10 @@ def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use
     if entry.is_needed and not rules.include_referenced:
         return "needed by compiled shapes (--include-referenced deletes it anyway)"
     if entry.is_shared_kernel and cache_in_use and not rules.include_referenced:
-        return "a kernel file compiled shapes of this cache may load: kernels are shared between graphs (--include-referenced deletes it anyway)"
+        return (
+            "a kernel file compiled shapes of this cache may load: kernels are shared between graphs "
+            "(--include-referenced deletes it anyway)"
+        )
     if entry.is_orphan and info.warmup_running:
         return "an orphan while a warmup compiles into this cache: it records entries when each shape finishes"
     if entry.is_orphan and info.scanned_at - entry.last_used < rules.grace_seconds:
@@ -118,7 +136,9 @@ def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use
     return None
 
 
-def _least_recently_used_until_fits(eligible: list[tuple[CacheEntry, str]], total: int, limit: int, notes: list[str]) -> list[tuple[CacheEntry, str]]:
+def _least_recently_used_until_fits(
+    eligible: list[tuple[CacheEntry, str]], total: int, limit: int, notes: list[str]
+) -> list[tuple[CacheEntry, str]]:
     chosen = []
     for entry, reason in sorted(eligible, key=lambda item: (item[0].last_used, item[0].path)):
         if total <= limit:
@@ -126,5 +146,7 @@ def _least_recently_used_until_fits(eligible: list[tuple[CacheEntry, str]], tota
         chosen.append((entry, reason))
         total -= entry.size_bytes
     if total > limit:
-        notes.append(f"cache stays at {format_size(total)}, above --max-size {format_size(limit)}: the rest is not eligible")
+        notes.append(
+            f"cache stays at {format_size(total)}, above --max-size {format_size(limit)}: the rest is not eligible"
+        )
     return chosen

@@ -11,23 +11,27 @@ from dataclasses import dataclass
 
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import plan_manifest
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.statuses import DONE_STATUSES, Status
+from warmcache.registry.statuses import DONE_STATUSES, Status
 
 
 @dataclass(frozen=True, slots=True)
 class ShipmentScope:
-    """A manifest's shapes (one model's, with ``model_name``) and the cache folder their entries are read from or installed into."""
+    """A manifest's shapes (one model's, with ``model_name``) and the cache folder their entries are read from or
+    installed into."""
 
     manifest: Manifest
     location: CacheLocation
     model_name: str | None = None
 
 
-def records_to_ship(registry: Registry, scope: ShipmentScope, verified_only: bool, identities: Iterable[str] | None = None) -> tuple[list[ShapeRecord], int]:
-    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how many declared shapes lack one.
+def records_to_ship(
+    registry: Registry, scope: ShipmentScope, verified_only: bool, identities: Iterable[str] | None = None
+) -> tuple[list[ShapeRecord], int]:
+    """The rows a bundle or a push ships: this toolchain's compiled (or only verified) shapes of the manifest, and how
+    many declared shapes lack one.
 
     ``identities`` narrows the choice (warmup --push ships each shape as it compiles).
     Nothing to ship is an error naming the registry and the command that fills it.
@@ -42,5 +46,8 @@ def records_to_ship(registry: Registry, scope: ShipmentScope, verified_only: boo
         records = [r for r in records if r.identity in wanted]
     if not records:
         what, run = ("verified", "verify") if verified_only else ("compiled", "warmup")
-        raise CacheError(f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry {registry.display_url}; run warmcache {run} first")
+        raise CacheError(
+            f"{scope.manifest.path}: no {what} shapes for this machine's toolchain in registry "
+            f"{registry.location.display}; run warmcache {run} first"
+        )
     return records, not_compiled

@@ -46,7 +46,7 @@ from warmcache.cache.install import (
 from warmcache.cache.layout import WORK_DIR_PREFIX, CacheFlavor
 from warmcache.cache.locate import CacheLocation, detect_flavor, locate_caches
 from warmcache.errors import CacheError, UsageError, shown
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
@@ -91,7 +91,9 @@ def unpack_bundle(
             _check_layout_matches(location.root, meta.flavor, bundle)
             check_room(meta.files.values(), location.root, max_bytes, str(bundle))
             _verify_contents(tar, file_members, meta)
-            return install_staged(meta, location, open_registry, lambda staging: _extract_all(tar, file_members, meta, staging, progress))
+            return install_staged(
+                meta, location, open_registry, lambda staging: _extract_all(tar, file_members, meta, staging, progress)
+            )
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None
     except OSError as exc:
@@ -102,7 +104,10 @@ def _read_meta(tar: tarfile.TarFile, members: list[tarfile.TarInfo], bundle: Pat
     if not members or members[0].name != META_NAME or not members[0].isfile():
         raise CacheError(f"{bundle}: not a warmcache bundle: its first member must be {META_NAME}")
     if members[0].size > MAX_META_BYTES:
-        raise CacheError(f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs ({MAX_META_BYTES}); refused")
+        raise CacheError(
+            f"{bundle}: {META_NAME} is {members[0].size} bytes, more than any real bundle needs "
+            f"({MAX_META_BYTES}); refused"
+        )
     handle = tar.extractfile(members[0])
     assert handle is not None
     where = f"{bundle}: {META_NAME}"
@@ -120,7 +125,9 @@ def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Pat
     for member in members[1:]:
         where = f"{bundle}: member {shown(member.name)}"
         if member.issym() or member.islnk():
-            raise CacheError(f"{where} is a link (to {shown(member.linkname)}); bundles carry regular files only; refused")
+            raise CacheError(
+                f"{where} is a link (to {shown(member.linkname)}); bundles carry regular files only; refused"
+            )
         if member.ischr() or member.isblk() or member.isfifo():
             raise CacheError(f"{where} is a device or FIFO; bundles carry regular files only; refused")
         if not (member.isfile() or member.isdir()):
@@ -137,11 +144,16 @@ def _check_members(members: list[tarfile.TarInfo], meta: BundleMeta, bundle: Pat
             raise CacheError(f"{where} appears twice; refused")
         if member.size != meta.files[path].size:
             # Checked before anything is written: a member larger than listed could fill the disk.
-            raise CacheError(f"{where} holds {member.size} bytes but the file list says {meta.files[path].size}; refused")
+            raise CacheError(
+                f"{where} holds {member.size} bytes but the file list says {meta.files[path].size}; refused"
+            )
         found[path] = member
     absent = sorted(set(meta.files) - set(found))
     if absent:
-        raise CacheError(f"{bundle}: the file list names {CACHE_PREFIX}{absent[0]} but the bundle lacks it ({len(absent)} missing); refused")
+        raise CacheError(
+            f"{bundle}: the file list names {CACHE_PREFIX}{absent[0]} but the bundle lacks it "
+            f"({len(absent)} missing); refused"
+        )
     return found
 
 
@@ -152,7 +164,8 @@ def _check_toolchain(meta: BundleMeta, bundle: Path) -> None:
             differences = "; ".join(_differences(row["toolchain"], local.as_dict())) or "fingerprint differs"
             raise CacheError(
                 f"{bundle}: built with another toolchain than this machine's for {row['model_name']} "
-                f"({differences}): its graphs would not load here; pass --force to unpack anyway (its rows then read stale)"
+                f"({differences}): its graphs would not load here; pass --force to unpack anyway (its "
+                "rows then read stale)"
             )
 
 
@@ -173,7 +186,10 @@ def _check_layout_matches(root: Path, flavor: CacheFlavor, bundle: Path) -> None
     """
     held = [c for c in root.iterdir() if not c.name.startswith(WORK_DIR_PREFIX)] if root.is_dir() else []
     if held and detect_flavor(root) != flavor:
-        raise CacheError(f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout {detect_flavor(root)}; refused (pass another --cache-dir)")
+        raise CacheError(
+            f"{bundle}: bundle of layout {flavor}, but {root} holds a cache of layout "
+            f"{detect_flavor(root)}; refused (pass another --cache-dir)"
+        )
 
 
 def _verify_contents(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta) -> None:
@@ -198,7 +214,13 @@ def _target(cache_dir: CacheFolder | None, flavor: CacheFlavor) -> CacheLocation
     return locations[0]
 
 
-def _extract_all(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta: BundleMeta, staging: Path, progress: Progress | None) -> None:
+def _extract_all(
+    tar: tarfile.TarFile,
+    members: dict[str, tarfile.TarInfo],
+    meta: BundleMeta,
+    staging: Path,
+    progress: Progress | None,
+) -> None:
     total = sum(f.size for f in meta.files.values())
     done = 0
     for path, member in _in_archive_order(members):
@@ -211,7 +233,9 @@ def _extract_all(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], meta
 def _extract_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: BundleFile, target: Path) -> None:
     source = tar.extractfile(member)
     assert source is not None
-    write_checked(_blocks(source), expected, target, where=f"{CACHE_PREFIX}{expected.path}", executable=bool(member.mode & 0o111))
+    write_checked(
+        _blocks(source), expected, target, where=f"{CACHE_PREFIX}{expected.path}", executable=bool(member.mode & 0o111)
+    )
 
 
 def _blocks(handle: IO[bytes]) -> Iterable[bytes]:

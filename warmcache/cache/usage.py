@@ -18,7 +18,10 @@ from warmcache.cache.layout import INDUCTOR_AOTAUTOGRAD, INDUCTOR_FXGRAPH
 #: logger name -> (message pattern with the key, entry kind)
 _LOOKUP_LOGS: dict[str, tuple[re.Pattern[str], str]] = {
     "torch._inductor.codecache": (re.compile(r"^fx graph cache (?:hit|miss) for key (\S+)"), INDUCTOR_FXGRAPH),
-    "torch._functorch._aot_autograd.autograd_cache": (re.compile(r"^AOTAutograd cache (?:hit|miss) for key (\S+)"), INDUCTOR_AOTAUTOGRAD),
+    "torch._functorch._aot_autograd.autograd_cache": (
+        re.compile(r"^AOTAutograd cache (?:hit|miss) for key (\S+)"),
+        INDUCTOR_AOTAUTOGRAD,
+    ),
 }
 
 
@@ -63,7 +66,9 @@ class InductorLookups:
                 logger.propagate = False
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         for logger, level, propagate, handler in self._saved:
             logger.removeHandler(handler)
             logger.setLevel(level)

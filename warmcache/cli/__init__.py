@@ -1,11 +1,15 @@
 """The ``warmcache`` command line: a click group of thin commands over the library.
 
 Every :class:`~warmcache.errors.WarmcacheError` becomes ``warmcache: error: ...``
-on stderr (one line per problem) and its exit code; no traceback reaches users.
+on stderr (one line per problem) and its exit code; no traceback reaches users
+unless they ask for it: ``warmcache --debug`` (or ``WARMCACHE_DEBUG=1``) prints each
+decision warmcache logs and the traceback behind the error (:mod:`warmcache.diagnostics`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import click
@@ -22,17 +26,24 @@ from warmcache.cli.serve import serve
 from warmcache.cli.status import status
 from warmcache.cli.store import pull, push, store_group
 from warmcache.cli.warmup import verify, warmup
+from warmcache.diagnostics import DEBUG_ENV, configure, log_exception
 from warmcache.errors import RegistryError, WarmcacheError, first_line
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
+
+log = logging.getLogger(__name__)
 
 
 class _Group(click.Group):
+    """The one exit-code boundary: a warmcache error becomes its one-line message and exit code."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except WarmcacheError as exc:
+            log_exception(log)
             _fail(ctx, exc)
         except DBAPIError as exc:
+            log_exception(log)
             _fail(ctx, RegistryError(f"registry: {first_line(exc.orig or exc)}"))
 
 
@@ -42,8 +53,24 @@ def _fail(ctx: click.Context, exc: WarmcacheError) -> None:
     ctx.exit(exc.exit_code)
 
 
+def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) -> None:
+    configure(debug=value)
+    if value:
+        os.environ[DEBUG_ENV] = "1"  # the processes this command starts log their decisions too
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_version("warmcache") or "unknown", prog_name="warmcache")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="WARMCACHE_DEBUG",
+    is_eager=True,
+    expose_value=False,
+    callback=_debug,
+    help="Log every decision (claims, leases, retries, cache hits and misses, skips) to stderr, "
+    "and the traceback behind an error. Also $WARMCACHE_DEBUG=1.",
+)
 def main() -> None:
     """Pre-warm compile caches, record what is compiled, and guard production against recompiles."""
 

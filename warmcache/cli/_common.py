@@ -19,10 +19,15 @@ from warmcache.units import format_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DB_HELP = f"Registry database URL (default: ${REGISTRY.env}, then the manifest's {REGISTRY.manifest_key}, then {REGISTRY.default})."
+DB_HELP = (
+    f"Registry database URL (default: ${REGISTRY.env}, then the manifest's "
+    f"{REGISTRY.manifest_key}, then {REGISTRY.default})."
+)
 
 
-CACHE_DIR_HELP = "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+CACHE_DIR_HELP = (
+    "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then the compiler's default)."
+)
 
 
 def db_option(func: F) -> F:
@@ -51,18 +56,26 @@ def max_unpack_size_option(help: str) -> Callable[[F], F]:
 
 
 def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default (:func:`warmcache.settings.resolve_registry`)."""
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default
+    (:func:`warmcache.settings.resolve_registry`)."""
     return resolve_registry(db_url, manifest.registry if manifest else None)
 
 
 def cache_folder(_context: click.Context, _parameter: click.Parameter, value: str | None) -> CacheFolder | None:
-    """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes after, per model)."""
+    """``--cache-dir``'s callback: the flag, else ``$WARMCACHE_CACHE_DIR``, resolved once here (the manifest's comes
+    after, per model)."""
     return resolve_cache_folder(value)
 
 
 def load_signing_key(_context: click.Context, _parameter: click.Parameter, value: str | None) -> SigningKey | None:
     """``--sign``'s callback: the key is loaded (and a readable-by-others one refused) before any other work starts."""
     return SigningKey.load(value) if value else None
+
+
+def sign_option(help: str) -> Callable[[F], F]:
+    """``--sign KEY``, handed to the command as ``signing_key``, loaded by :func:`load_signing_key` (each command says
+    what it signs in ``help``)."""
+    return click.option("--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key, help=help)
 
 
 def open_registry(db_url: str | None, manifest: Manifest | None = None, *, create: bool) -> Registry:
@@ -80,7 +93,10 @@ def print_json_array(items: Iterable[Any]) -> None:
     out = sys.stdout
     empty = True
     for item in items:
-        out.write(("[\n  " if empty else ",\n  ") + json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  "))
+        out.write(
+            ("[\n  " if empty else ",\n  ")
+            + json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  ")
+        )
         empty = False
     out.write("[]\n" if empty else "\n]\n")
 
@@ -113,7 +129,13 @@ def byte_progress(label: str) -> AbstractContextManager[Callable[[int, int], Non
     """A byte progress bar on a terminal; on CI a plain line at every quarter."""
     from warmcache.cli.progress import amount_progress
 
-    return amount_progress(label, terminal=is_terminal(), steps=4, unit="B", line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}")
+    return amount_progress(
+        label,
+        terminal=is_terminal(),
+        steps=4,
+        unit="B",
+        line=lambda done, total: f"{label}: {format_size(done)} of {format_size(total)}",
+    )
 
 
 #: ``--trust KEY`` (repeatable): the keys whose signatures a bundle or store index must carry.
@@ -122,5 +144,6 @@ trust_option = click.option(
     "trust",
     metavar="KEY",
     multiple=True,
-    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: $WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
+    help="A trusted public key (ed25519:... or a .pub file); repeatable. Default: "
+    "$WARMCACHE_TRUSTED_KEYS, then the manifest's [trust] keys.",
 )

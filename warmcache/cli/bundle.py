@@ -14,10 +14,10 @@ from warmcache.cli._common import (
     cache_dir_option,
     db_option,
     json_option,
-    load_signing_key,
     max_unpack_size_option,
     print_json,
     registry_location,
+    sign_option,
     trust_option,
 )
 from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
@@ -36,32 +36,59 @@ def bundle_group() -> None:
 
 @bundle_group.command("pack")
 @shipment_arguments
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Bundle file (*.tar, *.tar.gz, *.tgz, *.tar.xz).",
+)
 @verified_only_option
-@click.option("--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key, help="Sign the bundle with this private key (warmcache keys generate).")
+@sign_option("Sign the bundle with this private key (warmcache keys generate).")
 @json_option
 def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
     with shipment.opened("packing") as (registry, progress):
-        result = pack_bundle(shipment.scope, registry, output, verified_only=verified_only, signing_key=signing_key, progress=progress)
+        result = pack_bundle(
+            shipment.scope, registry, output, verified_only=verified_only, signing_key=signing_key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
     click.echo(
-        f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, {result.files} files ({format_size(result.bytes)})"
+        f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, "
+        f"{result.files} files ({format_size(result.bytes)})"
         + (f", signed by key {result.signed_by}" if result.signed_by else ", unsigned")
-        + (f"; {result.not_compiled} declared shapes are not in the bundle (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
+        + (
+            f"; {result.not_compiled} declared shapes are not in the bundle (not "
+            f"{'verified' if verified_only else 'compiled'})"
+            if result.not_compiled
+            else ""
+        )
     )
 
 
 @bundle_group.command("unpack")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @cache_dir_option("Cache folder to fill (default: $WARMCACHE_CACHE_DIR, then the compiler's default).")
-@click.option("--force", is_flag=True, help="Unpack even if the bundle was built with another toolchain (its rows then read stale).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Unpack even if the bundle was built with another toolchain (its rows then read stale).",
+)
 @trust_option
 @allow_unsigned_option
-@click.option("--manifest", "manifest", metavar="FILE", default=None, help="Read [trust] keys and [registry] url from this manifest.")
-@max_unpack_size_option(f"Refuse a bundle whose files total more than SIZE (default {format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE).")
+@click.option(
+    "--manifest",
+    "manifest",
+    metavar="FILE",
+    default=None,
+    help="Read [trust] keys and [registry] url from this manifest.",
+)
+@max_unpack_size_option(
+    "Refuse a bundle whose files total more than SIZE (default "
+    f"{format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE)."
+)
 @db_option
 @json_option
 def unpack(
@@ -84,15 +111,24 @@ def unpack(
         warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("unpacking") as progress:
         result = unpack_bundle(
-            bundle, lambda: Registry.open(location), cache_dir=cache_dir, force=force, trusted=trusted, allow_unsigned=allow_unsigned, max_bytes=max_bytes, progress=progress
+            bundle,
+            lambda: Registry.open(location),
+            cache_dir=cache_dir,
+            force=force,
+            trusted=trusted,
+            allow_unsigned=allow_unsigned,
+            max_bytes=max_bytes,
+            progress=progress,
         )
     if as_json:
         print_json(result.as_json())
         return
     rows = result.rows
     click.echo(
-        f"{result.root}: {result.added} entries added, {result.replaced} replaced, {result.already_present} already present "
-        f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged"
+        f"{result.root}: {result.added} entries added, {result.replaced} replaced, "
+        f"{result.already_present} already present "
+        f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} "
+        f"added, {rows.updated} updated, {rows.unchanged} unchanged"
     )
     click.echo(result.signature.describe())
     for line in rows.skipped:

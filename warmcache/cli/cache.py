@@ -30,9 +30,23 @@ def cache_options(func: F) -> F:
     """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
     for option in reversed(
         (
-            cache_dir_option("Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each compiler's default)."),
-            click.option("--flavor", type=click.Choice(FLAVORS), default=None, help="Cache layout (default: detected from the folder)."),
-            click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the cache folder and registry from this manifest."),
+            cache_dir_option(
+                "Cache folder (default: $WARMCACHE_CACHE_DIR, the manifest's [cache] dir, then each "
+                "compiler's default)."
+            ),
+            click.option(
+                "--flavor",
+                type=click.Choice(FLAVORS),
+                default=None,
+                help="Cache layout (default: detected from the folder).",
+            ),
+            click.option(
+                "--manifest",
+                "manifest_path",
+                metavar="FILE",
+                default=None,
+                help="Take the cache folder and registry from this manifest.",
+            ),
             db_option,
             json_option,
         )
@@ -43,12 +57,18 @@ def cache_options(func: F) -> F:
 
 def _grace_option(func: F) -> F:
     return click.option(
-        "--grace", metavar="AGE", default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m", show_default=True,
-        help="Unheld locks, incomplete entries and new orphans younger than this are left alone (a compile may still be running).",
-    )(func)  # fmt: skip
+        "--grace",
+        metavar="AGE",
+        default=f"{int(DEFAULT_GRACE_SECONDS // 60)}m",
+        show_default=True,
+        help="Unheld locks, incomplete entries and new orphans younger than this are left alone "
+        "(a compile may still be running).",
+    )(func)
 
 
-def _scan_all(registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None) -> list[CacheInfo]:
+def _scan_all(
+    registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
+) -> list[CacheInfo]:
     records = registry.rows(with_artifacts=True)
     return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
 
@@ -62,14 +82,18 @@ def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> 
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
-    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, {format_size(sum(e.size_bytes for e in info.entries))}; "
-             + (", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty")]  # fmt: skip
+    size = format_size(sum(e.size_bytes for e in info.entries))
+    states = ", ".join(f"{n} {s}" for s, n in sorted(info.states.items())) or "empty"
+    lines = [f"{info.url} (neuron, remote, from ${CACHE_URL_ENV}): {len(info.entries)} entries, {size}; {states}"]
     for entry in info.entries:
         if entry.state in ("failed", "locked") or (doctor and entry.state == "incomplete"):
             lock = f" (lock {format_age(max(age for _, age in entry.locks))} old)" if entry.locks else ""
             lines.append(f"  {entry.state}: {entry.path}{lock}")
     if doctor and any(e.state != "done" for e in info.entries):
-        lines.append("  note: doctor does not change a remote cache; remove these prefixes with your S3 tooling once no compiler uses them")
+        lines.append(
+            "  note: doctor does not change a remote cache; remove these prefixes with your S3 "
+            "tooling once no compiler uses them"
+        )
     return "\n".join(lines)
 
 
@@ -85,7 +109,14 @@ def cache_group() -> None:
 @cache_group.command("scan")
 @cache_options
 @click.option("--entries", "show_entries", is_flag=True, help="List every entry, not just the summary.")
-def scan(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, show_entries: bool) -> None:
+def scan(
+    cache_dir: CacheFolder | None,
+    flavor: str | None,
+    manifest_path: str | None,
+    db_url: str | None,
+    as_json: bool,
+    show_entries: bool,
+) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
     remote = _remote_neuron(cache_dir, manifest)
@@ -119,18 +150,25 @@ def _describe(info: CacheInfo) -> str:
         states = Counter(e.state for e in of_kind)
         versions = sorted({e.compiler_version for e in of_kind if e.compiler_version})
         detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        lines.append(f"  {kind}: {count} ({format_size(sum(e.size_bytes for e in of_kind))}; {detail}{'; neuronxcc ' + ', '.join(versions) if versions else ''})")
+        lines.append(
+            f"  {kind}: {count} ({format_size(sum(e.size_bytes for e in of_kind))}; "
+            f"{detail}{'; neuronxcc ' + ', '.join(versions) if versions else ''})"
+        )
     rows = {u.row_id: u for e in info.entries for u in e.used_by}
     statuses = Counter(u.status for u in rows.values())
     orphans = info.orphans
     lines.append(
-        f"  used by {len(rows)} registry rows ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
-        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); {len(info.missing)} missing artifacts"
+        f"  used by {len(rows)} registry rows "
+        f"({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
+        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); "
+        f"{len(info.missing)} missing artifacts"
     )
     if info.work_dirs:
         names = ", ".join(w.path for w in info.work_dirs[:3]) + (", ..." if len(info.work_dirs) > 3 else "")
         lines.append(
-            f"  {len(info.work_dirs)} leftovers of interrupted work ({format_size(sum(w.size_bytes for w in info.work_dirs))}: {names}); cache doctor --fix removes them"
+            f"  {len(info.work_dirs)} leftovers of interrupted work "
+            f"({format_size(sum(w.size_bytes for w in info.work_dirs))}: {names}); cache doctor --fix "
+            "removes them"
         )
     return "\n".join(lines)
 
@@ -139,8 +177,19 @@ def _describe(info: CacheInfo) -> str:
 @cache_options
 @_grace_option
 @click.option("--fix", is_flag=True, help="Apply the repairs (default: only say what would be done).")
-@click.option("--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries.")
-def doctor(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str | None, db_url: str | None, as_json: bool, grace: str, fix: bool, any_host: bool) -> None:
+@click.option(
+    "--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries."
+)
+def doctor(
+    cache_dir: CacheFolder | None,
+    flavor: str | None,
+    manifest_path: str | None,
+    db_url: str | None,
+    as_json: bool,
+    grace: str,
+    fix: bool,
+    any_host: bool,
+) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
     manifest = _manifest(manifest_path)
@@ -149,18 +198,32 @@ def doctor(cache_dir: CacheFolder | None, flavor: str | None, manifest_path: str
         click.echo(_describe_remote(remote, doctor=True))
     with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
-        _report([diagnose(info, grace_seconds, any_host=any_host) for info in infos], registry, apply=fix, as_json=as_json, how_to_apply="--fix",
-                extra=[{**remote.as_json(), "applied": False}] if remote else [])  # fmt: skip
+        plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
+        extra = [{**remote.as_json(), "applied": False}] if remote else []
+        _report(plans, registry, apply=fix, as_json=as_json, how_to_apply="--fix", extra=extra)
 
 
 @cache_group.command("prune")
 @cache_options
 @_grace_option
 @click.option("--orphans", is_flag=True, help="Entries no registry row references.")
-@click.option("--stale-toolchains", is_flag=True, help="Entries only rows of other toolchains reference (their rows are forgotten).")
+@click.option(
+    "--stale-toolchains",
+    is_flag=True,
+    help="Entries only rows of other toolchains reference (their rows are forgotten).",
+)
 @click.option("--older-than", metavar="AGE", default=None, help="Only entries unused for AGE (e.g. 7d, 12h).")
-@click.option("--max-size", metavar="SIZE", default=None, help="Delete least recently used entries until the cache fits SIZE (e.g. 20G).")
-@click.option("--include-referenced", is_flag=True, help="Also delete entries current compiled/verified shapes need (those rows are forgotten).")
+@click.option(
+    "--max-size",
+    metavar="SIZE",
+    default=None,
+    help="Delete least recently used entries until the cache fits SIZE (e.g. 20G).",
+)
+@click.option(
+    "--include-referenced",
+    is_flag=True,
+    help="Also delete entries current compiled/verified shapes need (those rows are forgotten).",
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 def prune(
     cache_dir: CacheFolder | None,
@@ -189,19 +252,43 @@ def prune(
     manifest = _manifest(manifest_path)
     with open_registry(db_url, manifest, create=True) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
-        _report([plan_prune(info, rules) for info in infos], registry, apply=not dry_run, as_json=as_json, how_to_apply="without --dry-run")
+        _report(
+            [plan_prune(info, rules) for info in infos],
+            registry,
+            apply=not dry_run,
+            as_json=as_json,
+            how_to_apply="without --dry-run",
+        )
 
 
-def _report(plans: list[CleanupPlan], registry: Registry, *, apply: bool, as_json: bool, how_to_apply: str, extra: list[dict[str, Any]] | None = None) -> None:
-    """Print each plan, and execute it when asked (rows forgotten before files are deleted); ``extra`` joins the JSON list."""
+def _report(
+    plans: list[CleanupPlan],
+    registry: Registry,
+    *,
+    apply: bool,
+    as_json: bool,
+    how_to_apply: str,
+    extra: list[dict[str, Any]] | None = None,
+) -> None:
+    """Print each plan, and execute it when asked (rows forgotten before files are deleted); ``extra`` joins the JSON
+    list."""
     results = [plan.execute(registry) if apply else None for plan in plans]
     if as_json:
-        print_json([{**plan.as_json(), "applied": apply, "result": r.as_json() if r else None} for plan, r in zip(plans, results)] + (extra or []))
+        print_json(
+            [
+                {**plan.as_json(), "applied": apply, "result": r.as_json() if r else None}
+                for plan, r in zip(plans, results)
+            ]
+            + (extra or [])
+        )
         return
     for plan, result in zip(plans, results):
         click.echo(f"{plan.root} ({plan.flavor}):")
         for removal in plan.removals:
-            click.echo(f"  {'removed' if apply else 'would remove'} {removal.path} ({format_size(removal.size_bytes)}): {removal.reason}")
+            click.echo(
+                f"  {'removed' if apply else 'would remove'} {removal.path} "
+                f"({format_size(removal.size_bytes)}): {removal.reason}"
+            )
         for forget in plan.forgets:
             click.echo(f"  {'forgot' if apply else 'would forget'} row {forget.description}: {forget.reason}")
         for note in plan.notes:
@@ -213,4 +300,7 @@ def _report(plans: list[CleanupPlan], registry: Registry, *, apply: bool, as_jso
         elif plan.is_empty:
             click.echo("  nothing to do")
         else:
-            click.echo(f"  would free {format_size(plan.freed_bytes)} and forget {len(plan.forgets)} rows; run again {how_to_apply} to apply")
+            click.echo(
+                f"  would free {format_size(plan.freed_bytes)} and forget {len(plan.forgets)} rows; run "
+                f"again {how_to_apply} to apply"
+            )

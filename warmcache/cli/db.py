@@ -19,9 +19,15 @@ def db_group() -> None:
 def upgrade(db_url: str | None, revision: str) -> None:
     """Bring the registry database to the newest schema revision."""
     location = registry_location(db_url)
-    with Registry.open(location, check_schema=False) as registry:  # a PostgreSQL search_path naming no schema is refused here
-        before, after = schema.upgrade(registry.engine, revision)
-    click.echo(f"{location.display}: schema {before or 'empty'} -> {after}" if before != after else f"{location.display}: schema {after} (already current)")
+    with Registry.open(
+        location, check_schema=False
+    ) as registry:  # a PostgreSQL search_path naming no schema is refused here
+        before, after = schema.upgrade(registry.engine, revision, display_url=registry.location.display)
+    click.echo(
+        f"{location.display}: schema {before or 'empty'} -> {after}"
+        if before != after
+        else f"{location.display}: schema {after} (already current)"
+    )
 
 
 @db_group.command("current")
@@ -30,7 +36,9 @@ def upgrade(db_url: str | None, revision: str) -> None:
 def current(db_url: str | None, as_json: bool) -> None:
     """Show the registry's schema revision and whether it is up to date."""
     location = registry_location(db_url)
-    with Registry.open(location, check_schema=False, create=False) as registry:  # a read: a missing registry is an error, not a new file
+    with Registry.open(
+        location, check_schema=False, create=False
+    ) as registry:  # a read: a missing registry is an error, not a new file
         revision = schema.current_revision(registry.engine)
         head = schema.head_revision(registry.engine)
     if as_json:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, load_signing_key, open_registry, print_json
+from warmcache.cli._common import db_option, format_table, json_option, open_registry, print_json, sign_option
 from warmcache.errors import UsageError
+from warmcache.registry.statuses import DONE_STATUSES
 from warmcache.runtime.snapshot import SNAPSHOT_FILE, write_snapshot
 from warmcache.shapes import WORKLOADS
-from warmcache.statuses import DONE_STATUSES
 from warmcache.trust import SigningKey
 
 
@@ -39,7 +39,11 @@ def misses(model_name: str | None, db_url: str | None, as_json: bool) -> None:
         )
         for m in summary
     ]
-    click.echo(format_table(("model", "workload", "dtype", "batch", "seq", "decision", "padded_to", "count", "last_seen"), rows))
+    click.echo(
+        format_table(
+            ("model", "workload", "dtype", "batch", "seq", "decision", "padded_to", "count", "last_seen"), rows
+        )
+    )
     click.echo(f"{sum(m['count'] for m in summary)} misses over {len(summary)} shapes")
 
 
@@ -51,14 +55,27 @@ def guard_group() -> None:
 @guard_group.command("export")
 @click.option("--model", "model_name", required=True, help="The model whose compiled shapes to export.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None, help="Only this workload (default: all).")
-@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path), help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).")
 @click.option(
-    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help="Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads precompiled code only from signed rows.",
-)  # fmt: skip
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help=f"Snapshot file to write (an existing folder gets {SNAPSHOT_FILE}).",
+)
+@sign_option(
+    "Sign the snapshot with this private key (warmcache keys generate): a guard with trusted keys loads "
+    "precompiled code only from signed rows."
+)
 @db_option
 @json_option
-def export(model_name: str, workload: str | None, out_path: Path, signing_key: SigningKey | None, db_url: str | None, as_json: bool) -> None:
+def export(
+    model_name: str,
+    workload: str | None,
+    out_path: Path,
+    signing_key: SigningKey | None,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
     """Write the model's compiled shapes to a JSON snapshot for ShapeGuard.from_snapshot (no database needed).
 
     Rows of every toolchain are exported: the production process, not this one,
@@ -66,7 +83,7 @@ def export(model_name: str, workload: str | None, out_path: Path, signing_key: S
     """
     with open_registry(db_url, create=False) as registry:
         records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES, with_artifacts=True)
-        source = registry.display_url
+        source = registry.location.display
     if not records:
         raise UsageError(f"model {model_name!r} has no compiled shapes in registry {source}")
     written = write_snapshot(out_path, records, source, signing_key)
@@ -74,4 +91,7 @@ def export(model_name: str, workload: str | None, out_path: Path, signing_key: S
     if as_json:
         print_json({"path": str(written), "shapes": len(records), "source": source, "signed_by": signed_by})
     else:
-        click.echo(f"wrote {len(records)} compiled shapes of {model_name} to {written}" + (f" (signed by key {signed_by})" if signed_by else " (unsigned)"))
+        click.echo(
+            f"wrote {len(records)} compiled shapes of {model_name} to {written}"
+            + (f" (signed by key {signed_by})" if signed_by else " (unsigned)")
+        )

@@ -22,7 +22,16 @@ def generate(path: Path, as_json: bool) -> None:
     """Write a new private key to PATH (readable by you only) and its public key to PATH.pub."""
     public = generate_key(path)
     if as_json:
-        print_json({"private_key": str(path), "public_key_file": f"{path}.pub", "public_key": public.text, "key_id": public.key_id})
+        print_json(
+            {
+                "private_key": str(path),
+                "public_key_file": f"{path}.pub",
+                "public_key": public.text,
+                "key_id": public.key_id,
+            }
+        )
         return
     click.echo(f"{path}: private key (keep it secret; sign with: warmcache bundle pack --sign {path})")
-    click.echo(f"{path}.pub: public key {public.text} (key {public.key_id}); trust it with --trust {path}.pub or [trust] keys")
+    click.echo(
+        f"{path}.pub: public key {public.text} (key {public.key_id}); trust it with --trust {path}.pub or [trust] keys"
+    )

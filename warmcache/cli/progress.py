@@ -28,7 +28,8 @@ BAR_REFRESH_SECONDS = 1.0
 
 
 class LineProgress:
-    """``[3/12] tiny-qwen3 generate batch=2 seq=16: compiled in 4.1s (1 graph, 3 cache entries)``, and the phases before it.
+    """``[3/12] tiny-qwen3 generate batch=2 seq=16: compiled in 4.1s (1 graph, 3 cache entries)``, and the phases before
+    it.
 
     ``tiny-qwen3/generate ... seq=16: compiling the decode step`` as a phase starts;
     ``...: compiling the decode step for 30s`` each ``every`` seconds it goes on.
@@ -90,18 +91,30 @@ class BarProgress:
 
 
 def spec_progress(total: int, *, terminal: bool, label: str, every: float = PHASE_LINE_SECONDS) -> Progress[Finished]:
-    """What a warmup or verify reports each running spec's phases and each finished spec to (``every``: plain output's repeat)."""
+    """What a warmup or verify reports each running spec's phases and each finished spec to (``every``: plain
+    output's repeat)."""
     return BarProgress(total, label) if terminal else LineProgress(total, every)
 
 
 @contextmanager
-def amount_progress(label: str, *, terminal: bool, steps: int, line: Callable[[int, int], str], unit: str = "it") -> Iterator[Callable[[int, int], None]]:
-    """An ``update(done, total)`` callback: a bar on a terminal, else a plain line each ``1/steps`` of the total (and at the end).
+def amount_progress(
+    label: str, *, terminal: bool, steps: int, line: Callable[[int, int], str], unit: str = "it"
+) -> Iterator[Callable[[int, int], None]]:
+    """An ``update(done, total)`` callback: a bar on a terminal, else a plain line each ``1/steps`` of the total (and at
+    the end).
 
     ``unit="B"`` shows bytes with binary prefixes on the bar.
     """
     if terminal:
-        bar = tqdm(total=1, desc=label, unit=unit, unit_scale=unit == "B", unit_divisor=1024, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=1,
+            desc=label,
+            unit=unit,
+            unit_scale=unit == "B",
+            unit_divisor=1024,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
         def advance(done: int, total: int) -> None:
             bar.total = max(total, 1)

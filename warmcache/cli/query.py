@@ -6,14 +6,22 @@ from collections import Counter
 
 import click
 
-from warmcache.cli._common import db_option, format_table, json_option, manifest_query_options, open_registry, print_json, print_json_array
-from warmcache.explain import explain_plan
+from warmcache.cli._common import (
+    db_option,
+    format_table,
+    json_option,
+    manifest_query_options,
+    open_registry,
+    print_json,
+    print_json_array,
+)
+from warmcache.identity.plan import plan_manifest
+from warmcache.identity.support import check_supported
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.query import check_request, effective_status, plan_json, shape_json
+from warmcache.registry.statuses import PLAN_STATUSES, Status
+from warmcache.reports.explain import explain_plan
+from warmcache.reports.query import check_request, effective_status, plan_json, shape_json
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
-from warmcache.statuses import PLAN_STATUSES, Status
-from warmcache.support import check_supported
 
 
 @click.command("plan")
@@ -53,7 +61,8 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
 @click.command("explain")
 @manifest_query_options
 def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
-    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what differs."""
+    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what
+    differs."""
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)
     check_supported(parsed)
@@ -70,7 +79,13 @@ def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: 
 @click.command("shapes")
 @click.option("--model", "model_name", default=None, help="Only this model.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default=None)
-@click.option("--status", "status", type=click.Choice([str(s) for s in PLAN_STATUSES if s != Status.MISSING]), default=None, help="Only rows with this (effective) status.")
+@click.option(
+    "--status",
+    "status",
+    type=click.Choice([str(s) for s in PLAN_STATUSES if s != Status.MISSING]),
+    default=None,
+    help="Only rows with this (effective) status.",
+)
 @db_option
 @json_option
 def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:
@@ -78,7 +93,11 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
     if as_json:
         # Streamed: a registry of 100,000 rows is listed without holding every row in memory.
         with open_registry(db_url, create=False) as registry:
-            streamed = (r for r in registry.iter_rows(model=model_name, workload=workload) if status is None or effective_status(r) == status)
+            streamed = (
+                r
+                for r in registry.iter_rows(model=model_name, workload=workload)
+                if status is None or effective_status(r) == status
+            )
             print_json_array(shape_json(r) for r in streamed)
         return
     with open_registry(db_url, create=False) as registry:
@@ -99,7 +118,9 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
         )
         for r, s in listed
     ]
-    click.echo(format_table(("model", "workload", "dtype", "batch", "seq", "max_cache_len", "status", "compile_s"), rows))
+    click.echo(
+        format_table(("model", "workload", "dtype", "batch", "seq", "max_cache_len", "status", "compile_s"), rows)
+    )
     counts = Counter(s for _, s in listed)
     click.echo(f"{len(listed)} shapes: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"))
 
@@ -108,9 +129,15 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
 @click.option("--model", "model_name", required=True, help="Model name as in the manifest.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True)
 @click.option("--batch", "batch_size", type=click.IntRange(min=1), required=True, help="Request batch size.")
-@click.option("--seq", "seq_len", type=click.IntRange(min=1), required=True, help="Prompt (generate) or sequence (train) length.")
-@click.option("--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype.")
-@click.option("--max-cache-len", type=click.IntRange(min=1), default=None, help="Only shapes compiled for this cache length.")
+@click.option(
+    "--seq", "seq_len", type=click.IntRange(min=1), required=True, help="Prompt (generate) or sequence (train) length."
+)
+@click.option(
+    "--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype."
+)
+@click.option(
+    "--max-cache-len", type=click.IntRange(min=1), default=None, help="Only shapes compiled for this cache length."
+)
 @click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled.")
 @db_option
 @json_option

@@ -1,4 +1,5 @@
-"""``--verbose``: the libraries' own chatter (weight-loading bars, transformers warnings, Trainer metrics) only on request.
+"""``--verbose``: the libraries' own chatter (weight-loading bars, transformers warnings, Trainer metrics) only on
+request.
 
 Warmup and verify load models and run Trainers in this process, in ``--jobs``
 workers, under torchrun and in verify's replay process. The switch travels the
@@ -21,7 +22,11 @@ QUIET_ENVIRONMENT = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS
 
 
 def verbose_option(func: F) -> F:
-    return click.option("--verbose", is_flag=True, help="Show the libraries' own output: weight-loading bars, transformers warnings, Trainer metrics.")(func)
+    return click.option(
+        "--verbose",
+        is_flag=True,
+        help="Show the libraries' own output: weight-loading bars, transformers warnings, Trainer metrics.",
+    )(func)
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -69,7 +69,9 @@ class RunningPhases:
             # A spec claimed again after its worker died reports from another process: the dead one's entry goes.
             self._running = {process: r for process, r in self._running.items() if r.report.spec != report.spec}
             self._running[report.process] = _Running(report, now, now)
-        return f"{report.spec}: {report.text()}" + (_took(before, now) if before is not None and before.report.spec == report.spec else "")
+        return f"{report.spec}: {report.text()}" + (
+            _took(before, now) if before is not None and before.report.spec == report.spec else ""
+        )
 
     def finished(self, spec: str) -> None:
         """The spec's result arrived: it runs no more."""
@@ -86,7 +88,8 @@ class RunningPhases:
             return [r.line(now) for r in stale]
 
     def next_due(self, every: float) -> float:
-        """Seconds until the next line is due, when each phase is said again after ``every`` silent seconds (``every`` while nothing runs)."""
+        """Seconds until the next line is due, when each phase is said again after ``every`` silent seconds
+        (``every`` while nothing runs)."""
         now = self._clock()
         with self._lock:
             return max(0.0, min((r.shown + every - now for r in self._running.values()), default=every))
@@ -108,7 +111,8 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start beating (again calls do nothing): on the first phase, so a run with nothing to compile starts no thread."""
+        """Start beating (again calls do nothing): on the first phase, so a run with nothing to compile starts no
+        thread."""
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="warmcache-progress", daemon=True)
             self._thread.start()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from warmcache.cli._common import db_option, load_signing_key, registry_location
+from warmcache.cli._common import db_option, registry_location, sign_option
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 from warmcache.trust import SigningKey
@@ -15,21 +15,46 @@ from warmcache.trust import SigningKey
 
 @click.command("serve")
 @db_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback exposes the registry's reads.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; anything but loopback exposes the registry's reads.",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8411, show_default=True)
-@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The manifest /v1/status reports on.")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The manifest /v1/status reports on.",
+)
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="File holding the bearer token for writes (default: $WARMCACHE_TOKEN; none: writes refused).",
 )
-@click.option("--refresh", "refresh_interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds between reloads of the in-memory view.")
 @click.option(
-    "--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key,
-    help="Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code only from signed rows.",
-)  # fmt: skip
-def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token_file: Path | None, refresh_interval: float, signing_key: SigningKey | None) -> None:
+    "--refresh",
+    "refresh_interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between reloads of the in-memory view.",
+)
+@sign_option(
+    "Sign every /v1/guard answer with this private key: guards with trusted keys load precompiled code "
+    "only from signed rows."
+)
+def serve(
+    db_url: str | None,
+    host: str,
+    port: int,
+    manifest: Path | None,
+    token_file: Path | None,
+    refresh_interval: float,
+    signing_key: SigningKey | None,
+) -> None:
     """Serve checks, shapes, status, misses and guard snapshots over HTTP, with /metrics and a dashboard at /."""
     try:
         import uvicorn
@@ -41,13 +66,35 @@ def serve(db_url: str | None, host: str, port: int, manifest: Path | None, token
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
     location = registry_location(db_url, load_manifest(manifest) if manifest else None)
     token = load_token(token_file)
-    app = create_app(ServiceConfig(location, token=token, manifest=manifest, refresh_interval=refresh_interval, signing_key=signing_key))
+    app = create_app(
+        ServiceConfig(
+            location, token=token, manifest=manifest, refresh_interval=refresh_interval, signing_key=signing_key
+        )
+    )
     if not is_loopback(host):
-        click.echo(f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can connect reads the registry", err=True)
-    click.echo(f"warmcache serve: dashboard {base_url(host, port)} ; writes {'need the bearer token' if token else 'disabled (no token)'}", err=True)
+        click.echo(
+            f"warmcache: warning: --host {host} is reachable beyond this machine: anyone who can "
+            "connect reads the registry",
+            err=True,
+        )
+    click.echo(
+        f"warmcache serve: dashboard {base_url(host, port)} ; writes "
+        f"{'need the bearer token' if token else 'disabled (no token)'}",
+        err=True,
+    )
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
     # The header deadline closes connections that never finish a request (slowloris).
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False, server_header=False, http=HeaderDeadlineProtocol)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+        http=HeaderDeadlineProtocol,
+    )
 
 
 def base_url(host: str, port: int) -> str:

@@ -1,4 +1,5 @@
-"""What ``bundle pack``, ``push`` and ``pull`` start from: the manifest, its one cache folder, its registry and a byte progress."""
+"""What ``bundle pack``, ``push`` and ``pull`` start from: the manifest, its one cache folder, its registry and a
+byte progress."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class Shipment:
     db_url: str | None
 
     @classmethod
-    def prepare(cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None) -> Shipment:
+    def prepare(
+        cls, manifest_path: str, cache_dir: CacheFolder | None, model_name: str | None, db_url: str | None
+    ) -> Shipment:
         manifest = load_manifest(manifest_path)
         return cls(ShipmentScope(manifest, single_location(manifest, cache_dir, model_name), model_name), db_url)
 
@@ -42,20 +45,28 @@ class Shipment:
 
     @contextmanager
     def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
-        """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named ``label``."""
-        with open_registry(self.db_url, self.manifest, create=False) as registry, byte_progress(label) as progress:  # pack and push only read rows
+        """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named
+        ``label``."""
+        # pack and push only read rows
+        with (
+            open_registry(self.db_url, self.manifest, create=False) as registry,
+            byte_progress(label) as progress,
+        ):
             yield registry, progress
 
 
 def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
-    """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its ``shipment`` argument).
+    """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its
+    ``shipment`` argument).
 
     The preamble ``bundle pack``, ``push`` and ``pull`` share, declared and run once: the
     manifest and its cache folder are checked before the command's own code runs.
     """
 
     @functools.wraps(command)
-    def prepared(manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any) -> None:
+    def prepared(
+        manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any
+    ) -> None:
         command(shipment=Shipment.prepare(manifest, cache_dir, model_name, db_url), **options)
 
     prepared = cache_dir_option(CACHE_DIR_HELP)(db_option(prepared))
@@ -64,5 +75,8 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def verified_only_option(func: F) -> F:
-    """``--verified-only``: what ``bundle pack`` and ``push`` ship (:func:`~warmcache.cache.shipment.records_to_ship`)."""
-    return click.option("--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified).")(func)
+    """``--verified-only``: what ``bundle pack`` and ``push`` ship
+    (:func:`~warmcache.cache.shipment.records_to_ship`)."""
+    return click.option(
+        "--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified)."
+    )(func)

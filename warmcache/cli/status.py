@@ -7,9 +7,9 @@ import datetime as dt
 import click
 
 from warmcache.cli._common import format_table, manifest_query_options, open_registry, print_json
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.status import STATUS_ORDER, WarmupStatus, warmup_status
+from warmcache.reports.status import STATUS_ORDER, WarmupStatus, warmup_status
 from warmcache.units import format_count, format_duration
 
 
@@ -72,7 +72,10 @@ def render(report: WarmupStatus) -> str:
         )
     reclaimed = sum(g.reclaimed for g in report.groups)
     if reclaimed:
-        parts.append(f"\n{format_count(reclaimed, 'shape')} claimed more than once (a worker stopped holding it and its lease ran out, or a failure was retried)")
+        parts.append(
+            f"\n{format_count(reclaimed, 'shape')} claimed more than once (a worker stopped holding "
+            "it and its lease ran out, or a failure was retried)"
+        )
     remaining = sum(g.remaining for g in report.groups)
     workers = len(report.live_workers)
     parts.append(

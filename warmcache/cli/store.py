@@ -1,4 +1,5 @@
-"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call, print)."""
+"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call,
+print)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,19 @@ from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STORE_HELP = "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: $WARMCACHE_STORE, then the manifest's [store] url)."
-ENDPOINT_HELP = "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, then AWS_ENDPOINT_URL_S3/AWS)."
+STORE_HELP = (
+    "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: "
+    "$WARMCACHE_STORE, then the manifest's [store] url)."
+)
+ENDPOINT_HELP = (
+    "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
+    "then AWS_ENDPOINT_URL_S3/AWS)."
+)
 STORE_TIMEOUT_ENV = "WARMCACHE_STORE_TIMEOUT"
-NOT_CHECKED = f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} or the manifest's [trust] keys)"
+NOT_CHECKED = (
+    f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
+    "or the manifest's [trust] keys)"
+)
 
 
 def sign_option(func: F) -> F:
@@ -48,7 +58,8 @@ def sign_option(func: F) -> F:
         "sign_key",
         metavar="KEY",
         default=None,
-        help="Sign every pushed index with this private key (warmcache keys generate; default: the manifest's [store] sign_key).",
+        help="Sign every pushed index with this private key (warmcache keys generate; default: the "
+        "manifest's [store] sign_key).",
     )(func)
 
 
@@ -59,18 +70,26 @@ def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
 
 
 def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about it."""
+    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about
+    it."""
     from_env = param.name is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
     source = f"${STORE_TIMEOUT_ENV}" if from_env else "--timeout"
     set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
 def store_options(func: F) -> F:
-    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup --push."""
+    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
+    --push."""
     func = click.option(
-        "--timeout", metavar="AGE", default=None, expose_value=False, callback=_start_deadline, envvar=STORE_TIMEOUT_ENV,
-        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default {int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
-    )(func)  # fmt: skip
+        "--timeout",
+        metavar="AGE",
+        default=None,
+        expose_value=False,
+        callback=_start_deadline,
+        envvar=STORE_TIMEOUT_ENV,
+        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
+        f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+    )(func)
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 
@@ -81,48 +100,87 @@ def store_options(func: F) -> F:
 @sign_option
 @store_options
 @json_option
-def push(shipment: Shipment, verified_only: bool, sign_key: str | None, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
+def push(
+    shipment: Shipment,
+    verified_only: bool,
+    sign_key: str | None,
+    store_url: str | None,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
     key = signing_key(sign_key, shipment.manifest)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
     with shipment.opened("pushing") as (registry, progress):
-        result = push_manifest(shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress)
+        result = push_manifest(
+            shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
+        )
     if as_json:
         print_json(result.as_json())
         return
     click.echo(
-        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, {result.indexes_unchanged} unchanged); "
-        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), {result.blobs_present} already there"
-        + (f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})" if result.not_compiled else "")
+        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, "
+        f"{result.indexes_unchanged} unchanged); "
+        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), "
+        f"{result.blobs_present} already there"
+        + (
+            f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})"
+            if result.not_compiled
+            else ""
+        )
     )
 
 
 @click.command("pull")
 @shipment_arguments
 @max_unpack_size_option(
-    f"Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
+    "Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the "
+    f"manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
 )
 @trust_option
 @allow_unsigned_option
 @store_options
 @json_option
-def pull(shipment: Shipment, max_size: str | None, trust: tuple[str, ...], allow_unsigned: bool, store_url: str | None, endpoint_url: str | None, as_json: bool) -> None:
+def pull(
+    shipment: Shipment,
+    max_size: str | None,
+    trust: tuple[str, ...],
+    allow_unsigned: bool,
+    store_url: str | None,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
-    max_bytes = parse_size(max_size, option="--max-size") if max_size is not None else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    registry = registry_location(shipment.db_url, shipment.manifest)  # checked now; the database is created only once the pull passed its checks
+    max_bytes = (
+        parse_size(max_size, option="--max-size")
+        if max_size is not None
+        else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
+    )
+    # checked now; the database is created only once the pull passed its checks
+    registry = registry_location(shipment.db_url, shipment.manifest)
     warn_if_unverified(allow_unsigned, trusted)
     with byte_progress("pulling") as progress:
-        result = pull_manifest(shipment.scope, registry, store, max_bytes=max_bytes, trusted=trusted, allow_unsigned=allow_unsigned, progress=progress)
+        result = pull_manifest(
+            shipment.scope,
+            registry,
+            store,
+            max_bytes=max_bytes,
+            trusted=trusted,
+            allow_unsigned=allow_unsigned,
+            progress=progress,
+        )
     if as_json:
         print_json(result.as_json())
     else:
         rows = result.rows
         click.echo(
-            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, {result.already_present} already present; "
+            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, "
+            f"{result.already_present} already present; "
             f"{result.entries_added} entries installed, {result.entries_present} already there; "
-            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} reused from an interrupted pull"
+            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} "
+            "reused from an interrupted pull"
             + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
         )
         click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
@@ -137,7 +195,13 @@ def store_group() -> None:
 
 
 def _manifest_option(func: F) -> F:
-    return click.option("--manifest", "manifest_path", metavar="FILE", default=None, help="Take the store from this manifest's [store] table.")(func)
+    return click.option(
+        "--manifest",
+        "manifest_path",
+        metavar="FILE",
+        default=None,
+        help="Take the store from this manifest's [store] table.",
+    )(func)
 
 
 def _manifest(path: str | None) -> Manifest | None:
@@ -156,7 +220,13 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
         return
     tagged = any(g.tag for g in listing.groups)  # an oci:// repository: one group per tag
     rows: list[tuple[object, ...]] = [
-        ((g.tag,) if tagged else ()) + (g.model, g.toolchain_hash[:16], g.shapes, dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M"))
+        ((g.tag,) if tagged else ())
+        + (
+            g.model,
+            g.toolchain_hash[:16],
+            g.shapes,
+            dt.datetime.fromtimestamp(g.newest, dt.UTC).strftime("%Y-%m-%d %H:%M"),
+        )
         for g in listing.groups
     ]
     headers = (("tag",) if tagged else ()) + ("model", "toolchain", "shapes", "newest (UTC)")
@@ -176,12 +246,18 @@ def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 )
 @click.option("--apply", is_flag=True, help="Delete (default: only say what would be deleted).")
 @json_option
-def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool) -> None:
+def gc(
+    store_url: str | None, endpoint_url: str | None, manifest_path: str | None, grace: str, apply: bool, as_json: bool
+) -> None:
     """Delete blobs no index references; a dry run unless --apply."""
     store = resolve_store(store_url, endpoint_url, _manifest(manifest_path))
     grace_seconds = parse_age(grace, option="--grace")
     if apply and grace_seconds < MIN_SAFE_GRACE_SECONDS:
-        click.echo(f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a push running now may lose blobs its indexes name", err=True)
+        click.echo(
+            f"warmcache: warning: --grace {grace} is under {int(MIN_SAFE_GRACE_SECONDS // 60)}m: a "
+            "push running now may lose blobs its indexes name",
+            err=True,
+        )
     plan = plan_gc(store, grace_seconds)
     deleted = execute_gc(store, plan) if apply else None
     if as_json:
@@ -189,7 +265,10 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
         return
     for item in plan.removals:
         click.echo(f"  {'deleted' if apply else 'would delete'} {item.key} ({format_size(item.size)})")
-    summary = f"{plan.url}: {plan.indexes} indexes reference {plan.referenced} blobs; {len(plan.removals)} unreferenced ({format_size(plan.freed_bytes)})"
+    summary = (
+        f"{plan.url}: {plan.indexes} indexes reference {plan.referenced} blobs; "
+        f"{len(plan.removals)} unreferenced ({format_size(plan.freed_bytes)})"
+    )
     if plan.kept_young:
         summary += f", {plan.kept_young} younger than {grace} kept"
     click.echo(summary + ("" if apply or not plan.removals else "; run again with --apply to delete"))
@@ -199,13 +278,24 @@ def gc(store_url: str | None, endpoint_url: str | None, manifest_path: str | Non
 @store_options
 @_manifest_option
 @trust_option
-@click.option("--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds.")
-@cache_dir_option("The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir).")
+@click.option(
+    "--repair", is_flag=True, help="Upload again each damaged or missing blob that the local cache (--cache-dir) holds."
+)
+@cache_dir_option(
+    "The cache a repair takes blobs from (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir)."
+)
 @json_option
 def check(
-    store_url: str | None, endpoint_url: str | None, manifest_path: str | None, trust: tuple[str, ...], repair: bool, cache_dir: CacheFolder | None, as_json: bool
+    store_url: str | None,
+    endpoint_url: str | None,
+    manifest_path: str | None,
+    trust: tuple[str, ...],
+    repair: bool,
+    cache_dir: CacheFolder | None,
+    as_json: bool,
 ) -> None:
-    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with --trust); exit 5 while anything is wrong."""
+    """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with
+    --trust); exit 5 while anything is wrong."""
     parsed = _manifest(manifest_path)
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else None)
     store = resolve_store(store_url, endpoint_url, parsed)
@@ -223,14 +313,16 @@ def check(
         state = (
             "ok"
             if not report.problems
-            else f"{len(report.problems)} problems" + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
+            else f"{len(report.problems)} problems"
+            + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
         )
         click.echo(f"{report.url}: {report.indexes} indexes, {report.blobs} blobs checked; {state}")
     raise SystemExit(report.exit_code)
 
 
 def repair_root(cache_dir: CacheFolder | None, manifest: Manifest | None) -> Path:
-    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR`` (resolved by the option), then the manifest's ``[cache] dir``: where a repair finds the blobs' bytes."""
+    """``--cache-dir``, ``$WARMCACHE_CACHE_DIR`` (resolved by the option), then the manifest's ``[cache] dir``: where
+    a repair finds the blobs' bytes."""
     if cache_dir is not None:
         return cache_dir.path
     if manifest is not None and manifest.cache_dir is not None:

@@ -18,11 +18,16 @@ def allow_unsigned_option(func: F) -> F:
         "--allow-unsigned",
         is_flag=True,
         envvar=ALLOW_UNSIGNED_ENV,
-        help=f"Install even though no trusted key checks who built it (a compile cache is code; default: refuse without --trust). Env: ${ALLOW_UNSIGNED_ENV}=1.",
+        help="Install even though no trusted key checks who built it (a compile cache is code; "
+        f"default: refuse without --trust). Env: ${ALLOW_UNSIGNED_ENV}=1.",
     )(func)
 
 
 def warn_if_unverified(allow_unsigned: bool, trusted: TrustedKeys) -> None:
     """The one loud line an unverified install prints before it starts."""
     if allow_unsigned and not trusted.configured:
-        click.echo("warmcache: warning: --allow-unsigned: installing compiled code whose origin nobody verified (no trusted keys configured)", err=True)
+        click.echo(
+            "warmcache: warning: --allow-unsigned: installing compiled code whose origin nobody "
+            "verified (no trusted keys configured)",
+            err=True,
+        )

@@ -6,7 +6,15 @@ from typing import Any, Protocol
 
 import click
 
-from warmcache.cli._common import F, cache_dir_option, db_option, is_terminal, json_option, print_json, registry_location
+from warmcache.cli._common import (
+    F,
+    cache_dir_option,
+    db_option,
+    is_terminal,
+    json_option,
+    print_json,
+    registry_location,
+)
 from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.running import PHASE_LINE_SECONDS
 from warmcache.cli.store import sign_option, signing_key, store_options
@@ -35,7 +43,9 @@ def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None =
     raise SystemExit(summary.exit_code or (publisher.exit_code if publisher else 0))
 
 
-CACHE_HELP = "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
+CACHE_HELP = (
+    "Compile cache folder (default: $WARMCACHE_CACHE_DIR, then the manifest's [cache] dir, then the target's own)."
+)
 
 
 def progress_every_option(func: F) -> F:
@@ -48,19 +58,42 @@ def progress_every_option(func: F) -> F:
         envvar="WARMCACHE_PROGRESS_EVERY",
         default=PHASE_LINE_SECONDS,
         show_default=True,
-        help="In plain output (CI logs), repeat each running spec's phase after this many silent seconds (env WARMCACHE_PROGRESS_EVERY).",
+        help="In plain output (CI logs), repeat each running spec's phase after this many silent "
+        "seconds (env WARMCACHE_PROGRESS_EVERY).",
     )(func)
 
 
 @click.command("warmup")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes, each claiming specs from the registry.")
-@click.option("--shard", metavar="I/N", default=None, help="Only the I-th of N deterministic slices of the manifest (1-based), for a fleet of machines.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes, each claiming specs from the registry.",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    default=None,
+    help="Only the I-th of N deterministic slices of the manifest (1-based), for a fleet of machines.",
+)
 @click.option("--retry-failed", is_flag=True, help="Compile specs that failed in an earlier run again.")
 @click.option("--dry-run", is_flag=True, help="Print what would be compiled and skipped; compile nothing.")
 @cache_dir_option(CACHE_HELP)
-@click.option("--lease", "lease_seconds", type=click.FloatRange(min=1), default=None, help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).")
-@click.option("--push/--no-push", "push", default=None, help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).")
+@click.option(
+    "--lease",
+    "lease_seconds",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Claim lease in seconds (default: the manifest's [registry] lease_seconds).",
+)
+@click.option(
+    "--push/--no-push",
+    "push",
+    default=None,
+    help="Publish each shape to the store as soon as it is compiled (default: the manifest's [store] push).",
+)
 @sign_option
 @store_options
 @db_option
@@ -107,7 +140,12 @@ def warmup(
         store = resolve_store(store_url, endpoint_url, parsed)
         publisher = ShapePublisher(parsed, options.registry, store, cache_dir, signing_key(sign_key, parsed))
     terminal = is_terminal()
-    summary = run_warmup(parsed, options, lambda total: spec_progress(total, terminal=terminal, label="warmup", every=progress_every), publisher)
+    summary = run_warmup(
+        parsed,
+        options,
+        lambda total: spec_progress(total, terminal=terminal, label="warmup", every=progress_every),
+        publisher,
+    )
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
     _finish(summary, as_json, publisher)
@@ -120,7 +158,14 @@ def warmup(
 @progress_every_option
 @json_option
 @verbose_option
-def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, progress_every: float, as_json: bool, verbose: bool) -> None:
+def verify(
+    manifest: str,
+    cache_dir: CacheFolder | None,
+    db_url: str | None,
+    progress_every: float,
+    as_json: bool,
+    verbose: bool,
+) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
     quiet_libraries(verbose)
     from warmcache.cli.progress import spec_progress

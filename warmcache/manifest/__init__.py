@@ -7,6 +7,22 @@ the rest of warmcache uses; the tables' constants stay in :mod:`.schema`.
 """
 
 from warmcache.manifest.load import load_manifest, loads
-from warmcache.manifest.schema import PRECOMPILE_BACKENDS, GenerateWorkload, Manifest, ModelSpec, StoreSettings, TrainWorkload
+from warmcache.manifest.schema import (
+    PRECOMPILE_BACKENDS,
+    GenerateWorkload,
+    Manifest,
+    ModelSpec,
+    StoreSettings,
+    TrainWorkload,
+)
 
-__all__ = ["PRECOMPILE_BACKENDS", "GenerateWorkload", "Manifest", "ModelSpec", "StoreSettings", "TrainWorkload", "load_manifest", "loads"]
+__all__ = [
+    "PRECOMPILE_BACKENDS",
+    "GenerateWorkload",
+    "Manifest",
+    "ModelSpec",
+    "StoreSettings",
+    "TrainWorkload",
+    "load_manifest",
+    "loads",
+]

@@ -22,7 +22,8 @@ class Checker:
 
     file: Path
     problems: list[str] = field(default_factory=list)
-    #: ``{entry key: what it is called}`` (``{"model[0]": "model 'tiny-llama'"}``): an index alone is hard to find in a long manifest.
+    #: ``{entry key: what it is called}`` (``{"model[0]": "model 'tiny-llama'"}``): an index alone is hard to find in a
+    #: long manifest.
     names: dict[str, str] = field(default_factory=dict)
 
     def problem(self, key: str, message: str) -> None:
@@ -57,14 +58,17 @@ class Checker:
         return value
 
     def _absent(self, table: dict[str, Any], key: str, where: str, required: bool) -> bool:
-        """Whether ``key`` is missing from ``table`` (a problem when it is required): the caller then takes its default."""
+        """Whether ``key`` is missing from ``table`` (a problem when it is required): the caller then takes its
+        default."""
         if key in table:
             return False
         if required:
             self.problem(f"{where}.{key}", "missing required key")
         return True
 
-    def string(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: str | None = None) -> str | None:
+    def string(
+        self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: str | None = None
+    ) -> str | None:
         if self._absent(table, key, where, required):
             return default
         value = table[key]
@@ -73,7 +77,9 @@ class Checker:
             return default
         return value
 
-    def choice(self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None) -> str | None:
+    def choice(
+        self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None
+    ) -> str | None:
         value = self.string(table, key, where, default=default)
         if value is not None and value not in choices:
             close = close_match(value, choices)
@@ -98,7 +104,9 @@ class Checker:
             return default
         return value
 
-    def positive_int(self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: int | None = None) -> int | None:
+    def positive_int(
+        self, table: dict[str, Any], key: str, where: str, *, required: bool = False, default: int | None = None
+    ) -> int | None:
         if self._absent(table, key, where, required):
             return default
         return self._positive(table[key], f"{where}.{key}", default)

@@ -38,18 +38,30 @@ def loads(text: str | bytes, source: str | Path) -> Manifest:
     file = Path(source)
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused")
+        raise ManifestError(
+            f"{file}: manifest is larger than {MAX_MANIFEST_BYTES} bytes, far more than any real manifest; refused"
+        )
     try:
         decoded = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{file}: cannot read manifest: {exc}") from None
     depth, dots = toml_nesting(decoded)
     if depth > MAX_NESTING:
-        raise ManifestError(f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at most {MAX_NESTING}; refused")
+        raise ManifestError(
+            f"{file}: nests {depth} levels deep (arrays, tables or dotted keys); a manifest needs at "
+            f"most {MAX_NESTING}; refused"
+        )
     if dots > MAX_KEY_DOTS:
-        raise ManifestError(f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer than {MAX_KEY_DOTS}; refused")
+        raise ManifestError(
+            f"{file}: dotted keys (a.b.c = ...) joined by {dots} dots; a manifest needs far fewer "
+            f"than {MAX_KEY_DOTS}; refused"
+        )
     try:
         raw = tomllib.loads(decoded)
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: an integer of thousands of digits
+    except (
+        tomllib.TOMLDecodeError,
+        ValueError,
+        RecursionError,
+    ) as exc:  # ValueError: an integer of thousands of digits
         raise ManifestError(f"{file}: invalid TOML: {exc}") from None
     return parse_manifest(raw, file)

@@ -16,7 +16,6 @@ from typing import Any
 from warmcache.anchor import Anchor
 from warmcache.bounds import MAX_MANIFEST_SHAPES
 from warmcache.errors import ManifestError, UsageError, shown
-from warmcache.generation import prompt_fits
 from warmcache.manifest.checker import Checker, show
 from warmcache.manifest.schema import (
     AOTINDUCTOR,
@@ -34,11 +33,12 @@ from warmcache.manifest.schema import (
     TrainWorkload,
     allowed_keys,
 )
+from warmcache.modeling.generation import prompt_fits
 from warmcache.settings import REGISTRY, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
-from warmcache.workload_settings import GenerateSettings, TrainSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -78,7 +78,10 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
         if model is None:
             continue
         if model.name in seen:
-            check.problem(f"model[{index}].name", f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])")
+            check.problem(
+                f"model[{index}].name",
+                f"duplicate model name {shown(model.name)} (first used by model[{seen[model.name]}])",
+            )
             continue
         seen[model.name] = index
         models.append(model)
@@ -98,15 +101,22 @@ def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
 
 
 def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, int]) -> None:
-    """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths (nothing is built)."""
-    grids = [(len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}") for m in models for table, _, b, lengths in m.grids()]
+    """Refuse a manifest that declares more than :data:`MAX_MANIFEST_SHAPES` shapes, counted from the axes' lengths
+    (nothing is built)."""
+    grids = [
+        (len(b) * len(lengths), len(b), len(lengths), f"model[{index[m.name]}] {m.name!r} {table}")
+        for m in models
+        for table, _, b, lengths in m.grids()
+    ]
     total = sum(count for count, *_ in grids)
     if total > MAX_MANIFEST_SHAPES:
         count, batches, lengths, where = max(grids, key=lambda grid: grid[0])  # the first of the largest
         check.problem(
             "model",
-            f"declares {total:,} shapes (batch sizes × lengths, over every grid), more than the {MAX_MANIFEST_SHAPES:,} a manifest may; "
-            f"the largest grid, {where}: {batches} batch sizes × {lengths} lengths = {count:,} (choose buckets with warmcache buckets suggest, or split the manifest)",
+            f"declares {total:,} shapes (batch sizes × lengths, over every grid), more than the "
+            f"{MAX_MANIFEST_SHAPES:,} a manifest may; "
+            f"the largest grid, {where}: {batches} batch sizes × {lengths} lengths = {count:,} "
+            "(choose buckets with warmcache buckets suggest, or split the manifest)",
         )
 
 
@@ -117,7 +127,11 @@ def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> Store
     if url is not None and "://" not in url:
         url = anchor.path(url).as_uri()
     elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
-        check.problem("store.url", f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, oci://host/repository:tag or a folder path)")
+        check.problem(
+            "store.url",
+            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, "
+            "oci://host/repository:tag or a folder path)",
+        )
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
     if max_size is not None:
@@ -151,62 +165,26 @@ def _parse_trust(check: Checker, trust: dict[str, Any], anchor: Anchor) -> Trust
 
 def _model_path(text: str, anchor: Anchor) -> str:
     """A local model folder is anchored like any path; anything else is a hub id and stays as written."""
-    if os.path.isabs(os.path.expanduser(text)) or text.startswith((".", "~")) or os.path.exists(anchor.base / os.path.expanduser(text)):
+    if (
+        os.path.isabs(os.path.expanduser(text))
+        or text.startswith((".", "~"))
+        or os.path.exists(anchor.base / os.path.expanduser(text))
+    ):
         return str(anchor.path(text))
     return text
 
 
 def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anchor) -> ModelSpec | None:
     before = len(check.problems)
-    name = check.string(entry, "name", where, required=True)
-    if name is not None and not _NAME_RE.match(name):
-        check.problem(f"{where}.name", f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'")
-    elif name is not None:
-        check.name(where, f"model {name!r}")  # every later problem of this entry says which model it is
+    name = _parse_name(check, entry, where)
     check.unknown_keys(entry, allowed_keys(ModelSpec), where)
     path = check.file_path(entry, "path", where, required=True)
     revision = check.string(entry, "revision", where)
-
-    dtype_raw = check.string(entry, "dtype", where, default="float32")
-    dtype = DTYPE_ALIASES.get(dtype_raw or "")
-    if dtype is None:
-        check.problem(f"{where}.dtype", f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})")
-
-    if entry.get("device") == "auto":
-        check.problem(
-            f"{where}.device",
-            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and compiles nothing; name the device (neuron, cpu or cuda)",
-        )
-        device = None
-    else:
-        device = check.choice(entry, "device", where, DEVICES, "cpu")
-    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
-    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
-        check.problem(f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})")
-    mode = check.choice(entry, "mode", where, MODES, "default")
+    dtype = _parse_dtype(check, entry, where)
+    device, backend, mode = _parse_target(check, entry, where)
     attn_implementation = check.string(entry, "attn_implementation", where)
-    aotinductor = entry.get("precompile") == AOTINDUCTOR
-    if isinstance(entry.get("precompile"), str) and not aotinductor:
-        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
-        precompile = False
-    else:
-        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
-    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
-        check.problem(
-            f"{where}.precompile",
-            f"AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got {device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
-        )
-    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
-        check.problem(
-            f"{where}.precompile",
-            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' on cpu or cuda (got {device}/{backend}/{mode})",
-        )
-
-    distributed = check.table(entry, "distributed", f"{where}.distributed")
-    check.unknown_keys(distributed, allowed_keys(ModelSpec, "distributed"), f"{where}.distributed")
-    tp = check.positive_int(distributed, "tp_size", f"{where}.distributed", default=1) or 1
-    fsdp = check.positive_int(distributed, "fsdp_size", f"{where}.distributed", default=1) or 1
-
+    precompile, aotinductor = _parse_precompile(check, entry, where, device, backend, mode)
+    tp, fsdp = _parse_distributed(check, entry, where)
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
     if aotinductor:
@@ -235,21 +213,110 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
     )
 
 
+def _parse_name(check: Checker, entry: dict[str, Any], where: str) -> str | None:
+    """The model's name; once it is known, every later problem of the entry names the model."""
+    name = check.string(entry, "name", where, required=True)
+    if name is not None and not _NAME_RE.match(name):
+        check.problem(
+            f"{where}.name",
+            f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'",
+        )
+    elif name is not None:
+        check.name(where, f"model {name!r}")
+    return name
+
+
+def _parse_dtype(check: Checker, entry: dict[str, Any], where: str) -> str | None:
+    """The canonical dtype name of any spelling the manifest accepts (``float32`` when unset)."""
+    dtype_raw = check.string(entry, "dtype", where, default="float32")
+    dtype = DTYPE_ALIASES.get(dtype_raw or "")
+    if dtype is None:
+        check.problem(
+            f"{where}.dtype",
+            f"unknown dtype {shown(dtype_raw)} (allowed: {', '.join(sorted(set(DTYPE_ALIASES.values())))})",
+        )
+    return dtype
+
+
+def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[str | None, str | None, str | None]:
+    """``(device, backend, mode)``: a device named outright, and a backend that compiles for it."""
+    if entry.get("device") == "auto":
+        check.problem(
+            f"{where}.device",
+            "'auto' is refused: with device_map='auto' a Neuron model silently loads on CPU and "
+            "compiles nothing; name the device (neuron, cpu or cuda)",
+        )
+        device = None
+    else:
+        device = check.choice(entry, "device", where, DEVICES, "cpu")
+    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
+    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
+        check.problem(
+            f"{where}.backend",
+            f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})",
+        )
+    mode = check.choice(entry, "mode", where, MODES, "default")
+    return device, backend, mode
+
+
+def _parse_precompile(
+    check: Checker, entry: dict[str, Any], where: str, device: str | None, backend: str | None, mode: str | None
+) -> tuple[bool, bool]:
+    """``(precompile, aotinductor)``: ``precompile = true`` or ``"aotinductor"``, each only where it can be built."""
+    aotinductor = entry.get("precompile") == AOTINDUCTOR
+    if isinstance(entry.get("precompile"), str) and not aotinductor:
+        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
+        precompile = False
+    else:
+        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
+    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
+        check.problem(
+            f"{where}.precompile",
+            "AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got "
+            f"{device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
+        )
+    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
+        check.problem(
+            f"{where}.precompile",
+            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' "
+            f"on cpu or cuda (got {device}/{backend}/{mode})",
+        )
+    return precompile, aotinductor
+
+
+def _parse_distributed(check: Checker, entry: dict[str, Any], where: str) -> tuple[int, int]:
+    """``(tp_size, fsdp_size)`` of the ``distributed`` table, 1 each when unset."""
+    distributed = check.table(entry, "distributed", f"{where}.distributed")
+    check.unknown_keys(distributed, allowed_keys(ModelSpec, "distributed"), f"{where}.distributed")
+    tp = check.positive_int(distributed, "tp_size", f"{where}.distributed", default=1) or 1
+    fsdp = check.positive_int(distributed, "fsdp_size", f"{where}.distributed", default=1) or 1
+    return tp, fsdp
+
+
 def _check_aotinductor(check: Checker, where: str, world_size: int, generate: list[GenerateWorkload]) -> None:
     """What an AOTInductor decode package cannot serve, refused at plan time with the reason."""
     if world_size > 1:
-        check.problem(f"{where}.precompile", "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one")
+        check.problem(
+            f"{where}.precompile",
+            "AOTInductor packages run one process's whole model; a tp/fsdp-sharded model cannot be exported into one",
+        )
     for i, workload in enumerate(generate):
         if workload.settings.prefill_chunk_size:
             check.problem(
                 f"{where}.generate[{i}].prefill_chunk_size",
-                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which holds only the one-token decode step",
+                "with precompile = 'aotinductor' prefill chunks would reach the compiled call, which "
+                "holds only the one-token decode step",
             )
         if workload.settings.num_beams > 1:
-            check.problem(f"{where}.generate[{i}].num_beams", "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)")
+            check.problem(
+                f"{where}.generate[{i}].num_beams",
+                "with precompile = 'aotinductor' beam search is not served (it reorders the cache outside the package)",
+            )
 
 
-def _parse_each(check: Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[Checker, dict[str, Any], str], Any]) -> list[Any]:
+def _parse_each(
+    check: Checker, entry: dict[str, Any], key: str, where: str, parse: Callable[[Checker, dict[str, Any], str], Any]
+) -> list[Any]:
     parsed = []
     for i, table in enumerate(check.tables(entry, key, f"{where}.{key}")):
         item = parse(check, table, f"{where}.{key}[{i}]")
@@ -268,11 +335,15 @@ def _parse_generate(check: Checker, table: dict[str, Any], where: str) -> Genera
         return None
     for length in prompt_lengths:
         if not prompt_fits(length, settings.max_cache_len):
-            check.problem(f"{where}.prompt_lengths", f"prompt length {length} + 1 new token exceeds max_cache_len {settings.max_cache_len}")
+            check.problem(
+                f"{where}.prompt_lengths",
+                f"prompt length {length} + 1 new token exceeds max_cache_len {settings.max_cache_len}",
+            )
     if not settings.do_sample and settings.num_return_sequences > settings.num_beams:
         check.problem(
             f"{where}.num_return_sequences",
-            f"{settings.num_return_sequences} exceeds num_beams {settings.num_beams} (greedy/beam search returns at most num_beams sequences)",
+            f"{settings.num_return_sequences} exceeds num_beams {settings.num_beams} (greedy/beam "
+            "search returns at most num_beams sequences)",
         )
     if len(check.problems) != before:
         return None

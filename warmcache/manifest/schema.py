@@ -15,17 +15,19 @@ from typing import Any
 from warmcache.errors import ManifestError, shown
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import ShapeFamily, ShapeSpec
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
 from warmcache.trust import TrustedKeys
-from warmcache.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
 
 DEVICES = ("neuron", "cpu", "cuda")
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
 DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
-#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see README).
+#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see
+#: README).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
-#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at start-up).
+#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at
+#: start-up).
 AOTINDUCTOR = "aotinductor"
 DEFAULT_LEASE_SECONDS = 600
 
@@ -46,7 +48,8 @@ def inline(cls: type) -> dict[str, Any]:
 
 
 def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
-    """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML places."""
+    """The keys ``table`` (a dotted path inside ``cls``'s own table) accepts, in field order, from the fields' TOML
+    places."""
     prefix = f"{table}." if table else ""
     keys: dict[str, None] = {}
     for item in fields(cls):
@@ -60,7 +63,8 @@ def allowed_keys(cls: type, table: str = "") -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class GenerateWorkload:
-    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings (keys of the same table)."""
+    """One ``[[model.generate]]`` table: a grid of prompt shapes and its graph-changing settings (keys of the same
+    table)."""
 
     batch_sizes: tuple[int, ...]
     prompt_lengths: tuple[int, ...]
@@ -69,7 +73,8 @@ class GenerateWorkload:
 
 @dataclass(frozen=True, slots=True)
 class TrainWorkload:
-    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings (keys of the same table)."""
+    """One ``[[model.train]]`` table: a grid of training shapes and its graph-changing settings (keys of the same
+    table)."""
 
     batch_sizes: tuple[int, ...]
     seq_lengths: tuple[int, ...]
@@ -108,17 +113,23 @@ class ModelSpec:
         return self.tp_size * self.fsdp_size
 
     def family(self, settings: WorkloadSettings) -> ShapeFamily:
-        return ShapeFamily(model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
+        return ShapeFamily(
+            model=self.name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size
+        )
 
     def grids(self) -> list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]]:
-        """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then ``train[i]`` (sequence lengths)."""
+        """``(table, settings, batch sizes, lengths)`` of each declared grid: ``generate[i]`` (prompt lengths), then
+        ``train[i]`` (sequence lengths)."""
         grids: list[tuple[str, WorkloadSettings, tuple[int, ...], tuple[int, ...]]] = [
             (f"generate[{i}]", gen.settings, gen.batch_sizes, gen.prompt_lengths) for i, gen in enumerate(self.generate)
         ]
-        return grids + [(f"train[{i}]", train.settings, train.batch_sizes, train.seq_lengths) for i, train in enumerate(self.train)]
+        return grids + [
+            (f"train[{i}]", train.settings, train.batch_sizes, train.seq_lengths) for i, train in enumerate(self.train)
+        ]
 
     def iter_specs(self) -> Iterator[ShapeSpec]:
-        """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop between two)."""
+        """Every declared shape of this model, deduplicated, in a stable order, one at a time (a planner can stop
+        between two)."""
         seen: set[str] = set()
         for _, settings, batch_sizes, lengths in self.grids():
             family = self.family(settings)
@@ -153,7 +164,8 @@ class Manifest:
     """A validated manifest file."""
 
     path: Path = field(metadata=NOT_IN_TOML)
-    registry: RegistryLocation | None = field(default=None, metadata=toml("registry.url"))  # normalised (relative paths against the manifest's folder)
+    # normalised (relative paths against the manifest's folder)
+    registry: RegistryLocation | None = field(default=None, metadata=toml("registry.url"))
     lease_seconds: int = field(default=DEFAULT_LEASE_SECONDS, metadata=toml("registry.lease_seconds"))
     cache_dir: Path | None = field(default=None, metadata=toml("cache.dir"))
     store: StoreSettings = field(default_factory=lambda: StoreSettings())
@@ -164,7 +176,9 @@ class Manifest:
         for model in self.models:
             if model.name == name:
                 return model
-        raise ManifestError(f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})")
+        raise ManifestError(
+            f"{self.path}: no model named {shown(name)} (known: {', '.join(m.name for m in self.models)})"
+        )
 
     def specs(self) -> list[ShapeSpec]:
         return [spec for model in self.models for spec in model.specs()]

@@ -16,8 +16,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from warmcache.registry.models import CompiledShape
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import Status
 from warmcache.registry.transactional import Transactional, chunks
-from warmcache.statuses import Status
 
 #: Identities one SQLite claim statement looks at, in the caller's order (a ``CASE`` ranks them).
 _CLAIM_CHUNK = 128
@@ -34,8 +34,11 @@ class ClaimRows(Transactional):
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``: the claim's statement differs."""
 
-    def claim(self, identities: Sequence[str], worker: str, lease_seconds: float, *, retry_failed: bool = False) -> ShapeRecord | None:
-        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is left."""
+    def claim(
+        self, identities: Sequence[str], worker: str, lease_seconds: float, *, retry_failed: bool = False
+    ) -> ShapeRecord | None:
+        """Take the first claimable row among ``identities``, in their order, for ``worker``; ``None`` if none is
+        left."""
         records = self.claim_batch(identities, worker, lease_seconds, 1, retry_failed=retry_failed)
         return records[0] if records else None
 
@@ -48,7 +51,8 @@ class ClaimRows(Transactional):
         *,
         retry_failed: bool = False,
     ) -> list[ShapeRecord]:
-        """Take the first ``count`` claimable rows among ``identities``, in their order, for ``worker``; ``[]`` if none is left.
+        """Take the first ``count`` claimable rows among ``identities``, in their order, for ``worker``; ``[]`` if none
+        is left.
 
         Claimable: ``pending``, ``compiling`` under an expired lease (its worker died),
         and with ``retry_failed`` also ``failed``. The final update re-checks the
@@ -70,7 +74,11 @@ class ClaimRows(Transactional):
             # PostgreSQL picks them once, as an array (``id = ANY(ARRAY(…))``, then the primary key):
             # ``id IN (…)`` is planned as a semi-join over a scan of the whole table, whose rows
             # a concurrent claim has moved on from, and it then claims nothing.
-            picked = CompiledShape.id == any_(func.array(candidates)) if self.dialect == "postgresql" else CompiledShape.id.in_(candidates)
+            picked = (
+                CompiledShape.id == any_(func.array(candidates))
+                if self.dialect == "postgresql"
+                else CompiledShape.id.in_(candidates)
+            )
             claim = (
                 update(CompiledShape)
                 .where(picked, claimable)
@@ -102,7 +110,11 @@ class ClaimRows(Transactional):
         with self.session() as session:
             renewed = session.scalars(
                 update(CompiledShape)
-                .where(CompiledShape.id.in_(row_ids), CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
+                .where(
+                    CompiledShape.id.in_(row_ids),
+                    CompiledShape.claimed_by == worker,
+                    CompiledShape.status == Status.COMPILING,
+                )
                 .values(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
                 .returning(CompiledShape.id)
                 .execution_options(synchronize_session=False)
@@ -119,7 +131,11 @@ def _first_claimable(window: list[str], claimable: ColumnElement[bool], dialect:
     claimers hold. SQLite ranks an ``IN`` list with a ``CASE``.
     """
     if dialect == "postgresql":
-        todo = func.unnest(literal(window, ARRAY(String))).table_valued("identity", with_ordinality="position").render_derived()
+        todo = (
+            func.unnest(literal(window, ARRAY(String)))
+            .table_valued("identity", with_ordinality="position")
+            .render_derived()
+        )
         joined = select(CompiledShape.id).join(todo, CompiledShape.identity == todo.c.identity).where(claimable)
         return joined.order_by(todo.c.position).with_for_update(of=CompiledShape, skip_locked=True)
     position = case({identity: i for i, identity in enumerate(window)}, value=CompiledShape.identity)

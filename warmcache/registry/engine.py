@@ -8,30 +8,22 @@ PostgreSQL (the fleet registry) is reached through psycopg 3.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
-from warmcache.dburl import ACCEPTED_FORMS
-from warmcache.errors import RegistryError, UsageError, shown
+from warmcache.errors import RegistryError
 from warmcache.registry.readonly import in_read_only_folder, read_only_sqlite_engine
 from warmcache.settings import RegistryLocation
 
 BUSY_TIMEOUT_MS = 30_000
 
 
-def display_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+def create_registry_engine(location: RegistryLocation, *, hold_connections: bool = True) -> Engine:
+    """An engine for ``location``; ``hold_connections=False`` pools at most one PostgreSQL connection.
 
-
-def create_registry_engine(location: RegistryLocation | str, *, hold_connections: bool = True) -> Engine:
-    """An engine for ``url``; ``hold_connections=False`` pools at most one PostgreSQL connection.
+    The location was checked where it was given (:meth:`RegistryLocation.parse`, at the
+    command's or the library's edge) and is not checked again here.
 
     A warmup worker touches the database for milliseconds between compiles that take
     minutes: it keeps one connection while it talks to the registry and closes it
@@ -40,31 +32,25 @@ def create_registry_engine(location: RegistryLocation | str, *, hold_connections
     ``max_connections`` of 100). A connection lost in between is reported as
     unavailable and retried, so no ping precedes each use.
     """
-    url = RegistryLocation.of(location).url
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise UsageError(f"registry URL {shown(display_url(url))} is not a database URL; give {ACCEPTED_FORMS}") from None
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return _sqlite_engine(url, parsed.database)
-    if backend == "postgresql":
+    if location.is_postgresql:
         if not hold_connections:
-            return create_engine(url, pool_size=1, max_overflow=1)
-        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
-    raise UsageError(f"registry URL {display_url(url)!r}: unsupported database {backend!r} (use sqlite or postgresql)")
+            return create_engine(location.url, pool_size=1, max_overflow=1)
+        return create_engine(location.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    return _sqlite_engine(location)
 
 
-def _sqlite_engine(url: str, database: str | None) -> Engine:
-    if database and database != ":memory:" and in_read_only_folder(database):
-        return read_only_sqlite_engine(database, BUSY_TIMEOUT_MS / 1000)
-    if database and database != ":memory:":
-        folder = Path(database).parent
+def _sqlite_engine(location: RegistryLocation) -> Engine:
+    database = location.sqlite_file
+    if database is not None and in_read_only_folder(str(database)):
+        return read_only_sqlite_engine(str(database), BUSY_TIMEOUT_MS / 1000)
+    if database is not None:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            database.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RegistryError(f"registry {url}: cannot create folder {folder}: {exc.strerror}") from None
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+            raise RegistryError(
+                f"registry {location.display}: cannot create folder {database.parent}: {exc.strerror}"
+            ) from None
+    engine = create_engine(location.url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -60,7 +60,8 @@ class MissLog(Transactional):
             ShapeMiss.padded_batch,
             ShapeMiss.padded_seq,
         )
-        total = func.sum(ShapeMiss.count).label("requests")  # not "count": a Row is a tuple, and tuple.count is a method
+        # not "count": a Row is a tuple, and tuple.count is a method
+        total = func.sum(ShapeMiss.count).label("requests")
         query = select(*columns, total, func.max(ShapeMiss.recorded_at).label("last_seen")).group_by(*columns)
         if model is not None:
             query = query.where(ShapeMiss.model_name == model)
@@ -77,7 +78,9 @@ class MissLog(Transactional):
                 "padded_batch": r.padded_batch,
                 "padded_seq": r.padded_seq,
                 "count": int(r.requests),
-                "last_seen": (r.last_seen.replace(tzinfo=dt.UTC) if r.last_seen.tzinfo is None else r.last_seen).isoformat(),
+                "last_seen": (
+                    r.last_seen.replace(tzinfo=dt.UTC) if r.last_seen.tzinfo is None else r.last_seen
+                ).isoformat(),
             }
             for r in result
         ]

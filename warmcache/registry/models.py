@@ -9,11 +9,25 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, column
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    column,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from warmcache.statuses import STORED_STATUSES, Status
+from warmcache.registry.statuses import STORED_STATUSES, Status
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -66,7 +80,8 @@ class CompiledShape(Base):
     model_path: Mapped[str] = mapped_column(Text)
     model_revision: Mapped[str | None] = mapped_column(String(200))
     config_hash: Mapped[str] = mapped_column(String(64))
-    #: The attention implementation the manifest declared (``None``: transformers' default); part of the identity (migration 0004).
+    #: The attention implementation the manifest declared (``None``: transformers' default); part of the identity
+    #: (migration 0004).
     attn_implementation: Mapped[str | None] = mapped_column(String(64))
     toolchain_hash: Mapped[str] = mapped_column(String(64), index=True)
     toolchain: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -97,7 +112,9 @@ class CompiledShape(Base):
     compiled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
-    artifacts: Mapped[list[Artifact]] = relationship(back_populates="shape", cascade="all, delete-orphan", passive_deletes=True)
+    artifacts: Mapped[list[Artifact]] = relationship(
+        back_populates="shape", cascade="all, delete-orphan", passive_deletes=True
+    )
 
 
 class Artifact(Base):

@@ -8,6 +8,7 @@ refused login or a wrong schema will not heal by waiting.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from typing import TypeVar
 from warmcache.errors import RegistryUnavailableError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 #: The first wait after a failure; each further one doubles, up to ``_LONGEST_WAIT``.
 _FIRST_WAIT = 0.1
@@ -33,8 +36,10 @@ def patiently(call: Callable[[], T], patience_seconds: float) -> T:
     while True:
         try:
             return call()
-        except RegistryUnavailableError:
+        except RegistryUnavailableError as exc:
             if time.monotonic() + wait > deadline:
+                log.warning("registry still unavailable after %.0f s; giving up: %s", patience_seconds, exc)
                 raise
+            log.debug("registry unavailable, retrying in about %.1f s: %s", wait, exc)
         time.sleep(wait * random.uniform(0.5, 1.5))
         wait = min(wait * 2, _LONGEST_WAIT)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, select
 from sqlalchemy.orm import selectinload
 
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry.models import Artifact, CompiledShape
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.registry.transactional import Transactional, chunks
-from warmcache.statuses import DONE_STATUSES, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,9 @@ class RowQueries(Transactional):
                 if values is None:
                     continue
                 for chunk in chunks(list(values), 2000):
-                    out.extend(ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk))))
+                    out.extend(
+                        ShapeRecord.from_row(r, with_artifacts) for r in session.scalars(query.where(column.in_(chunk)))
+                    )
             return out
 
     def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
@@ -82,7 +84,11 @@ class RowQueries(Transactional):
         decide, from the cache alone, which it can skip.
         """
         out: dict[str, list[str]] = {}
-        query = select(CompiledShape.identity, Artifact.path).outerjoin(Artifact, Artifact.shape_id == CompiledShape.id).where(CompiledShape.status.in_(list(DONE_STATUSES)))
+        query = (
+            select(CompiledShape.identity, Artifact.path)
+            .outerjoin(Artifact, Artifact.shape_id == CompiledShape.id)
+            .where(CompiledShape.status.in_(list(DONE_STATUSES)))
+        )
         with self.session() as session:
             for chunk in chunks(list(identities), 2000):
                 for identity, path in session.execute(query.where(CompiledShape.identity.in_(chunk))):
@@ -95,11 +101,19 @@ class RowQueries(Transactional):
         """Every recorded compile time of ``models``' rows, on any toolchain or config: plain column reads."""
         if not models:
             return []
-        query = select(CompiledShape.shape_hash, CompiledShape.model_name, CompiledShape.workload, CompiledShape.compile_seconds, CompiledShape.updated_at).where(
-            CompiledShape.model_name.in_(list(models)), CompiledShape.compile_seconds.is_not(None)
-        )
+        query = select(
+            CompiledShape.shape_hash,
+            CompiledShape.model_name,
+            CompiledShape.workload,
+            CompiledShape.compile_seconds,
+            CompiledShape.updated_at,
+        ).where(CompiledShape.model_name.in_(list(models)), CompiledShape.compile_seconds.is_not(None))
         with self.session() as session:
-            return [CompileTime(shape, model, workload, seconds, updated) for shape, model, workload, seconds, updated in session.execute(query) if seconds is not None]
+            return [
+                CompileTime(shape, model, workload, seconds, updated)
+                for shape, model, workload, seconds, updated in session.execute(query)
+                if seconds is not None
+            ]
 
     def unfinished(self, identities: Sequence[str]) -> set[str]:
         """Those of ``identities`` whose row is ``pending`` or ``compiling``.
@@ -119,7 +133,8 @@ class RowQueries(Transactional):
             return {identity for identity in session.scalars(query) if identity in wanted}
 
     def plan_status(self, planned: Sequence[PlannedShape]) -> list[PlanStatus]:
-        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else ``missing``."""
+        """Each planned shape's status: its own row's, ``stale`` if only other toolchains/configs have it, else
+        ``missing``."""
         by_shape: dict[str, list[ShapeRecord]] = {}
         for record in self.rows(shape_hashes=sorted({p.shape_hash for p in planned})):
             by_shape.setdefault(record.shape_hash, []).append(record)
@@ -145,9 +160,16 @@ def _rows_query(model: str | None, workload: str | None, statuses: Sequence[str]
         conditions.append(CompiledShape.workload == workload)
     if statuses is not None:
         conditions.append(CompiledShape.status.in_(list(statuses)))
-    order = (CompiledShape.model_name, CompiledShape.workload, CompiledShape.batch_size, CompiledShape.seq_len, CompiledShape.id)
+    order = (
+        CompiledShape.model_name,
+        CompiledShape.workload,
+        CompiledShape.batch_size,
+        CompiledShape.seq_len,
+        CompiledShape.id,
+    )
     return select(CompiledShape).where(*conditions).order_by(*order)
 
 
-#: Identities :meth:`RowQueries.unfinished` names in its statement; a longer list is matched against the unfinished rows.
+#: Identities :meth:`RowQueries.unfinished` names in its statement; a longer list is matched against the unfinished
+#: rows.
 _ASKED_ONE_BY_ONE = 2000

@@ -28,7 +28,9 @@ def in_read_only_folder(database: str) -> bool:
 
 def read_only_sqlite_engine(database: str, timeout_s: float) -> Engine:
     uri = f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro&immutable=1"
-    engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False))
+    engine = create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False)
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.bounds import MAX_COUNT
 from warmcache.errors import UsageError
 from warmcache.shapes import ShapeFamily, ShapeSpec
-from warmcache.workload_settings import from_stored
+from warmcache.shapes.workload_settings import from_stored
 
 if TYPE_CHECKING:
     from warmcache.registry.models import Artifact, CompiledShape
@@ -50,7 +50,10 @@ class MissEvent:
         """Refuse a count or size outside what the registry holds (checked before any write)."""
         name = self.out_of_range()
         if name is not None:
-            raise UsageError(f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the registry holds (0 to {MAX_COUNT}); refused")
+            raise UsageError(
+                f"miss report {self.model_name}: {name} {getattr(self, name)} is outside what the "
+                f"registry holds (0 to {MAX_COUNT}); refused"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,9 @@ class ShapeRecord:
     @property
     def family(self) -> ShapeFamily:
         settings = from_stored(self.workload, self.settings, self.max_cache_len, f"registry row {self.identity}")
-        return ShapeFamily(model=self.model_name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size)
+        return ShapeFamily(
+            model=self.model_name, dtype=self.dtype, settings=settings, tp_size=self.tp_size, fsdp_size=self.fsdp_size
+        )
 
     @property
     def spec(self) -> ShapeSpec:
@@ -136,7 +141,8 @@ class ShapeRecord:
 
 
 def _columns() -> dict[str, tuple[type, bool]]:
-    """Each column of a row (every :class:`ShapeRecord` field but ``artifacts``): its Python type, and whether it may be ``None``."""
+    """Each column of a row (every :class:`ShapeRecord` field but ``artifacts``): its Python type, and whether it may
+    be ``None``."""
     hints = typing.get_type_hints(ShapeRecord)
     columns: dict[str, tuple[type, bool]] = {}
     for field in dataclasses.fields(ShapeRecord):

@@ -12,6 +12,7 @@ their leases (:mod:`warmcache.registry.claiming`), the row queries
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import socket
 import threading
@@ -26,17 +27,19 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from warmcache.errors import RegistryError, RegistryUnavailableError, first_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import schema
 from warmcache.registry.claiming import ClaimRows
-from warmcache.registry.engine import create_registry_engine, display_url
+from warmcache.registry.engine import create_registry_engine
 from warmcache.registry.misses import MissLog
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.queries import PlanStatus, RowQueries
 from warmcache.registry.records import ArtifactRef, MissEvent
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.registry.transactional import chunks
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES, Status
+
+log = logging.getLogger(__name__)
 
 
 def worker_id() -> str:
@@ -47,44 +50,58 @@ def worker_id() -> str:
 class Registry(ClaimRows, RowQueries, MissLog):
     """A connection to one registry database."""
 
-    def __init__(self, engine: Engine, url: str) -> None:
+    def __init__(self, engine: Engine, location: RegistryLocation) -> None:
         self.engine = engine
-        self.url = url
+        #: Where it is: shown as ``location.display`` (password hidden), the one way a registry URL is shown.
+        self.location = location
         #: What "now" is for leases and timestamps; tests move it instead of sleeping.
         self.clock: Callable[[], dt.datetime] = utcnow
         self._together = threading.local()
 
     @classmethod
-    def open(cls, location: RegistryLocation | str, *, check_schema: bool = True, create: bool = True, hold_connections: bool = True) -> Registry:
-        """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is initialised, an out-of-date one refused.
+    def open(
+        cls,
+        location: RegistryLocation | str,
+        *,
+        check_schema: bool = True,
+        create: bool = True,
+        hold_connections: bool = True,
+    ) -> Registry:
+        """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is
+        initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
         empty database is refused instead of created, and no schema is ever migrated.
         ``hold_connections=False`` (warmup workers) holds a PostgreSQL connection
         only while a transaction runs.
         """
-        location = RegistryLocation.of(location)
-        url = location.url
+        location = RegistryLocation.of(location)  # the library's edge: a command's location arrives parsed
+        shown = location.display
+        log.debug("opening registry %s (%s; create=%s, check_schema=%s)", shown, location.source, create, check_schema)
         if not create:
             _refuse_missing_sqlite_file(location)
         engine = create_registry_engine(location, hold_connections=hold_connections)
         try:
             if location.is_postgresql:
-                schema.require_search_path(engine, display_url(url))
+                schema.require_search_path(engine, shown)
             if check_schema and not create and schema.is_empty(engine):
-                raise RegistryError(f"registry {display_url(url)} holds no warmcache schema (nothing was ever compiled into it); {_how_to_create(url)}")
+                raise RegistryError(
+                    f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); "
+                    f"{_how_to_create(location)}"
+                )
             if check_schema:
-                schema.ensure_current(engine, display_url(url))
+                schema.ensure_current(engine, shown)
         except DBAPIError as exc:
             engine.dispose()
             kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
-            raise kind(f"registry {display_url(url)}: cannot open: {first_line(exc.orig or exc)}") from None
+            raise kind(f"registry {shown}: cannot open: {first_line(exc.orig or exc)}") from None
         except BaseException:
             engine.dispose()
             raise
-        registry = cls(engine, url)
+        registry = cls(engine, location)
         registry.holds_connections = hold_connections
-        registry.drop_connections()  # the schema check's connection: a fleet's worker may wait a while before its first claim
+        # the schema check's connection: a fleet's worker may wait a while before its first claim
+        registry.drop_connections()
         return registry
 
     #: ``False``: :meth:`drop_connections` closes idle connections (see ``Registry.open``).
@@ -94,10 +111,6 @@ class Registry(ClaimRows, RowQueries, MissLog):
         """Close the idle pooled connections, unless opened to hold them: the caller will not need one for a while."""
         if not self.holds_connections:
             self.engine.pool.dispose()
-
-    @property
-    def display_url(self) -> str:
-        return display_url(self.url)
 
     @property
     def dialect(self) -> str:
@@ -127,13 +140,14 @@ class Registry(ClaimRows, RowQueries, MissLog):
             # Any driver error (connection lost, not a database, permission denied) is the
             # registry's, reported in one line; callers never see a driver traceback.
             kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
-            raise kind(f"registry {self.display_url}: {first_line(exc.orig or exc)}") from None
+            raise kind(f"registry {self.location.display}: {first_line(exc.orig or exc)}") from None
         finally:
             session.close()
 
     @contextmanager
     def together(self) -> Iterator[None]:
-        """Make this thread's registry calls inside one transaction: a batch of claims is recorded with one commit, all or nothing."""
+        """Make this thread's registry calls inside one transaction: a batch of claims is recorded with one commit,
+        all or nothing."""
         with self.session() as session:
             self._together.session = session
             try:
@@ -154,6 +168,7 @@ class Registry(ClaimRows, RowQueries, MissLog):
             for chunk in chunks(values, 500):
                 stmt = insert(CompiledShape).values(chunk).on_conflict_do_nothing(index_elements=["identity"])
                 inserted += len(session.execute(stmt.returning(CompiledShape.id)).all())
+            log.debug("pending rows: %d new of %d planned (the rest were already recorded)", inserted, len(values))
             if self.dialect == "postgresql" and inserted >= _ANALYZE_AFTER_INSERTING:
                 # Fresh statistics, now: with the server's still saying "a few pending rows",
                 # the planner answers each claim by scanning every pending row (autovacuum
@@ -163,9 +178,11 @@ class Registry(ClaimRows, RowQueries, MissLog):
         return inserted
 
     def release(self, row_id: int, worker: str, *, started: bool = True) -> None:
-        """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as an attempt."""
+        """Give a claim back untouched (the worker is stopping, not failing); one never ``started`` does not count as
+        an attempt."""
         uncounted = {} if started else {"attempts": CompiledShape.attempts - 1}
-        self._finish(row_id, worker, status=Status.PENDING, **uncounted)
+        released = self._finish(row_id, worker, status=Status.PENDING, **uncounted)
+        log.debug("row %d given back by %s (%s)", row_id, worker, "released" if released else "no longer its claim")
 
     def mark_compiled(
         self,
@@ -195,10 +212,20 @@ class Registry(ClaimRows, RowQueries, MissLog):
             )
             if won:
                 session.execute(delete(Artifact).where(Artifact.shape_id == row_id))
-                session.add_all(Artifact(shape_id=row_id, kind=a.kind, path=a.path, size_bytes=a.size_bytes) for a in set(artifacts))
+                session.add_all(
+                    Artifact(shape_id=row_id, kind=a.kind, path=a.path, size_bytes=a.size_bytes) for a in set(artifacts)
+                )
+                log.debug("row %d recorded compiled by %s", row_id, worker)
+            else:
+                log.warning(
+                    "row %d compiled here but not recorded: the claim of %s was lost (its lease ran out)",
+                    row_id,
+                    worker,
+                )
             return won
 
     def mark_failed(self, row_id: int, worker: str, error: str, host: str | None = None) -> bool:
+        log.debug("row %d recorded failed by %s: %s", row_id, worker, error)
         return self._finish(row_id, worker, status=Status.FAILED, error=error, host=host or socket.gethostname())
 
     def mark_verified(self, identities: Iterable[str]) -> int:
@@ -211,12 +238,15 @@ class Registry(ClaimRows, RowQueries, MissLog):
         return self._record_verdict(identities, self.clock(), status=Status.FAILED, error=reason, verified_at=None)
 
     def _record_verdict(self, identities: Iterable[str], now: dt.datetime, **values: Any) -> int:
-        """Verify's verdict on rows still compiled or verified (a row requeued or forgotten meanwhile keeps its state)."""
+        """Verify's verdict on rows still compiled or verified (a row requeued or forgotten meanwhile keeps its
+        state)."""
         return self._update_identities(identities, CompiledShape.status.in_(DONE_STATUSES), updated_at=now, **values)
 
     def requeue_failed(self, identities: Iterable[str]) -> int:
         """Turn failed rows back into ``pending`` (``--retry-failed``), without counting an attempt."""
-        return self._update_identities(identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock())
+        return self._update_identities(
+            identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock()
+        )
 
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
@@ -245,7 +275,11 @@ class Registry(ClaimRows, RowQueries, MissLog):
             _rows_changed(
                 session,
                 update(CompiledShape)
-                .where(CompiledShape.id == row_id, CompiledShape.claimed_by == worker, CompiledShape.status == Status.COMPILING)
+                .where(
+                    CompiledShape.id == row_id,
+                    CompiledShape.claimed_by == worker,
+                    CompiledShape.status == Status.COMPILING,
+                )
                 .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
             )
         )
@@ -257,12 +291,15 @@ def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
     if file is not None and not file.is_file():
         if file.is_dir():
             raise RegistryError(f"registry {location.display} is a folder, not a registry file; check the URL")
-        raise RegistryError(f"registry {location.display} does not exist (a read never creates one); check the URL, or {_how_to_create(location.url)}")
+        raise RegistryError(
+            f"registry {location.display} does not exist (a read never creates one); check the URL, "
+            f"or {_how_to_create(location)}"
+        )
 
 
-def _how_to_create(url: str) -> str:
+def _how_to_create(location: RegistryLocation) -> str:
     """The commands that make a registry, for a read that found none."""
-    return f"create it with: warmcache db upgrade --db {display_url(url)} (or a warmcache warmup)"
+    return f"create it with: warmcache db upgrade --db {location.display} (or a warmcache warmup)"
 
 
 def _unavailable(exc: DBAPIError) -> bool:

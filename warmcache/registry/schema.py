@@ -45,7 +45,7 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+def upgrade(engine: Engine, revision: str = "head", *, display_url: str) -> tuple[str | None, str | None]:
     """Migrate to ``revision``; returns the revisions before and after, both read under the lock (so of several
     concurrent upgrades only the one that did the work reports a change). A database with tables but no warmcache
     revision is refused.
@@ -60,7 +60,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
         if before is None:
             tables = inspect(conn).get_table_names()
             if tables:
-                raise _foreign(engine.url.render_as_string(hide_password=True), tables)
+                raise _foreign(display_url, tables)
         try:
             _upgrade_on(conn, engine, revision)
         except CommandError as exc:
@@ -75,7 +75,8 @@ def _upgrade_on(conn: Connection, engine: Engine, revision: str) -> None:
 
 
 def _lock_schema(conn: Connection) -> None:
-    """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions lock already)."""
+    """Hold the schema lock until ``conn``'s transaction ends (PostgreSQL: an advisory lock; SQLite's transactions
+    lock already)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _INIT_LOCK_KEY})
 
@@ -86,9 +87,13 @@ def require_search_path(engine: Engine, display_url: str) -> None:
     with engine.connect() as conn:
         current, search_path = conn.execute(text("SELECT current_schema(), current_setting('search_path')")).one()
     if current is None:
-        first = next((name.strip().strip('"') for name in search_path.split(",") if name.strip() and name.strip() != '"$user"'), search_path)
+        first = next(
+            (name.strip().strip('"') for name in search_path.split(",") if name.strip() and name.strip() != '"$user"'),
+            search_path,
+        )
         raise RegistryError(
-            f"registry {display_url}: its search_path {shown(search_path)} names no schema that exists in this database; "
+            f"registry {display_url}: its search_path {shown(search_path)} names no schema that "
+            "exists in this database; "
             f'create it first (CREATE SCHEMA "{first}";) or fix options=-csearch_path=... in the URL'
         )
 
@@ -100,8 +105,10 @@ def is_empty(engine: Engine) -> bool:
 def _foreign(display_url: str, tables: list[str]) -> SchemaOutOfDateError:
     names = ", ".join(sorted(tables)[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
     return SchemaOutOfDateError(
-        f"registry {display_url} has tables but no warmcache schema revision ({shown(names)}): it belongs to another application; "
-        "refused: point --db at an empty or warmcache database (on PostgreSQL a schema of its own: ?options=-csearch_path=warmcache)"
+        f"registry {display_url} has tables but no warmcache schema revision ({shown(names)}): it "
+        "belongs to another application; "
+        "refused: point --db at an empty or warmcache database (on PostgreSQL a schema of its "
+        "own: ?options=-csearch_path=warmcache)"
     )
 
 
@@ -128,5 +135,11 @@ def ensure_current(engine: Engine, display_url: str) -> None:
     if current is None:
         raise _foreign(display_url, inspect(engine).get_table_names())
     if current not in known:
-        raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current}, written by a newer warmcache (this one knows up to {head}); upgrade warmcache")
-    raise SchemaOutOfDateError(f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; run: warmcache db upgrade --db {display_url}")
+        raise SchemaOutOfDateError(
+            f"registry {display_url} is at schema revision {current}, written by a newer warmcache "
+            f"(this one knows up to {head}); upgrade warmcache"
+        )
+    raise SchemaOutOfDateError(
+        f"registry {display_url} is at schema revision {current} but this warmcache needs {head}; "
+        f"run: warmcache db upgrade --db {display_url}"
+    )

@@ -1,0 +1,1 @@
+"""Production's side: the shape guard that keeps requests on compiled buckets, and what it loads."""

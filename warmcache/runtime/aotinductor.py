@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.cache.precompiled import read_checked
-from warmcache.decode_inputs import flatten, scalars
 from warmcache.errors import CacheError, UsageError, first_line
+from warmcache.modeling.decode_inputs import flatten, scalars
 
 if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord
@@ -41,7 +41,11 @@ def cpu_can_run(built_for: str, here: str) -> bool:
     """Whether code generated for the ``built_for`` ISA runs on a CPU whose best is ``here``."""
     if built_for == here:
         return True
-    return built_for in _X86_CAPABILITIES and here in _X86_CAPABILITIES and _X86_CAPABILITIES.index(here) >= _X86_CAPABILITIES.index(built_for)
+    return (
+        built_for in _X86_CAPABILITIES
+        and here in _X86_CAPABILITIES
+        and _X86_CAPABILITIES.index(here) >= _X86_CAPABILITIES.index(built_for)
+    )
 
 
 @dataclass
@@ -54,7 +58,7 @@ class PackagedDecodeStep:
     device: str
     where: str
     computed: tuple[Any, ...] = ()
-    """The constants the package carries (:func:`decode_tensor`): bound without a copy, so they live as long as the step."""
+    """The constants the package carries (:func:`decode_tensor`): bound without a copy, so kept as long as the step."""
 
     def __call__(self, model: Any, /, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -68,13 +72,28 @@ class PackagedDecodeStep:
         if fixed != self.fixed or len(names) != len(self.inputs):
             raise UsageError(f"{self.where}: decode call {names} {fixed} is not the one the package was built for")
         for name, tensor, (expected_name, shape, dtype) in zip(names, tensors, self.inputs):
-            if name != expected_name or tuple(tensor.shape) != shape or str(tensor.dtype) != dtype or tensor.device.type != self.device or not tensor.is_contiguous():
-                got = f"{name} {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
-                raise UsageError(f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} {dtype} on {self.device}")
+            if (
+                name != expected_name
+                or tuple(tensor.shape) != shape
+                or str(tensor.dtype) != dtype
+                or tensor.device.type != self.device
+                or not tensor.is_contiguous()
+            ):
+                got = (
+                    f"{name} {tuple(tensor.shape)} {tensor.dtype} on "
+                    f"{tensor.device}{'' if tensor.is_contiguous() else ', not contiguous'}"
+                )
+                raise UsageError(
+                    f"{self.where}: decode input {got} differs from the package's {expected_name} {shape} "
+                    f"{dtype} on {self.device}"
+                )
 
 
-def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
-    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound method).
+def load_package(
+    root: Path, entry: str, expected: dict[str, Any], model: Any
+) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
+    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound
+    method).
 
     Every check that can be made before the package's code is loaded is made first:
     sha256 and header (``read_checked``), device, CPU capability, and each constant's
@@ -89,12 +108,20 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
         raise CacheError(f"{path}: not an AOTInductor package (no package header)")
     device = _model_device(model)
     if info["device"] != device:
-        raise CacheError(f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on {device!r}; refusing to load it")
+        raise CacheError(
+            f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on "
+            f"{device!r}; refusing to load it"
+        )
     here = torch.backends.cpu.get_cpu_capability().upper()
     if device == "cpu" and not cpu_can_run(info["cpu_capability"], here):
-        raise CacheError(f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this CPU offers {here}; refusing to load it")
+        raise CacheError(
+            f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this "
+            f"CPU offers {here}; refusing to load it"
+        )
     constants = _constants_to_bind(path, model, info["constants"])
-    computed = {fqn: decode_tensor(path, fqn, value, device) for fqn, value in info.get("computed_constants", {}).items()}
+    computed = {
+        fqn: decode_tensor(path, fqn, value, device) for fqn, value in info.get("computed_constants", {}).items()
+    }
     constants.update(computed)
     try:
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
@@ -104,13 +131,18 @@ def load_package(root: Path, entry: str, expected: dict[str, Any], model: Any) -
             loader = open_loader(package)
         listed = set(loader.get_constant_fqns())
         if listed != set(constants):
-            raise CacheError(f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its header does not; refusing to run it")
+            raise CacheError(
+                f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its "
+                "header does not; refusing to run it"
+            )
         # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
         loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
     except CacheError:
         raise
     except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
-        raise CacheError(f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})") from None
+        raise CacheError(
+            f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
     step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path), tuple(computed.values()))
     return header.fingerprint.signature, step
@@ -125,14 +157,18 @@ def open_loader(package: Path) -> Any:
     """
     import torch
 
+    # The binding names its arguments arg0..arg4, so they can only be passed in order: each is named here.
+    model_name, run_single_threaded, num_runners, device_index = "model", False, 1, -1  # device -1: the package's own
     with _temporary_files_in(package.parent):
-        # pybind takes these positionally only: model name, run single-threaded, runners, device index (-1: as built).
-        return torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        return torch._C._aoti.AOTIModelPackageLoader(
+            str(package), model_name, run_single_threaded, num_runners, device_index
+        )
 
 
 @contextmanager
 def _temporary_files_in(folder: Path) -> Iterator[None]:
-    """``$TMPDIR`` is ``folder`` inside the block (the C++ loader reads it); Python's own temporary folder is chosen (and kept) first."""
+    """``$TMPDIR`` is ``folder`` inside the block (the C++ loader reads it); Python's own temporary folder is chosen
+    (and kept) first."""
     tempfile.gettempdir()
     previous = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(folder)
@@ -158,7 +194,7 @@ def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def encode_tensor(tensor: Any) -> list[Any]:
-    """``[shape, dtype, base64 of its bytes]``: a small tensor as a JSON header holds it, exactly (bfloat16 included)."""
+    """``[shape, dtype, base64 of its bytes]``: a small tensor as a JSON header holds it, exactly (bfloat16 too)."""
     import torch
 
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
@@ -166,7 +202,7 @@ def encode_tensor(tensor: Any) -> list[Any]:
 
 
 def decode_tensor(path: Path, fqn: str, value: Any, device: str) -> Any:
-    """The tensor :func:`encode_tensor` wrote, on ``device``; a malformed entry is one line naming the package and constant."""
+    """The tensor :func:`encode_tensor` wrote, on ``device``; a malformed one is a line naming package and constant."""
     import torch
 
     try:
@@ -177,7 +213,9 @@ def decode_tensor(path: Path, fqn: str, value: Any, device: str) -> Any:
         raw = bytearray(base64.b64decode(data, validate=True))
         return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape([int(d) for d in shape]).to(device)
     except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
-        raise CacheError(f"{path}: AOTInductor package's computed constant {fqn} is malformed ({exc}); refusing to load it") from None
+        raise CacheError(
+            f"{path}: AOTInductor package's computed constant {fqn} is malformed ({exc}); refusing to load it"
+        ) from None
 
 
 def _model_device(model: Any) -> str:
@@ -191,9 +229,15 @@ def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[s
     for fqn, (shape, dtype) in listed.items():
         tensor = own.get(fqn)
         if tensor is None:
-            raise CacheError(f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of the loaded model; refusing to load it")
+            raise CacheError(
+                f"{path}: AOTInductor package needs constant {fqn}, which is not a parameter or buffer of "
+                "the loaded model; refusing to load it"
+            )
         if list(tensor.shape) != list(shape) or str(tensor.dtype) != dtype or not tensor.is_contiguous():
-            raise CacheError(f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has {tuple(tensor.shape)} {tensor.dtype}; refusing to load it")
+            raise CacheError(
+                f"{path}: AOTInductor package needs {fqn} {tuple(shape)} {dtype}, the model has "
+                f"{tuple(tensor.shape)} {tensor.dtype}; refusing to load it"
+            )
         bound[fqn] = tensor
     return bound
 

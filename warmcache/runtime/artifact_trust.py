@@ -62,15 +62,19 @@ class ArtifactTrust:
         return self.signed_by is not None
 
     def require_trusted_rows(self) -> None:
-        """Refuse (before any file is read) to load artifacts named by a snapshot nobody verified, unless the caller opted out."""
+        """Refuse (before any file is read) to load artifacts named by a snapshot nobody verified, unless the caller
+        opted out."""
         if self.signed_by == "" and not self.allow_unsigned:
             raise TrustError(
-                f"{self.source}: guard snapshot not verified (no trusted keys configured), and its precompiled artifacts are native code; refused: "
-                f"pass trust=[KEY.pub] (or set ${TRUSTED_KEYS_ENV}), or allow_unsigned=True (${ALLOW_UNSIGNED_ENV}=1) to load them unverified"
+                f"{self.source}: guard snapshot not verified (no trusted keys configured), and its "
+                "precompiled artifacts are native code; refused: "
+                f"pass trust=[KEY.pub] (or set ${TRUSTED_KEYS_ENV}), or allow_unsigned=True "
+                f"(${ALLOW_UNSIGNED_ENV}=1) to load them unverified"
             )
 
     def root(self, record: ShapeRecord, override: Path | None) -> Path | None:
-        """The cache folder ``record``'s artifacts load from: ``override``, else the rows' own (registry) or the configured one (snapshot)."""
+        """The cache folder ``record``'s artifacts load from: ``override``, else the rows' own (registry) or the
+        configured one (snapshot)."""
         if override is not None:
             return override
         if not self.from_snapshot:
@@ -78,11 +82,21 @@ class ArtifactTrust:
         return self.folder or configured_cache_folder()
 
     def confined(self, root: Path, entry: str) -> Path:
-        """``root / entry``, refused unless ``entry`` is one artifact file of ``root``'s layout that stays inside ``root``."""
+        """``root / entry``, refused unless ``entry`` is one artifact file of ``root``'s layout that stays inside
+        ``root``."""
         found = entry_of("inductor", entry)
         name = entry.rsplit("/", 1)[-1] if found else ""
-        if found is None or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR) or found[1] != entry or len(name) != 64 or not set(name) <= _HEX:
-            raise TrustError(f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or aotinductor/<sha256> entry; refused")
+        if (
+            found is None
+            or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)
+            or found[1] != entry
+            or len(name) != 64
+            or not set(name) <= _HEX
+        ):
+            raise TrustError(
+                f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or "
+                "aotinductor/<sha256> entry; refused"
+            )
         path = root / entry
         real, inside = os.path.realpath(path), os.path.realpath(root)
         if os.path.commonpath([real, inside]) != inside:
@@ -91,7 +105,8 @@ class ArtifactTrust:
 
 
 def configured_cache_folder() -> Path:
-    """Where a snapshot's artifacts load from when no folder is given: ``$WARMCACHE_CACHE_DIR``, ``$TORCHINDUCTOR_CACHE_DIR``, then Inductor's default."""
+    """Where a snapshot's artifacts load from when no folder is given: ``$WARMCACHE_CACHE_DIR``,
+    ``$TORCHINDUCTOR_CACHE_DIR``, then Inductor's default."""
     chosen = resolve_cache_folder(None)
     if chosen is not None:
         return chosen.path

@@ -30,13 +30,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.explain import UNSET, describe, stale_differences
-from warmcache.fingerprint import config_hash
-from warmcache.query import bucket_tables, stale_records, usable_records
+from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
+from warmcache.reports.explain import UNSET, describe, stale_differences
+from warmcache.reports.query import bucket_tables, stale_records, usable_records
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.snapshot import read_snapshot, snapshot_file
@@ -65,6 +65,21 @@ class GuardOptions(TypedDict, total=False):
 
 
 log = logging.getLogger("warmcache.runtime")
+
+
+class RowFilter(NamedTuple):
+    """Which of a model's rows a guard serves from: each ``None`` keeps every value."""
+
+    dtype: str | None
+    max_cache_len: int | None
+    backend: str | None
+
+    def keeps(self, row: ShapeRecord) -> bool:
+        return (
+            (self.dtype is None or row.dtype == self.dtype)
+            and (self.max_cache_len is None or row.max_cache_len == self.max_cache_len)
+            and (self.backend is None or row.backend == self.backend)
+        )
 
 
 class ShapeGuard:
@@ -96,7 +111,7 @@ class ShapeGuard:
         self.source = source
         self.artifact_trust = artifact_trust or ArtifactTrust.registry(source)
         self.primed = False
-        self._filters = (DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
+        self._filters = RowFilter(DTYPE_ALIASES.get(dtype, dtype) if dtype else None, max_cache_len, backend)
         self._load = load
         self._config_hash: str | None = None
         self._attn_implementation: str | None = None
@@ -110,7 +125,15 @@ class ShapeGuard:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def from_registry(cls, registry_url: str, model: str, workload: Workload = "generate", *, telemetry: bool = True, **options: Unpack[GuardOptions]) -> ShapeGuard:
+    def from_registry(
+        cls,
+        registry_url: str,
+        model: str,
+        workload: Workload = "generate",
+        *,
+        telemetry: bool = True,
+        **options: Unpack[GuardOptions],
+    ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
 
         from warmcache.registry.registry import Registry
@@ -124,7 +147,14 @@ class ShapeGuard:
                 return registry.rows(model=model, workload=workload, with_artifacts=True)
 
         source = location.display
-        return cls(load, model=model, workload=workload, source=source, telemetry_url=location if telemetry else None, **options)
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            source=source,
+            telemetry_url=location if telemetry else None,
+            **options,
+        )
 
     @classmethod
     def from_snapshot(
@@ -155,7 +185,15 @@ class ShapeGuard:
             return [r for r in read.records if r.model_name == model and r.workload == workload]
 
         artifacts = _snapshot_trust(str(snapshot), trusted, allow_unsigned, folder=given if snapshot != given else None)
-        return cls(load, model=model, workload=workload, source=str(snapshot), telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
+        return cls(
+            load,
+            model=model,
+            workload=workload,
+            source=str(snapshot),
+            telemetry_url=telemetry_url,
+            artifact_trust=artifacts,
+            **options,
+        )
 
     @classmethod
     def from_url(
@@ -181,40 +219,56 @@ class ShapeGuard:
         source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trusted)
         artifacts = _snapshot_trust(source.url, trusted, allow_unsigned)
         telemetry_url = service_url if telemetry else None
-        return cls(source.load, model=model, workload=workload, source=source.url, telemetry_url=telemetry_url, artifact_trust=artifacts, **options)
+        return cls(
+            source.load,
+            model=model,
+            workload=workload,
+            source=source.url,
+            telemetry_url=telemetry_url,
+            artifact_trust=artifacts,
+            **options,
+        )
 
     def refresh(self) -> None:
         """Reload the rows (new buckets compiled since start-up become usable); the family must not change."""
         self._reload(expect=self.family)
 
     def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
-        dtype, max_cache_len, backend = self._filters
         if not reuse:
             self._loaded = self._load()
-        loaded = [
-            r
-            for r in self._loaded
-            if (dtype is None or r.dtype == dtype) and (max_cache_len is None or r.max_cache_len == max_cache_len) and (backend is None or r.backend == backend)
-        ]
+        loaded = [r for r in self._loaded if self._filters.keeps(r)]
         rows = [
             r
             for r in usable_records(loaded)
-            if (self._config_hash is None or r.config_hash == self._config_hash) and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
+            if (self._config_hash is None or r.config_hash == self._config_hash)
+            and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
         ]
         wanted = f"model {self.model_name!r} {self.workload}"
         tables = bucket_tables(_compiled_for_every_config(rows))
         if not tables:
             stale = stale_records(loaded)
-            why = f"; its compiled rows are stale here: {describe(stale_differences(stale))}" if stale and not rows else ""
-            raise UsageError(f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} (see `warmcache explain`)")
+            why = (
+                f"; its compiled rows are stale here: {describe(stale_differences(stale))}"
+                if stale and not rows
+                else ""
+            )
+            raise UsageError(
+                f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} "
+                "(see `warmcache explain`)"
+            )
         targets = {(r.device, r.backend, r.mode) for r in rows}
         if len(tables) > 1 or len(targets) > 1:
             options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
-            raise UsageError(f"{self.source}: {wanted} has several compiled families ({options}); choose one with dtype=, max_cache_len= or backend=")
+            raise UsageError(
+                f"{self.source}: {wanted} has several compiled families ({options}); choose one with "
+                "dtype=, max_cache_len= or backend="
+            )
         ((family, table),) = tables.items()
         if expect is not None and family != expect:
             # Checked before the swap: a refused refresh must leave the old table serving.
-            raise UsageError(f"{self.source}: guard family changed on refresh from {expect.describe()} to {family.describe()}")
+            raise UsageError(
+                f"{self.source}: guard family changed on refresh from {expect.describe()} to {family.describe()}"
+            )
         # Swap whole objects so a concurrent decide() sees either the old table or the new one.
         self._records, self._table = rows, table
         return family
@@ -248,12 +302,23 @@ class ShapeGuard:
         digest = config_hash(config)
         known = sorted({r.config_hash for r in self._records})
         if digest not in known:
-            raise UsageError(f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows (compiled for config_hash {', '.join(known)})")
-        declared = sorted({r.attn_implementation for r in self._records if r.config_hash == digest and r.attn_implementation is not None})
+            raise UsageError(
+                f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows "
+                f"(compiled for config_hash {', '.join(known)})"
+            )
+        declared = sorted(
+            {
+                r.attn_implementation
+                for r in self._records
+                if r.config_hash == digest and r.attn_implementation is not None
+            }
+        )
         if declared and attn_implementation not in declared:
             raise UsageError(
-                f"{self.source}: model {self.model_name!r}: attn_implementation {attn_implementation or UNSET!r} matches no compiled rows "
-                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it with attn_implementation={declared[0]!r}"
+                f"{self.source}: model {self.model_name!r}: attn_implementation "
+                f"{attn_implementation or UNSET!r} matches no compiled rows "
+                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it "
+                f"with attn_implementation={declared[0]!r}"
             )
         self._config_hash = digest
         self._attn_implementation = attn_implementation if declared else None
@@ -308,7 +373,10 @@ class ShapeGuard:
     def unseen_message(self, decision: Decision, reason: str) -> str:
         """``<family>: request batch=B seq=L <reason>; nearest compiled: ...`` (one line)."""
         nearest = decision.nearest or self._table.nearest(decision.batch_size, decision.seq_len)
-        return f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} {reason}; nearest compiled: {format_pairs(nearest)}"
+        return (
+            f"{self.family.describe()}: request batch={decision.batch_size} seq={decision.seq_len} "
+            f"{reason}; nearest compiled: {format_pairs(nearest)}"
+        )
 
     def misses(self) -> list[MissEvent]:
         """Every padded/refused/warned request this guard saw, aggregated per shape."""
@@ -339,7 +407,8 @@ class ShapeGuard:
         return guarded_generate(self, model, **kwargs)
 
     def prime(self, model: Any, **kwargs: Any) -> PrimeReport:
-        """Load every compiled bucket once, then run generate() under the strict sentinel; see :mod:`warmcache.runtime.serving`."""
+        """Load every compiled bucket once, then run generate() under the strict sentinel; see
+        :mod:`warmcache.runtime.serving`."""
         from warmcache.runtime.serving import prime
 
         return prime(self, model, **kwargs)
@@ -364,15 +433,19 @@ class ShapeGuard:
 
 
 def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKeys:
-    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else none."""
+    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else
+    none."""
     if isinstance(trust, TrustedKeys):
         return trust
     entries = [trust] if isinstance(trust, str) else list(trust or ())
     return TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
 
 
-def _snapshot_trust(source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None) -> ArtifactTrust:
-    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other raises)."""
+def _snapshot_trust(
+    source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None
+) -> ArtifactTrust:
+    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other
+    raises)."""
     verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
     return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)
 

@@ -45,7 +45,8 @@ class FittedBatch:
         return int(batch), int(length)
 
     def unpad(self, output: Any) -> Any:
-        """Drop dummy rows and added left-padding columns from generate()'s output (a tensor or an output with ``sequences``)."""
+        """Drop dummy rows and added left-padding columns from generate()'s output (a tensor or an output with
+        ``sequences``)."""
         rows = self.batch_size * self.rows_per_input
         if hasattr(output, "sequences"):
             output.sequences = output.sequences[:rows, self.added_columns :]
@@ -69,7 +70,9 @@ def fit_generate_inputs(guard: Guard, inputs: Mapping[str, Any], pad_token_id: i
     batch, length = (int(n) for n in input_ids.shape)
     mask = tensors.setdefault("attention_mask", torch.ones_like(input_ids))
     if batch and bool((mask[:, -1] == 0).any()):
-        raise UsageError("generate inputs are right-padded (attention_mask ends in 0); tokenize with padding_side='left'")
+        raise UsageError(
+            "generate inputs are right-padded (attention_mask ends in 0); tokenize with padding_side='left'"
+        )
     decision = guard.decide(batch, length)
     rows_per_input = guard.family.generate.num_return_sequences
     if decision.target is None:
@@ -94,7 +97,9 @@ def _per_token_tensors(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         raise UsageError(f"generate inputs need 'input_ids' (got keys: {', '.join(inputs) or 'none'})")
     input_ids = inputs["input_ids"]
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise UsageError("generate inputs: 'input_ids' must be a 2-D (batch, length) tensor; tokenize with return_tensors='pt'")
+        raise UsageError(
+            "generate inputs: 'input_ids' must be a 2-D (batch, length) tensor; tokenize with return_tensors='pt'"
+        )
     if 0 in input_ids.shape:
         raise UsageError(f"generate inputs: 'input_ids' of shape {tuple(input_ids.shape)} is empty")
     out: dict[str, torch.Tensor] = {}

@@ -97,12 +97,16 @@ def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature,
     # from "chosen": the artifact's folder wins, as in the warmup that wrote it.
     os.environ[CACHE_ENV] = str(root)
     try:
-        f_globals: dict[str, object] = {name: importlib.import_module(module) for name, module in header.module_globals.items()}
+        f_globals: dict[str, object] = {
+            name: importlib.import_module(module) for name, module in header.module_globals.items()
+        }
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         compiled = AOTCompiledFunction.deserialize(payload, f_globals)
     except Exception as exc:  # a foreign torch, a missing module: one line, never a half-loaded function
-        raise CacheError(f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first_line(exc)})") from None
+        raise CacheError(
+            f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     # The guards were dropped at compile time; dispatch on the signature is the check.
     compiled.disable_guard_check()
     return header.fingerprint.signature, compiled
@@ -141,15 +145,20 @@ class LoadReport:
 
 
 def install(
-    model: Any, compile_config: Any, records: Iterable[ShapeRecord], *, root_override: Path | None, strict: bool, trust: ArtifactTrust | None = None
+    model: Any,
+    compile_config: Any,
+    records: Iterable[ShapeRecord],
+    *,
+    root_override: Path | None,
+    strict: bool,
+    trust: ArtifactTrust | None = None,
 ) -> tuple[PrecompiledDecoder, LoadReport]:
     """Load the rows' artifacts and make them the model's compiled call for ``compile_config``.
 
-    ``trust`` (default: rows read from the registry) decides, before any file is read,
-    whether the rows may name code at all and which folder it loads from; its refusals (and an artifact whose bytes differ from its
-    recorded sha256) raise :class:`TrustError` whatever ``strict`` says. ``strict``: a
-    missing or foreign artifact raises :class:`CacheError`; otherwise it is logged (one
-    line) and its bucket keeps the ``torch.compile`` path.
+    ``trust`` (default: rows read from the registry) decides, before any file is read, whether the rows may name code at
+    all and which folder it loads from; its refusals (and an artifact whose bytes differ from its recorded sha256) raise
+    :class:`TrustError` whatever ``strict`` says. ``strict``: a missing or foreign artifact raises :class:`CacheError`;
+    otherwise it is logged (one line) and its bucket keeps the ``torch.compile`` path.
     """
     records = list(records)
     trust = trust or ArtifactTrust.registry("registry")
@@ -167,7 +176,10 @@ def install(
                 continue
             try:
                 if root is None:
-                    raise CacheError(f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass cache_dir=")
+                    raise CacheError(
+                        f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass "
+                        "cache_dir="
+                    )
                 trust.confined(root, entry)
                 signature, function = load_any(root, entry, record, model)
             except TrustError:

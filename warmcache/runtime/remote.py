@@ -26,7 +26,15 @@ class SnapshotSource:
     replace the last verified ones; a ``304`` keeps rows that were verified when they came.
     """
 
-    def __init__(self, service_url: str, model: str, workload: str, *, timeout: float = 5.0, trusted: TrustedKeys = NOT_CONFIGURED) -> None:
+    def __init__(
+        self,
+        service_url: str,
+        model: str,
+        workload: str,
+        *,
+        timeout: float = 5.0,
+        trusted: TrustedKeys = NOT_CONFIGURED,
+    ) -> None:
         query = urllib.parse.urlencode({"workload": workload})
         self.url = f"{service_url.rstrip('/')}/v1/guard/{urllib.parse.quote(model, safe='')}?{query}"
         self.timeout = timeout
@@ -57,7 +65,14 @@ class SnapshotSource:
 def _error_message(exc: urllib.error.HTTPError) -> str:
     try:
         return str(json.loads(exc.read())["error"]["message"])
-    except (ValueError, KeyError, TypeError, OSError, RecursionError):  # a body nested deep enough makes json recurse out
+    # a body nested deep enough makes json recurse out
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        OSError,
+        RecursionError,
+    ):
         return str(exc.reason)
 
 
@@ -72,7 +87,10 @@ class ServiceMisses:
 
     def record_misses(self, events: Sequence[MissEvent]) -> None:
         body = json.dumps({"misses": [_miss_json(e) for e in events]}).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('WARMCACHE_TOKEN', '')}"}
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {os.environ.get('WARMCACHE_TOKEN', '')}",
+        }
         request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout):

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, WarmcacheError
+from warmcache.modeling.compile_counter import CompileCounter
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -67,7 +67,11 @@ def recompile_sentinel(policy: str, label: str = "guarded region") -> Iterator[S
         if policy == "warn":
             yield report
         else:
-            with fail_on_recompile(lambda reason: UnseenShapeError(f"{label}: torch.compile would recompile here (policy {policy}); {reason}")):
+            with fail_on_recompile(
+                lambda reason: UnseenShapeError(
+                    f"{label}: torch.compile would recompile here (policy {policy}); {reason}"
+                )
+            ):
                 yield report
     report.graphs, report.cache_misses = counter.graphs, counter.cache_misses
     if report.graphs or report.cache_misses:

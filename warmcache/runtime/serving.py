@@ -2,7 +2,7 @@
 
 The decode graph depends on the effective batch, the static cache length and the
 generation settings, so the guard builds the call with
-:func:`warmcache.generation.generate_kwargs` and :func:`compile_config` (the
+:func:`warmcache.modeling.generation.generate_kwargs` and :func:`compile_config` (the
 definition warmup compiles with), pins ``max_cache_len`` to the compiled value
 and keeps ``max_new_tokens`` inside it: a prompt bucket of ``L`` leaves room for
 ``max_cache_len - L + 1`` new tokens before the cache grows and recompiles.
@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.runtime.padding import fit_generate_inputs
 from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
     from warmcache.runtime.guarded import Guard
-    from warmcache.workload_settings import GenerateSettings
+    from warmcache.shapes.workload_settings import GenerateSettings
 
 log = logging.getLogger("warmcache.runtime")
 
@@ -49,7 +49,9 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     batch, length = fitted.shape
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
     device, backend, mode = guard.target
-    call = generate_kwargs(settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config)
+    call = generate_kwargs(
+        settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config
+    )
     if not guard.primed:
         return fitted.unpad(model.generate(**fitted.inputs, **call, **kwargs))
     with recompile_sentinel(guard.policy, f"{guard.family.describe()} batch={batch} seq={length}"):
@@ -64,7 +66,10 @@ def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: Gen
             continue
         value = kwargs.pop(name)
         if name in _SET_BY_GUARD or value != expected.get(name):
-            raise UsageError(f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} ({name}={expected.get(name)!r}); the guard sets it")
+            raise UsageError(
+                f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
+                f"({name}={expected.get(name)!r}); the guard sets it"
+            )
 
 
 def _pad_token_id(model: Any) -> int | None:
@@ -80,13 +85,16 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
     batch, length = fitted.shape
     room = max_new_tokens_that_fit(length, max_cache_len)
     if room < 1:
-        raise UnseenShapeError(f"{guard.family.describe()}: prompt length {length} leaves no room in max_cache_len={max_cache_len}")
+        raise UnseenShapeError(
+            f"{guard.family.describe()}: prompt length {length} leaves no room in max_cache_len={max_cache_len}"
+        )
     if requested is None:
         return room
     if requested <= room:
         return int(requested)
     message = (
-        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
+        f"{guard.family.describe()}: max_new_tokens={requested} with prompt bucket seq={length} "
+        f"overflows the compiled max_cache_len={max_cache_len} (at most {room} fit)"
     )
     if guard.policy == "refuse":
         guard.telemetry.record(fitted.decision, "refuse")
@@ -98,7 +106,8 @@ def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_ca
 
 @dataclass
 class PrimeReport:
-    """What loading every bucket cost: Dynamo graphs traced and Inductor cache hits/misses (misses mean real compiles)."""
+    """What loading every bucket cost: Dynamo graphs traced and Inductor cache hits/misses (misses mean real
+    compiles)."""
 
     buckets: list[tuple[int, int]] = field(default_factory=list)
     graphs: int = 0
@@ -112,7 +121,14 @@ class PrimeReport:
     artifact_errors: list[str] = field(default_factory=list)
 
 
-def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: bool = True, cache_dir: str | Path | None = None) -> PrimeReport:
+def prime(
+    guard: Guard,
+    model: Any,
+    *,
+    check_config: bool = True,
+    precompiled: bool = True,
+    cache_dir: str | Path | None = None,
+) -> PrimeReport:
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
@@ -142,7 +158,9 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
     report = PrimeReport(buckets)
     start = time.perf_counter()
     # Buckets an AOTInductor package serves are ready once bound: running them would warm nothing.
-    packaged = _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
+    packaged = (
+        _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
+    )
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):
@@ -152,14 +170,24 @@ def prime(guard: Guard, model: Any, *, check_config: bool = True, precompiled: b
             ids = torch.full((batch, length), int(token), dtype=torch.long)
             new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
             try:
-                guarded_generate(guard, model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+                guarded_generate(
+                    guard,
+                    model,
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                )
             except FailOnRecompileLimitHit:
                 raise UsageError(
                     f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
-                    f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process compiles; raise it"
+                    f"{torch._dynamo.config.recompile_limit} is too small for the graphs this process "
+                    "compiles; raise it"
                 ) from None
             # One line per bucket: on Neuron a bucket can take minutes to load, and the log shows where it stands.
-            log.info("primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0)
+            log.info(
+                "primed bucket %d/%d batch=%d seq=%d in %.2fs", i, len(buckets), batch, length, time.perf_counter() - t0
+            )
     report.graphs, report.cache_hits, report.cache_misses = counter.graphs, counter.cache_hits, counter.cache_misses
     report.seconds = time.perf_counter() - start
     guard.primed = True
@@ -174,7 +202,14 @@ def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_di
         return set()
     device, backend, mode = guard.target
     start = time.perf_counter()
-    _, loaded = install(model, compile_config(backend, mode, device), guard.records, trust=guard.artifact_trust, root_override=cache_dir, strict=guard.policy != "warn")
+    _, loaded = install(
+        model,
+        compile_config(backend, mode, device),
+        guard.records,
+        trust=guard.artifact_trust,
+        root_override=cache_dir,
+        strict=guard.policy != "warn",
+    )
     report.artifact_load_seconds = time.perf_counter() - start
     report.artifacts_loaded = len(loaded.loaded)
     report.artifact_errors = loaded.errors

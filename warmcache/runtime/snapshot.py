@@ -39,7 +39,9 @@ SNAPSHOT_FILE = "warmcache-guard.json"
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ShapeRecord)}
 _DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" in str(f.type))
-_REQUIRED = frozenset(name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and name not in ADDED_COLUMNS)
+_REQUIRED = frozenset(
+    name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and name not in ADDED_COLUMNS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +53,11 @@ class Snapshot:
     where: str
 
 
-def snapshot_document(records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None) -> dict[str, Any]:
-    """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with ``signing_key``)."""
+def snapshot_document(
+    records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
+) -> dict[str, Any]:
+    """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with
+    ``signing_key``)."""
     document = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
@@ -68,8 +73,11 @@ def snapshot_file(path: Path) -> Path:
     return path / SNAPSHOT_FILE if path.is_dir() else path
 
 
-def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None) -> Path:
-    """Write ``records`` to ``path`` (a file, or a folder to hold :data:`SNAPSHOT_FILE`) atomically; returns the file written."""
+def write_snapshot(
+    path: Path, records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
+) -> Path:
+    """Write ``records`` to ``path`` (a file, or a folder to hold :data:`SNAPSHOT_FILE`) atomically; returns the file
+    written."""
     path = snapshot_file(Path(path))
     text = json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True)
     # A unique temporary name in the target's folder (os.replace must not cross file
@@ -77,7 +85,9 @@ def write_snapshot(path: Path, records: Sequence[ShapeRecord], source: str, sign
     # failed export must not leave it behind.
     tmp: str | None = None
     try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as handle:
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        ) as handle:
             tmp = handle.name
             handle.write(text)
         os.chmod(tmp, _new_file_mode())
@@ -103,7 +113,8 @@ def verify_snapshot(path: str | Path, trusted: TrustedKeys, *, allow_unsigned: b
 
 
 def read_snapshot(path: Path, trusted: TrustedKeys = NOT_CONFIGURED) -> Snapshot:
-    """The rows stored in a snapshot file, its signature checked when ``trusted`` has keys; every problem names the file and the key at fault."""
+    """The rows stored in a snapshot file, its signature checked when ``trusted`` has keys; every problem names the
+    file and the key at fault."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -128,7 +139,9 @@ def decode_snapshot(data: bytes, where: str, trusted: TrustedKeys = NOT_CONFIGUR
     if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
         raise UsageError(f"{where}: not a warmcache guard snapshot (format must be {SNAPSHOT_FORMAT!r})")
     if document.get("version") != SNAPSHOT_VERSION:
-        raise UsageError(f"{where}: snapshot version {shown(document.get('version'))} is not supported (expected {SNAPSHOT_VERSION})")
+        raise UsageError(
+            f"{where}: snapshot version {shown(document.get('version'))} is not supported (expected {SNAPSHOT_VERSION})"
+        )
     signature = trusted.check_document(document, f"{where}: guard snapshot")
     records = document.get("records")
     if not isinstance(records, list):
@@ -137,7 +150,8 @@ def decode_snapshot(data: bytes, where: str, trusted: TrustedKeys = NOT_CONFIGUR
 
 
 def _new_file_mode() -> int:
-    """The mode ``open()`` would give a new file: mkstemp's 0600 would hide the snapshot from a replica running as another user."""
+    """The mode ``open()`` would give a new file: mkstemp's 0600 would hide the snapshot from a replica running as
+    another user."""
     umask = os.umask(0o022)
     os.umask(umask)
     return 0o666 & ~umask
@@ -155,7 +169,9 @@ def _record(source: str, index: int, item: Any) -> ShapeRecord:
         for name in _DATETIME_FIELDS:
             if values.get(name) is not None:
                 values[name] = dt.datetime.fromisoformat(values[name])
-        values["artifacts"] = tuple(ArtifactRef(a["kind"], a["path"], a.get("size_bytes")) for a in values.get("artifacts", ()))
+        values["artifacts"] = tuple(
+            ArtifactRef(a["kind"], a["path"], a.get("size_bytes")) for a in values.get("artifacts", ())
+        )
     except (TypeError, ValueError, KeyError) as exc:
         raise UsageError(f"{where}: malformed value: {exc}") from None
     for name in ("batch_size", "seq_len"):

@@ -41,7 +41,8 @@ _MissKey = tuple[int, int, str, int | None, int | None]
 
 
 class MissTelemetry:
-    """Aggregate misses of one shape family; flush them to ``sink`` (or only keep them, when ``None``): see :func:`open_sink`."""
+    """Aggregate misses of one shape family; flush them to ``sink`` (or only keep them, when ``None``): see
+    :func:`open_sink`."""
 
     def __init__(self, family: ShapeFamily, sink: RegistryLocation | str | None, *, interval: float = 10.0) -> None:
         self.family = family
@@ -155,7 +156,8 @@ class MissTelemetry:
         self.flush()
 
     def _recordable(self, pending: dict[_MissKey, int]) -> dict[_MissKey, MissEvent]:
-        """Each pending miss as the event to write, less (counted in ``dropped``) those the registry cannot hold, e.g. a refused request of batch 2**40.
+        """Each pending miss as the event to write, less (counted in ``dropped``) those the registry cannot hold, e.g. a
+        refused request of batch 2**40.
 
         The registry refuses a whole batch that holds one of them; kept pending, that
         one request would fail every later flush and no miss would ever be recorded.
@@ -195,7 +197,8 @@ def _add(counts: dict[_MissKey, int], key: _MissKey, count: int) -> bool:
 
 
 class MissSink(Protocol):
-    """Where flushed misses go: a registry, or ``warmcache serve`` (:class:`~warmcache.runtime.remote.ServiceMisses`)."""
+    """Where flushed misses go: a registry, or ``warmcache serve``
+    (:class:`~warmcache.runtime.remote.ServiceMisses`)."""
 
     def record_misses(self, events: Sequence[MissEvent]) -> None: ...
 

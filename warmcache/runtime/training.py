@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import UnseenShapeError, UsageError
+from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.shapes import Decision
 
@@ -77,7 +77,9 @@ class BucketCollator:
         longest = guard.longest_length(batch)
         if guard.policy == "refuse" or longest is None:
             guard.telemetry.record(decision, "refuse")
-            raise UnseenShapeError(guard.unseen_message(decision, f"fits no compiled training shape (policy {guard.policy})"))
+            raise UnseenShapeError(
+                guard.unseen_message(decision, f"fits no compiled training shape (policy {guard.policy})")
+            )
         truncated = guard.bucket(batch, longest)
         assert truncated.target is not None  # longest_length only returns lengths of buckets that hold the batch
         guard.telemetry.record(Decision("pad", batch, length, truncated.target), "truncate")

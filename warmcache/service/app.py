@@ -21,12 +21,14 @@ from starlette.routing import Route
 
 from warmcache import manifest as manifests
 from warmcache.errors import UsageError
-from warmcache.explain import explain_plan
-from warmcache.fingerprint import package_version
+from warmcache.identity.fingerprint import package_version
+from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import plan_manifest
-from warmcache.query import effective_status, plan_json, shape_json
 from warmcache.registry import Registry
+from warmcache.registry.statuses import PLAN_STATUSES
+from warmcache.reports.explain import explain_plan
+from warmcache.reports.query import effective_status, plan_json, shape_json
+from warmcache.reports.status import warmup_status
 from warmcache.service import dashboard
 from warmcache.service.auth import WriteAuthorisation
 from warmcache.service.check import CheckRoute
@@ -38,8 +40,6 @@ from warmcache.service.plan_request import plan_request
 from warmcache.service.view import RegistryView, guard_document
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import WORKLOADS
-from warmcache.status import warmup_status
-from warmcache.statuses import PLAN_STATUSES
 from warmcache.trust import SigningKey
 
 T = TypeVar("T")
@@ -126,7 +126,11 @@ class Handlers:
         workload = choice(params, "workload", WORKLOADS)
         status = choice(params, "status", [str(s) for s in PLAN_STATUSES[1:]])
         model = params.get("model")
-        rows = [shape_json(r) for r in self.view.current().records if (model is None or r.model_name == model) and (workload is None or r.workload == workload)]
+        rows = [
+            shape_json(r)
+            for r in self.view.current().records
+            if (model is None or r.model_name == model) and (workload is None or r.workload == workload)
+        ]
         return json_response([r for r in rows if status is None or r["status"] == status])
 
     async def plan(self, request: Request) -> Response:
@@ -140,8 +144,12 @@ class Handlers:
                 raise ApiError(503, "plan abandoned")
 
         try:
-            # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's disk are never disclosed.
-            planned = await asyncio.wait_for(run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model, checkpoint)), PLAN_TIMEOUT_S)
+            # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's
+            # disk are never disclosed.
+            planned = await asyncio.wait_for(
+                run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model, checkpoint)),
+                PLAN_TIMEOUT_S,
+            )
         except UsageError as exc:
             raise ApiError(400, str(exc), "body") from None
         except TimeoutError:
@@ -175,7 +183,9 @@ class Handlers:
 
     async def guard(self, request: Request) -> Response:
         workload = choice(request.query_params, "workload", WORKLOADS)
-        etag, body = guard_document(self.view.current(), request.path_params["model"], workload, self.view.display_url, self.config.signing_key)
+        etag, body = guard_document(
+            self.view.current(), request.path_params["model"], workload, self.view.display_url, self.config.signing_key
+        )
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers=headers)
@@ -224,7 +234,9 @@ async def api_error(request: Request, exc: Exception) -> Response:
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return Response(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, media_type="application/json")
+    return Response(
+        ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, media_type="application/json"
+    )
 
 
 def create_app(config: ServiceConfig) -> CheckRoute:
@@ -246,6 +258,8 @@ def create_app(config: ServiceConfig) -> CheckRoute:
         Route("/dashboard/panels", handlers.panels),
         Route("/openapi.json", handlers.openapi_json),
     ]
-    app = Starlette(routes=routes, lifespan=handlers.lifespan, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app = Starlette(
+        routes=routes, lifespan=handlers.lifespan, exception_handlers={ApiError: api_error, HTTPException: http_error}
+    )
     app.state.view = view
     return CheckRoute(app, view)

@@ -38,7 +38,8 @@ def load_token(token_file: Path | None = None) -> str | None:
         token, source = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
     if token and len(token) < MIN_TOKEN_CHARS:
         raise UsageError(
-            f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused (make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused "
+            "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
     return token or None
 
@@ -55,7 +56,9 @@ class WriteAuthorisation:
 
     def require(self, header: str | None) -> None:
         if self._token is None:
-            raise ApiError(403, f"writes are disabled: start the server with ${TOKEN_ENV} or --token-file to allow them")
+            raise ApiError(
+                403, f"writes are disabled: start the server with ${TOKEN_ENV} or --token-file to allow them"
+            )
         scheme, _, given = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not given:
             raise ApiError(401, "write needs an 'Authorization: Bearer <token>' header", "Authorization")

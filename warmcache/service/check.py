@@ -3,7 +3,7 @@
 It skips the framework (routing, request objects, JSON encoding per call): the raw
 query string is the memo key on the current :class:`~warmcache.service.view.RegistryState`,
 so a repeated request costs a dict lookup and two ``send`` calls. A new request is
-parsed, decided by the same :class:`~warmcache.query.RequestChecker` as
+parsed, decided by the same :class:`~warmcache.reports.query.RequestChecker` as
 ``warmcache check``, and its body is memoised.
 """
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from html import escape
 
 from warmcache.errors import first_line
-from warmcache.query import effective_status
 from warmcache.registry import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, PLAN_STATUSES, Status
+from warmcache.reports.query import effective_status
 from warmcache.service.view import RegistryState
-from warmcache.statuses import DONE_STATUSES, PLAN_STATUSES, Status
 
 #: When several rows share a cell (families, toolchains), the cell shows the most useful status.
 _CELL_PRIORITY = (Status.VERIFIED, Status.COMPILED, Status.COMPILING, Status.PENDING, Status.FAILED, Status.STALE)
@@ -111,16 +111,20 @@ def _panel(panel: Panel) -> str:
     html = [
         f'<section class="model" data-model="{escape(panel.model)}">',
         f"<h2>{escape(panel.model)}</h2>",
-        f'<div class="progress" title="{panel.done} of {panel.total} usable"><div style="width:{percent:.1f}%"></div></div>',
+        f'<div class="progress" title="{panel.done} of {panel.total} usable"><div '
+        f'style="width:{percent:.1f}%"></div></div>',
         f'<p class="counts">{panel.done} of {panel.total} shapes usable ({percent:.0f}%): {escape(counts)}</p>',
     ]
     html.extend(_grid(g) for g in panel.grids)
     if panel.failures:
         html.append("<h3>failures</h3>")
-        html.append('<table class="failures"><tr><th>workload</th><th>batch</th><th>length</th><th>attempts</th><th>error</th></tr>')
+        headers = "".join(f"<th>{name}</th>" for name in ("workload", "batch", "length", "attempts", "error"))
+        html.append(f'<table class="failures"><tr>{headers}</tr>')
         for r in panel.failures:
             error = escape(first_line(r.error) or "(no error text recorded)")
-            html.append(f"<tr><td>{escape(r.workload)}</td><td>{r.batch_size}</td><td>{r.seq_len}</td><td>{r.attempts}</td><td>{error}</td></tr>")
+            html.append(
+                f"<tr><td>{escape(r.workload)}</td><td>{r.batch_size}</td><td>{r.seq_len}</td><td>{r.attempts}</td><td>{error}</td></tr>"
+            )
         html.append("</table>")
     html.append("</section>")
     return "\n".join(html)
@@ -146,7 +150,9 @@ def _grid(grid: Grid) -> str:
     html.append("</table>")
     if grid.refused:
         refused = ", ".join(f"{b}×{s}: {n}" for (b, s), n in sorted(grid.refused.items()))
-        html.append(f'<p class="refused" data-workload="{escape(grid.workload)}">refused (no bucket fits): {refused}</p>')
+        html.append(
+            f'<p class="refused" data-workload="{escape(grid.workload)}">refused (no bucket fits): {refused}</p>'
+        )
     return "\n".join(html)
 
 

@@ -52,11 +52,17 @@ def positive_int(params: Mapping[str, str], name: str, *, required: bool = True)
         return None
     # ASCII digits only: int() would also read '1_0', '+1', ' 1' and full-width digits.
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_COUNT:
-        raise ApiError(400, f"query parameter {name!r} must be an integer from 1 to {MAX_COUNT} in ASCII digits, got {text[:40]!r}", name)
+        raise ApiError(
+            400,
+            f"query parameter {name!r} must be an integer from 1 to {MAX_COUNT} in ASCII digits, got {text[:40]!r}",
+            name,
+        )
     return int(text)
 
 
-def choice(params: Mapping[str, str], name: str, options: tuple[str, ...] | list[str], default: str | None = None) -> str | None:
+def choice(
+    params: Mapping[str, str], name: str, options: tuple[str, ...] | list[str], default: str | None = None
+) -> str | None:
     """A query parameter restricted to ``options`` (``default`` when absent), or a 400 naming it."""
     text = params.get(name) or default
     if text is not None and text not in options:

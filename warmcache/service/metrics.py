@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from warmcache.query import effective_status
 from warmcache.registry.models import utcnow
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.query import effective_status
 from warmcache.service.view import RegistryView
-from warmcache.statuses import DONE_STATUSES, Status
 
 #: Compile-time histogram bucket bounds, seconds (Neuron compiles run to an hour).
 COMPILE_SECONDS_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
@@ -41,13 +41,19 @@ class RegistryCollector(Collector):
         age.add_metric([], state.loaded_at.timestamp())
         yield age
 
-        shapes = GaugeMetricFamily("warmcache_shapes", "Registry rows by model, workload and effective status", labels=["model", "workload", "status"])
+        shapes = GaugeMetricFamily(
+            "warmcache_shapes",
+            "Registry rows by model, workload and effective status",
+            labels=["model", "workload", "status"],
+        )
         by_status = Counter((r.model_name, r.workload, effective_status(r)) for r in state.records)
         for (model, workload, status), count in sorted(by_status.items()):
             shapes.add_metric([model, workload, status], count)
         yield shapes
 
-        progress = GaugeMetricFamily("warmcache_warmup_progress", "Fraction of a model's rows compiled for this toolchain", labels=["model"])
+        progress = GaugeMetricFamily(
+            "warmcache_warmup_progress", "Fraction of a model's rows compiled for this toolchain", labels=["model"]
+        )
         totals = Counter(r.model_name for r in state.records)
         done = Counter(r.model_name for r in state.records if effective_status(r) in DONE_STATUSES)
         for model in sorted(totals):
@@ -55,12 +61,21 @@ class RegistryCollector(Collector):
         yield progress
 
         now = utcnow()
-        expired = GaugeMetricFamily("warmcache_expired_claims", "Claims whose worker stopped renewing the lease", labels=["model"])
+        expired = GaugeMetricFamily(
+            "warmcache_expired_claims", "Claims whose worker stopped renewing the lease", labels=["model"]
+        )
         for model in sorted(totals):
-            expired.add_metric([model], sum(1 for r in state.records if r.model_name == model and _expired(r.status, r.lease_expires_at, now)))
+            expired.add_metric(
+                [model],
+                sum(1 for r in state.records if r.model_name == model and _expired(r.status, r.lease_expires_at, now)),
+            )
         yield expired
 
-        misses = CounterMetricFamily("warmcache_misses", "Requests guards padded, refused or let through, by decision", labels=["model", "workload", "decision"])
+        misses = CounterMetricFamily(
+            "warmcache_misses",
+            "Requests guards padded, refused or let through, by decision",
+            labels=["model", "workload", "decision"],
+        )
         miss_counts: Counter[tuple[str, str, str]] = Counter()
         for m in state.misses:
             miss_counts[(m["model"], m["workload"], m["decision"])] += m["count"]
@@ -68,7 +83,9 @@ class RegistryCollector(Collector):
             misses.add_metric(list(key), count)
         yield misses
 
-        histogram = HistogramMetricFamily("warmcache_compile_seconds", "Recorded compile time per shape", labels=["model", "workload"])
+        histogram = HistogramMetricFamily(
+            "warmcache_compile_seconds", "Recorded compile time per shape", labels=["model", "workload"]
+        )
         seconds: dict[tuple[str, str], list[float]] = {}
         for r in state.records:
             if r.compile_seconds is not None:

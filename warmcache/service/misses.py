@@ -44,7 +44,9 @@ def _event(where: str, item: Any, problems: list[tuple[str, str]]) -> MissEvent 
     before = len(problems)
     unknown = sorted(set(item) - {*_REQUIRED_TEXT, *_REQUIRED_INT, *_OPTIONAL_INT, *_DEFAULT_ONE})
     if unknown:
-        problems.append((f"{where}.{unknown[0]}", f"unknown key (expected {', '.join((*_REQUIRED_TEXT, *_REQUIRED_INT))}, ...)"))
+        problems.append(
+            (f"{where}.{unknown[0]}", f"unknown key (expected {', '.join((*_REQUIRED_TEXT, *_REQUIRED_INT))}, ...)")
+        )
     for key in _REQUIRED_TEXT:
         if not isinstance(item.get(key), str) or not item[key]:
             problems.append((f"{where}.{key}", f"expected a non-empty string, got {item.get(key)!r}"))
@@ -57,7 +59,12 @@ def _event(where: str, item: Any, problems: list[tuple[str, str]]) -> MissEvent 
         if value is None and key in _OPTIONAL_INT:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
-            problems.append((f"{where}.{key}", f"expected an integer from 1 to {MAX_COUNT} (what the registry holds), got {shown(value)}"))
+            problems.append(
+                (
+                    f"{where}.{key}",
+                    f"expected an integer from 1 to {MAX_COUNT} (what the registry holds), got {shown(value)}",
+                )
+            )
     if len(problems) > before:
         return None
     return MissEvent(

@@ -13,14 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape, plan_model
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_model
 from warmcache.service.http import ApiError
 
-NOT_CHECKED = "model path not checked by the service (it plans only models whose config.json it holds; run warmcache plan where the model is)"
+NOT_CHECKED = (
+    "model path not checked by the service (it plans only models whose config.json it holds; "
+    "run warmcache plan where the model is)"
+)
 
 
-def plan_request(manifest: Manifest, model_name: str | None, checkpoint: Callable[[], None] | None = None) -> list[PlannedShape]:
+def plan_request(
+    manifest: Manifest, model_name: str | None, checkpoint: Callable[[], None] | None = None
+) -> list[PlannedShape]:
     """Every shape the posted manifest declares (optionally for one model), or one 400 that says nothing about paths.
 
     ``checkpoint`` is called every few milliseconds while planning and may raise to stop it."""

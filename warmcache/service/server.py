@@ -1,4 +1,5 @@
-"""Run the service in a thread of the calling process (tests, embedding); ``warmcache serve`` runs it in the foreground."""
+"""Run the service in a thread of the calling process (tests, embedding); ``warmcache serve`` runs it in the
+foreground."""
 
 from __future__ import annotations
 
@@ -19,7 +20,17 @@ START_TIMEOUT_S = 15.0
 @contextmanager
 def running_server(config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serve ``config`` on ``host:port`` (``0``: an ephemeral port) until the block ends; yields the base URL."""
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", access_log=False, lifespan="on", http=HeaderDeadlineProtocol))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            http=HeaderDeadlineProtocol,
+        )
+    )
     thread = threading.Thread(target=server.run, name="warmcache-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

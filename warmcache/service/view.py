@@ -1,7 +1,7 @@
 """An in-memory view of the registry, refreshed in the background: the hot path never queries the database.
 
 The refresher loads every row and the miss totals every ``interval`` seconds (and on
-demand), builds one :class:`~warmcache.query.RequestChecker` per model and workload, and
+demand), builds one :class:`~warmcache.reports.query.RequestChecker` per model and workload, and
 swaps the whole :class:`RegistryState` at once, so a request sees either the old view or
 the new one. Answers computed from a state (``/v1/check`` bodies, guard snapshots) are
 memoised on that state and vanish with it.
@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from warmcache.errors import WarmcacheError, first_line
-from warmcache.query import RequestChecker
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
+from warmcache.registry.statuses import DONE_STATUSES
+from warmcache.reports.query import RequestChecker
 from warmcache.service.http import ApiError, dumps
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES
 from warmcache.trust import SigningKey
 
 log = logging.getLogger("warmcache.service")
@@ -79,7 +79,8 @@ class RegistryState:
 
 
 class RegistryView:
-    """The registry at ``location`` as a refreshed :class:`RegistryState`, plus a connection for the few direct queries."""
+    """The registry at ``location`` as a refreshed :class:`RegistryState`, plus a connection for the few direct
+    queries."""
 
     def __init__(self, location: RegistryLocation, *, interval: float = 5.0) -> None:
         self.url = location.bounded(CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS)  # libpq waits forever by default
@@ -157,7 +158,8 @@ class RegistryView:
     def _open(self) -> Registry:
         with self._open_lock:
             if self._registry is None:
-                self._registry = Registry.open(self.url, create=False)  # serving reads: a missing registry is a 503, never a new one
+                # serving reads: a missing registry is a 503, never a new one
+                self._registry = Registry.open(self.url, create=False)
             return self._registry
 
     def _drop(self) -> None:
@@ -167,7 +169,9 @@ class RegistryView:
                 self._registry = None
 
 
-def guard_document(state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None) -> tuple[str, bytes]:
+def guard_document(
+    state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None
+) -> tuple[str, bytes]:
     """``(etag, body)`` of the guard snapshot of ``model``: its compiled rows, as ``warmcache guard export`` writes them
     (signed with ``signing_key``, once per state).
 
@@ -177,7 +181,11 @@ def guard_document(state: RegistryState, model: str, workload: str | None, sourc
     from warmcache.runtime.snapshot import snapshot_document
 
     def build() -> tuple[str, bytes]:
-        rows = [r for r in state.records if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES]
+        rows = [
+            r
+            for r in state.records
+            if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES
+        ]
         if not rows:
             raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
         document = snapshot_document(rows, source, signing_key)

@@ -24,14 +24,20 @@ Store = ObjectStore | OciStore
 
 def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
-    chosen = choose(STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None)
+    chosen = choose(
+        STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None
+    )
     if chosen is None or not chosen.text:
-        raise UsageError(f"no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), set ${STORE_ENV}, or add [store] url to the manifest")
+        raise UsageError(
+            "no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), "
+            f"set ${STORE_ENV}, or add [store] url to the manifest"
+        )
     return chosen.text
 
 
 def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> Store:
-    """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own settings."""
+    """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own
+    settings."""
     url = store_url(cli_url, manifest)
     if is_oci_url(url):
         return OciStore.open(url)

@@ -60,11 +60,12 @@ class ObjectStore(Protocol):
         """The object's size and last write, or ``None`` when there is none."""
 
     def sha256_of(self, key: str) -> str | None:
-        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when there is none."""
+        """The sha256 of what the store holds under ``key`` (S3's own checksum when it kept one), or ``None`` when
+        there is none."""
 
     def touch(self, key: str) -> None:
-        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is fine
-        (a ``store gc`` took it meanwhile: the push that touches it looks again and uploads it)."""
+        """Make the object's last write *now* without changing its bytes (``store gc`` spares young blobs); absent is
+        fine (a ``store gc`` took it meanwhile: the push that touches it looks again and uploads it)."""
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         """The whole object (refused above ``max_bytes``), or ``None`` when there is none."""
@@ -101,7 +102,9 @@ def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise UsageError(f"store URL {shown(url)}: a file store is file:///absolute/path")
         return FileStore(Path(unquote(parsed.path)))
-    raise UsageError(f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix, file:///path or oci://host/repository:tag)")
+    raise UsageError(
+        f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix, file:///path or oci://host/repository:tag)"
+    )
 
 
 def _refuse_dropped_parts(url: str) -> None:
@@ -154,7 +157,8 @@ class FileStore:
 
     def read(self, key: str, max_bytes: int) -> bytes | None:
         path = self._path(key)
-        if not self.root.is_dir():  # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+        # a typo in the URL is not a store that lacks every index (a missing bucket is an error too)
+        if not self.root.is_dir():
             raise StoreError(f"{self.url}: store folder does not exist")
         try:
             with path.open("rb") as handle:
@@ -254,7 +258,9 @@ class S3Store:
             self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         except (BotoCoreError, ValueError) as exc:  # a bad region or endpoint URL
             raise StoreError(f"{self.url}: cannot set up the S3 client ({first_line(exc)})") from None
-        self.transfer = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES // 4, max_concurrency=4)
+        self.transfer = TransferConfig(
+            multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES // 4, max_concurrency=4
+        )
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -262,7 +268,9 @@ class S3Store:
     def _call(self, operation: str, key: str, nbytes: int = 0, **params: Any) -> Any:
         """One S3 request on this store's key, under the deadlines (:mod:`warmcache.store.deadline`)."""
         method = getattr(self.client, operation)
-        return self.deadline.run(lambda: method(Bucket=self.bucket, Key=self._key(key), **params), f"{operation} {key}", nbytes)
+        return self.deadline.run(
+            lambda: method(Bucket=self.bucket, Key=self._key(key), **params), f"{operation} {key}", nbytes
+        )
 
     def size_of(self, key: str) -> int | None:
         found = self.stat(key)
@@ -277,9 +285,11 @@ class S3Store:
     def sha256_of(self, key: str) -> str | None:
         with self._errors(key, absent_ok=True):
             checksum = self._call("head_object", key, ChecksumMode="ENABLED").get("ChecksumSHA256")
-            if checksum and "-" not in checksum:  # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+            # a whole-object checksum S3 computed on upload ("-N": per part, not comparable)
+            if checksum and "-" not in checksum:
                 return base64.b64decode(checksum).hex()
-            return _hash_blocks(self.blocks(key))  # written without a checksum (another tool, an older warmcache): read it
+            # written without a checksum (another tool, an older warmcache): read it
+            return _hash_blocks(self.blocks(key))
         return None
 
     def touch(self, key: str) -> None:
@@ -306,7 +316,9 @@ class S3Store:
             extra = {"ChecksumAlgorithm": "SHA256"}
 
             def send() -> None:
-                self.client.upload_fileobj(reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress)
+                self.client.upload_fileobj(
+                    reader, self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer, Callback=progress
+                )
 
             self.deadline.run(send, f"uploading {key}", os.fstat(source.fileno()).st_size)
             if reader.digest.hexdigest() != sha256:
@@ -323,11 +335,15 @@ class S3Store:
 
     def list(self, prefix: str) -> Iterator[StoredObject]:
         with self._errors(prefix):
-            pages = iter(self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+            pages = iter(
+                self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+            )
             done: dict[str, Any] = {}
             while (page := self.deadline.run(lambda: next(pages, done), f"listing {prefix}")) is not done:
                 for item in page.get("Contents", ()):
-                    yield StoredObject(item["Key"][len(self.prefix) :], int(item["Size"]), item["LastModified"].timestamp())
+                    yield StoredObject(
+                        item["Key"][len(self.prefix) :], int(item["Size"]), item["LastModified"].timestamp()
+                    )
 
     def delete(self, key: str) -> None:
         with self._errors(key):
@@ -350,7 +366,10 @@ class _HashingReader:
 
 
 def changed_under_push(path: Path, sha256: str) -> str:
-    return f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); nothing stored under that key, push refused"
+    return (
+        f"{path}: changed while it was pushed (its bytes are no longer sha256 {sha256[:16]}…); "
+        "nothing stored under that key, push refused"
+    )
 
 
 def _hash_blocks(blocks: Iterator[bytes]) -> str:
@@ -392,18 +411,37 @@ class _S3Errors:
                 raise StoreError(f"{self.store.url}: bucket {self.store.bucket!r} does not exist{self._at()}") from None
             if self.absent_ok and (code in ("NoSuchKey", "404", "NotFound") or status == 404):
                 return True
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "403") or status == 403:
-                raise StoreError(f"{where}: access denied ({code}): check the AWS credentials and the bucket policy") from None
+            if (
+                code
+                in (
+                    "AccessDenied",
+                    "InvalidAccessKeyId",
+                    "SignatureDoesNotMatch",
+                    "ExpiredToken",
+                    "InvalidToken",
+                    "403",
+                )
+                or status == 403
+            ):
+                raise StoreError(
+                    f"{where}: access denied ({code}): check the AWS credentials and the bucket policy"
+                ) from None
             if status == 404:
                 raise StoreError(f"{where}: not in the store") from None
             raise StoreError(f"{where}: {code or status}: {first_line(error.get('Message') or exc)}") from None
         if isinstance(exc, NoCredentialsError):
-            raise StoreError(f"{self.store.url}: no AWS credentials found (environment, ~/.aws, SSO or an instance/pod role)") from None
+            raise StoreError(
+                f"{self.store.url}: no AWS credentials found (environment, ~/.aws, SSO or an instance/pod role)"
+            ) from None
         if isinstance(exc, EndpointConnectionError):
-            raise StoreError(f"{self.store.url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url', '')} after retries ({first_line(exc)})") from None
+            raise StoreError(
+                f"{self.store.url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url', '')} "
+                f"after retries ({first_line(exc)})"
+            ) from None
         if isinstance(exc, BotoCoreError):
             raise StoreError(f"{where}: {first_line(exc)} (after retries)") from None
-        if type(exc).__module__.startswith(("urllib3", "s3transfer", "boto3")):  # e.g. S3UploadFailedError wrapping a ClientError
+        # e.g. S3UploadFailedError wrapping a ClientError
+        if type(exc).__module__.startswith(("urllib3", "s3transfer", "boto3")):
             if "NoSuchBucket" in str(exc):
                 raise StoreError(f"{self.store.url}: bucket {self.store.bucket!r} does not exist{self._at()}") from None
             raise StoreError(f"{where}: {first_line(exc)}") from None

@@ -30,7 +30,9 @@ SECONDS_PER_BYTE = 1.0 / (1 << 20)
 DEFAULT_COMMAND_SECONDS = 3 * 3600.0
 
 #: The command deadline stores opened now get: ``(seconds allowed, monotonic start, where it was set)``.
-command_timeout: ContextVar[tuple[float, float, str] | None] = ContextVar("warmcache_store_command_timeout", default=None)
+command_timeout: ContextVar[tuple[float, float, str] | None] = ContextVar(
+    "warmcache_store_command_timeout", default=None
+)
 #: What sets the command deadline when nothing did, as messages name it.
 TIMEOUT_FLAG = "--timeout"
 
@@ -54,7 +56,10 @@ class Deadline:
         remaining = self.ends - time.monotonic()
         limit = min(self.request_seconds + nbytes * SECONDS_PER_BYTE, remaining)
         if limit <= 0:
-            raise StoreError(f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} ({self.source} to change it)")
+            raise StoreError(
+                f"{self.where}: the command's deadline of {self.seconds:g} s passed before {what} "
+                f"({self.source} to change it)"
+            )
         outcome: list[T] = []
         failure: list[BaseException] = []
 
@@ -69,7 +74,10 @@ class Deadline:
         worker.join(limit)
         if worker.is_alive():
             which = "the command's deadline" if limit >= remaining else "the per-request deadline"
-            raise StoreError(f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; {self.source} to change it)")
+            raise StoreError(
+                f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; "
+                f"{self.source} to change it)"
+            )
         if failure:
             raise failure[0]
         return outcome[0]

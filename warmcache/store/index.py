@@ -7,12 +7,11 @@
 
 An index is canonical JSON (sorted keys, no whitespace, UTF-8), produced by
 :func:`index_bytes` alone, so the same shape pushed twice gives the same bytes
-(a re-push writes nothing). ``push --sign`` adds a ``signature`` member over the
-canonical bytes of the rest (:func:`warmcache.trust.sign_document`); ``pull``
-checks it against trusted keys before believing the file list. It carries the registry row (as a bundle does), the fingerprints and every
-file of the entries the shape needs with its sha256 and size. A reader finds a
-shape's index by the identity it computes itself (shape × model config ×
-toolchain), so a host only ever sees indexes its own toolchain can load.
+(a re-push writes nothing). ``push --sign`` adds a ``signature`` member over the canonical bytes of the rest
+(:func:`warmcache.trust.sign_document`); ``pull`` checks it against trusted keys before believing the file list. It
+carries the registry row (as a bundle does), the fingerprints and every file of the entries the shape needs with its
+sha256 and size. A reader finds a shape's index by the identity it computes itself (shape × model config × toolchain),
+so a host only ever sees indexes its own toolchain can load.
 
 Every blob is written before the index that names it, and each object is written
 atomically, so a reader never meets a half-written index nor one naming a blob
@@ -91,8 +90,13 @@ def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = NOT_CO
     at = f"{where}/{key}"
     raw, signature, flavor = read_signed_document(data, at, "index", INDEX_FORMAT, trusted)
     [row] = check_rows([raw.get("row")], at)
-    if key != index_key(row["model_name"], row["toolchain_hash"], row["identity"]) or raw.get("identity") != row["identity"]:
-        raise CacheError(f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused")
+    if (
+        key != index_key(row["model_name"], row["toolchain_hash"], row["identity"])
+        or raw.get("identity") != row["identity"]
+    ):
+        raise CacheError(
+            f"{at}: its row is {row['model_name']} {row['identity']}, not the shape this key names; refused"
+        )
     files = check_files(raw.get("files"), flavor, at)
     check_artifacts(row, files, flavor, f"{at}: row")
     return ShapeIndex(key, flavor, row, files, signature)

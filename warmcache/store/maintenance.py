@@ -77,7 +77,10 @@ def list_objects(store: ObjectStore) -> StoreListing:
     blobs = [b for b in store.list(BLOB_PREFIX) if is_blob(b.key)]
     return StoreListing(
         store.url,
-        tuple(StoreGroup(model, toolchain, len(items), max(i.modified for i in items)) for (model, toolchain), items in sorted(groups.items())),
+        tuple(
+            StoreGroup(model, toolchain, len(items), max(i.modified for i in items))
+            for (model, toolchain), items in sorted(groups.items())
+        ),
         len(blobs),
         sum(b.size for b in blobs),
     )
@@ -109,7 +112,9 @@ class GcPlan:
         }
 
 
-def plan_object_gc(store: ObjectStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
+def plan_object_gc(
+    store: ObjectStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None
+) -> GcPlan:
     """Which blobs no index references (and old temporary files), read before anything is deleted."""
     now = time.time() if now is None else now
     referenced, indexes = referenced_blobs(store)

@@ -32,7 +32,10 @@ class RemoteEntry:
     locks: tuple[tuple[str, float], ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {**fields_json(self, leave_out={"locks"}), "locks": [{"path": path, "age_seconds": round(age, 1)} for path, age in self.locks]}
+        return {
+            **fields_json(self, leave_out={"locks"}),
+            "locks": [{"path": path, "age_seconds": round(age, 1)} for path, age in self.locks],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,5 +71,13 @@ def scan_remote_neuron(store: ObjectStore, now: float | None = None) -> RemoteCa
     for path, items in sorted(modules.items()):
         names = {item.key[len(path) + 1 :] for item in items}
         locks = tuple((item.key, max(0.0, now - item.modified)) for item in items if item.key.endswith(".lock"))
-        entries.append(RemoteEntry(path, "locked" if locks else module_state(names), sum(i.size for i in items), path.split("/")[0][len("neuronxcc-") :], locks))
+        entries.append(
+            RemoteEntry(
+                path,
+                "locked" if locks else module_state(names),
+                sum(i.size for i in items),
+                path.split("/")[0][len("neuronxcc-") :],
+                locks,
+            )
+        )
     return RemoteCacheInfo(store.url, tuple(entries))

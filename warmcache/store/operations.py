@@ -1,4 +1,5 @@
-"""Each store operation for any store URL: the object-store implementation (``s3://``, ``file://``) or the OCI image one (``oci://``).
+"""Each store operation for any store URL: the object-store implementation (``s3://``, ``file://``) or the OCI image one
+(``oci://``).
 
 The object-store modules (:mod:`.push`, :mod:`.maintenance`, :mod:`.scrub`) know
 nothing of OCI, and the OCI modules (:mod:`.oci`) build on their data types (the
@@ -16,8 +17,21 @@ from warmcache.cache.bundle import Progress
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.registry import Registry
 from warmcache.store.backends import ObjectStore
-from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, GcPlan, StoreListing, execute_object_gc, list_objects, plan_object_gc
-from warmcache.store.oci.maintenance import check_repository, execute_repository_gc, list_repository, plan_repository_gc, repair_repository
+from warmcache.store.maintenance import (
+    DEFAULT_GC_GRACE_SECONDS,
+    GcPlan,
+    StoreListing,
+    execute_object_gc,
+    list_objects,
+    plan_object_gc,
+)
+from warmcache.store.oci.maintenance import (
+    check_repository,
+    execute_repository_gc,
+    list_repository,
+    plan_repository_gc,
+    repair_repository,
+)
 from warmcache.store.oci.push import push_image
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import PushResult, push_objects
@@ -35,10 +49,27 @@ def push_manifest(
     signing_key: SigningKey | None = None,
     progress: Progress | None = None,
 ) -> PushResult:
-    """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into the tag's image."""
+    """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into
+    the tag's image."""
     if isinstance(store, OciStore):
-        return push_image(scope, registry, store, verified_only=verified_only, identities=identities, signing_key=signing_key, progress=progress)
-    return push_objects(scope, registry, store, verified_only=verified_only, identities=identities, signing_key=signing_key, progress=progress)
+        return push_image(
+            scope,
+            registry,
+            store,
+            verified_only=verified_only,
+            identities=identities,
+            signing_key=signing_key,
+            progress=progress,
+        )
+    return push_objects(
+        scope,
+        registry,
+        store,
+        verified_only=verified_only,
+        identities=identities,
+        signing_key=signing_key,
+        progress=progress,
+    )
 
 
 def list_store(store: ObjectStore | OciStore) -> StoreListing:
@@ -46,9 +77,15 @@ def list_store(store: ObjectStore | OciStore) -> StoreListing:
     return list_repository(store) if isinstance(store, OciStore) else list_objects(store)
 
 
-def plan_gc(store: ObjectStore | OciStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None) -> GcPlan:
+def plan_gc(
+    store: ObjectStore | OciStore, grace_seconds: float = DEFAULT_GC_GRACE_SECONDS, now: float | None = None
+) -> GcPlan:
     """What no index references (and old temporary files), read before anything is deleted."""
-    return plan_repository_gc(store, grace_seconds, now) if isinstance(store, OciStore) else plan_object_gc(store, grace_seconds, now)
+    return (
+        plan_repository_gc(store, grace_seconds, now)
+        if isinstance(store, OciStore)
+        else plan_object_gc(store, grace_seconds, now)
+    )
 
 
 def execute_gc(store: ObjectStore | OciStore, plan: GcPlan) -> int:
@@ -56,11 +93,24 @@ def execute_gc(store: ObjectStore | OciStore, plan: GcPlan) -> int:
     return execute_repository_gc(store, plan) if isinstance(store, OciStore) else execute_object_gc(store, plan)
 
 
-def check_store(store: ObjectStore | OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, Any]:
-    """The report, and what a repair needs (an object store: each referenced blob's cache paths; an OCI store: each damaged layer)."""
-    return check_repository(store, trusted, progress) if isinstance(store, OciStore) else check_objects(store, trusted, progress)
+def check_store(
+    store: ObjectStore | OciStore,
+    trusted: TrustedKeys = NOT_CONFIGURED,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[CheckReport, Any]:
+    """The report, and what a repair needs (an object store: each referenced blob's cache paths; an OCI store: each
+    damaged layer)."""
+    return (
+        check_repository(store, trusted, progress)
+        if isinstance(store, OciStore)
+        else check_objects(store, trusted, progress)
+    )
 
 
 def repair_store(store: ObjectStore | OciStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
     """Upload again what is damaged or missing and a file of ``cache_root`` holds; the report of what is left."""
-    return repair_repository(store, report, named, cache_root) if isinstance(store, OciStore) else repair_objects(store, report, named, cache_root)
+    return (
+        repair_repository(store, report, named, cache_root)
+        if isinstance(store, OciStore)
+        else repair_objects(store, report, named, cache_root)
+    )

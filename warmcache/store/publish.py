@@ -40,7 +40,9 @@ class ShapePublisher:
         try:
             with Registry.open(self.registry) as registry:
                 [record] = registry.rows(identities=[identity])
-                scope = ShipmentScope(self.manifest, single_location(self.manifest, self.cache_dir, record.model_name), record.model_name)
+                scope = ShipmentScope(
+                    self.manifest, single_location(self.manifest, self.cache_dir, record.model_name), record.model_name
+                )
                 result = push_manifest(scope, registry, self.store, identities=[identity], signing_key=self.signing_key)
         except WarmcacheError as exc:
             self.failures.append(f"{identity[:16]}: {exc}")
@@ -53,7 +55,14 @@ class ShapePublisher:
         return 1 if self.failures else 0
 
     def as_json(self) -> dict[str, Any]:
-        return {"store": self.store.url, "pushed": self.pushed, "bytes_uploaded": self.bytes_uploaded, "failures": self.failures}
+        return {
+            "store": self.store.url,
+            "pushed": self.pushed,
+            "bytes_uploaded": self.bytes_uploaded,
+            "failures": self.failures,
+        }
 
     def lines(self) -> list[str]:
-        return [f"push: {self.pushed} shapes published to {self.store.url}"] + [f"push failed: {line}" for line in self.failures]
+        return [f"push: {self.pushed} shapes published to {self.store.url}"] + [
+            f"push failed: {line}" for line in self.failures
+        ]

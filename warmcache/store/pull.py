@@ -21,6 +21,7 @@ leaves no partial entry and no row naming a missing file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
@@ -45,8 +46,8 @@ from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.jsonable import fields_json
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
 from warmcache.store.backends import ObjectStore
@@ -61,6 +62,8 @@ from warmcache.store.oci.store import OciStore
 from warmcache.store.push import TRANSFER_THREADS
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 
+log = logging.getLogger(__name__)
+
 #: Checked blobs of an unfinished pull; a work folder, so scans skip it and doctor clears an abandoned one.
 BLOB_FOLDER = f"{STAGING_PREFIX}pull"
 #: A blob that does not match its hash is fetched this many times in all before the pull is refused.
@@ -68,12 +71,16 @@ FETCH_ATTEMPTS = 3
 
 
 class PullSource(Protocol):
-    """Where a pull finds shapes and their files: an object store's indexes and blobs, or an OCI image's (:class:`~warmcache.store.oci.store.OciStore`)."""
+    """Where a pull finds shapes and their files: an object store's indexes and blobs, or an OCI image's
+    (:class:`~warmcache.store.oci.store.OciStore`)."""
 
     url: str
 
-    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
-        """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by identity."""
+    def read_indexes(
+        self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
+    ) -> dict[str, ShapeIndex]:
+        """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by
+        identity."""
 
     def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
         """Every file (by sha256) checked into ``folder/<sha256>``; ``(downloaded, reused)`` bytes."""
@@ -89,7 +96,9 @@ class ObjectSource:
     def url(self) -> str:
         return self.store.url
 
-    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
+    def read_indexes(
+        self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
+    ) -> dict[str, ShapeIndex]:
         return _read_indexes(self.store, wanted, location, trusted)
 
     def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
@@ -118,7 +127,12 @@ class PullResult:
         return 1 if self.missing else 0
 
     def as_json(self) -> dict[str, Any]:
-        renamed = {"already_present": "shapes_already_present", "pulled": "shapes_pulled", "missing": "missing_in_store", "entries_present": "entries_already_present"}
+        renamed = {
+            "already_present": "shapes_already_present",
+            "pulled": "shapes_pulled",
+            "missing": "missing_in_store",
+            "entries_present": "entries_already_present",
+        }
         return {**fields_json(self, renamed), "ok": self.exit_code == 0}
 
 
@@ -144,14 +158,32 @@ def pull_manifest(
     require_trust(trusted, allow_unsigned, f"pull from {source.url}")
     planned = plan_manifest(scope.manifest, scope.model_name)
     location = scope.location
-    identities = [p.identity for p in planned]  # hashed once: a no-op pull of thousands of shapes is mostly this and one query
-    present = {identity for identity, paths in _done_artifact_paths(registry, identities).items() if all(os.path.lexists(location.root / p) for p in paths)}
+    # hashed once: a no-op pull of thousands of shapes is mostly this and one query
+    identities = [p.identity for p in planned]
+    present = {
+        identity
+        for identity, paths in _done_artifact_paths(registry, identities).items()
+        if all(os.path.lexists(location.root / p) for p in paths)
+    }
     wanted = [p for p, identity in zip(planned, identities) if identity not in present]
+    log.debug(
+        "pull from %s: skip %d shape(s) the registry and %s already hold; %d wanted",
+        source.url,
+        len(present),
+        location.root,
+        len(wanted),
+    )
     found = source.read_indexes(wanted, location, trusted)
     missing = tuple(p.spec.describe() for p in wanted if p.identity not in found)
+    for description in missing:
+        log.debug("store miss: %s is not in %s", description, source.url)
     files, held = _files_to_install(list(found.values()), location)
+    log.debug(
+        "store hit: %d shape(s); %d cache entr(ies) already held, %d file(s) to fetch", len(found), held, len(files)
+    )
     fetch = {f.sha256: f.size for f in files.values()}
-    check_room(files.values(), location.root, max_bytes, source.url)  # what lands in the cache: a blob at two paths counts twice
+    # what lands in the cache: a blob at two paths counts twice
+    check_room(files.values(), location.root, max_bytes, source.url)
     common: dict[str, Any] = {
         "store": source.url,
         "cache_dir": location.root,
@@ -161,14 +193,19 @@ def pull_manifest(
         "signatures_checked": trusted.configured,
     }
     if not found:
-        return PullResult(**common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None)
+        return PullResult(
+            **common, entries_added=0, entries_present=0, files=0, bytes_downloaded=0, bytes_reused=0, rows=None
+        )
     folder = location.root / BLOB_FOLDER
     meta = BundleMeta(location.flavor, [index.row for index in found.values()], files)
     created = [p for p in (location.root, *location.root.parents) if not p.exists()]
     try:
         downloaded, reused = source.fetch_blobs(fetch, folder, progress)
-        result = install_staged(meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging))
-    except CacheError:  # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+        result = install_staged(
+            meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging)
+        )
+    # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
+    except CacheError:
         shutil.rmtree(folder, ignore_errors=True)
         for path in created:
             with contextlib.suppress(OSError):
@@ -189,15 +226,19 @@ def pull_manifest(
 
 
 def _done_artifact_paths(location: RegistryLocation, identities: list[str]) -> dict[str, list[str]]:
-    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records nothing (and is not created)."""
+    """What the registry records as compiled among ``identities``; a SQLite file that does not exist yet records
+    nothing (and is not created)."""
     if location.sqlite_file is not None and not location.sqlite_file.exists():
         return {}
     with Registry.open(location) as registry:
         return registry.done_artifact_paths(identities)
 
 
-def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
-    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by identity."""
+def _read_indexes(
+    store: ObjectStore, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
+) -> dict[str, ShapeIndex]:
+    """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the store holds, by
+    identity."""
 
     def read(planned: PlannedShape) -> ShapeIndex | None:
         key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
@@ -206,7 +247,10 @@ def _read_indexes(store: ObjectStore, wanted: list[PlannedShape], location: Cach
             return None
         index = parse_index(data, key, store.url, trusted)
         if index.flavor != location.flavor:
-            raise CacheError(f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a {location.flavor} cache; refused")
+            raise CacheError(
+                f"{store.url}/{key}: a {index.flavor} cache's shape, but {location.root} is a "
+                f"{location.flavor} cache; refused"
+            )
         return index
 
     with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
@@ -221,7 +265,10 @@ def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tup
         for path, file in index.files.items():
             known = files.setdefault(path, file)
             if known != file:
-                raise CacheError(f"{index.key}: lists {path} with sha256 {file.sha256[:16]}…, another index with {known.sha256[:16]}…; refused")
+                raise CacheError(
+                    f"{index.key}: lists {path} with sha256 {file.sha256[:16]}…, another index with "
+                    f"{known.sha256[:16]}…; refused"
+                )
     by_entry: dict[str, list[BundleFile]] = {}
     for path, file in files.items():
         found = entry_of(location.flavor, path)
@@ -232,7 +279,8 @@ def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tup
 
 
 def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
-    """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)`` bytes."""
+    """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)``
+    bytes."""
     folder.mkdir(parents=True, exist_ok=True)
     total = sum(sizes.values())
     lock = threading.Lock()
@@ -249,6 +297,7 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
     def one(sha256: str) -> None:
         target, size = folder / sha256, sizes[sha256]
         if target.is_file() and target.stat().st_size == size and sha256_of(target) == sha256:
+            log.debug("blob %s: kept from an earlier pull, not fetched again", sha256[:16])
             advance(size, "reused")
             return
         for attempt in range(1, FETCH_ATTEMPTS + 1):
@@ -256,13 +305,19 @@ def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progre
             counted = [0]
             try:
                 write_checked(
-                    _counted(store.blocks(blob_key(sha256)), advance, counted), BundleFile(blob_key(sha256), sha256, size), partial, where=f"{store.url}/{blob_key(sha256)}"
+                    _counted(store.blocks(blob_key(sha256)), advance, counted),
+                    BundleFile(blob_key(sha256), sha256, size),
+                    partial,
+                    where=f"{store.url}/{blob_key(sha256)}",
                 )
             except CacheError as exc:
                 advance(-counted[0])  # the bytes of a refused fetch count again when they are fetched again, not twice
                 partial.unlink(missing_ok=True)
                 if attempt == FETCH_ATTEMPTS:
                     raise CacheError(f"{exc} (fetched {FETCH_ATTEMPTS} times)") from None
+                log.debug(
+                    "blob %s refused on fetch %d of %d, fetching again: %s", sha256[:16], attempt, FETCH_ATTEMPTS, exc
+                )
                 continue
             except BaseException:
                 partial.unlink(missing_ok=True)

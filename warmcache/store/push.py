@@ -13,6 +13,7 @@ blobs already there are skipped.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -43,6 +44,8 @@ from warmcache.store.index import (
 )
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.trust import SigningKey, sign_document
+
+log = logging.getLogger(__name__)
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
 TRANSFER_THREADS = 8
@@ -78,10 +81,7 @@ def push_objects(
     """
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
-    try:
-        shapes = files_per_shape(records, location)
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+    shapes = files_per_shape(records, location)
     blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
     checked_at = time.monotonic()
     uploaded, present, sent = _upload_missing(store, blobs, progress)
@@ -92,9 +92,22 @@ def push_objects(
             index = sign_document(index, signing_key)
         indexes.append((index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)))
     late = time.monotonic() - checked_at > REFRESH_AGE_SECONDS  # every check is old now: refresh every re-used blob
-    again = _refresh_reused(store, sorted(sha for sha, modified in present.items() if late or time.time() - modified > REFRESH_AGE_SECONDS), blobs)
+    again = _refresh_reused(
+        store,
+        sorted(sha for sha, modified in present.items() if late or time.time() - modified > REFRESH_AGE_SECONDS),
+        blobs,
+    )
     written = _write_indexes(store, indexes)
-    return PushResult(store.url, len(records), written, len(records) - written, uploaded + again, len(present) - again, sent, not_compiled)
+    return PushResult(
+        store.url,
+        len(records),
+        written,
+        len(records) - written,
+        uploaded + again,
+        len(present) - again,
+        sent,
+        not_compiled,
+    )
 
 
 def _write_indexes(store: ObjectStore, indexes: list[tuple[str, bytes]]) -> int:
@@ -108,7 +121,8 @@ def _write_indexes(store: ObjectStore, indexes: list[tuple[str, bytes]]) -> int:
 
 
 def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tuple[Path, int]]) -> int:
-    """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to name them.
+    """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to
+    name them.
 
     The store's consistency rule (:mod:`warmcache.store.maintenance`): gc deletes a blob
     only if no index named it when its run started and when it decided, and its own
@@ -130,7 +144,15 @@ def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tupl
 
 
 def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
-    """Each shape's files (its entries plus the cache's kernel files), each file hashed once."""
+    """Each shape's files (its entries plus the cache's kernel files), each file hashed once; a file that cannot be
+    read is one line naming it, before anything is pushed."""
+    try:
+        return _files_per_shape(records, location)
+    except OSError as exc:
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+
+
+def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
     kernels = shared_kernels(location)
     hashed: dict[str, BundleFile] = {}
 
@@ -139,11 +161,19 @@ def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict
             hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
         return hashed[path]
 
-    return {record.identity: [file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))] for record in records}
+    return {
+        record.identity: [
+            file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))
+        ]
+        for record in records
+    }
 
 
-def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None) -> tuple[int, dict[str, float], int]:
-    """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written}, bytes sent)``.
+def _upload_missing(
+    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None
+) -> tuple[int, dict[str, float], int]:
+    """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written},
+    bytes sent)``.
 
     A blob of the right size is re-used only if its content is its name (S3's own
     checksum, or the file store's bytes hashed): a blob damaged in place is replaced.
@@ -166,10 +196,14 @@ def _upload_missing(store: ObjectStore, blobs: dict[str, tuple[Path, int]], prog
         key = blob_key(sha256)
         held = store.stat(key)
         if held is not None and held.size == size and store.sha256_of(key) == sha256:
+            log.debug("blob %s: already in the store, not uploaded", sha256[:16])
             with lock:
                 present[sha256] = held.modified
             advance(size)
             return
+        log.debug(
+            "blob %s: %s, uploading", sha256[:16], "missing from the store" if held is None else "damaged in the store"
+        )
         store.upload(path, key, sha256, lambda nbytes: advance(nbytes))
         advance(0, uploaded=1, sent=size)
 

@@ -50,7 +50,9 @@ class CheckReport:
         return {**fields_json(self, {"url": "store"}), "ok": not self.problems}
 
 
-def check_objects(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, Any]:
+def check_objects(
+    store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None
+) -> tuple[CheckReport, Any]:
     """The report, and what a repair needs: for each referenced blob the cache paths the indexes give it."""
     problems: list[StoreProblem] = []
     named: dict[str, set[str]] = {}
@@ -75,17 +77,26 @@ def check_objects(store: ObjectStore, trusted: TrustedKeys = NOT_CONFIGURED, pro
         if progress:
             progress(done, total)
     stored = {b.key for b in blobs}
-    problems += [StoreProblem(blob_key(sha), "missing", f"named by an index as {sorted(paths)[0]}") for sha, paths in sorted(named.items()) if blob_key(sha) not in stored]
+    problems += [
+        StoreProblem(blob_key(sha), "missing", f"named by an index as {sorted(paths)[0]}")
+        for sha, paths in sorted(named.items())
+        if blob_key(sha) not in stored
+    ]
     return CheckReport(store.url, indexes, len(blobs), tuple(problems)), named
 
 
 def repair_objects(store: ObjectStore, report: CheckReport, named: Any, cache_root: Path) -> CheckReport:
-    """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is left."""
+    """Upload again each damaged or missing blob whose bytes a file of ``cache_root`` holds; the report of what is
+    left."""
     repaired: list[str] = []
     left: list[StoreProblem] = []
     for problem in report.problems:
         sha256 = problem.key.rsplit("/", 1)[1]
-        source = _local_copy(cache_root, named.get(sha256, set()), sha256) if problem.problem in ("damaged", "missing") else None
+        source = (
+            _local_copy(cache_root, named.get(sha256, set()), sha256)
+            if problem.problem in ("damaged", "missing")
+            else None
+        )
         if source is None:
             left.append(problem)
             continue

@@ -11,23 +11,38 @@ from __future__ import annotations
 from pathlib import Path
 
 from warmcache.manifest import Manifest, ModelSpec
-from warmcache.targets.base import Target
+from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.inductor import InductorTarget
 from warmcache.targets.neuron import NeuronTarget
 
 
+def target_of(device: str, backend: str, mode: str = "default") -> Target:
+    """The target that compiles for ``device``: Neuron on ``neuron``, Inductor (or its cache-less backends) on CPU
+    and CUDA."""
+    if device == "neuron":
+        return NeuronTarget(device, backend, mode)
+    return InductorTarget(device, backend, mode)
+
+
 def target_for(model: ModelSpec) -> Target:
-    if model.device == "neuron":
-        return NeuronTarget(model.device, model.backend, model.mode)
-    return InductorTarget(model.device, model.backend, model.mode)
+    return target_of(model.device, model.backend, model.mode)
 
 
 def resolve_cache_dir(target: Target, cli_dir: str | Path | None, manifest: Manifest | None) -> tuple[Path, bool]:
     """The cache root for ``target`` and whether warmcache chose it (so the compiler must be pointed at it)."""
-    chosen = cli_dir or (manifest.cache_dir if manifest else None)  # $WARMCACHE_CACHE_DIR is folded into cli_dir at the edge
+    # $WARMCACHE_CACHE_DIR is folded into cli_dir at the edge
+    chosen = cli_dir or (manifest.cache_dir if manifest else None)
     if chosen:
         return Path(chosen).expanduser().resolve(), True
     return target.default_cache_dir(), False
 
 
-__all__ = ["InductorTarget", "NeuronTarget", "Target", "resolve_cache_dir", "target_for"]
+__all__ = [
+    "InductorTarget",
+    "NeuronTarget",
+    "Target",
+    "ToolchainFactors",
+    "resolve_cache_dir",
+    "target_for",
+    "target_of",
+]

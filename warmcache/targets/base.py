@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.flavors import CacheFlavor
+from warmcache.targets.flavors import CacheFlavor
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
@@ -23,6 +23,27 @@ if TYPE_CHECKING:
 #: Dynamo falls back to eager after this many recompiles of one function; warmup
 #: compiles every declared shape of a model in one process, so it must be far higher.
 WARMUP_RECOMPILE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ToolchainFactors:
+    """The parts of the toolchain fingerprint a target reads for itself
+    (:func:`warmcache.identity.fingerprint.current_toolchain` adds the common packages, the compiler's environment
+    variables and the target's name).
+
+    Each field is stored with every registry row as it is named here, so a target
+    that has nothing to say for one leaves its default: the stored identity of a row
+    never depends on how a target computes it.
+    """
+
+    #: Which machine the code is generated for (``cpu:x86_64:avx512f``, ``cuda:sm_90``, ``neuron:trn1``).
+    platform: str
+    #: Packages beyond the common ones whose version changes what this target compiles.
+    packages: tuple[str, ...] = ()
+    #: The Neuron compiler's flags, normalised; empty on every other target.
+    neuron_cc_flags: str = ""
+    #: The NVIDIA driver of a CUDA target; ``None`` on every other target.
+    cuda_driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +68,11 @@ class Target(ABC):
         """Make the compiler cache under ``root``; must run before the first compile."""
 
     @abstractmethod
+    def toolchain_factors(self) -> ToolchainFactors:
+        """What on this machine decides what this target compiles, beyond the common packages (read without torch
+        where it can be)."""
+
+    @abstractmethod
     def check_available(self) -> None:
         """Raise :class:`~warmcache.errors.TargetUnavailableError` if this machine cannot run the target."""
 
@@ -58,7 +84,9 @@ class Target(ABC):
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, WARMUP_RECOMPILE_LIMIT)
-        dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, WARMUP_RECOMPILE_LIMIT)
+        dynamo_config.accumulated_recompile_limit = max(
+            dynamo_config.accumulated_recompile_limit, WARMUP_RECOMPILE_LIMIT
+        )
 
     def load_kwargs(self) -> dict[str, Any]:
         """Extra ``from_pretrained`` arguments that place the model on the device."""
@@ -69,6 +97,6 @@ class Target(ABC):
         return "cpu"
 
     def compile_config(self) -> CompileConfig:
-        from warmcache.generation import compile_config
+        from warmcache.modeling.generation import compile_config
 
         return compile_config(self.backend, self.mode, self.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import platform
 import re
 import tempfile
 from dataclasses import dataclass
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import TargetUnavailableError
-from warmcache.flavors import CacheFlavor
-from warmcache.targets.base import Target
+from warmcache.targets.base import Target, ToolchainFactors
+from warmcache.targets.flavors import CacheFlavor
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: Triton generates every CUDA kernel Inductor compiles (the wheel is ``pytorch-triton`` on nightlies).
+CUDA_PACKAGES = ("triton", "pytorch-triton")
 
 
 def inductor_default_cache_dir() -> Path:
@@ -31,6 +34,44 @@ def inductor_default_cache_dir() -> Path:
     except (KeyError, OSError):
         user = "unknown"
     return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _cpu_isa() -> str:
+    """The widest vector ISA Inductor will generate code for on this CPU."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return platform.processor() or "unknown"
+    for isa in ("amx_tile", "avx512_bf16", "avx512f", "avx2", "asimd"):
+        if isa in flags:
+            return isa
+    return "default"
+
+
+def nvidia_driver_version(proc_text: str) -> str:
+    """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's
+    wording)."""
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..." or
+    # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (seen on an H200)
+    version = re.search(r"\s(\d+\.\d+(?:\.\d+)*)\s", proc_text.split("\n", 1)[0] + " ")
+    return version.group(1) if version else "unknown"
+
+
+def _cuda_driver() -> str:
+    """The NVIDIA kernel driver's version, from ``/proc`` (no torch, no subprocess)."""
+    try:
+        return nvidia_driver_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return "unknown"
+
+
+def _cuda_capability() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "unavailable"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +89,23 @@ class InductorTarget(Target):
     def point_cache_at(self, root: Path) -> None:
         os.environ[CACHE_ENV] = str(root)
 
+    def toolchain_factors(self) -> ToolchainFactors:
+        """On CPU the ISA Inductor generates code for; on CUDA the compute capability, the driver and Triton."""
+        if self.device == "cuda":
+            return ToolchainFactors(
+                platform=f"cuda:{_cuda_capability()}", packages=CUDA_PACKAGES, cuda_driver=_cuda_driver()
+            )
+        return ToolchainFactors(platform=f"cpu:{platform.machine()}:{_cpu_isa()}")
+
     def check_available(self) -> None:
         if self.device != "cuda":
             return
         import torch
 
         if not torch.cuda.is_available():
-            raise TargetUnavailableError(f"device 'cuda' ({self.describe()}): torch {torch.__version__} sees no CUDA device on this machine")
+            raise TargetUnavailableError(
+                f"device 'cuda' ({self.describe()}): torch {torch.__version__} sees no CUDA device on this machine"
+            )
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"device_map": "cuda"} if self.device == "cuda" else {}

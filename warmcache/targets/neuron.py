@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import TargetUnavailableError, UsageError
-from warmcache.flavors import CacheFlavor
-from warmcache.targets.base import Target
+from warmcache.targets.base import Target, ToolchainFactors
+from warmcache.targets.flavors import CacheFlavor
 
 FLAGS_ENV = "NEURON_CC_FLAGS"
 CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("/var/tmp/neuron-compile-cache")
+#: Neuron compiler flags that say where or how often to compile, not what.
+_CACHE_ONLY_NEURON_FLAGS = ("--cache_dir", "--retry_failed_compilation")
 
 
 def _flag_cache_dir(flags: str) -> str | None:
@@ -55,7 +57,8 @@ def _with_cache_dir(flags: str, root: Path) -> str:
 
 
 def configured_cache_location() -> str | None:
-    """The persistent cache the environment names: ``--cache_dir`` in ``NEURON_CC_FLAGS``, then ``NEURON_COMPILE_CACHE_URL``."""
+    """The persistent cache the environment names: ``--cache_dir`` in ``NEURON_CC_FLAGS``, then
+    ``NEURON_COMPILE_CACHE_URL``."""
     return _flag_cache_dir(os.environ.get(FLAGS_ENV, "")) or os.environ.get(CACHE_URL_ENV)
 
 
@@ -63,6 +66,43 @@ def remote_cache_url() -> str | None:
     """The ``s3://`` cache the environment names for the Neuron compiler, if it names one."""
     location = configured_cache_location()
     return location if location and location.startswith("s3://") and not os.environ.get(NEFF_CACHE_ENV) else None
+
+
+def normalise_neuron_cc_flags(flags: str | None) -> str:
+    """Canonical form of ``NEURON_CC_FLAGS``: cache-location flags dropped, options sorted.
+
+    ``--opt a --opt=b`` spellings collapse to ``--opt=a``; the order of options does
+    not change the compile, so it does not change the fingerprint.
+    """
+    if not flags:
+        return ""
+    try:
+        tokens = shlex.split(flags)
+    except ValueError as exc:
+        raise UsageError(f"NEURON_CC_FLAGS={flags!r}: {exc}") from None
+    options: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("-") and "=" not in token and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            token = f"{token}={tokens[i + 1]}"
+            i += 1
+        i += 1
+        if token.split("=", 1)[0] in _CACHE_ONLY_NEURON_FLAGS:
+            continue
+        options.append(token)
+    return " ".join(sorted(options))
+
+
+def _neuron_platform() -> str:
+    override = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    if override:
+        return override
+    try:
+        product = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip()
+    except OSError:
+        return "unknown"
+    return product.split(".", 1)[0] or "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +130,14 @@ class NeuronTarget(Target):
         if os.environ.get(NEFF_CACHE_ENV):
             os.environ[NEFF_CACHE_ENV] = str(root)
 
+    def toolchain_factors(self) -> ToolchainFactors:
+        """The instance family the compiler targets and its flags (normalised: where it caches is not what it
+        compiles)."""
+        return ToolchainFactors(
+            platform=f"neuron:{_neuron_platform()}",
+            neuron_cc_flags=normalise_neuron_cc_flags(os.environ.get(FLAGS_ENV)),
+        )
+
     def check_available(self) -> None:
         try:
             import torch_neuronx  # noqa: F401
@@ -102,7 +150,9 @@ class NeuronTarget(Target):
 
         neuron = getattr(torch, "neuron", None)
         if neuron is None or not neuron.is_available():
-            raise TargetUnavailableError("device 'neuron': torch_neuronx is installed but no Neuron device is visible (check neuron-ls)")
+            raise TargetUnavailableError(
+                "device 'neuron': torch_neuronx is installed but no Neuron device is visible (check neuron-ls)"
+            )
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"device_map": "neuron"}

@@ -3,8 +3,8 @@
 The step is the call generate() makes to its compiled forward (captured during
 warmup's real generate(), see :func:`warmcache.warmup.precompile.capture_decode_call`),
 with the static cache taken apart into plain tensor inputs
-(:mod:`warmcache.decode_inputs`). Inside the step a
-:class:`~warmcache.kv_cache.PositionTensorCache` is built around those tensors, so
+(:mod:`warmcache.modeling.decode_inputs`). Inside the step a
+:class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors, so
 the model runs its own attention and mask code unchanged; the exported graph keeps
 the cache's in-place updates, and AOTInductor writes them back into the caller's
 tensors (measured, torch 2.13).
@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.decode_inputs import flatten, input_signature, scalars
 from warmcache.errors import CacheError
-from warmcache.kv_cache import PositionTensorCache
+from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
+from warmcache.modeling.kv_cache import PositionTensorCache
 from warmcache.runtime.aotinductor import encode_tensor, named_tensors, open_loader
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 
@@ -35,11 +35,14 @@ if TYPE_CHECKING:
 
 #: Inductor options of every package: weights stay with the model that loads it.
 INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
-#: Tensor constants a package may carry in its header: what a model computes from its config (rotary frequencies), never weights.
+#: Bytes of tensor constants a package may carry in its header: what a model computes from its config
+#: (rotary frequencies), never weights.
 MAX_COMPUTED_CONSTANT_BYTES = 1 << 20
 
 
-def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int) -> torch.nn.Module:
+def _step_module(
+    model: PreTrainedModel, names: list[str], mask_kinds: list[str] | None, fixed: dict[str, Any], max_cache_len: int
+) -> torch.nn.Module:
     """A module whose forward takes the flat decode tensors and returns the logits."""
     import torch
 
@@ -50,21 +53,37 @@ def _step_module(model: PreTrainedModel, names: list[str], mask_kinds: list[str]
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
             given = dict(zip(names, tensors))
-            mask: Any = {kind: given.get(f"attention_mask.{kind}") for kind in mask_kinds} if mask_kinds is not None else given.get("attention_mask")
+            mask: Any = (
+                {kind: given.get(f"attention_mask.{kind}") for kind in mask_kinds}
+                if mask_kinds is not None
+                else given.get("attention_mask")
+            )
             cache = PositionTensorCache(self.model.config, max_cache_len)
             for index, layer in enumerate(cache.layers):
                 keys = given.get(f"cache.layers[{index}].keys")
                 if keys is None:
                     continue
-                _fill_layer(layer, keys, given[f"cache.layers[{index}].values"], given[f"cache.layers[{index}].cumulative_length"])
-            out = self.model(input_ids=given["input_ids"], position_ids=given.get("position_ids"), attention_mask=mask, cache=cache, **fixed)
+                _fill_layer(
+                    layer,
+                    keys,
+                    given[f"cache.layers[{index}].values"],
+                    given[f"cache.layers[{index}].cumulative_length"],
+                )
+            out = self.model(
+                input_ids=given["input_ids"],
+                position_ids=given.get("position_ids"),
+                attention_mask=mask,
+                cache=cache,
+                **fixed,
+            )
             return out.logits
 
     return DecodeStep().eval()
 
 
 def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> None:
-    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export cannot trace it)."""
+    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export
+    cannot trace it)."""
     layer.keys, layer.values, layer.cumulative_length = keys, values, position
     layer.device = keys.device
     layer.batch_size, layer.num_heads = keys.shape[:2]
@@ -72,7 +91,9 @@ def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: 
     layer.is_initialized = True
 
 
-def package_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES) -> tuple[bytes, dict[str, Any]]:
+def package_decode(
+    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
+) -> tuple[bytes, dict[str, Any]]:
     """Export and package the decode step of exactly these arguments.
 
     Returns the package bytes and the header fields production checks before
@@ -133,7 +154,9 @@ def _constants_as_buffers(program: torch.export.ExportedProgram) -> dict[str, to
     return computed
 
 
-def constant_header(step: torch.nn.Module, listed: list[str], computed: dict[str, torch.Tensor]) -> dict[str, list[Any]]:
+def constant_header(
+    step: torch.nn.Module, listed: list[str], computed: dict[str, torch.Tensor]
+) -> dict[str, list[Any]]:
     """``{fqn: [shape, dtype]}`` of every weight the package lists, each found among the step's parameters and buffers.
 
     A listed constant the step computes (``computed``) is not bound from the model
@@ -143,14 +166,15 @@ def constant_header(step: torch.nn.Module, listed: list[str], computed: dict[str
     missing = sorted(set(listed) - set(own) - set(computed))
     if missing:
         raise CacheError(
-            f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+            f"aotinductor package: constant {missing[0]} is not a parameter or buffer of the loaded model"
+            + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
         )
     carried = sorted(set(listed) & set(computed) - set(own))
     size = sum(computed[fqn].numel() * computed[fqn].element_size() for fqn in carried)
     if size > MAX_COMPUTED_CONSTANT_BYTES:
         raise CacheError(
-            f"aotinductor package: the decode step computes {size} bytes of tensor constants that are not parameters or buffers (first: {carried[0]}); "
-            f"a package carries at most {MAX_COMPUTED_CONSTANT_BYTES}"
+            f"aotinductor package: the decode step computes {size} bytes of tensor constants that are not "
+            f"parameters or buffers (first: {carried[0]}); a package carries at most {MAX_COMPUTED_CONSTANT_BYTES}"
         )
     return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(set(listed) - set(carried))}
 

@@ -21,9 +21,9 @@ the same way:
 Messages are frozen dataclasses whose fields are JSON values (tuples travel as
 lists) or frozen dataclasses of them, such as a
 :class:`~warmcache.settings.RegistryLocation`: it travels as its fields and arrives
-as the same value, so a child never parses or normalises a registry URL again. Each line is tagged with its class name and decoded only into the
-classes the reader names, so a message of another kind is an error, not a
-silently empty result.
+as the same value, so a child never parses or normalises a registry URL again. Each line is tagged with its class name
+and decoded only into the classes the reader names, so a message of another kind is an error, not a silently empty
+result.
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ def decode(line: str, kinds: Sequence[type[M]]) -> M:
             raise ValueError(f"a {name!r}, expected {' or '.join(k.__name__ for k in kinds)}")
         return kind(**{key: _field_value(kind, key, value) for key, value in fields.items()})
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise WarmcacheError(f"malformed message from a warmcache child process ({first_line(exc)}): {shown(line)}") from None
+        raise WarmcacheError(
+            f"malformed message from a warmcache child process ({first_line(exc)}): {shown(line)}"
+        ) from None
 
 
 def _field_value(kind: type, key: str, value: Any) -> Any:
@@ -145,7 +147,8 @@ class ReportWriter:
     """The child's end of the report file; ``None`` for a process that reports nothing (a torchrun follower)."""
 
     def __init__(self, path: str | Path | None) -> None:
-        self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path is not None else None  # closed by close()
+        # closed by close()
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path is not None else None
 
     def send(self, message: object) -> None:
         if self._file is not None:
@@ -170,7 +173,9 @@ class ReportWriter:
     def __enter__(self) -> ReportWriter:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -229,11 +234,15 @@ class ChildExit:
         if self.failure is not None:
             return ChildError(f"{self.name}: {self.failure.message}", self.failure.exit_code)
         if self.returncode:
-            return WarmcacheError(f"{self.name} exited with code {self.returncode} after {self.messages} result(s); see its output above")
+            return WarmcacheError(
+                f"{self.name} exited with code {self.returncode} after {self.messages} result(s); see its output above"
+            )
         return None
 
 
-def run_children(launches: Sequence[Launch], kinds: Sequence[type[M]], on_message: Callable[[M], None]) -> list[ChildExit]:
+def run_children(
+    launches: Sequence[Launch], kinds: Sequence[type[M]], on_message: Callable[[M], None]
+) -> list[ChildExit]:
     """Start every child, hand each message to ``on_message`` as it arrives, return how each ended.
 
     An interruption of the parent (Ctrl-C, or SIGTERM turned into
@@ -261,7 +270,10 @@ def run_children(launches: Sequence[Launch], kinds: Sequence[type[M]], on_messag
         except BaseException:
             _stop(process for _, process, _ in started)
             raise
-        return [ChildExit(launch.name, process.returncode, reader.failure, reader.received) for launch, process, reader in started]
+        return [
+            ChildExit(launch.name, process.returncode, reader.failure, reader.received)
+            for launch, process, reader in started
+        ]
 
 
 def raise_first_error(exits: Sequence[ChildExit]) -> None:
@@ -302,7 +314,8 @@ def _importing_this_warmcache(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _stop(processes: Iterator[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every live child and wait for each to give its claim back; kill what outlasts the grace, or all of them on a second Ctrl-C."""
+    """SIGTERM every live child and wait for each to give its claim back; kill what outlasts the grace, or all of
+    them on a second Ctrl-C."""
     alive = [p for p in processes if p.poll() is None]
     for process in alive:
         process.terminate()

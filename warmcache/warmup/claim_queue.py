@@ -74,7 +74,8 @@ class ClaimQueue:
         return []
 
     def _how_many(self) -> int:
-        """As many specs as fit ``batch_seconds``, judged by the first spec not yet claimed here: the list is longest first.
+        """As many specs as fit ``batch_seconds``, judged by the first spec not yet claimed here: the list is longest
+        first.
 
         A spec with no expected time (which the order puts first) is claimed alone. The
         estimate can be off (a longer spec given back earlier in the window, a compile
@@ -85,14 +86,19 @@ class ClaimQueue:
         seconds = self._expected.get(self._open[position]) if position < len(self._open) else None
         if not seconds:
             return 1
-        budget = min(self._batch_seconds * self._random.uniform(0.5, 1.0), self._left[position] / TAIL_SHARES) / self._pace
+        budget = (
+            min(self._batch_seconds * self._random.uniform(0.5, 1.0), self._left[position] / TAIL_SHARES) / self._pace
+        )
         return max(1, min(MOST_AT_ONCE, int(budget // seconds)))
 
     def observe(self, seconds: Mapping[str, float]) -> None:
-        """What the last batch's specs took: expected times that were too short (a cache hit recorded, a slower host) shrink later batches."""
+        """What the last batch's specs took: expected times that were too short (a cache hit recorded, a slower host)
+        shrink later batches."""
         expected = sum(self._expected.get(identity, 0.0) for identity in seconds)
         if expected > 0:
-            self._pace = max(1.0, sum(took for identity, took in seconds.items() if identity in self._expected) / expected)
+            self._pace = max(
+                1.0, sum(took for identity, took in seconds.items() if identity in self._expected) / expected
+            )
 
     def _work_left(self) -> list[float]:
         """The expected seconds from each position of the list to its end (unknown specs count as none)."""

@@ -22,6 +22,7 @@ is waited for, up to one lease length, rather than losing a compile in hand.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
@@ -30,10 +31,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from warmcache.errors import RegistryError, WarmcacheError, error_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.patience import patiently
 from warmcache.registry.records import ArtifactRef
@@ -44,6 +45,8 @@ from warmcache.warmup.claim_queue import ClaimQueue
 from warmcache.warmup.progress import Outcome, SpecOutcome
 from warmcache.warmup.spec_lock import spec_lock
 from warmcache.warmup.worker import SpecRun, lock_path
+
+log = logging.getLogger(__name__)
 
 Report = Callable[[SpecOutcome], None]
 
@@ -100,16 +103,24 @@ def claim_loop(
             looks = 0
             registry.drop_connections()  # none held while it compiles
             claimed = [(by_identity[r.identity], r.id) for r in records]
+            log.debug(
+                "claim taken by %s: %s",
+                me,
+                ", ".join(f"row {row_id} ({planned.spec.describe()})" for planned, row_id in claimed),
+            )
             outcomes = run_claimed(registry, worker, claimed, me, lease_seconds, ranks, cut_seconds=2 * batch_seconds)
             queue.observe({o.identity: o.seconds for o in outcomes})
             for outcome in outcomes:
                 report(outcome)
             continue
         if not patiently(queue.narrow, lease_seconds):
+            log.debug("nothing left to claim: every spec is finished")
             return
         registry.drop_connections()
         ranks.wait()  # under torchrun: keeps the followers' collective shorter than one poll
-        time.sleep(_poll_wait(looks, lease_seconds))
+        wait = _poll_wait(looks, lease_seconds)
+        log.debug("nothing claimable now, other workers hold the rest: looking again in %.1f s", wait)
+        time.sleep(wait)
         looks += 1
 
 
@@ -135,7 +146,8 @@ def run_claimed(
     ranks: distributed.Coordination = distributed.ALONE,
     cut_seconds: float = math.inf,
 ) -> list[SpecOutcome]:
-    """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the results together.
+    """Compile claimed specs (``(spec, row id)``, in order) under one heartbeat, each under its file lock; record the
+    results together.
 
     Under torchrun each spec is announced to the other ranks before it runs, and
     ``ranks.agree`` turns this process's error into the group's: a spec that failed
@@ -157,15 +169,30 @@ def run_claimed(
         with heartbeat:
             for planned, row_id in claimed:
                 if done and time.monotonic() - started > cut:
+                    log.debug("batch ran past %.1f s: %d unstarted claim(s) go back", cut, len(claimed) - done)
                     break
                 done += 1
                 if not heartbeat.holds(row_id):
+                    log.warning(
+                        "skip %s: its claim (row %d) ran out before it started; another worker has it",
+                        planned.spec.describe(),
+                        row_id,
+                    )
                     continue
                 ranks.announce(planned.identity)
                 start = time.perf_counter()
                 run, error = _run_locked(worker, planned, heartbeat, row_id)
                 error = ranks.agree(error)
-                ran.append(_Ran(planned, row_id, run, error, time.perf_counter() - start, run.artifacts() if run and error is None else []))
+                ran.append(
+                    _Ran(
+                        planned,
+                        row_id,
+                        run,
+                        error,
+                        time.perf_counter() - start,
+                        run.artifacts() if run and error is None else [],
+                    )
+                )
         unstarted = [row_id for _, row_id in claimed[done:]]
         return patiently(lambda: _record(registry, ran, me, unstarted=unstarted), lease_seconds)
     except BaseException:
@@ -186,7 +213,9 @@ class _Ran:
     artifacts: list[ArtifactRef]
 
 
-def _record(registry: Registry, ran: Sequence[_Ran], me: str, *, unstarted: Sequence[int] = (), given_back: Sequence[int] = ()) -> list[SpecOutcome]:
+def _record(
+    registry: Registry, ran: Sequence[_Ran], me: str, *, unstarted: Sequence[int] = (), given_back: Sequence[int] = ()
+) -> list[SpecOutcome]:
     """Record each result and give back the other claims, in one transaction; each spec's outcome.
 
     An unstarted claim goes back as if never taken (its attempt is not counted);
@@ -242,20 +271,38 @@ def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me:
             _record(registry, ran, me, given_back=rest)
             return
         except KeyboardInterrupt:
+            log.debug("interrupted while giving back claims; trying again")
             continue
-        except RegistryError:
+        except RegistryError as exc:
+            log.warning(
+                "could not give back claims %s (%s): their lease runs out and they are claimed again",
+                list(rest),
+                error_line(exc),
+            )
             return
 
 
-def _run_locked(worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int) -> tuple[SpecRun | None, str | None]:
-    """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's error line."""
+def _run_locked(
+    worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int
+) -> tuple[SpecRun | None, str | None]:
+    """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's
+    error line."""
     try:
         root = worker.cache_root(target_for(planned.model))
         with heartbeat.waiting(row_id) as deadline, spec_lock(lock_path(root, planned.identity), deadline):
             heartbeat.started(row_id)
             return worker.run(planned), None
     except Exception as exc:
+        log.debug("spec %s failed", planned.spec.describe(), exc_info=True)
         return None, error_line(exc)
+
+
+class _Lease(NamedTuple):
+    """What a heartbeat renews with: the registry, the worker the claims belong to, and the lease's length."""
+
+    registry: Registry
+    worker: str
+    seconds: float
 
 
 class _Heartbeat:
@@ -266,10 +313,11 @@ class _Heartbeat:
     """
 
     def __init__(self, registry: Registry, row_ids: Sequence[int], worker: str, lease_seconds: float) -> None:
-        self._args = (registry, worker, lease_seconds)
+        self._lease = _Lease(registry, worker, lease_seconds)
         self._held = frozenset(row_ids)
         self._waiting: frozenset[int] = frozenset()
-        #: When the claims were last renewed (claimed, at first): each runs out a lease after it, by the registry's clock.
+        #: When the claims were last renewed (claimed, at first): each runs out a lease after it, by the registry's
+        #: clock.
         self._renewed_at = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -281,9 +329,10 @@ class _Heartbeat:
 
     @contextmanager
     def waiting(self, row_id: int) -> Iterator[float]:
-        """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end (``time.monotonic()``):
-        a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is still this worker's to record."""
-        lease = self._args[2]
+        """Leave ``row_id``'s claim unrenewed until :meth:`started`; yields when its wait must end
+        (``time.monotonic()``): a tenth of a lease (at most 10 s) before the claim runs out, so that giving up is
+        still this worker's to record."""
+        lease = self._lease.seconds
         self._waiting |= {row_id}
         try:
             yield self._renewed_at + lease - min(lease / 10, 10.0)
@@ -295,11 +344,11 @@ class _Heartbeat:
         (its lease may be nearly out; a lock taken at once costs no extra statement)."""
         if row_id in self._waiting:
             self._waiting -= {row_id}
-            if time.monotonic() - self._renewed_at >= self._args[2] / 3:
+            if time.monotonic() - self._renewed_at >= self._lease.seconds / 3:
                 self._wake.set()
 
     def _run(self) -> None:
-        registry, worker, lease = self._args
+        registry, worker, lease = self._lease
         while self._held and not self._stop.is_set():
             self._wake.wait(max(lease / 3, 0.2))
             self._wake.clear()
@@ -308,11 +357,26 @@ class _Heartbeat:
             waiting = self._waiting
             try:
                 # A lost claim's spec is not started, and its result is not recorded (mark_compiled says so).
-                renewed = registry.renew_leases(sorted(self._held - waiting), worker, lease) if self._held - waiting else set()
+                due = sorted(self._held - waiting)
+                renewed = registry.renew_leases(due, worker, lease) if due else set()
                 self._held = frozenset(renewed) | (self._held & waiting)
                 self._renewed_at = time.monotonic() if not waiting else self._renewed_at
-            except WarmcacheError:
-                continue  # a transient registry error (RegistryError): the leases still have two thirds left
+                log.debug("lease renewed for rows %s (%s)", sorted(renewed), worker)
+                if lost := set(due) - set(renewed):
+                    log.warning(
+                        "lost the claim on rows %s: their lease ran out before it was renewed, and another "
+                        "worker may hold them",
+                        sorted(lost),
+                    )
+            except WarmcacheError as exc:
+                # A transient registry error (RegistryError): the leases still have two thirds left; the next beat
+                # retries.
+                log.warning(
+                    "could not renew leases for rows %s, retrying at the next heartbeat: %s",
+                    sorted(self._held - waiting),
+                    error_line(exc),
+                )
+                continue
             finally:
                 registry.drop_connections()
 

@@ -25,15 +25,11 @@ model's collectives leaves the others blocked in it: torch.distributed cannot
 recover that in-process, so torchrun tears the group down (or the collective
 times out), rank 0's claim is given back or expires, and the spec is claimed again.
 
-Measured on CPU, torch 2.13 + transformers 5.24, tiny Qwen3/Llama, gloo, 2 ranks:
-TP=2 loads sharded (q_proj local shard 32×64 of 64×64) and ``generate()`` with a
-static cache compiles one decode graph per rank (aot_eager, eager and Inductor)
-with the same tokens as one process; FSDP=2 generates too (5 graphs: FSDP hooks
-break the graph). A plain compiled TP training step recompiles once on its second
-step (transformers installs gradient hooks lazily on the first forward), then is
-stable. The ``Trainer`` refuses TP on CPU (accelerate: "ParallelismConfig is only
-compatible DistributedType.FSDP (version 2) or DistributedType.Multi{Device} or
-DistributedType.DEEPSPEED, but got DistributedType.MULTI_CPU").
+What holds on CPU (torch 2.13, transformers 5.24, gloo, 2 ranks): TP=2 loads sharded and ``generate()`` with a static
+cache compiles one decode graph per rank (aot_eager, eager and Inductor) with the same tokens as one process; FSDP=2
+generates too, in 5 graphs (FSDP hooks break the graph). A compiled TP training step recompiles once, on its second step
+(transformers installs gradient hooks lazily on the first forward), then is stable. The ``Trainer`` refuses TP on CPU
+(accelerate allows ParallelismConfig only with FSDP2, multi-device or DeepSpeed).
 """
 
 from __future__ import annotations
@@ -42,13 +38,14 @@ import datetime as dt
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from warmcache.errors import UsageError, error_line
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.warmup.child import CHILD_MODULE
 from warmcache.warmup.summary import WarmupOptions, WarmupPlan, WarmupSummary
 
@@ -97,11 +94,21 @@ def torchrun_command(argv: Sequence[str], nproc: int, module: str = "warmcache")
     ``--standalone`` picks a free rendezvous port, so several warmups on one host
     (a fleet of processes) never fight over torchrun's default port 29500.
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        module,
+        *argv,
+    ]
 
 
 def child_command(nproc: int) -> list[str]:
-    """The command of a warmcache child process (:mod:`warmcache.warmup.child`): one process, or ``nproc`` ranks under torchrun."""
+    """The command of a warmcache child process (:mod:`warmcache.warmup.child`): one process, or ``nproc`` ranks
+    under torchrun."""
     return [sys.executable, "-m", CHILD_MODULE] if nproc == 1 else torchrun_command([], nproc, module=CHILD_MODULE)
 
 
@@ -155,35 +162,51 @@ def coordination() -> Coordination:
     """How the claim loop of this process coordinates: alone, or as rank 0 of a torchrun."""
     if not in_torchrun():
         return ALONE
-    return Coordination(announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING))
+    return Coordination(
+        announce=broadcast_from_writer, agree=agree_on_failure, wait=functools.partial(broadcast_from_writer, WAITING)
+    )
 
 
-def run_as_rank(manifest: Manifest, options: WarmupOptions, warm: Callable[[], WarmupSummary]) -> WarmupSummary:
-    """One rank of a torchrun warmup: rank 0 runs ``warm`` (the normal runner), the others follow it.
+@contextmanager
+def rank_group(manifest: Manifest, options: WarmupOptions) -> Iterator[bool]:
+    """This process as one rank of a torchrun warmup's process group; yields whether it leads (rank 0).
 
-    Rank 0's summary is the group's; the other ranks return an empty one and
-    print nothing (see ``is_registry_writer``).
+    Rank 0 runs the normal runner inside the block and speaks for the group; the
+    other ranks run :func:`follow` there and print nothing (see ``is_registry_writer``).
+    When rank 0's block ends without an error it tells the followers it is done; the
+    group is shut down either way.
     """
     models = [m for m in manifest.models if m.world_size == world_size()]
     if not models:
-        raise UsageError(f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size = N }} or run warmcache warmup without torchrun")
+        raise UsageError(
+            f"{manifest.path}: no model needs {world_size()} ranks; declare distributed = {{ tp_size "
+            "= N } or run warmcache warmup without torchrun"
+        )
     if options.jobs > 1:
         raise UsageError("--jobs does not combine with torchrun: each rank group warms one spec at a time")
     devices = sorted({m.device for m in models})
     if len(devices) > 1:
-        raise UsageError(f"{manifest.path}: the {world_size()}-rank models use several devices ({', '.join(devices)}); warm them in separate manifests")
+        raise UsageError(
+            f"{manifest.path}: the {world_size()}-rank models use several devices "
+            f"({', '.join(devices)}); warm them in separate manifests"
+        )
     init_process_group(devices[0])
     try:
-        if is_registry_writer():
-            summary = warm()
+        leads = is_registry_writer()
+        yield leads
+        if leads:
             broadcast_from_writer(None)  # done: the followers leave their loop
-            return summary
-        from warmcache.warmup.worker import Worker
-
-        follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
-        return WarmupSummary(WarmupPlan([], options.retry_failed), options.dry_run)
     finally:
         shutdown()
+
+
+def follow(manifest: Manifest, options: WarmupOptions) -> WarmupSummary:
+    """A follower rank's part of the warmup: run what rank 0 announces; its summary is empty (rank 0's is the
+    group's)."""
+    from warmcache.warmup.worker import Worker
+
+    follow_writer(Worker(manifest, options.cache_dir), for_this_launch(plan_manifest(manifest)))
+    return WarmupSummary(WarmupPlan([], options.retry_failed), options.dry_run)
 
 
 def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
@@ -201,7 +224,10 @@ def follow_writer(worker: Worker, planned: Sequence[PlannedShape]) -> None:
         try:
             spec = by_identity.get(identity)
             if spec is None:
-                raise UsageError(f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with the same toolchain?")
+                raise UsageError(
+                    f"rank {rank()} does not plan spec {identity}: do all ranks read the same manifest with "
+                    "the same toolchain?"
+                )
             worker.run(spec)
         except Exception as exc:
             error = error_line(exc)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
 from warmcache.registry.queries import CompileTime
 
 
 def longest_first(todo: Sequence[PlannedShape], expected: Mapping[str, float]) -> list[PlannedShape]:
-    """``todo`` ordered by expected compile time (:func:`expected_seconds`), longest first (see the module docstring)."""
+    """``todo`` ordered by expected compile time (:func:`expected_seconds`), longest first (see the module
+    docstring)."""
     largest: dict[tuple[str, str, int], int] = {}
     for p in todo:
         family = (p.model.name, p.spec.workload, p.spec.batch_size)

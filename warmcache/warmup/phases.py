@@ -39,7 +39,8 @@ class Phase(StrEnum):
 
     LOADING = "loading the model"
     COMPILING = "compiling the decode step"
-    """The first short ``generate()`` calls: Dynamo traces the decode step and the backend compiles it (or loads it from the cache)."""
+    """The first short ``generate()`` calls: Dynamo traces the decode step and the backend compiles it (or loads it
+    from the cache)."""
     FIRST_STEPS = "eager first decode steps"
     """The same calls on the AOTInductor route, whose reference decode is eager: nothing compiles here."""
     DECODING = "decoding"
@@ -134,7 +135,8 @@ class SpecPhases:
             raise SpecFailure(f"{self._phase}: {error_line(exc)}" if self._phase else error_line(exc)) from exc
 
     def decode_streamer(self) -> DecodeSteps | None:
-        """A ``generate(streamer=...)`` reporting each decoded token as a step; ``None`` when nothing listens (no streamer, no cost)."""
+        """A ``generate(streamer=...)`` reporting each decoded token as a step; ``None`` when nothing listens (no
+        streamer, no cost)."""
         return DecodeSteps(self) if self._listener is not None else None
 
     def _send(self, report: PhaseReport) -> None:
@@ -177,7 +179,8 @@ M = TypeVar("M")
 
 
 def routed(on_message: Callable[[M], None], on_phase: PhaseListener | None) -> Callable[[M | PhaseReport], None]:
-    """A child's messages split: phase reports to ``on_phase`` (dropped without one), every other message to ``on_message``."""
+    """A child's messages split: phase reports to ``on_phase`` (dropped without one), every other message to
+    ``on_message``."""
 
     def receive(message: M | PhaseReport) -> None:
         if isinstance(message, PhaseReport):

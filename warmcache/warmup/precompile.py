@@ -36,7 +36,8 @@ def _drop_every_guard(guards: Any) -> list[bool]:
 
 @contextlib.contextmanager
 def capture_decode_call(model: PreTrainedModel, *, eager: bool = False) -> Iterator[dict[str, Any]]:
-    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled forward.
+    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled
+    forward.
 
     ``eager``: serve that call with the model's own forward instead of compiling it
     (an AOTInductor model's reference path: its production never runs ``torch.compile``).
@@ -67,28 +68,48 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
     import torch
 
     if backend not in PRECOMPILE_BACKENDS:
-        raise UsageError(f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use one of {', '.join(PRECOMPILE_BACKENDS)})")
-    compiled: Any = torch.compile(type(model).__call__, fullgraph=True, dynamic=False, backend=backend, options={"guard_filter_fn": _drop_every_guard})
+        raise UsageError(
+            f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use "
+            f"one of {', '.join(PRECOMPILE_BACKENDS)})"
+        )
+    compiled: Any = torch.compile(
+        type(model).__call__,
+        fullgraph=True,
+        dynamic=False,
+        backend=backend,
+        options={"guard_filter_fn": _drop_every_guard},
+    )
     # The captured cache holds inference tensors (warmup generates under inference_mode);
     # the graph is inference-only either way and runs under generate()'s no_grad too.
     with torch.inference_mode():
         return compiled.aot_compile(((model,), decode_kwargs))
 
 
-def save_precompiled(root: Path, compiled: Any, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]) -> str:
+def save_precompiled(
+    root: Path, compiled: Any, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]
+) -> str:
     """Write the compiled function under ``root``; returns its entry path ``precompiled/<sha256>``."""
     runtime_env = compiled._artifacts.runtime_env
     globals_ = compiled.fn.__globals__
     modules = {
-        name: globals_[name].__name__ for name in sorted(runtime_env.external_refs) if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
+        name: globals_[name].__name__
+        for name in sorted(runtime_env.external_refs)
+        if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
     }
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     payload = type(compiled).serialize(compiled).serialized_data
     return write_artifact(root, Header(fingerprint, modules), payload)
 
 
-def save_package(root: Path, model: PreTrainedModel, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any], phases: SpecPhases = NO_PHASES) -> str:
-    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
+def save_package(
+    root: Path,
+    model: PreTrainedModel,
+    decode_kwargs: dict[str, Any],
+    fingerprint_fields: dict[str, Any],
+    phases: SpecPhases = NO_PHASES,
+) -> str:
+    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns
+    ``aotinductor/<sha256>``."""
     from warmcache.warmup.aotinductor import package_decode
 
     payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)

@@ -15,7 +15,8 @@ from warmcache.warmup.phases import PhaseReport
 
 
 class Outcome(StrEnum):
-    """How this run finished one claimed spec (what it *did*; the row's state is a :class:`~warmcache.statuses.Status`)."""
+    """How this run finished one claimed spec (what it *did*; the row's state is a
+    :class:`~warmcache.registry.statuses.Status`)."""
 
     COMPILED = "compiled"
     FAILED = "failed"
@@ -84,7 +85,8 @@ F_contra = TypeVar("F_contra", bound=Finished, contravariant=True)
 
 
 class Progress(Protocol[F_contra]):
-    """What a run reports each finished spec, and each running spec's phases, to (``warmcache.cli.progress`` renders any :class:`Finished`)."""
+    """What a run reports each finished spec, and each running spec's phases, to (``warmcache.cli.progress`` renders
+    any :class:`Finished`)."""
 
     def advance(self, finished: F_contra) -> None: ...
 

@@ -7,10 +7,9 @@ Order of work, and why:
    torch import, no model load (re-running a warm 1,000-spec manifest is the
    common case in a deployment pipeline and must cost well under 2 s).
 2. Insert ``pending`` rows for the rest, then let one or more workers **claim**
-   rows from the registry under a lease, renewed by a heartbeat while the spec
-   compiles (:mod:`warmcache.warmup.claims`; ``--jobs`` workers and torchrun
-   children are child processes, :mod:`warmcache.warmup.child`). A worker that dies stops renewing; its spec is claimed again once
-   the lease expires.
+   rows from the registry under a lease, renewed by a heartbeat while the spec compiles (:mod:`warmcache.warmup.claims`;
+   ``--jobs`` workers and torchrun children are child processes, :mod:`warmcache.warmup.child`). A worker that dies
+   stops renewing; its spec is claimed again once the lease expires.
 3. Each claimed spec also runs under a file lock in the cache folder, so two
    processes pointed at one cache never compile the same spec at once even if
    a lease expired under a long compile.
@@ -20,16 +19,17 @@ Order of work, and why:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape, plan_manifest
+from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, ModelSpec, load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
-from warmcache.statuses import DONE_STATUSES, Status
-from warmcache.support import check_supported
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.targets import target_for
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, raise_first_error, run_children, sigterm_as_interrupt
@@ -40,8 +40,12 @@ from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
 
+log = logging.getLogger(__name__)
 
-def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False) -> WarmupPlan:
+
+def plan_warmup(
+    manifest: Manifest, registry: Registry, *, shard: Shard | None = None, retry_failed: bool = False
+) -> WarmupPlan:
     """One registry query decides every spec's fate; nothing heavy is imported."""
     planned = plan_manifest(manifest)
     if shard is not None:
@@ -51,7 +55,10 @@ def plan_warmup(manifest: Manifest, registry: Registry, *, shard: Shard | None =
 
 
 def run_warmup(
-    manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None = None
+    manifest: Manifest,
+    options: WarmupOptions,
+    progress: Callable[[int], Progress[SpecOutcome]],
+    on_compiled: Callable[[str], None] | None = None,
 ) -> WarmupSummary:
     """Warm every spec the manifest declares that is not yet compiled for this toolchain.
 
@@ -63,17 +70,29 @@ def run_warmup(
     summary is empty, rank 0 speaks for the group. Outside torchrun, models that
     need several ranks are warmed by a torchrun this launches.
     """
-    if distributed.in_torchrun():
-        return distributed.run_as_rank(manifest, options, lambda: _warm(manifest, options, progress, on_compiled))
-    return _warm(manifest, options, progress, on_compiled)
+    if not distributed.in_torchrun():
+        return _warm(manifest, options, progress, on_compiled)
+    with distributed.rank_group(manifest, options) as leads:
+        return _warm(manifest, options, progress, on_compiled) if leads else distributed.follow(manifest, options)
 
 
-def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], Progress[SpecOutcome]], on_compiled: Callable[[str], None] | None) -> WarmupSummary:
+def _warm(
+    manifest: Manifest,
+    options: WarmupOptions,
+    progress: Callable[[int], Progress[SpecOutcome]],
+    on_compiled: Callable[[str], None] | None,
+) -> WarmupSummary:
     start = time.perf_counter()
     with Registry.open(options.registry, hold_connections=False) as registry:
         plan = plan_warmup(manifest, registry, shard=options.shard, retry_failed=options.retry_failed)
         summary = WarmupSummary(plan, options.dry_run)
         todo = plan.todo
+        log.debug(
+            "plan: %d spec(s), %d to warm; skip %d already compiled for this toolchain",
+            len(plan.statuses),
+            len(todo),
+            len(plan.statuses) - len(todo),
+        )
         if options.dry_run or not todo:
             summary.seconds = time.perf_counter() - start
             return summary
@@ -103,6 +122,8 @@ def _warm(manifest: Manifest, options: WarmupOptions, progress: Callable[[int], 
         finally:
             bar.close()
         summary.unfinished = _unfinished_elsewhere(registry, plan.todo, summary.outcomes)
+        for line in summary.unfinished:
+            log.warning("not compiled by another worker: %s", line)
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -122,7 +143,9 @@ def _prepare_targets(worker: Worker, models: Iterable[ModelSpec]) -> None:
             raise UsageError(f"model {model.name!r}: cache folder unusable: {exc}") from None
 
 
-def _unfinished_elsewhere(registry: Registry, todo: Sequence[PlannedShape], outcomes: Sequence[SpecOutcome]) -> list[str]:
+def _unfinished_elsewhere(
+    registry: Registry, todo: Sequence[PlannedShape], outcomes: Sequence[SpecOutcome]
+) -> list[str]:
     """Specs of this run that are not compiled now, though no outcome here says so.
 
     A run waits for specs other workers hold; if one of them failed it there, this
@@ -141,6 +164,13 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
     def report(outcome: SpecOutcome) -> None:
         into.append(outcome)
         then(outcome)
+        log.debug(
+            "%s: %s in %.1f s%s",
+            outcome.description,
+            outcome.status,
+            outcome.seconds,
+            f" ({outcome.error})" if outcome.error else "",
+        )
         if on_compiled is not None and outcome.status == Outcome.COMPILED:
             on_compiled(outcome.identity)
 
@@ -151,24 +181,45 @@ def _collecting(into: list[SpecOutcome], then: Report, on_compiled: Callable[[st
 
 
 def _run_jobs(
-    manifest: Manifest, options: WarmupOptions, todo: Sequence[PlannedShape], lease: float, expected: Mapping[str, float], receive: Callable[[SpecOutcome | PhaseReport], None]
+    manifest: Manifest,
+    options: WarmupOptions,
+    todo: Sequence[PlannedShape],
+    lease: float,
+    expected: Mapping[str, float],
+    receive: Callable[[SpecOutcome | PhaseReport], None],
 ) -> None:
-    """N worker processes, each claiming from the registry; their phases arrive as they run, their outcomes as they finish."""
+    """N worker processes, each claiming from the registry; their phases arrive as they run, their outcomes as they
+    finish."""
     identities = tuple(p.identity for p in todo)
-    request = ClaimRequest(str(manifest.path), options.registry, options.cache_dir, identities, lease, tuple(expected.get(i) for i in identities))
+    request = ClaimRequest(
+        str(manifest.path),
+        options.registry,
+        options.cache_dir,
+        identities,
+        lease,
+        tuple(expected.get(i) for i in identities),
+    )
     # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
     # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
     # Set before torch is imported in the fresh process; a user's own setting wins.
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // options.jobs)), **os.environ}
-    launches = [Launch(f"warmup worker {i}", distributed.child_command(1), request, env) for i in range(1, options.jobs + 1)]
+    launches = [
+        Launch(f"warmup worker {i}", distributed.child_command(1), request, env) for i in range(1, options.jobs + 1)
+    ]
     # A worker that stopped abnormally held at most one batch of specs: they are claimed again once its lease expires.
     raise_first_error(run_children(launches, [SpecOutcome, PhaseReport], receive))
 
 
-def _warm_under_torchrun(manifest: Manifest, options: WarmupOptions, nproc: int, receive: Callable[[SpecOutcome | PhaseReport], None]) -> None:
+def _warm_under_torchrun(
+    manifest: Manifest, options: WarmupOptions, nproc: int, receive: Callable[[SpecOutcome | PhaseReport], None]
+) -> None:
     """Warm the manifest's ``nproc``-rank models in a torchrun child; its rank 0 reports each phase and each outcome."""
     models = ", ".join(sorted({m.name for m in manifest.models if m.world_size == nproc}))
-    launch = Launch(f"torchrun warmup of {models} ({nproc} ranks)", distributed.child_command(nproc), WarmupRequest.of(str(manifest.path), options))
+    launch = Launch(
+        f"torchrun warmup of {models} ({nproc} ranks)",
+        distributed.child_command(nproc),
+        WarmupRequest.of(str(manifest.path), options),
+    )
     raise_first_error(run_children([launch], [SpecOutcome, PhaseReport], receive))
 
 
@@ -180,7 +231,14 @@ def claim_as_worker(request: ClaimRequest, report: Report, on_phase: PhaseListen
         todo = [planned[identity] for identity in request.identities if identity in planned]  # in the parent's order
         with Registry.open(request.registry, hold_connections=False) as registry:
             expected = {i: s for i, s in zip(request.identities, request.expected_seconds) if s is not None}
-            claim_loop(registry, Worker(manifest, request.cache_dir, on_phase=on_phase), todo, request.lease_seconds, report, expected=expected)
+            claim_loop(
+                registry,
+                Worker(manifest, request.cache_dir, on_phase=on_phase),
+                todo,
+                request.lease_seconds,
+                report,
+                expected=expected,
+            )
 
 
 class _Forward:
@@ -195,5 +253,6 @@ class _Forward:
 
 
 def warm_as_torchrun_child(request: WarmupRequest, report: Report, on_phase: PhaseListener) -> None:
-    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` and phases reach the parent."""
+    """One rank of the torchrun a warmup launched for its sharded models; rank 0's ``report`` and phases reach the
+    parent."""
     run_warmup(load_manifest(request.manifest), request.options(), lambda total: _Forward(report, on_phase))

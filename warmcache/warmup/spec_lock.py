@@ -39,7 +39,8 @@ def spec_lock(path: Path, deadline: float) -> Iterator[None]:
         lock.acquire()
     except Timeout:
         raise TimeoutError(
-            f"{path}: cache lock held by {holder_of(path)}; gave up after {time.monotonic() - start:.1f}s, before this worker's claim ran out "
+            f"{path}: cache lock held by {holder_of(path)}; gave up after "
+            f"{time.monotonic() - start:.1f}s, before this worker's claim ran out "
             f"(is that process stopped or hung? let it finish or end it, then rerun warmup with --retry-failed)"
         ) from None
     try:
@@ -50,15 +51,19 @@ def spec_lock(path: Path, deadline: float) -> Iterator[None]:
 
 
 def holder_of(path: Path) -> str:
-    """The note the lock's holder left, or why there is none (a holder from before notes, or one that has just taken it)."""
+    """The note the lock's holder left, or why there is none (a holder from before notes, or one that has just taken
+    it)."""
     try:
-        return (path.parent / (path.name + HOLDER_SUFFIX)).read_text(encoding="utf-8").strip()[:200] or "an unknown process (empty holder note)"
+        return (path.parent / (path.name + HOLDER_SUFFIX)).read_text(encoding="utf-8").strip()[
+            :200
+        ] or "an unknown process (empty holder note)"
     except (OSError, UnicodeDecodeError):
         return "an unknown process (no holder note)"
 
 
 def _write_holder(path: Path) -> None:
-    """Say who holds the lock, atomically (a waiter never reads half a note); a note that cannot be written only costs the name."""
+    """Say who holds the lock, atomically (a waiter never reads half a note); a note that cannot be written only
+    costs the name."""
     note = path.parent / (path.name + HOLDER_SUFFIX)
     partial = note.with_name(f".{note.name}.{os.getpid()}")
     since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

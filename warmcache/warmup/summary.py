@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmcache.errors import UsageError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry.registry import PlanStatus
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES, Status
 from warmcache.warmup.progress import Outcome, SpecOutcome
 
 
@@ -83,7 +83,9 @@ class WarmupRequest:
 
     def options(self) -> WarmupOptions:
         shard = Shard.parse(self.shard) if self.shard else None
-        return WarmupOptions(self.registry, self.cache_dir, self.lease_seconds, shard=shard, retry_failed=self.retry_failed)
+        return WarmupOptions(
+            self.registry, self.cache_dir, self.lease_seconds, shard=shard, retry_failed=self.retry_failed
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,17 +155,34 @@ class WarmupSummary:
             "specs": [o.as_json() for o in self.outcomes],
         }
         if self.dry_run:
-            out["plan"] = [{"spec": s.planned.spec.describe(), "identity": s.planned.identity, "status": s.status, "action": self.plan.action(s)} for s in self.plan.statuses]
+            out["plan"] = [
+                {
+                    "spec": s.planned.spec.describe(),
+                    "identity": s.planned.identity,
+                    "status": s.status,
+                    "action": self.plan.action(s),
+                }
+                for s in self.plan.statuses
+            ]
         return out
 
     def lines(self) -> list[str]:
         data = self.as_json()
         if self.dry_run:
             rows = [f"{p['action']:<40} {p['spec']}" for p in data["plan"]]
-            return rows + [f"dry run: {data['planned']} planned, {data['to_compile']} to compile, {data['already_compiled']} already compiled"]
-        out = [f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, {data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"]
+            return rows + [
+                f"dry run: {data['planned']} planned, {data['to_compile']} to compile, "
+                f"{data['already_compiled']} already compiled"
+            ]
+        out = [
+            f"warmup: {data['planned']} planned, {data['already_compiled']} already compiled, "
+            f"{data['compiled']} compiled, {data['failed']} failed in {self.seconds:.1f}s"
+        ]
         out += [f"failed: {o.description}: {o.error}" for o in self.failed]
         out += [f"not warm (another worker's): {line}" for line in self.unfinished]
         if self.plan.failed_kept:
-            out.append(f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with --retry-failed to compile them again")
+            out.append(
+                f"{len(self.plan.failed_kept)} spec(s) failed in an earlier run; rerun with "
+                "--retry-failed to compile them again"
+            )
         return out

@@ -15,23 +15,26 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
+from warmcache.identity.plan import PlannedShape
 from warmcache.manifest import Manifest, ModelSpec
-from warmcache.plan import PlannedShape
 from warmcache.registry.records import ArtifactRef
+from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
 from warmcache.targets import Target, resolve_cache_dir, target_for
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
 from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
-from warmcache.warmup.workloads import run_generate, run_train
-from warmcache.workload_settings import TrainSettings, WorkloadSettings
+from warmcache.warmup.workloads import WorkloadResult, run_generate, run_train
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from warmcache.modeling.compile_counter import CompileCounter
+    from warmcache.targets.flavors import CacheFlavor
 
 
 def lock_path(cache_root: Path, identity: str) -> Path:
@@ -94,56 +97,45 @@ class Worker:
             return self._run(planned, phases)
 
     def _run(self, planned: PlannedShape, phases: SpecPhases) -> SpecRun:
-        from warmcache.compile_counter import CompileCounter
-
         model_spec, spec = planned.model, planned.spec
         target = target_for(model_spec)
         root = self.cache_root(target)
         model = self._model(model_spec, target, spec.family.settings, phases)
         flavor = target.cache_flavor
         if flavor == "inductor":
-            # Forget graphs compiled for earlier specs so this spec looks its own graphs
-            # up in the cache: what it reuses is then recorded as its artifacts too.
-            import torch
-
-            torch._dynamo.reset()
+            _forget_compiled_graphs()
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
         precompile = self.precompile and model_spec.precompile and spec.workload == "generate"
-        # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify alike.
-        eager_decode = model_spec.aotinductor and spec.workload == "generate"
-        # The Trainer prints its metrics to stdout; keep stdout for --json output.
-        with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
-            if spec.workload == "generate":
-                capturing: contextlib.AbstractContextManager[dict[str, Any]] = (
-                    capture_decode_call(model, eager=eager_decode) if precompile or eager_decode else contextlib.nullcontext({})
-                )
-                with capturing as decode_kwargs:
-                    phases.enter(Phase.FIRST_STEPS if eager_decode else Phase.COMPILING)
-                    result = run_generate(model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode)
-            else:
-                result = run_train(model, spec, target.device, target.backend, target.mode, phases)
+        measured = _run_workload(model, planned, target, phases, capture_decode=precompile)
         if precompile:
-            entry = self._precompile(planned, model, root, decode_kwargs, phases)
+            entry = self._precompile(planned, model, root, measured.decode_kwargs, phases)
         seconds = time.perf_counter() - start
-        after = list_entries(root, flavor) if flavor else {}
-        new = {e: k for e, k in after.items() if e not in before}
-        reused = {e: k for e, k in lookups.entries.items() if e in after and e not in new}
+        new, reused = _entries_needed(root, flavor, before, measured.lookups)
         if precompile:
-            (new if entry not in before else reused)[entry] = AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
+            (new if entry not in before else reused)[entry] = (
+                AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
+            )
         return SpecRun(
             seconds=seconds,
-            graphs=counter.graphs,
-            padded_graphs=result.padded_graphs,
-            cache_hits=counter.cache_hits,
-            cache_misses=counter.cache_misses,
+            graphs=measured.counter.graphs,
+            padded_graphs=measured.result.padded_graphs,
+            cache_hits=measured.counter.cache_hits,
+            cache_misses=measured.counter.cache_misses,
             new_entries=new,
             cache_root=root,
             persistent_cache=flavor is not None or precompile,
             reused_entries=reused,
         )
 
-    def _precompile(self, planned: PlannedShape, model: PreTrainedModel, root: Path, decode_kwargs: dict[str, Any], phases: SpecPhases) -> str:
+    def _precompile(
+        self,
+        planned: PlannedShape,
+        model: PreTrainedModel,
+        root: Path,
+        decode_kwargs: dict[str, Any],
+        phases: SpecPhases,
+    ) -> str:
         """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
         spec, model_spec = planned.spec, planned.model
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
@@ -151,7 +143,9 @@ class Worker:
         if entry is not None and (root / entry).is_file():
             return entry
         if not decode_kwargs:
-            raise UsageError(f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)")
+            raise UsageError(
+                f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)"
+            )
         fields = {
             "config_hash": planned.config_hash,
             "toolchain_hash": planned.toolchain.hash,
@@ -165,7 +159,9 @@ class Worker:
             entry = save_package(root, model, decode_kwargs, fields, phases)
         else:
             phases.enter(Phase.PRECOMPILING)
-            entry = save_precompiled(root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields)
+            entry = save_precompiled(
+                root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields
+            )
         self._precompiled[key] = entry
         return entry
 
@@ -174,10 +170,14 @@ class Worker:
         target = target_for(planned.model)
         return self._model(planned.model, target, planned.spec.family.settings), target
 
-    def _model(self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings, phases: SpecPhases = NO_PHASES) -> PreTrainedModel:
+    def _model(
+        self, model_spec: ModelSpec, target: Target, settings: WorkloadSettings, phases: SpecPhases = NO_PHASES
+    ) -> PreTrainedModel:
         # Training mutates the model (train mode, weights, gradient checkpointing), so
         # generate and each training configuration get their own copy.
-        key: tuple[Any, ...] = (model_spec.name, settings.workload) + ((settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ())
+        key: tuple[Any, ...] = (model_spec.name, settings.workload) + (
+            (settings.gradient_checkpointing,) if isinstance(settings, TrainSettings) else ()
+        )
         model = self._models.get(key)
         if model is None:
             phases.enter(Phase.LOADING)
@@ -199,3 +199,60 @@ def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrai
         **sharded_load_kwargs(model_spec, target.load_kwargs()),
     )
     return model.train() if train else model.eval()
+
+
+class _Measured(NamedTuple):
+    """What running a spec's workload once showed: its result, the compiles counted, the cache entries looked up, and
+    the decode call captured for a precompiled artifact (empty when none is made)."""
+
+    result: WorkloadResult
+    counter: CompileCounter
+    lookups: InductorLookups
+    decode_kwargs: dict[str, Any]
+
+
+def _forget_compiled_graphs() -> None:
+    """Forget graphs compiled for earlier specs, so this spec looks its own graphs up in the cache: what it reuses
+    is then recorded as its artifacts too."""
+    import torch
+
+    torch._dynamo.reset()
+
+
+def _run_workload(
+    model: PreTrainedModel, planned: PlannedShape, target: Target, phases: SpecPhases, *, capture_decode: bool
+) -> _Measured:
+    """The spec's real workload, once, counting compiles and cache lookups; ``capture_decode`` keeps the decode call."""
+    from warmcache.modeling.compile_counter import CompileCounter
+
+    model_spec, spec = planned.model, planned.spec
+    # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify
+    # alike.
+    eager_decode = model_spec.aotinductor and spec.workload == "generate"
+    decode_kwargs: dict[str, Any] = {}
+    # The Trainer prints its metrics to stdout; keep stdout for --json output.
+    with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:
+        if spec.workload == "generate":
+            capturing: contextlib.AbstractContextManager[dict[str, Any]] = (
+                capture_decode_call(model, eager=eager_decode)
+                if capture_decode or eager_decode
+                else contextlib.nullcontext({})
+            )
+            with capturing as decode_kwargs:
+                phases.enter(Phase.FIRST_STEPS if eager_decode else Phase.COMPILING)
+                result = run_generate(
+                    model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode
+                )
+        else:
+            result = run_train(model, spec, target.device, target.backend, target.mode, phases)
+    return _Measured(result, counter, lookups, decode_kwargs)
+
+
+def _entries_needed(
+    root: Path, flavor: CacheFlavor | None, before: dict[str, str], lookups: InductorLookups
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The cache entries the spec wrote (new since ``before``) and those it looked up that earlier specs wrote."""
+    after = list_entries(root, flavor) if flavor else {}
+    new = {e: k for e, k in after.items() if e not in before}
+    reused = {e: k for e, k in lookups.entries.items() if e in after and e not in new}
+    return new, reused

@@ -1,6 +1,6 @@
 """Drive the real ``generate()`` and the real ``Trainer`` step over one declared shape.
 
-These are the calls production makes, built the same way (``warmcache.generation``
+These are the calls production makes, built the same way (``warmcache.modeling.generation``
 for generate, standard causal-LM batches for training), so the graphs compiled
 here are the graphs production asks for. Both mask forms a runtime guard sends
 are exercised: an unpadded batch and a padded one (left padding for generate,
@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import DecodeRecompileError
-from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.shapes import ShapeSpec
 from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
 
@@ -67,7 +67,13 @@ def pad_token_id(model: PreTrainedModel) -> int:
 
 
 def run_generate(
-    model: PreTrainedModel, spec: ShapeSpec, config: CompileConfig, input_device: str, phases: SpecPhases = NO_PHASES, *, capture_only: bool = False
+    model: PreTrainedModel,
+    spec: ShapeSpec,
+    config: CompileConfig,
+    input_device: str,
+    phases: SpecPhases = NO_PHASES,
+    *,
+    capture_only: bool = False,
 ) -> WorkloadResult:
     """Unpadded then left-padded ``generate()`` calls of exactly ``batch × prompt length``.
 
@@ -88,7 +94,7 @@ def run_generate(
     import torch
     from transformers import GenerationMixin
 
-    from warmcache.compile_counter import CompileCounter
+    from warmcache.modeling.compile_counter import CompileCounter
     from warmcache.runtime.sentinel import fail_on_recompile
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
@@ -98,7 +104,9 @@ def run_generate(
     ids = token_ids(model, spec.batch_size, spec.seq_len)
     mask = torch.ones_like(ids)
 
-    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None) -> None:
+    def generate(
+        input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None
+    ) -> None:
         kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
         with torch.inference_mode():
             model.generate(
@@ -130,11 +138,14 @@ def run_generate(
 
             def recompiled(reason: str, form: str = form) -> DecodeRecompileError:
                 return DecodeRecompileError(
-                    f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding {full_length} tokens "
-                    f"to max_cache_len={settings.max_cache_len}); production would recompile at every position: {reason}"
+                    f"{spec.describe()}: the {form} decode compiled again after its first steps (decoding "
+                    f"{full_length} tokens "
+                    f"to max_cache_len={settings.max_cache_len}); production would recompile at every "
+                    f"position: {reason}"
                 )
 
-            counted = settings.num_beams == 1  # generate() refuses a streamer under beam search: the phase then shows no steps
+            # generate() refuses a streamer under beam search: the phase then shows no steps
+            counted = settings.num_beams == 1
             phases.enter(Phase.DECODING, steps=full_length if counted else 0, detail=form)
             with fail_on_recompile(recompiled):
                 generate(form_ids, form_mask, full_length, phases.decode_streamer() if counted else None)
@@ -170,8 +181,11 @@ def training_rows(model: PreTrainedModel, batch: int, length: int) -> list[dict[
     return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2 * batch)]
 
 
-def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES) -> WorkloadResult:
-    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step reported to ``phases``."""
+def run_train(
+    model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str, mode: str, phases: SpecPhases = NO_PHASES
+) -> WorkloadResult:
+    """Two real ``Trainer`` steps at exactly the spec's shape: an unpadded batch, then a padded one; each step
+    reported to ``phases``."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as transformers_logging
 
@@ -207,8 +221,11 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
             **extra,
         )
         steps = _StepGraphs()
-        trainer = Trainer(model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)])
-        if transformers_logging.get_verbosity() > transformers_logging.WARNING:  # quiet (warmup without --verbose): no metrics dict
+        trainer = Trainer(
+            model=model, args=args, train_dataset=_Rows(rows), callbacks=[steps.callback(), _step_phases(phases)]
+        )
+        # quiet (warmup without --verbose): no metrics dict
+        if transformers_logging.get_verbosity() > transformers_logging.WARNING:
             trainer.remove_callback(PrinterCallback)
         phases.enter(Phase.TRAINING, steps=TRAIN_STEPS)
         trainer.train()
@@ -216,7 +233,8 @@ def run_train(model: PreTrainedModel, spec: ShapeSpec, device: str, backend: str
 
 
 def _checkpointing_argument(arguments: type) -> str:
-    """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else ``gradient_checkpointing``."""
+    """``activation_checkpointing`` where the installed transformers has it (it warns on the old name), else
+    ``gradient_checkpointing``."""
     names = {field.name for field in fields(arguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
@@ -236,7 +254,7 @@ class _StepGraphs:
     """Counts Dynamo graphs per training step, to tell what the padded (second) batch added."""
 
     def __init__(self) -> None:
-        from warmcache.compile_counter import CompileCounter
+        from warmcache.modeling.compile_counter import CompileCounter
 
         self.counter = CompileCounter()
         self.after_first_step = 0

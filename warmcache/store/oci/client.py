@@ -74,7 +74,9 @@ class _ChallengeAuth(oras.auth.TokenAuth):
 
     basic = False
 
-    def authenticate_request(self, original: requests.Response, headers: dict[str, str], refresh: bool = False) -> tuple[dict[str, str], bool]:
+    def authenticate_request(
+        self, original: requests.Response, headers: dict[str, str], refresh: bool = False
+    ) -> tuple[dict[str, str], bool]:
         if original.headers.get("Www-Authenticate", "").lower().startswith("basic"):
             if not getattr(self, "_basic_auth", None):
                 return headers, False
@@ -96,7 +98,9 @@ class _Oras(oras.provider.Registry):
         auth._auth_config = load_docker_config()
         self.session, self.auth = session, auth
 
-    def request_once(self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False) -> requests.Response:
+    def request_once(
+        self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False
+    ) -> requests.Response:
         """One request with oras's authentication (a 401 answered once), without its sleeping retry decorator."""
         if self.auth.basic and getattr(self.auth, "_basic_auth", None):
             headers = {**headers, "Authorization": f"Basic {self.auth._basic_auth}"}
@@ -106,7 +110,8 @@ class _Oras(oras.provider.Registry):
 
 
 class RegistryClient:
-    """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming ``where``."""
+    """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming
+    ``where``."""
 
     def __init__(self, reference: OciReference) -> None:
         self.reference = reference
@@ -114,14 +119,21 @@ class RegistryClient:
         self.deadline = Deadline(reference.url)
         self._oras = _Oras(reference)
         self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
-        self._oras.auth.load_configs(self._container)  # finds this host's credentials (inline, or through a credential helper)
+        # finds this host's credentials (inline, or through a credential helper)
+        self._oras.auth.load_configs(self._container)
         self._base = f"{self._oras.prefix}://"
 
     # ------------------------------------------------------------ manifests and tags
 
     def manifest(self, ref: str) -> tuple[str, bytes] | None:
         """``(digest, bytes)`` of the manifest a tag or digest names, or ``None`` when there is none."""
-        response = self._request("GET", self._container.manifest_url(ref), f"reading manifest {ref}", headers={"Accept": MANIFEST_MEDIA_TYPE}, absent_ok=True)
+        response = self._request(
+            "GET",
+            self._container.manifest_url(ref),
+            f"reading manifest {ref}",
+            headers={"Accept": MANIFEST_MEDIA_TYPE},
+            absent_ok=True,
+        )
         if response is None:
             return None
         data = response.content
@@ -129,7 +141,13 @@ class RegistryClient:
 
     def put_manifest(self, ref: str, data: bytes) -> str:
         """Store ``data`` (exactly these bytes) as the manifest of tag ``ref``; its digest."""
-        self._request("PUT", self._container.manifest_url(ref), f"writing manifest {ref}", headers={"Content-Type": MANIFEST_MEDIA_TYPE}, data=data)
+        self._request(
+            "PUT",
+            self._container.manifest_url(ref),
+            f"writing manifest {ref}",
+            headers={"Content-Type": MANIFEST_MEDIA_TYPE},
+            data=data,
+        )
         return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
     def tags(self) -> list[str]:
@@ -147,13 +165,17 @@ class RegistryClient:
 
     def delete_manifest(self, digest: str) -> None:
         """Remove a manifest by digest (absent is fine); the registry drops every tag that pointed at it."""
-        self._request("DELETE", self._container.manifest_url(digest), f"deleting manifest {digest[:19]}", absent_ok=True)
+        self._request(
+            "DELETE", self._container.manifest_url(digest), f"deleting manifest {digest[:19]}", absent_ok=True
+        )
 
     # ------------------------------------------------------------ blobs
 
     def blob_size(self, digest: str) -> int | None:
         """The blob's size in this repository, or ``None`` when it is not there."""
-        response = self._request("HEAD", self._container.get_blob_url(digest), f"checking blob {digest[:19]}", absent_ok=True)
+        response = self._request(
+            "HEAD", self._container.get_blob_url(digest), f"checking blob {digest[:19]}", absent_ok=True
+        )
         return int(response.headers.get("Content-Length", -1)) if response is not None else None
 
     def upload(self, path: Path, digest: str, size: int, progress: Callable[[int], None] | None = None) -> None:
@@ -173,13 +195,18 @@ class RegistryClient:
         return digest
 
     def blocks(self, digest: str) -> Iterator[bytes]:
-        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not there."""
-        response = self._request("GET", self._container.get_blob_url(digest), f"downloading blob {digest[:19]}", stream=True)
+        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not
+        there."""
+        response = self._request(
+            "GET", self._container.get_blob_url(digest), f"downloading blob {digest[:19]}", stream=True
+        )
         assert response is not None
         try:
             yield from self.deadline.blocks(response.iter_content(BLOCK), f"downloading blob {digest[:19]}")
         except requests.RequestException as exc:
-            raise StoreError(f"{self.where}: downloading blob {digest[:19]}: connection lost ({first_line(exc)})") from None
+            raise StoreError(
+                f"{self.where}: downloading blob {digest[:19]}: connection lost ({first_line(exc)})"
+            ) from None
         finally:
             response.close()
 
@@ -200,28 +227,60 @@ class RegistryClient:
 
     def _put_blob(self, digest: str, body: Any, size: int) -> None:
         """One upload session: POST for a location, then one PUT of the whole body with its digest."""
-        started = self._once("POST", self._container.upload_blob_url(), f"starting upload of {digest[:19]}", {"Content-Length": "0"})
+        started = self._once(
+            "POST", self._container.upload_blob_url(), f"starting upload of {digest[:19]}", {"Content-Length": "0"}
+        )
         assert started is not None  # only a 404 is None, and only when absent_ok
         location = started.headers.get("Location", "")
         if not location:
             raise StoreError(f"{self.where}: the registry started an upload without a Location header")
         url = urljoin(f"{self._base}{self.reference.host}/", location)
         url += ("&" if "?" in url else "?") + f"digest={digest}"
-        self._once("PUT", url[len(self._base) :], f"uploading blob {digest[:19]}", {"Content-Type": "application/octet-stream", "Content-Length": str(size)}, data=body)
+        self._once(
+            "PUT",
+            url[len(self._base) :],
+            f"uploading blob {digest[:19]}",
+            {"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            data=body,
+        )
 
     # ------------------------------------------------------------ requests, retries and errors
 
     def _request(
-        self, method: str, url: str, what: str, headers: dict[str, str] | None = None, data: Any = None, stream: bool = False, absent_ok: bool = False
+        self,
+        method: str,
+        url: str,
+        what: str,
+        headers: dict[str, str] | None = None,
+        data: Any = None,
+        stream: bool = False,
+        absent_ok: bool = False,
     ) -> requests.Response | None:
         """One API call with retries: the response, or ``None`` for a 404 when ``absent_ok``."""
-        return self._retried(lambda: self._once(method, url, what, headers or {}, data, stream, absent_ok), what, len(data) if isinstance(data, bytes) else 0)
+        return self._retried(
+            lambda: self._once(method, url, what, headers or {}, data, stream, absent_ok),
+            what,
+            len(data) if isinstance(data, bytes) else 0,
+        )
 
-    def _once(self, method: str, url: str, what: str, headers: dict[str, str], data: Any = None, stream: bool = False, absent_ok: bool = False) -> requests.Response | None:
+    def _once(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        headers: dict[str, str],
+        data: Any = None,
+        stream: bool = False,
+        absent_ok: bool = False,
+    ) -> requests.Response | None:
         try:
             response = self._oras.request_once(f"{self._base}{url}", method, headers, data, stream)
-        except ValueError as exc:  # oras: "Cannot respond to request for authentication" (no credentials for a challenge)
-            raise StoreError(f"{self.where}: {what}: {self._denied('no usable credentials')} ({first_line(exc)})") from None
+        except (
+            ValueError
+        ) as exc:  # oras: "Cannot respond to request for authentication" (no credentials for a challenge)
+            raise StoreError(
+                f"{self.where}: {what}: {self._denied('no usable credentials')} ({first_line(exc)})"
+            ) from None
         status = response.status_code
         if status < 300:
             return response
@@ -235,21 +294,32 @@ class RegistryClient:
         raise StoreError(f"{self.where}: {what}: HTTP {status} {_registry_error(response)}")
 
     def _retried(self, call: Callable[[], Any], what: str, nbytes: int = 0) -> Any:
-        """``call()`` under the deadline, again after a connection error, 429 or 5xx (0.2 s, doubling), at most :data:`ATTEMPTS` times."""
+        """``call()`` under the deadline, again after a connection error, 429 or 5xx (0.2 s, doubling), at most
+        :data:`ATTEMPTS` times."""
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return self.deadline.run(call, what, nbytes)
             except (_Retryable, requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == ATTEMPTS:
-                    reason = "cannot reach the registry" if isinstance(exc, requests.ConnectionError) else "the registry keeps failing"
-                    raise StoreError(f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} attempts ({first_line(str(exc))})") from None
+                    reason = (
+                        "cannot reach the registry"
+                        if isinstance(exc, requests.ConnectionError)
+                        else "the registry keeps failing"
+                    )
+                    raise StoreError(
+                        f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} "
+                        f"attempts ({first_line(str(exc))})"
+                    ) from None
                 time.sleep(FIRST_BACKOFF_SECONDS * 2 ** (attempt - 1))
             except requests.RequestException as exc:
                 raise StoreError(f"{self.where}: {what}: {type(exc).__name__}: {first_line(exc)}") from None
         raise AssertionError("unreachable")
 
     def _denied(self, reason: str) -> str:
-        return f"{reason}: check the credentials for {self.reference.host} in {docker_config_path()} (docker login, or a credential helper)"
+        return (
+            f"{reason}: check the credentials for {self.reference.host} in {docker_config_path()} "
+            "(docker login, or a credential helper)"
+        )
 
 
 class _Retryable(Exception):
@@ -257,7 +327,8 @@ class _Retryable(Exception):
 
 
 class _Upload:
-    """A file sent as a request body in blocks, with its length known (so it goes as one PUT, not chunked) and progress reported."""
+    """A file sent as a request body in blocks, with its length known (so it goes as one PUT, not chunked) and
+    progress reported."""
 
     def __init__(self, source: Any, size: int, progress: Callable[[int], None] | None) -> None:
         self.source, self.size, self.progress = source, size, progress

@@ -1,4 +1,5 @@
-"""Registry credentials, read where every OCI tool reads them: ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``.
+"""Registry credentials, read where every OCI tool reads them: ``$DOCKER_CONFIG/config.json``, else
+``~/.docker/config.json``.
 
 ``docker login``, ``skopeo login``, ``oras login``, ``aws ecr get-login-password | docker
 login`` and Kubernetes' ``dockerconfigjson`` Secrets all write this one file, so a host or
@@ -29,7 +30,8 @@ def docker_config_path() -> Path:
 
 
 def load_docker_config() -> dict[str, Any]:
-    """The auth part of the docker config (``auths`` keyed by bare ``host[:port]``, ``credsStore``, ``credHelpers``); empty when there is no file.
+    """The auth part of the docker config (``auths`` keyed by bare ``host[:port]``, ``credsStore``, ``credHelpers``);
+    empty when there is no file.
 
     Keys written as URLs (``https://host/v1/``, as older ``docker login`` did) are reduced
     to ``host[:port]``, the form the registry is looked up by.
@@ -47,12 +49,17 @@ def load_docker_config() -> dict[str, Any]:
     except ValueError:
         config = None
     if not isinstance(config, dict):  # never quote the file: it holds secrets
-        raise UsageError(f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', 'credHelpers' or 'credsStore')")
+        raise UsageError(
+            f"{path}: not a docker config file (a JSON object of at most 1 MiB with 'auths', "
+            "'credHelpers' or 'credsStore')"
+        )
     store = config.get("credsStore")
     return {
         "auths": {_bare_host(key): value for key, value in _table(config, "auths").items() if isinstance(value, dict)},
         "credsStore": store if isinstance(store, str) else None,
-        "credHelpers": {_bare_host(key): value for key, value in _table(config, "credHelpers").items() if isinstance(value, str)},
+        "credHelpers": {
+            _bare_host(key): value for key, value in _table(config, "credHelpers").items() if isinstance(value, str)
+        },
     }
 
 

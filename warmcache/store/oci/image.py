@@ -44,7 +44,13 @@ from warmcache.cache.bundle import BundleFile
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import FLAVORS
 from warmcache.errors import CacheError, shown
-from warmcache.runtime.snapshot import SNAPSHOT_FILE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, decode_snapshot, snapshot_document
+from warmcache.runtime.snapshot import (
+    SNAPSHOT_FILE,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_VERSION,
+    decode_snapshot,
+    snapshot_document,
+)
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
 from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
@@ -54,7 +60,8 @@ IMAGE_FORMAT = 1
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
-#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its entries).
+#: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its
+#: entries).
 GUARD_MEMBER = SNAPSHOT_FILE
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
 DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
@@ -87,12 +94,18 @@ class Descriptor:
     size: int
 
     def as_json(self, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size, **({"annotations": annotations} if annotations else {})}
+        return {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+            **({"annotations": annotations} if annotations else {}),
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class StoredImage:
-    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced manifests."""
+    """A tag as read back: its manifest digest, cache layout, shape indexes (by key), data layers and replaced
+    manifests."""
 
     tag: str
     digest: str
@@ -125,7 +138,8 @@ class StoredImage:
 
 
 def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
-    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller); ``None`` without the tag."""
+    """The tag's image, validated as far as it can be without trust (signatures are checked per shape by the caller);
+    ``None`` without the tag."""
     found = client.manifest(tag)
     if found is None:
         return None
@@ -133,8 +147,15 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     where = f"{client.reference.with_tag(tag).url}"
     manifest = _json(data, f"{where}: manifest", MAX_MANIFEST_BYTES)
     layers = manifest.get("layers")
-    if manifest.get("mediaType") != MANIFEST_MEDIA_TYPE or not isinstance(layers, list) or not layers or not isinstance(manifest.get("config"), dict):
-        raise CacheError(f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused")
+    if (
+        manifest.get("mediaType") != MANIFEST_MEDIA_TYPE
+        or not isinstance(layers, list)
+        or not layers
+        or not isinstance(manifest.get("config"), dict)
+    ):
+        raise CacheError(
+            f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused"
+        )
     stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), int(layer["size"])) for layer in layers]
     config_digest = _digest(manifest["config"], where)
     config = _json(client.read_blob(config_digest, MAX_MANIFEST_BYTES), f"{where}: image config", MAX_MANIFEST_BYTES)
@@ -155,7 +176,8 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
     if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
         raise CacheError(
-            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout {shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
+            f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout "
+            f"{shown(index.get('flavor'))} (this warmcache reads format {IMAGE_FORMAT})"
         )
     pushed_at = index.get("pushed_at")
     pushed = float(pushed_at) if isinstance(pushed_at, (int, float)) else 0.0
@@ -163,7 +185,9 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     indexes, layer_map, superseded = _indexes(index, where), _layers(index, where), _superseded(index, where)
     unknown = [layer.digest for layer in layer_map if layer.digest not in descriptors]
     if unknown:
-        raise CacheError(f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused")
+        raise CacheError(
+            f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused"
+        )
     return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
 
 
@@ -174,14 +198,17 @@ def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[byt
         return
     if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
         raise CacheError(
-            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; "
+            "warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
         )
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
     for block in client.blocks(descriptor.digest):
         try:
             yield inflate.decompress(block)
         except zlib.error as exc:
-            raise CacheError(f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused") from None
+            raise CacheError(
+                f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused"
+            ) from None
     yield inflate.flush()
 
 
@@ -200,14 +227,18 @@ def metadata_members(
         "flavor": flavor,
         "pushed_at": pushed_at,
         "indexes": indexes,
-        "layers": [{"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]} for layer in layers],
+        "layers": [
+            {"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]}
+            for layer in layers
+        ],
         "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
     }
     return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source, signing_key))]
 
 
 def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
-    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own fields, such as its cache folder, left empty)."""
+    """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own
+    fields, such as its cache folder, left empty)."""
     local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
     rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
     unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
@@ -216,13 +247,24 @@ def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key:
 
 
 def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
-    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (= digests: uncompressed)."""
+    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (=
+    digests: uncompressed)."""
     architecture = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
-    return canonical_bytes({"architecture": architecture, "os": "linux", "config": {"Labels": labels}, "rootfs": {"type": "layers", "diff_ids": diff_ids}})
+    return canonical_bytes(
+        {
+            "architecture": architecture,
+            "os": "linux",
+            "config": {"Labels": labels},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }
+    )
 
 
-def manifest_bytes(config: tuple[str, int], layers: list[Descriptor], metadata: Descriptor, annotations: dict[str, str]) -> bytes:
-    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for people)."""
+def manifest_bytes(
+    config: tuple[str, int], layers: list[Descriptor], metadata: Descriptor, annotations: dict[str, str]
+) -> bytes:
+    """The image manifest, in the one byte form whose sha256 is the tag's digest (the metadata layer last, marked for
+    people)."""
     descriptors = [layer.as_json() for layer in layers] + [metadata.as_json({LAYER_ROLE: "metadata"})]
     return canonical_bytes(
         {
@@ -236,25 +278,37 @@ def manifest_bytes(config: tuple[str, int], layers: list[Descriptor], metadata: 
 
 
 def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as annotations and labels)."""
+    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as
+    annotations and labels)."""
     rows = [document["row"] for _, document in sorted(indexes.items())]
     toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
     families: dict[str, list[str]] = defaultdict(list)
     for row in rows:
-        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else "")
+        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (
+            f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else ""
+        )
         families[family].append(f"{row['batch_size']}x{row['seq_len']}")
     return {
         f"{ANNOTATION_PREFIX}flavor": flavor,
         f"{ANNOTATION_PREFIX}models": ",".join(sorted({row["model_name"] for row in rows})),
-        f"{ANNOTATION_PREFIX}toolchains": _bounded("; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))),
-        f"{ANNOTATION_PREFIX}shapes": _bounded("; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))),
+        f"{ANNOTATION_PREFIX}toolchains": _bounded(
+            "; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))
+        ),
+        f"{ANNOTATION_PREFIX}shapes": _bounded(
+            "; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))
+        ),
         f"{ANNOTATION_PREFIX}shape-count": str(len(rows)),
     }
 
 
 def _describe_toolchain(toolchain: dict[str, Any]) -> str:
-    packages = " ".join(f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version)
-    return f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on {toolchain.get('platform')} ({packages})"
+    packages = " ".join(
+        f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version
+    )
+    return (
+        f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on "
+        f"{toolchain.get('platform')} ({packages})"
+    )
 
 
 def _bounded(text: str) -> str:
@@ -275,7 +329,12 @@ def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
 
 def _digest(descriptor: Any, where: str) -> str:
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
-    if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71 or not isinstance(descriptor.get("size"), int):
+    if (
+        not isinstance(digest, str)
+        or not digest.startswith("sha256:")
+        or len(digest) != 71
+        or not isinstance(descriptor.get("size"), int)
+    ):
         raise CacheError(f"{where}: descriptor {shown(descriptor)} has no sha256 digest and size; refused")
     return digest
 
@@ -290,7 +349,12 @@ def _indexes(index: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
 def _layers(index: dict[str, Any], where: str) -> tuple[Layer, ...]:
     try:
         return tuple(
-            Layer(_digest(layer, where), layer["size"], tuple(BundleFile(str(path), str(sha), int(size)) for path, sha, size in layer["files"])) for layer in index["layers"]
+            Layer(
+                _digest(layer, where),
+                layer["size"],
+                tuple(BundleFile(str(path), str(sha), int(size)) for path, sha, size in layer["files"]),
+            )
+            for layer in index["layers"]
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CacheError(f"{where}: {INDEX_MEMBER} 'layers' is malformed ({exc}); refused") from None

@@ -63,7 +63,9 @@ def by_bucket(flavor: CacheFlavor, files: Iterable[BundleFile]) -> list[tuple[Bu
     return [tuple(sorted(group, key=lambda f: f.path)) for _, group in sorted(groups.items())]
 
 
-def write_layer(out: Path, members: list[tuple[str, Path | bytes]], expected: dict[str, BundleFile] | None = None) -> tuple[str, int]:
+def write_layer(
+    out: Path, members: list[tuple[str, Path | bytes]], expected: dict[str, BundleFile] | None = None
+) -> tuple[str, int]:
     """Write a deterministic tar of ``members`` (archive path, source file or bytes) to ``out``; its ``(digest, size)``.
 
     A source file is hashed as it is archived: if ``expected`` lists another sha256 or size
@@ -85,9 +87,13 @@ def write_layer(out: Path, members: list[tuple[str, Path | bytes]], expected: di
                     size = os.fstat(handle.fileno()).st_size
                     checked = _CheckedReader(handle, source, listed)
                     try:
-                        tar.addfile(_info(name, size, tarfile.REGTYPE, 0o755 if os.stat(source).st_mode & 0o111 else 0o644), checked)
+                        tar.addfile(
+                            _info(name, size, tarfile.REGTYPE, 0o755 if os.stat(source).st_mode & 0o111 else 0o644),
+                            checked,
+                        )
                     except OSError as exc:
-                        if exc.errno is None and listed is not None:  # tarfile's "unexpected end of data": the file shrank
+                        # tarfile's "unexpected end of data": the file shrank
+                        if exc.errno is None and listed is not None:
                             raise CacheError(changed_under_push(source, listed.sha256)) from None
                         raise
                     checked.finish(size)
@@ -96,7 +102,14 @@ def write_layer(out: Path, members: list[tuple[str, Path | bytes]], expected: di
     return f"sha256:{digest.hexdigest()}", out.stat().st_size
 
 
-def extract_files(blocks: Iterator[bytes], digest: str, wanted: dict[str, BundleFile], folder: Path, where: str, progress: Callable[[int], None] | None = None) -> set[str]:
+def extract_files(
+    blocks: Iterator[bytes],
+    digest: str,
+    wanted: dict[str, BundleFile],
+    folder: Path,
+    where: str,
+    progress: Callable[[int], None] | None = None,
+) -> set[str]:
     """Stream one layer and write each wanted file (by archive path) to ``folder/<sha256>``, checked; the paths found.
 
     Only regular members named in ``wanted`` are read, each with its size and sha256
@@ -118,7 +131,9 @@ def extract_files(blocks: Iterator[bytes], digest: str, wanted: dict[str, Bundle
                 if not target.exists():
                     partial = folder / f"{file.sha256}.part-{uuid.uuid4().hex[:8]}"
                     try:
-                        write_checked(_member_blocks(tar, member), file, partial, where=f"{where} layer {digest[:19]} {name}")
+                        write_checked(
+                            _member_blocks(tar, member), file, partial, where=f"{where} layer {digest[:19]} {name}"
+                        )
                         os.replace(partial, target)
                     finally:
                         partial.unlink(missing_ok=True)
@@ -127,7 +142,10 @@ def extract_files(blocks: Iterator[bytes], digest: str, wanted: dict[str, Bundle
     except tarfile.TarError as exc:
         raise CacheError(f"{where}: layer {digest[:19]} is not a readable tar archive ({exc}); refused") from None
     if reader.digest() != digest:
-        raise CacheError(f"{where}: layer {digest[:19]} does not hash to its digest (got {reader.digest()[:19]}): corrupt or tampered; refused")
+        raise CacheError(
+            f"{where}: layer {digest[:19]} does not hash to its digest (got {reader.digest()[:19]}): "
+            "corrupt or tampered; refused"
+        )
     return found
 
 
@@ -217,7 +235,8 @@ class _BlockReader:
         self.block, self.offset, self.hash = b"", 0, hashlib.sha256()
 
     def read(self, amount: int = -1) -> bytes:
-        """Up to ``amount`` bytes (all that is left for -1); copies only what it returns (tar reads 10 KiB at a time)."""
+        """Up to ``amount`` bytes (all that is left for -1); copies only what it returns (tar reads 10 KiB at a
+        time)."""
         parts: list[bytes] = []
         left = amount
         while left != 0:

@@ -39,7 +39,8 @@ MANIFEST_KEY, BLOB_KEY = "manifests/", "blobs/"
 
 
 def images(store: OciStore) -> list[StoredImage]:
-    """Every tag's image; one that is not a readable warmcache image stops the caller (gc must not decide on a partial view)."""
+    """Every tag's image; one that is not a readable warmcache image stops the caller (gc must not decide on a
+    partial view)."""
     found = []
     for tag in sorted(store.client.tags()):
         image = read_image(store.client, tag)
@@ -59,7 +60,10 @@ def list_repository(store: OciStore) -> StoreListing:
             _, model, toolchain, _ = key.split("/", 3)
             groups[(image.tag, model, toolchain)] += 1
         sizes.update({d.digest: d.size for d in image.descriptors.values()})
-    listed = tuple(StoreGroup(model, toolchain, shapes, newest[tag], tag) for (tag, model, toolchain), shapes in sorted(groups.items()))
+    listed = tuple(
+        StoreGroup(model, toolchain, shapes, newest[tag], tag)
+        for (tag, model, toolchain), shapes in sorted(groups.items())
+    )
     return StoreListing(store.reference.repository_url, listed, len(sizes), sum(sizes.values()))
 
 
@@ -70,7 +74,14 @@ def plan_repository_gc(store: OciStore, grace_seconds: float, now: float | None 
     removals = _unreferenced(store, current, grace_seconds, now)
     young = sum(1 for image in current for s in image.superseded if now - s.at < grace_seconds)
     referenced = set().union(*(image.blobs for image in current)) if current else set()
-    return GcPlan(store.reference.repository_url, sum(len(i.indexes) for i in current), len(referenced), tuple(removals), young, grace_seconds)
+    return GcPlan(
+        store.reference.repository_url,
+        sum(len(i.indexes) for i in current),
+        len(referenced),
+        tuple(removals),
+        young,
+        grace_seconds,
+    )
 
 
 def execute_repository_gc(store: OciStore, plan: GcPlan) -> int:
@@ -79,7 +90,8 @@ def execute_repository_gc(store: OciStore, plan: GcPlan) -> int:
     tagged = {image.digest for image in current}
     referenced = set().union(*(image.blobs for image in current)) if current else set()
     deleted = 0
-    for item in sorted(plan.removals, key=lambda r: not r.key.startswith(MANIFEST_KEY)):  # manifests first: no manifest ever names a missing blob
+    # manifests first: no manifest ever names a missing blob
+    for item in sorted(plan.removals, key=lambda r: not r.key.startswith(MANIFEST_KEY)):
         digest = item.key.split("/", 1)[1]
         if item.key.startswith(MANIFEST_KEY) and digest not in tagged:
             store.client.delete_manifest(digest)
@@ -94,7 +106,12 @@ def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: fl
     """Replaced manifests older than the grace period that no tag points at, then the blobs only they use."""
     tagged = {image.digest for image in current}
     referenced = set().union(*(image.blobs for image in current)) if current else set()
-    old = {s.digest: s.at for image in current for s in image.superseded if now - s.at >= grace_seconds and s.digest not in tagged}
+    old = {
+        s.digest: s.at
+        for image in current
+        for s in image.superseded
+        if now - s.at >= grace_seconds and s.digest not in tagged
+    }
     young = {s.digest for image in current for s in image.superseded if now - s.at < grace_seconds}
     for digest in young:  # a pod may still be pulling a manifest replaced within the grace period: its blobs stay
         image = read_image(store.client, digest)
@@ -111,7 +128,9 @@ def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: fl
     return removals + [StoredObject(f"{BLOB_KEY}{blob}", size, at) for blob, (size, at) in sorted(blobs.items())]
 
 
-def check_repository(store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None) -> tuple[CheckReport, dict[str, Layer]]:
+def check_repository(
+    store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None
+) -> tuple[CheckReport, dict[str, Layer]]:
     """The report, and each problem layer by digest (what a repair rebuilds)."""
     problems: list[StoreProblem] = []
     layers: dict[str, tuple[Layer, StoredImage]] = {}
@@ -127,7 +146,10 @@ def check_repository(store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, pro
                 continue
             listed.update(index.files)
         held = {file.path for layer in image.layers for file in layer.files}
-        problems += [StoreProblem(f"{image.tag}/{path}", "missing", "listed by an index, in no layer") for path in sorted(set(listed) - held)]
+        problems += [
+            StoreProblem(f"{image.tag}/{path}", "missing", "listed by an index, in no layer")
+            for path in sorted(set(listed) - held)
+        ]
         layers.update({layer.digest: (layer, image) for layer in image.layers})
     total, done = sum(layer.size for layer, _ in layers.values()), [0]
 
@@ -139,13 +161,26 @@ def check_repository(store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, pro
     for digest, (layer, image) in sorted(layers.items()):
         with tempfile.TemporaryDirectory(prefix="warmcache-oci-check-") as folder:
             try:
-                found = extract_files(image.layer_blocks(store.client, digest), digest, {f.path: f for f in layer.files}, Path(folder), store.url, advance)
+                found = extract_files(
+                    image.layer_blocks(store.client, digest),
+                    digest,
+                    {f.path: f for f in layer.files},
+                    Path(folder),
+                    store.url,
+                    advance,
+                )
             except (CacheError, StoreError) as exc:
                 problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", str(exc)))
                 continue
         if len(found) != len(layer.files):
-            problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", f"holds {len(found)} of the {len(layer.files)} files it lists"))
-    damaged = {p.key[len(BLOB_KEY) :]: layers[p.key[len(BLOB_KEY) :]][0] for p in problems if p.key.startswith(BLOB_KEY)}
+            problems.append(
+                StoreProblem(
+                    f"{BLOB_KEY}{digest}", "damaged", f"holds {len(found)} of the {len(layer.files)} files it lists"
+                )
+            )
+    damaged = {
+        p.key[len(BLOB_KEY) :]: layers[p.key[len(BLOB_KEY) :]][0] for p in problems if p.key.startswith(BLOB_KEY)
+    }
     return CheckReport(store.reference.repository_url, indexes, len(layers), tuple(problems)), damaged
 
 
@@ -161,7 +196,9 @@ def repair_repository(store: OciStore, report: CheckReport, layers: dict[str, La
         with tempfile.TemporaryDirectory(prefix="warmcache-oci-repair-") as folder:
             tar = Path(folder) / "layer.tar"
             try:
-                digest, size = write_layer(tar, [(f.path, cache_root / f.path) for f in layer.files], {f.path: f for f in layer.files})
+                digest, size = write_layer(
+                    tar, [(f.path, cache_root / f.path) for f in layer.files], {f.path: f for f in layer.files}
+                )
             except CacheError:
                 digest, size = "", 0  # the local copy differs: not a repair
             if digest != layer.digest:

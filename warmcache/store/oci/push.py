@@ -37,7 +37,16 @@ from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
-from warmcache.store.oci.image import Descriptor, StoredImage, Superseded, config_bytes, manifest_bytes, metadata_members, read_image, summary
+from warmcache.store.oci.image import (
+    Descriptor,
+    StoredImage,
+    Superseded,
+    config_bytes,
+    manifest_bytes,
+    metadata_members,
+    read_image,
+    summary,
+)
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, write_layer
 from warmcache.store.oci.store import OciStore, layers_for
 from warmcache.store.push import PushResult, files_per_shape
@@ -64,14 +73,13 @@ def push_image(
     """Merge the manifest's compiled shapes (only ``identities`` if given) into the tag; see the module docstring."""
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
     location = scope.location
-    try:
-        shapes = files_per_shape(records, location)
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+    shapes = files_per_shape(records, location)
     ours: dict[str, dict[str, Any]] = {}
     for record in records:
         index = build_index(record, location.flavor, shapes[record.identity])
-        ours[index_key(record.model_name, record.toolchain_hash, record.identity)] = sign_document(index, signing_key) if signing_key else index
+        ours[index_key(record.model_name, record.toolchain_hash, record.identity)] = (
+            sign_document(index, signing_key) if signing_key else index
+        )
     local = {f.path: f for files in shapes.values() for f in files}
     with tempfile.TemporaryDirectory(prefix="warmcache-oci-push-") as work:
         builder = _Layers(store, location, local, Path(work), progress)
@@ -90,36 +98,65 @@ def push_image(
             if now is not None and all(now.indexes.get(key) == index for key, index in ours.items()):
                 written = sum(1 for key, index in ours.items() if base is None or base.indexes.get(key) != index)
                 return builder.result(len(records), written, not_compiled)
-    raise StoreError(f"{store.url}: concurrent pushes replaced the tag {MERGE_ATTEMPTS} times before this push's shapes stayed in it; push again")
+    raise StoreError(
+        f"{store.url}: concurrent pushes replaced the tag {MERGE_ATTEMPTS} times before this "
+        "push's shapes stayed in it; push again"
+    )
 
 
-def _merge(base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: CacheFlavor, where: str) -> dict[str, dict[str, Any]]:
-    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files with other bytes is dropped."""
+def _merge(
+    base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: CacheFlavor, where: str
+) -> dict[str, dict[str, Any]]:
+    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files
+    with other bytes is dropped."""
     if base is None:
         return dict(ours)
     if base.flavor != flavor:
         raise CacheError(f"{where}: the tag holds a {base.flavor} cache, this push a {flavor} one; push to another tag")
     ours_files = {file["path"]: file["sha256"] for index in ours.values() for file in index["files"]}
     kept = {
-        key: index for key, index in base.indexes.items() if key not in ours and all(ours_files.get(file["path"], file["sha256"]) == file["sha256"] for file in index["files"])
+        key: index
+        for key, index in base.indexes.items()
+        if key not in ours
+        and all(ours_files.get(file["path"], file["sha256"]) == file["sha256"] for file in index["files"])
     }
     return {**kept, **ours}
 
 
-def _image(store: OciStore, builder: _Layers, base: StoredImage | None, indexes: dict[str, dict[str, Any]], flavor: CacheFlavor, signing_key: SigningKey | None) -> bytes:
+def _image(
+    store: OciStore,
+    builder: _Layers,
+    base: StoredImage | None,
+    indexes: dict[str, dict[str, Any]],
+    flavor: CacheFlavor,
+    signing_key: SigningKey | None,
+) -> bytes:
     """Build and upload every blob of the image holding ``indexes``; its manifest's bytes."""
-    files = {file["path"]: BundleFile(file["path"], file["sha256"], file["size"]) for index in indexes.values() for file in index["files"]}
+    files = {
+        file["path"]: BundleFile(file["path"], file["sha256"], file["size"])
+        for index in indexes.values()
+        for file in index["files"]
+    }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
     superseded = [*base.superseded, Superseded(base.digest, time.time())] if base is not None else []
     members = metadata_members(flavor, indexes, layers, superseded, store.url, time.time(), signing_key)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
-    # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a plain tar.
+    # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a
+    # plain tar.
     stored = [
-        base.descriptors[layer.digest] if base is not None and layer.digest in base.descriptors else Descriptor(LAYER_MEDIA_TYPE, layer.digest, layer.size) for layer in layers
+        base.descriptors[layer.digest]
+        if base is not None and layer.digest in base.descriptors
+        else Descriptor(LAYER_MEDIA_TYPE, layer.digest, layer.size)
+        for layer in layers
     ]
-    return manifest_bytes((store.client.upload_bytes(config), len(config)), stored, Descriptor(LAYER_MEDIA_TYPE, metadata.digest, metadata.size), labels)
+    return manifest_bytes(
+        (store.client.upload_bytes(config), len(config)),
+        stored,
+        Descriptor(LAYER_MEDIA_TYPE, metadata.digest, metadata.size),
+        labels,
+    )
 
 
 @dataclass
@@ -134,11 +171,14 @@ class _Layers:
     built: dict[tuple[BundleFile, ...], Layer] = field(default_factory=dict)
     #: Layers of the tag taken as they are (their files did not change): present, nothing sent.
     reused: set[str] = field(default_factory=set)
-    counts: dict[str, int] = field(default_factory=lambda: {"uploaded": 0, "present": 0, "sent": 0, "done": 0, "total": 0})
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"uploaded": 0, "present": 0, "sent": 0, "done": 0, "total": 0}
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def layers(self, groups: list[tuple[BundleFile, ...]], base: StoredImage | None) -> list[Layer]:
-        """One layer per group: the tag's own when its files are the same, else built here (in parallel) and uploaded if the registry lacks it."""
+        """One layer per group: the tag's own when its files are the same, else built here (in parallel) and uploaded
+        if the registry lacks it."""
         stored = {layer.files: layer for layer in base.layers} if base is not None else {}
         self.reused.update(stored[group].digest for group in groups if group in stored)
         todo = [group for group in groups if group not in stored and group not in self.built]
@@ -158,12 +198,15 @@ class _Layers:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _sources(self, group: tuple[BundleFile, ...], base: StoredImage | None, folder: Path) -> dict[str, Path]:
-        """Where each file's bytes come from: the local cache, or (for a shape another host pushed) the tag's layer, checked."""
+        """Where each file's bytes come from: the local cache, or (for a shape another host pushed) the tag's layer,
+        checked."""
         sources: dict[str, Path] = {}
         missing: dict[str, BundleFile] = {}
         for file in group:
             path = self.location.root / file.path
-            if self.local.get(file.path) == file or (path.is_file() and path.stat().st_size == file.size and sha256_of(path) == file.sha256):
+            if self.local.get(file.path) == file or (
+                path.is_file() and path.stat().st_size == file.size and sha256_of(path) == file.sha256
+            ):
                 sources[file.path] = path
             else:
                 missing[file.path] = file
@@ -171,10 +214,14 @@ class _Layers:
             if base is None:
                 raise CacheError(f"{self.location.root / next(iter(missing))}: not in the cache; nothing pushed")
             for layer, files in layers_for(base.layers, {f.sha256 for f in missing.values()}):
-                extract_files(base.layer_blocks(self.store.client, layer.digest), layer.digest, files, folder, self.store.url)
+                extract_files(
+                    base.layer_blocks(self.store.client, layer.digest), layer.digest, files, folder, self.store.url
+                )
             for name, file in missing.items():
                 if not (folder / file.sha256).is_file():
-                    raise CacheError(f"{self.store.url}: {name} is in neither this cache nor the tag's layers; nothing pushed")
+                    raise CacheError(
+                        f"{self.store.url}: {name} is in neither this cache nor the tag's layers; nothing pushed"
+                    )
                 sources[name] = folder / file.sha256
         return sources
 
@@ -202,4 +249,13 @@ class _Layers:
 
     def result(self, shapes: int, written: int, not_compiled: int) -> PushResult:
         present = self.counts["present"] + len(self.reused)
-        return PushResult(self.store.url, shapes, written, shapes - written, self.counts["uploaded"], present, self.counts["sent"], not_compiled)
+        return PushResult(
+            self.store.url,
+            shapes,
+            written,
+            shapes - written,
+            self.counts["uploaded"],
+            present,
+            self.counts["sent"],
+            not_compiled,
+        )

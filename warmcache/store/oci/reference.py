@@ -55,13 +55,15 @@ class OciReference:
 
 
 def parse_oci_url(url: str) -> OciReference:
-    """Parse ``oci://HOST[:PORT]/REPOSITORY[:TAG]`` (or ``oci+http://`` on loopback); :class:`UsageError` naming the fault."""
+    """Parse ``oci://HOST[:PORT]/REPOSITORY[:TAG]`` (or ``oci+http://`` on loopback); :class:`UsageError` naming the
+    fault."""
     parsed = urlparse(url)
     if parsed.scheme not in SCHEMES:
         raise UsageError(f"store URL {shown(url)}: not an OCI registry URL (oci://HOST[:PORT]/REPOSITORY[:TAG])")
     if parsed.username is not None or parsed.password is not None:
         raise UsageError(
-            f"store URL {parsed.scheme}://…@{parsed.hostname}: credentials do not belong in a URL; put them in ~/.docker/config.json (docker login, or a credential helper)"
+            f"store URL {parsed.scheme}://…@{parsed.hostname}: credentials do not belong in a URL; "
+            "put them in ~/.docker/config.json (docker login, or a credential helper)"
         )
     if not parsed.hostname or parsed.query or parsed.fragment or parsed.params:
         raise UsageError(f"store URL {shown(url)}: expected {parsed.scheme}://HOST[:PORT]/REPOSITORY[:TAG]")
@@ -74,12 +76,20 @@ def parse_oci_url(url: str) -> OciReference:
     if "@" in name:
         raise UsageError(f"store URL {shown(url)}: name a tag, not a digest (a push writes the tag; a pull reads it)")
     if not _REPOSITORY.fullmatch(repository):
-        raise UsageError(f"store URL {shown(url)}: {shown(repository)} is not a repository name (lowercase letters, digits, '.', '_', '-', '/')")
+        raise UsageError(
+            f"store URL {shown(url)}: {shown(repository)} is not a repository name (lowercase "
+            "letters, digits, '.', '_', '-', '/')"
+        )
     if not _TAG.fullmatch(tag):
-        raise UsageError(f"store URL {shown(url)}: {shown(tag)} is not a tag (letters, digits, '_', '.', '-'; at most 128)")
+        raise UsageError(
+            f"store URL {shown(url)}: {shown(tag)} is not a tag (letters, digits, '_', '.', '-'; at most 128)"
+        )
     plain_http = parsed.scheme == "oci+http"
     if plain_http and not _is_loopback(parsed.hostname):
-        raise UsageError(f"store URL {shown(url)}: plain HTTP (oci+http://) only reaches a registry on loopback; use oci:// (HTTPS) for {parsed.hostname}")
+        raise UsageError(
+            f"store URL {shown(url)}: plain HTTP (oci+http://) only reaches a registry on loopback; "
+            f"use oci:// (HTTPS) for {parsed.hostname}"
+        )
     host = parsed.hostname if ":" not in parsed.hostname else f"[{parsed.hostname}]"
     return OciReference(f"{host}:{port}" if port else host, repository, tag, plain_http)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from warmcache.cache.bundle import BundleFile, sha256_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError, StoreError
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
 from warmcache.store.oci.image import StoredImage, read_image
@@ -28,7 +28,8 @@ from warmcache.trust import TrustedKeys
 
 
 class OciStore:
-    """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the repository."""
+    """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the
+    repository."""
 
     def __init__(self, reference: OciReference) -> None:
         self.reference = reference
@@ -53,11 +54,17 @@ class OciStore:
 
     # ------------------------------------------------------------ pull (warmcache.store.pull.PullSource)
 
-    def read_indexes(self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys) -> dict[str, ShapeIndex]:
-        """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by identity."""
+    def read_indexes(
+        self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
+    ) -> dict[str, ShapeIndex]:
+        """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by
+        identity."""
         image = self.image()
         if wanted and image.flavor != location.flavor:
-            raise CacheError(f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a {location.flavor} cache; refused")
+            raise CacheError(
+                f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a "
+                f"{location.flavor} cache; refused"
+            )
         found: dict[str, ShapeIndex] = {}
         for planned in wanted:
             key = index_key(planned.model.name, planned.toolchain.hash, planned.identity)
@@ -65,8 +72,11 @@ class OciStore:
                 found[planned.identity] = image.shape_index(key, self.url, trusted)
         return found
 
-    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
-        """Each wanted file (by sha256) checked into ``folder/<sha256>``, taken from the fewest layers that hold them; ``(downloaded, reused)`` bytes.
+    def fetch_blobs(
+        self, sizes: dict[str, int], folder: Path, progress: Callable[[int, int], None] | None
+    ) -> tuple[int, int]:
+        """Each wanted file (by sha256) checked into ``folder/<sha256>``, taken from the fewest layers that hold them;
+        ``(downloaded, reused)`` bytes.
 
         A file kept from an interrupted pull is re-used once its bytes are checked again.
         """
@@ -90,20 +100,27 @@ class OciStore:
 
         for layer, files in plan:
             try:
-                extract_files(image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance)
+                extract_files(
+                    image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance
+                )
             except CacheError:
-                for file in files.values():  # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
+                # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
+                for file in files.values():
                     with contextlib.suppress(OSError):
                         (folder / file.sha256).unlink()
                 raise
         absent = [sha for sha in needed if not (folder / sha).is_file()]
         if absent:
-            raise CacheError(f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its index lists; refused")
+            raise CacheError(
+                f"{self.url}: no layer of the tag holds the file with sha256 {absent[0][:16]}… that its "
+                "index lists; refused"
+            )
         return done[0], reused
 
 
 def layers_for(layers: tuple[Layer, ...], needed: set[str]) -> list[tuple[Layer, dict[str, BundleFile]]]:
-    """The layers to download for ``needed`` sha256s (in the image's order, each only if it adds one), with the members to take from each."""
+    """The layers to download for ``needed`` sha256s (in the image's order, each only if it adds one), with the
+    members to take from each."""
     plan: list[tuple[Layer, dict[str, BundleFile]]] = []
     left = set(needed)
     for layer in layers:

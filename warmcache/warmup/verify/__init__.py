@@ -9,4 +9,14 @@ from warmcache.warmup.verify.parent import run_verify
 from warmcache.warmup.verify.replayer import merge_ranks, replay
 from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary, judge
 
-__all__ = ["ReplayRequest", "ReplayResult", "SpecVerdict", "Verdict", "VerifySummary", "judge", "merge_ranks", "replay", "run_verify"]
+__all__ = [
+    "ReplayRequest",
+    "ReplayResult",
+    "SpecVerdict",
+    "Verdict",
+    "VerifySummary",
+    "judge",
+    "merge_ranks",
+    "replay",
+    "run_verify",
+]

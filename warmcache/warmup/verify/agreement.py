@@ -48,13 +48,15 @@ if TYPE_CHECKING:
 
 #: How much further from the reference a served decode may be than the model's own eager decode.
 FACTOR = 3.0
-#: Distances below this many machine epsilons of the dtype always pass (an eager decode may match the reference bitwise).
+#: Distances below this many machine epsilons of the dtype always pass (an eager decode may match the reference
+#: bitwise).
 FLOOR = 2
 _EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def floor(dtype: str) -> float:
-    """The smallest distance the criterion allows in ``dtype`` (``torch.bfloat16`` or ``bfloat16``), relative to the logit RMS."""
+    """The smallest distance the criterion allows in ``dtype`` (``torch.bfloat16`` or ``bfloat16``), relative to the
+    logit RMS."""
     return FLOOR * _EPSILON[dtype.removeprefix("torch.")]
 
 
@@ -92,16 +94,24 @@ class Agreement:
 
     def describe(self) -> str:
         """One line: the worst figures against what the eager decode allows, for a verdict or a table cell."""
-        logits = f"logits {self.logit_error:.2%} from eager (allowed {self.allowed_logit_error:.2%}), " if self.logit_error is not None else ""
+        logits = (
+            f"logits {self.logit_error:.2%} from eager (allowed {self.allowed_logit_error:.2%}), "
+            if self.logit_error is not None
+            else ""
+        )
         ties = f", {self.near_ties} near-tie{'s' if self.near_ties != 1 else ''}" if self.near_ties else ""
         verdict = "agrees with" if self.agrees else f"differs from (worst at step {self.worst_step + 1})"
         return (
-            f"{verdict} the model over {self.steps} steps in {self.dtype}: {logits}tokens within {self.token_deficit:.2%} of the best "
-            f"(allowed {self.allowed_token_deficit:.2%}; eager decode's own distance {self.eager_logit_error:.2%}{ties})"
+            f"{verdict} the model over {self.steps} steps in {self.dtype}: {logits}tokens within "
+            f"{self.token_deficit:.2%} of the best "
+            f"(allowed {self.allowed_token_deficit:.2%}; eager decode's own distance "
+            f"{self.eager_logit_error:.2%}{ties})"
         )
 
 
-def reference_logits(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+def reference_logits(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor
+) -> torch.Tensor:
     """The model's eager logits for each generated position, in one forward pass: ``[rows, steps, vocab]`` in float32.
 
     Over the prompt and the generated tokens (all but the last, whose successor nobody
@@ -120,7 +130,8 @@ def reference_logits(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_ma
 
 
 class _Forced:
-    """A logits processor that makes ``generate()`` pick the given tokens, one column per step (its raw logits stay as computed)."""
+    """A logits processor that makes ``generate()`` pick the given tokens, one column per step (its raw logits stay
+    as computed)."""
 
     def __init__(self, tokens: torch.Tensor) -> None:
         self._tokens = tokens
@@ -135,8 +146,11 @@ class _Forced:
         return forced
 
 
-def eager_decode_logits(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor, **generate_kwargs: Any) -> torch.Tensor:
-    """The model's own eager ``generate()`` decode over the served tokens: the raw logits of each step, ``[rows, steps, vocab]`` in float32.
+def eager_decode_logits(
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor, **generate_kwargs: Any
+) -> torch.Tensor:
+    """The model's own eager ``generate()`` decode over the served tokens: the raw logits of each step, ``[rows, steps,
+    vocab]`` in float32.
 
     ``generate_kwargs``: the served call's own (its cache, ``max_cache_len``...), so the
     eager decode runs the same cache code; compilation is turned off.
@@ -177,7 +191,8 @@ def judge(
     *,
     forbidden: Sequence[int] = (),
 ) -> Agreement:
-    """Judge served ``tokens`` ``[rows, steps]`` (and, when known, their logits) against ``reference``, calibrated by ``eager``.
+    """Judge served ``tokens`` ``[rows, steps]`` (and, when known, their logits) against ``reference``, calibrated by
+    ``eager``.
 
     ``reference``: :func:`reference_logits`; ``eager``: :func:`eager_decode_logits` on the
     same tokens; ``forbidden``: token ids the served decode could not pick (:func:`eos_token_ids`

@@ -23,7 +23,8 @@ class ReplayRequest:
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
-    """What one spec's replay measured, or why it could not: the one measurement, from the replay process to the verdict.
+    """What one spec's replay measured, or why it could not: the one measurement, from the replay process to the
+    verdict.
 
     The replay process sends it as its message; the parent's :class:`~warmcache.warmup.verify.verdicts.SpecVerdict`
     keeps it as it came, so the counters are stated here once.

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 
 from warmcache.errors import WarmcacheError
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import Manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
+from warmcache.registry.statuses import DONE_STATUSES
 from warmcache.settings import RegistryLocation
-from warmcache.statuses import DONE_STATUSES
 from warmcache.units import format_count
 from warmcache.warmup import distributed
 from warmcache.warmup.child import Launch, run_children, sigterm_as_interrupt
@@ -40,7 +40,12 @@ from warmcache.warmup.verify.messages import ReplayRequest, ReplayResult
 from warmcache.warmup.verify.verdicts import SpecVerdict, Verdict, VerifySummary, judge
 
 
-def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | None = None, progress: Callable[[int], Progress[SpecVerdict]] | None = None) -> VerifySummary:
+def run_verify(
+    manifest: Manifest,
+    location: RegistryLocation,
+    cache_dir: str | None = None,
+    progress: Callable[[int], Progress[SpecVerdict]] | None = None,
+) -> VerifySummary:
     """Replay the manifest's compiled specs in a fresh process and record what it proves.
 
     ``progress(total)`` is told each spec's phases as its replay runs, and its verdict as the replay finishes.
@@ -65,11 +70,15 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
             try:
                 with sigterm_as_interrupt():  # a cancelled CI job stops the replay (a torchrun too), not just us
-                    _replay_in_fresh_processes(manifest, compiled, cache_dir, location, record, bar.phase if bar else None)
+                    _replay_in_fresh_processes(
+                        manifest, compiled, cache_dir, location, record, bar.phase if bar else None
+                    )
             finally:
                 if bar:
                     bar.close()
-            summary.verdicts = [verdicts.get(p.identity) or judge(p.identity, p.spec.describe(), None) for p in compiled]
+            summary.verdicts = [
+                verdicts.get(p.identity) or judge(p.identity, p.spec.describe(), None) for p in compiled
+            ]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == Verdict.VERIFIED])
             # Only a replay that compiled proves the cache wrong. A replay that crashed or
             # never ran (the process died) proves nothing: report it, keep the row.
@@ -81,9 +90,15 @@ def run_verify(manifest: Manifest, location: RegistryLocation, cache_dir: str | 
 
 
 def _replay_in_fresh_processes(
-    manifest: Manifest, compiled: list[PlannedShape], cache_dir: str | None, location: RegistryLocation, record: Callable[[ReplayResult], None], on_phase: PhaseListener | None
+    manifest: Manifest,
+    compiled: list[PlannedShape],
+    cache_dir: str | None,
+    location: RegistryLocation,
+    record: Callable[[ReplayResult], None],
+    on_phase: PhaseListener | None,
 ) -> None:
-    """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world size, as they were warmed.
+    """Replay ``compiled``: single-process specs in one fresh process, sharded ones under a torchrun of their world
+    size, as they were warmed.
 
     A replay process that stops early (a crash, a torchrun that never formed)
     leaves its remaining specs ``replay-failed`` with its error as the reason, so

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.compile_counter import CompileCounter
 from warmcache.errors import first_line
-from warmcache.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.compile_counter import CompileCounter
+from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.precompiled import install, precompiled_entries
 from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
 from warmcache.warmup.workloads import pad_token_id, token_ids
@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from warmcache.shapes import ShapeSpec
 
 
-def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path) -> str | None:
-    """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does; else why not (one line)."""
+def prove_artifacts(
+    model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path
+) -> str | None:
+    """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does;
+    else why not (one line)."""
     import torch
     from transformers import GenerationMixin
 
@@ -45,20 +48,33 @@ def prove_artifacts(model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec
     mask = torch.ones_like(ids)
     try:
         decoder, _ = install(model, config, [record], root_override=root, strict=True)
-        kwargs: dict[str, Any] = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
+        kwargs: dict[str, Any] = generate_kwargs(
+            settings, max_new_tokens=new_tokens, config=config, model_config=model.config
+        )
         with CompileCounter() as counter, torch.no_grad():
             served = model.generate(
-                input_ids=ids, attention_mask=mask, min_new_tokens=new_tokens, pad_token_id=pad_token_id(model), output_logits=True, return_dict_in_generate=True, **kwargs
+                input_ids=ids,
+                attention_mask=mask,
+                min_new_tokens=new_tokens,
+                pad_token_id=pad_token_id(model),
+                output_logits=True,
+                return_dict_in_generate=True,
+                **kwargs,
             )
     except Exception as exc:
         return f"precompiled artifact: {type(exc).__name__}: {first_line(exc)}"
     finally:
         model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
     if counter.graphs or not decoder.calls:
-        return f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs traced, {decoder.calls} artifact calls)"
+        return (
+            f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs "
+            f"traced, {decoder.calls} artifact calls)"
+        )
     generated = served.sequences[:, ids.shape[1] :]
     reference = reference_logits(model, ids, mask, generated)
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
-    agreement = judge(reference, eager, generated, str(model.dtype), torch.stack(served.logits, dim=1), forbidden=eos_token_ids(model))
+    agreement = judge(
+        reference, eager, generated, str(model.dtype), torch.stack(served.logits, dim=1), forbidden=eos_token_ids(model)
+    )
     return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmcache.errors import DecodeRecompileError, error_line
+from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
-from warmcache.plan import PlannedShape, plan_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
 from warmcache.warmup import distributed
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 
 def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_phase: PhaseListener) -> None:
-    """The fresh process: run each spec once through the same Worker warmup used, and measure; ``on_phase`` is told each spec's phases."""
+    """The fresh process: run each spec once through the same Worker warmup used, and measure; ``on_phase`` is told
+    each spec's phases."""
     from warmcache.warmup.worker import Worker
 
     manifest = load_manifest(request.manifest)
@@ -53,8 +54,11 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
         distributed.shutdown()
 
 
-def _prove_precompiled(worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases) -> str | None:
-    """The row's precompiled artifact, proven after the traced replay (see :mod:`warmcache.warmup.verify.precompiled`)."""
+def _prove_precompiled(
+    worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases
+) -> str | None:
+    """The row's precompiled artifact, proven after the traced replay (see
+    :mod:`warmcache.warmup.verify.precompiled`)."""
     if not (location and planned.model.precompile and planned.spec.workload == "generate"):
         return None
     from warmcache.warmup.verify.precompiled import prove_artifacts
@@ -83,5 +87,7 @@ def merge_ranks(results: list[ReplayResult]) -> ReplayResult:
         cache_misses=sum(r.cache_misses for r in results),
         new_entries=tuple(sorted({e for r in results for e in r.new_entries})),
         persistent_cache=first.persistent_cache,
-        precompiled_error=next((f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None),
+        precompiled_error=next(
+            (f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None
+        ),
     )

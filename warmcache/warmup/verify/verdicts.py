@@ -11,7 +11,8 @@ from warmcache.warmup.verify.messages import ReplayResult
 
 
 class Verdict(StrEnum):
-    """What one spec's replay proves (reported by verify, never stored: rows keep their :class:`~warmcache.statuses.Status`)."""
+    """What one spec's replay proves (reported by verify, never stored: rows keep their
+    :class:`~warmcache.registry.statuses.Status`)."""
 
     VERIFIED = "verified"
     """Loaded from the cache: no backend compile, no new entry. The row becomes ``verified``."""
@@ -49,7 +50,10 @@ class SpecVerdict:
         if self.reason and self.verdict != Verdict.REPLAY_ONLY:
             return f"{self.verdict}: {self.reason}"
         m = self.measured
-        return f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, {format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
+        return (
+            f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, "
+            f"{format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -101,7 +105,8 @@ class VerifySummary:
             )
         out.append(
             f"verify: {self.count(Verdict.VERIFIED)} verified, {self.count(Verdict.RECOMPILED)} recompiled, "
-            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not compiled in {self.seconds:.1f}s"
+            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not "
+            f"compiled in {self.seconds:.1f}s"
         )
         return out
 
@@ -109,7 +114,12 @@ class VerifySummary:
 def judge(identity: str, description: str, result: ReplayResult | None) -> SpecVerdict:
     """Turn one replay's measurement into a verdict (``None``: the replay never reached the spec)."""
     if result is None:
-        return SpecVerdict(description, Verdict.REPLAY_FAILED, ReplayResult(identity), reason="the replay process stopped before this spec")
+        return SpecVerdict(
+            description,
+            Verdict.REPLAY_FAILED,
+            ReplayResult(identity),
+            reason="the replay process stopped before this spec",
+        )
     if result.error:
         return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.error)
     if result.recompiled:

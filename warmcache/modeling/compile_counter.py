@@ -34,7 +34,9 @@ class CompileCounter:
         self._start = _snapshot()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.update()
 
     def update(self) -> None:

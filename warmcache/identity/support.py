@@ -4,7 +4,7 @@ A model warmcache cannot compile once per bucket must be refused when the
 manifest is planned or warmed, with the reason, not discovered by a request
 in production. What is checked, from the config alone (no weights are read):
 
-* generate: every decoder layer is one :class:`warmcache.kv_cache.PositionTensorCache`
+* generate: every decoder layer is one :class:`warmcache.modeling.kv_cache.PositionTensorCache`
   can hold (full or sliding-window attention, or no cache at all); linear-attention,
   chunked, indexed and other layer kinds keep state it does not model. The model
   class must take a ``Cache`` object at all (recurrent families like Mamba do not).
@@ -29,31 +29,47 @@ def model_problems(model: ModelSpec) -> list[str]:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from warmcache.kv_cache import unsupported_layer_kinds
+    from warmcache.modeling.kv_cache import unsupported_layer_kinds
 
     where = f"model {model.name!r} ({model.path})"
     try:
         config: Any = AutoConfig.from_pretrained(model.path, revision=model.revision)
-    except Exception as exc:  # the config is input: transformers' own checks raise anything (ZeroDivisionError for 0 heads)
-        return [f"{where}: transformers cannot read its config: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"]
+    except (
+        Exception
+    ) as exc:  # the config is input: transformers' own checks raise anything (ZeroDivisionError for 0 heads)
+        return [
+            f"{where}: transformers cannot read its config: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        ]
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # a key lookup: imports no modeling code
-        return [f"{where}: {config.model_type!r} has no causal-LM class in transformers (AutoModelForCausalLM cannot load it)"]
+        return [
+            f"{where}: {config.model_type!r} has no causal-LM class in transformers "
+            "(AutoModelForCausalLM cannot load it)"
+        ]
     problems: list[str] = []
     if model.generate:
         kinds = unsupported_layer_kinds(config)
         if kinds:
             problems.append(
-                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache does not hold (supported: full and sliding-window attention)"
+                f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache "
+                "does not hold (supported: full and sliding-window attention)"
             )
         else:
             model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             if not model_class._supports_default_dynamic_cache():
-                problems.append(f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step cannot run on a static cache")
+                problems.append(
+                    f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step "
+                    "cannot run on a static cache"
+                )
     return problems
 
 
 def check_supported(manifest: Manifest, models: Iterable[ModelSpec] | None = None) -> None:
-    """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served, and why."""
-    problems = [f"{manifest.path}: {problem}" for model in (manifest.models if models is None else models) for problem in model_problems(model)]
+    """Raise :class:`ManifestError` naming every declared model (or every one of ``models``) that cannot be served,
+    and why."""
+    problems = [
+        f"{manifest.path}: {problem}"
+        for model in (manifest.models if models is None else models)
+        for problem in model_problems(model)
+    ]
     if problems:
         raise ManifestError(problems)

@@ -55,7 +55,10 @@ WorkloadSettings = GenerateSettings | TrainSettings
 
 
 #: Each settings type's stored keys, sorted as rows have always held them (read for every row: computed once).
-_STORED_NAMES: dict[type, tuple[str, ...]] = {cls: tuple(sorted(f.name for f in fields(cls) if f.name != "max_cache_len")) for cls in (GenerateSettings, TrainSettings)}
+_STORED_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(sorted(f.name for f in fields(cls) if f.name != "max_cache_len"))
+    for cls in (GenerateSettings, TrainSettings)
+}
 
 
 def _stored(settings: WorkloadSettings) -> dict[str, SettingValue]:

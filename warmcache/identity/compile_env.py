@@ -75,7 +75,7 @@ EXCLUDED_ENV: dict[str, str] = {
 }
 
 #: Neuron variables that change what the native backend (``torch.compile(backend="neuron")``) compiles.
-#: ``NEURON_CC_FLAGS`` is fingerprinted separately, normalised (see :mod:`warmcache.fingerprint`).
+#: ``NEURON_CC_FLAGS`` is fingerprinted separately, normalised (see :mod:`warmcache.identity.fingerprint`).
 NEURON_GRAPH_ENV = (
     "TORCH_NEURONX_COMPLEX_DECOMPOSE",
     "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
@@ -84,7 +84,8 @@ NEURON_GRAPH_ENV = (
 )
 
 #: The variables torch 2.13's Inductor, Dynamo and AOTAutograd config modules read that change what is
-#: compiled or Inductor's cache key: every one those modules read that is not in :data:`EXCLUDED_ENV` (a test keeps it so).
+#: compiled or Inductor's cache key: every one those modules read that is not in :data:`EXCLUDED_ENV` (a test keeps it
+#: so).
 TORCH_GRAPH_ENV = (
     "TORCHDYNAMO_AUTO_FUNCTIONALIZED_V2",
     "TORCHDYNAMO_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS",
@@ -277,4 +278,10 @@ def compile_env(device: str, backend: str, environ: Mapping[str, str] | None = N
     A variable set to the empty string counts as unset (torch reads both as its default).
     """
     env = os.environ if environ is None else environ
-    return tuple(sorted((name, value.strip()) for name, value in env.items() if name in GRAPH_ENV and value.strip() and _applies(name, device, backend)))
+    return tuple(
+        sorted(
+            (name, value.strip())
+            for name, value in env.items()
+            if name in GRAPH_ENV and value.strip() and _applies(name, device, backend)
+        )
+    )

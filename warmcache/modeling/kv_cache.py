@@ -74,6 +74,8 @@ class PositionTensorCache(StaticCache):
             elif kind in EMPTY_KINDS:
                 layers.append(DummyLayer())
             else:
-                raise ValueError(f"layer {index} is {kind!r}: warmcache's static cache holds only {sorted(FULL_LENGTH_KINDS)}")
+                raise ValueError(
+                    f"layer {index} is {kind!r}: warmcache's static cache holds only {sorted(FULL_LENGTH_KINDS)}"
+                )
         # StaticCache.__init__ would build transformers' sliding layers; build the container directly.
         Cache.__init__(self, layers=layers)

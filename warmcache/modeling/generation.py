@@ -8,7 +8,7 @@ lengths 8 and 16 and left-padded masks shared one decode graph per batch size;
 a prompt + max_new_tokens - 1 beyond the pinned length grew the cache and
 compiled a new graph. Hence :func:`max_new_tokens_that_fit`.
 
-The static cache is warmcache's :class:`warmcache.kv_cache.PositionTensorCache`,
+The static cache is warmcache's :class:`warmcache.modeling.kv_cache.PositionTensorCache`,
 handed to generate() as a fresh ``cache=`` object per call (generate() also builds
 a fresh static cache per call): transformers' own keeps sliding-window positions
 in a Python int and recompiles the decode step at every position.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import CompileConfig, PretrainedConfig
 
-    from warmcache.workload_settings import GenerateSettings
+    from warmcache.shapes.workload_settings import GenerateSettings
 
 
 @functools.cache
@@ -70,7 +70,9 @@ def prompt_fits(prompt_len: int, max_cache_len: int) -> bool:
     return max_new_tokens_that_fit(prompt_len, max_cache_len) >= 2
 
 
-def generate_kwargs(settings: GenerateSettings, *, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig) -> dict[str, Any]:
+def generate_kwargs(
+    settings: GenerateSettings, *, max_new_tokens: int, config: CompileConfig, model_config: PretrainedConfig
+) -> dict[str, Any]:
     """Keyword arguments for ``model.generate`` that reproduce a compiled family's graphs.
 
     Build them per call: a ``static`` family gets a fresh cache object, which one
@@ -85,7 +87,7 @@ def generate_kwargs(settings: GenerateSettings, *, max_new_tokens: int, config: 
     }
     # Every declared cache implementation ("static", and "hybrid", transformers' deprecated alias
     # of it) is served by warmcache's position-tensor cache.
-    from warmcache.kv_cache import PositionTensorCache
+    from warmcache.modeling.kv_cache import PositionTensorCache
 
     kwargs["cache"] = PositionTensorCache(model_config, settings.max_cache_len)
     # A checkpoint's generation_config may name its own (e.g. Gemma's "hybrid"); generate()

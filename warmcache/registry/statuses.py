@@ -3,7 +3,8 @@
 A ``StrEnum`` so a status compares equal to its stored text (``Status.COMPILED ==
 "compiled"``): the database, JSON output and bundles keep plain strings, while code
 names members and a typo is an ``AttributeError`` instead of a silent mismatch.
-This module imports nothing, so every layer (guard snapshots included) can use it.
+This module imports nothing; it lives with the registry, whose status column it names,
+below every layer that reads or shows a status (reports, warmup, cache, service).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ class Status(StrEnum):
 
 
 #: What the registry stores, in lifecycle order.
-STORED_STATUSES: tuple[Status, ...] = (Status.PENDING, Status.COMPILING, Status.COMPILED, Status.VERIFIED, Status.FAILED)
+STORED_STATUSES: tuple[Status, ...] = (
+    Status.PENDING,
+    Status.COMPILING,
+    Status.COMPILED,
+    Status.VERIFIED,
+    Status.FAILED,
+)
 #: A row in one of these has a usable compiled artifact in the cache.
 DONE_STATUSES: tuple[Status, ...] = (Status.COMPILED, Status.VERIFIED)
 #: Everything ``plan`` and ``shapes`` can show, in the order they show it.

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import first_line
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.jsonable import FieldsJson
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.shapes import BucketTable, ShapeSpec
-from warmcache.statuses import DONE_STATUSES, Status
 
 if TYPE_CHECKING:
-    from warmcache.plan import PlannedShape
+    from warmcache.identity.plan import PlannedShape
     from warmcache.registry.registry import PlanStatus, Registry
 
 UNSET = "unset"
@@ -75,22 +75,29 @@ def toolchain_differences(recorded: dict[str, Any], current: dict[str, Any]) -> 
     ]
 
 
-def record_differences(record: ShapeRecord, config_hash: str, attn_implementation: str | None, toolchain: dict[str, Any]) -> list[Difference]:
+def record_differences(
+    record: ShapeRecord, config_hash: str, attn_implementation: str | None, toolchain: dict[str, Any]
+) -> list[Difference]:
     """What separates a row from the identity this machine would give its shape."""
     out = []
     if record.config_hash != config_hash:
         out.append(Difference("model config_hash", record.config_hash, config_hash))
     if record.attn_implementation != attn_implementation:
-        out.append(Difference("model attn_implementation", record.attn_implementation or UNSET, attn_implementation or UNSET))
+        out.append(
+            Difference("model attn_implementation", record.attn_implementation or UNSET, attn_implementation or UNSET)
+        )
     return out + toolchain_differences(record.toolchain, toolchain)
 
 
 def stale_differences(records: Sequence[ShapeRecord]) -> list[Difference]:
-    """Why rows compiled elsewhere are not usable here: their toolchain against this machine's (the most recent row's)."""
+    """Why rows compiled elsewhere are not usable here: their toolchain against this machine's (the most recent
+    row's)."""
     if not records:
         return []
     latest = max(records, key=lambda r: r.updated_at)
-    return toolchain_differences(latest.toolchain, current_toolchain(latest.device, latest.backend, latest.mode).as_dict())
+    return toolchain_differences(
+        latest.toolchain, current_toolchain(latest.device, latest.backend, latest.mode).as_dict()
+    )
 
 
 def describe(differences: Sequence[Difference]) -> str:
@@ -132,10 +139,14 @@ def _explain(status: PlanStatus, compiled: list[ShapeRecord]) -> Explanation:
     if status.status in DONE_STATUSES:
         return Explanation(status, None)
     if status.status == Status.STALE and record is not None:
-        differences = record_differences(record, planned.config_hash, planned.model.attn_implementation, planned.toolchain.as_dict())
+        differences = record_differences(
+            record, planned.config_hash, planned.model.attn_implementation, planned.toolchain.as_dict()
+        )
         return Explanation(status, f"stale: {describe(differences)}", tuple(differences))
     if status.status == Status.FAILED and record is not None:
-        return Explanation(status, f"failed: {first_line(record.error) or 'no error recorded'} (attempts {record.attempts})")
+        return Explanation(
+            status, f"failed: {first_line(record.error) or 'no error recorded'} (attempts {record.attempts})"
+        )
     if status.status == Status.COMPILING and record is not None:
         return Explanation(status, f"compiling: claimed by {record.claimed_by}")
     if status.status == Status.PENDING:
@@ -158,6 +169,15 @@ def _missing_reason(spec: ShapeSpec, family_rows: list[ShapeRecord]) -> str:
     asked = f"batch={spec.batch_size} seq={spec.seq_len}"
     if not family_rows:
         return f"missing: no row for {asked}; nothing of this family is compiled here yet"
-    ((batch, length),) = BucketTable.from_pairs({(r.batch_size, r.seq_len) for r in family_rows}).nearest(spec.batch_size, spec.seq_len, count=1)
-    sizes = [(name, want, got) for name, want, got in (("batch", spec.batch_size, batch), ("seq", spec.seq_len, length)) if want != got]
-    return f"missing: no row for {' '.join(f'{n}={w}' for n, w, _ in sizes)}; nearest compiled {' '.join(f'{n}={g}' for n, _, g in sizes)}"
+    ((batch, length),) = BucketTable.from_pairs({(r.batch_size, r.seq_len) for r in family_rows}).nearest(
+        spec.batch_size, spec.seq_len, count=1
+    )
+    sizes = [
+        (name, want, got)
+        for name, want, got in (("batch", spec.batch_size, batch), ("seq", spec.seq_len, length))
+        if want != got
+    ]
+    return (
+        f"missing: no row for {' '.join(f'{n}={w}' for n, w, _ in sizes)}; nearest compiled "
+        f"{' '.join(f'{n}={g}' for n, _, g in sizes)}"
+    )

@@ -18,13 +18,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.errors import first_line
-from warmcache.plan import PlannedShape
+from warmcache.identity.plan import PlannedShape
 from warmcache.registry import PlanStatus, Registry
 from warmcache.registry.models import utcnow
-from warmcache.statuses import Status
+from warmcache.registry.statuses import Status
 
 #: Every status a planned shape can show, in lifecycle order.
-STATUS_ORDER = (Status.MISSING, Status.STALE, Status.PENDING, Status.COMPILING, Status.COMPILED, Status.VERIFIED, Status.FAILED)
+STATUS_ORDER = (
+    Status.MISSING,
+    Status.STALE,
+    Status.PENDING,
+    Status.COMPILING,
+    Status.COMPILED,
+    Status.VERIFIED,
+    Status.FAILED,
+)
 #: Statuses still waiting for a compile; ``failed`` waits only for ``--retry-failed``.
 REMAINING = (Status.MISSING, Status.STALE, Status.PENDING, Status.COMPILING)
 
@@ -96,7 +104,8 @@ class GroupStatus:
     median_compile_seconds: float | None
     """Median over this group's shapes that have a recorded compile time (``None``: none yet)."""
     reclaimed: int = 0
-    """Shapes of this toolchain claimed more than once: a worker stopped holding one (its lease ran out) or a failure was retried."""
+    """Shapes of this toolchain claimed more than once: a worker stopped holding one (its lease ran out) or a failure
+    was retried."""
 
     @property
     def total(self) -> int:
@@ -186,11 +195,34 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
             continue
         if s.status == Status.COMPILING and record.claimed_by:
             expires = record.lease_expires_at
-            claims.append(Claim(model, workload, spec.batch_size, spec.seq_len, record.claimed_by, record.updated_at, expires, expires is not None and expires < now))
+            claims.append(
+                Claim(
+                    model,
+                    workload,
+                    spec.batch_size,
+                    spec.seq_len,
+                    record.claimed_by,
+                    record.updated_at,
+                    expires,
+                    expires is not None and expires < now,
+                )
+            )
         elif s.status == Status.FAILED:
-            failures.append(Failure(model, workload, spec.batch_size, spec.seq_len, _error_summary(record.error), record.attempts, record.host))
+            failures.append(
+                Failure(
+                    model,
+                    workload,
+                    spec.batch_size,
+                    spec.seq_len,
+                    _error_summary(record.error),
+                    record.attempts,
+                    record.host,
+                )
+            )
     # Stale rows count too: an older toolchain's compile time is still the best guess for this one.
-    seconds = [s.record.compile_seconds for s in statuses if s.record is not None and s.record.compile_seconds is not None]
+    seconds = [
+        s.record.compile_seconds for s in statuses if s.record is not None and s.record.compile_seconds is not None
+    ]
     return GroupStatus(
         model=model,
         workload=workload,
@@ -198,7 +230,11 @@ def _group(model: str, workload: str, statuses: list[PlanStatus], now: dt.dateti
         claims=tuple(claims),
         failures=tuple(failures),
         median_compile_seconds=statistics.median(seconds) if seconds else None,
-        reclaimed=sum(1 for s in statuses if s.record is not None and s.record.identity == s.planned.identity and s.record.attempts > 1),
+        reclaimed=sum(
+            1
+            for s in statuses
+            if s.record is not None and s.record.identity == s.planned.identity and s.record.attempts > 1
+        ),
     )
 
 

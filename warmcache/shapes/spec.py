@@ -2,7 +2,7 @@
 
 A :class:`ShapeSpec` is one declared shape of one model's workload, independent of
 the machine: the registry adds the model's config hash and the toolchain hash to
-form a row's identity (see :mod:`warmcache.plan`). A :class:`ShapeFamily` groups
+form a row's identity (see :mod:`warmcache.identity.plan`). A :class:`ShapeFamily` groups
 shapes that only differ by ``(batch, length)``; within one family a request can be
 padded from one shape to another, so that is the unit a :class:`BucketTable`
 answers for.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from warmcache.errors import UsageError
-from warmcache.workload_settings import GenerateSettings, TrainSettings, Workload, WorkloadSettings
+from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, Workload, WorkloadSettings
 
 WORKLOADS: tuple[Workload, ...] = ("generate", "train")
 

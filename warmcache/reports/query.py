@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warmcache.explain import describe, stale_differences
-from warmcache.fingerprint import current_toolchain
+from warmcache.identity.fingerprint import current_toolchain
 from warmcache.registry.records import ShapeRecord
+from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.reports.explain import describe, stale_differences
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
-from warmcache.statuses import DONE_STATUSES, Status
 
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus, Registry
@@ -71,10 +71,16 @@ class CheckResult:
             return f"ok: batch={d.batch_size} seq={d.seq_len} is compiled exactly ({where})"
         if d.kind == "pad":
             assert d.target is not None
-            return f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} seq={d.target[1]} ({where})"
+            return (
+                f"ok: batch={d.batch_size} seq={d.seq_len} pads to compiled batch={d.target[0]} "
+                f"seq={d.target[1]} ({where})"
+            )
         if self.reason:
             return f"not compiled: batch={d.batch_size} seq={d.seq_len}: {self.reason}"
-        return f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: {format_pairs(d.nearest)}"
+        return (
+            f"not compiled: batch={d.batch_size} seq={d.seq_len} fits no compiled shape; nearest: "
+            f"{format_pairs(d.nearest)}"
+        )
 
     def as_json(self) -> dict[str, Any]:
         d = self.decision
@@ -113,12 +119,21 @@ class RequestChecker:
         self.records = list(records)
         self._tables = bucket_tables(usable_records(self.records))
 
-    def check(self, batch_size: int, seq_len: int, *, exact: bool = False, dtype: str | None = None, max_cache_len: int | None = None) -> CheckResult:
+    def check(
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        exact: bool = False,
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+    ) -> CheckResult:
         """Decide a request against every usable compiled family of the model; the least padding wins."""
         tables = {
             family: table
             for family, table in self._tables.items()
-            if (dtype is None or family.dtype == dtype) and (max_cache_len is None or family.max_cache_len == max_cache_len)
+            if (dtype is None or family.dtype == dtype)
+            and (max_cache_len is None or family.max_cache_len == max_cache_len)
         }
         best: CheckResult | None = None
         nearest: list[tuple[int, int]] = []
@@ -160,7 +175,7 @@ def check_request(
     records = registry.rows(model=model, workload=workload)
     if not records:
         # A deployment gate asks "can this run without compiling?": with no rows the answer is no.
-        reason = f"model {model!r} has no {workload} shapes in registry {registry.display_url}"
+        reason = f"model {model!r} has no {workload} shapes in registry {registry.location.display}"
         return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
     checker = RequestChecker(records, model=model, workload=workload)
     return checker.check(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
@@ -172,7 +187,8 @@ def shape_json(record: ShapeRecord) -> dict[str, Any]:
 
 
 def plan_json(status: PlanStatus, reason: str | None = None) -> dict[str, Any]:
-    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable (see :mod:`warmcache.explain`)."""
+    """A planned shape as ``warmcache plan --json`` (and ``POST /v1/plan``) show it; ``reason``: why it is not usable
+    (see :mod:`warmcache.reports.explain`)."""
     planned, family = status.planned, status.planned.spec.family
     record = status.record
     return {

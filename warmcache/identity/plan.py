@@ -11,15 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmcache.errors import ManifestError, UsageError
-from warmcache.fingerprint import Toolchain, current_toolchain, model_config_hash
+from warmcache.identity.fingerprint import Toolchain, current_toolchain, model_config_hash
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.shapes import ShapeSpec, short_hash
 
 
-def shape_identity(shape_hash: str, config_hash: str, toolchain_hash: str, attn_implementation: str | None = None) -> str:
+def shape_identity(
+    shape_hash: str, config_hash: str, toolchain_hash: str, attn_implementation: str | None = None
+) -> str:
     """A row's key: the declared shape, the model (config and attention implementation) and the toolchain.
 
-    An undeclared attention implementation adds nothing, so rows recorded before it was a part keep their identity.
+    The attention implementation is a part only when the manifest declares one: an undeclared one adds nothing to the
+    hash, so the identity of a model that does not choose one is the hash of shape, config and toolchain alone.
     """
     parts = {"shape": shape_hash, "config": config_hash, "toolchain": toolchain_hash}
     if attn_implementation is not None:
@@ -39,7 +42,11 @@ class PlannedShape:
     """Hashed once, here: a fleet worker looks up each of its 10,000 specs by identity several times (24 µs a hash)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "identity", shape_identity(self.spec.shape_hash, self.config_hash, self.toolchain.hash, self.model.attn_implementation))
+        object.__setattr__(
+            self,
+            "identity",
+            shape_identity(self.spec.shape_hash, self.config_hash, self.toolchain.hash, self.model.attn_implementation),
+        )
 
     @property
     def shape_hash(self) -> str:
