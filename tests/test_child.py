@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -281,3 +282,38 @@ def test_a_parent_killed_with_minus_9_leaves_no_registry_password_on_disk(tmp_pa
     (left,) = temporary.glob("warmcache-child-*")  # what kill -9 leaves
     request = (left / "request-0.json").read_text()
     assert "s3cret-pw" not in request and "warm:***@db.example" in request
+
+
+def test_a_sigterm_that_lands_in_a_finalizer_still_interrupts(tmp_path: Path) -> None:
+    """SIGTERM became a KeyboardInterrupt inside whatever ran, once inside a ``__del__`` during garbage collection
+    (the ``regex`` package's): Python ignored it there and the warmup went on to exit 0 (1 run in 26)."""
+    script = tmp_path / "finalizer.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import gc, os, signal, sys, time
+            from warmcache.warmup.child import sigterm_as_interrupt
+
+            class Slow:
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGTERM)  # delivered while this finalizer runs
+                    end = time.monotonic() + 0.3
+                    while time.monotonic() < end:
+                        pass
+
+            with sigterm_as_interrupt():
+                try:
+                    Slow()  # collected at once: its __del__ runs here
+                    gc.collect()
+                    end = time.monotonic() + 5
+                    while time.monotonic() < end:
+                        time.sleep(0.01)
+                    print("not interrupted")
+                except KeyboardInterrupt as exc:
+                    print(f"interrupted: {exc}")
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == f"interrupted: signal {int(signal.SIGTERM)}", (done.stdout, done.stderr)
+    assert "Exception ignored" not in done.stderr, done.stderr

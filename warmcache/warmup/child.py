@@ -283,11 +283,32 @@ def raise_first_error(exits: Sequence[ChildExit]) -> None:
             raise error
 
 
+#: How soon a SIGTERM that landed in a finalizer is sent again.
+SIGNAL_RETRY_SECONDS = 0.05
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether a ``__del__`` is running in ``frame`` or any frame that called it."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C inside the block, so a claim in hand is given back and children are stopped."""
+    """SIGTERM behaves like Ctrl-C inside the block, so a claim in hand is given back and children are stopped.
+
+    A signal that arrives while a finalizer (``__del__``, run by garbage collection
+    anywhere) is on the stack is sent again shortly instead: Python ignores an
+    exception raised there ("Exception ignored in ..."), and the warmup would go on.
+    """
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        if _in_finalizer(frame):
+            threading.Timer(SIGNAL_RETRY_SECONDS, os.kill, (os.getpid(), signum)).start()
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     if threading.current_thread() is not threading.main_thread():
