@@ -6,7 +6,7 @@ every position; with warmcache's they must compile one per bucket, and decode
 past the window with the greedy tokens of transformers' eager ``generate()``.
 
 One module-scoped warmup and verify serve every case (``tools/support_matrix.py``
-runs the same functions to print the README's support table).
+runs the same functions to print the support table of docs/measurements/architectures.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Real configs carry what the tiny test models do not: head_dim 128, rope_theta 1e
   checkpoint's weights fails;
 * Llama-3.2-1B (``llama3`` rope scaling) in bfloat16 through Inductor warmup and verify.
 
-Every config × route × dtype is ``tools/support_matrix.py --real`` (its table is in the README).
+Every config × route × dtype is ``tools/support_matrix.py --real`` (its table is in docs/measurements/architectures.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 #
 # Runs from the repository root; writes env.txt and pytest.txt (with the served figures) under $OUT
 # (default ./cuda-aoti-out). A host without network gets the Python packages it lacks as wheels in
-# .whl/ (see the README's "Precompiled artifacts" section for the download command); they are
+# .whl/ (see docs/guides/precompiled.md for the download command); they are
 # installed into /tmp/site, the repository itself is used from its checkout (no build step).
 set -uo pipefail
 OUT=${OUT:-$PWD/cuda-aoti-out}

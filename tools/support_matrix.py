@@ -10,7 +10,7 @@ Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_e
 * **train**: the warmup's real ``Trainer`` steps (unpadded and padded batch).
 
 ``tests/test_architectures.py`` asserts every cell; this script prints the
-README's support table from the same run:
+support table of docs/measurements/architectures.md from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md

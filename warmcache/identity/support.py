@@ -11,7 +11,7 @@ in production. What is checked, from the config alone (no weights are read):
 * both workloads: transformers maps the config to a causal-LM class (warmup loads
   it with ``AutoModelForCausalLM``).
 
-The architectures checked end to end are in the README's support table
+The architectures checked end to end are in docs/measurements/architectures.md's support table
 (``tools/support_matrix.py``).
 """
 

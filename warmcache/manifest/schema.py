@@ -24,7 +24,7 @@ DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
 #: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see
-#: README).
+#: docs/guides/precompiled.md).
 PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
 #: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at
 #: start-up).

@@ -32,7 +32,7 @@ from warmcache.store.index import (
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
 DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
-#: The consistency rule between push and gc (README, "Artifact store"), in three numbers:
+#: The consistency rule between push and gc (docs/guides/store.md), in three numbers:
 #: a push refreshes every re-used blob older than REFRESH_AGE_SECONDS and writes its indexes
 #: within REFRESH_AGE_SECONDS of checking its blobs (else it refreshes them all); gc deletes
 #: a blob within GC_DECISION_SECONDS of the stat that found it old, and only within
