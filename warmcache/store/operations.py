@@ -51,25 +51,15 @@ def push_manifest(
 ) -> PushResult:
     """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into
     the tag's image."""
+    options: dict[str, Any] = {
+        "verified_only": verified_only,
+        "identities": identities,
+        "signing_key": signing_key,
+        "progress": progress,
+    }
     if isinstance(store, OciStore):
-        return push_image(
-            scope,
-            registry,
-            store,
-            verified_only=verified_only,
-            identities=identities,
-            signing_key=signing_key,
-            progress=progress,
-        )
-    return push_objects(
-        scope,
-        registry,
-        store,
-        verified_only=verified_only,
-        identities=identities,
-        signing_key=signing_key,
-        progress=progress,
-    )
+        return push_image(scope, registry, store, **options)
+    return push_objects(scope, registry, store, **options)
 
 
 def list_store(store: ObjectStore | OciStore) -> StoreListing:
