@@ -570,7 +570,7 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
     own = named_tensors(step)
     bound = {fqn: carried[fqn] if fqn in carried else own[fqn].clone() for fqn in listed}
     loader = open_loader(path)
-    loader.load_constants(bound, False, True, True)
+    loader.load_constants(bound, use_inactive=False, check_full_update=True, user_managed=True)
     (got,) = loader.run([x])
     assert torch.allclose(got, expected), (got, expected)
 

@@ -96,3 +96,16 @@ def generate_kwargs(
     if settings.prefill_chunk_size:
         kwargs["prefill_chunk_size"] = settings.prefill_chunk_size
     return kwargs
+
+
+def special_token_ids(model: Any, names: tuple[str, ...]) -> set[int]:
+    """The ids ``names`` hold in the model's config and generation config: each one id, a list of them, or unset.
+
+    A published config may list several (Gemma 3's ``eos_token_id`` is ``[1, 106]``).
+    """
+    ids: set[int] = set()
+    for source in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        for name in names:
+            value = getattr(source, name, None)
+            ids.update([value] if isinstance(value, int) else [v for v in value or () if isinstance(v, int)])
+    return ids

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import DecodeRecompileError
-from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit, special_token_ids
 from warmcache.shapes import ShapeSpec
 from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
 
@@ -48,12 +48,8 @@ def token_ids(model: PreTrainedModel, batch: int, length: int) -> torch.Tensor:
     """``batch × length`` ids drawn from the vocabulary, never a special token, same every run."""
     import torch
 
-    flat: set[int] = set()
-    for source in (model.config, getattr(model, "generation_config", None)):
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            value = getattr(source, name, None)  # an id, a list of ids (Gemma 3's eos: [1, 106]) or None
-            flat.update([value] if isinstance(value, int) else [v for v in value or () if isinstance(v, int)])
-    vocab = torch.tensor([i for i in range(model.config.vocab_size) if i not in flat])
+    special = special_token_ids(model, ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"))
+    vocab = torch.tensor([i for i in range(model.config.vocab_size) if i not in special])
     generator = torch.Generator().manual_seed(SEED + 7919 * batch + length)
     return vocab[torch.randint(len(vocab), (batch, length), generator=generator)]
 

@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from warmcache.modeling.generation import special_token_ids
+
 if TYPE_CHECKING:
     import torch
 
@@ -175,11 +177,7 @@ def eager_decode_logits(
 
 def eos_token_ids(model: torch.nn.Module) -> list[int]:
     """The end-of-sequence ids a decode with ``min_new_tokens`` to the cache's end may not pick, whatever they score."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None)
-        ids.update([value] if isinstance(value, int) else [v for v in value or () if isinstance(v, int)])
-    return sorted(ids)
+    return sorted(special_token_ids(model, ("eos_token_id",)))
 
 
 def judge(
