@@ -1,0 +1,70 @@
+"""The wheel users install holds every module of the source tree, and the migrations.
+
+An editable install imports a folder without ``__init__.py`` as a namespace package, so a
+package the wheel leaves out passes every other test and fails every command of a regular
+install (``warmcache.store.oci`` once did). This builds the wheel from a copy of the tree as a
+user's ``pip install .`` would, and compares file lists.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "warmcache"
+MIGRATIONS = ROOT / "migrations"
+#: What a build never needs; the rest of the checkout is copied as it is (new files included, unlike ``git ls-files``).
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".warmcache", "site")
+
+
+def source_folders() -> list[Path]:
+    return sorted({path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts})
+
+
+def test_every_folder_is_a_regular_package_that_says_what_it_holds() -> None:
+    problems = []
+    for folder in [*source_folders(), MIGRATIONS, MIGRATIONS / "versions"]:
+        init = folder / "__init__.py"
+        if not init.is_file():
+            problems.append(f"{folder.relative_to(ROOT)}: no __init__.py (a namespace package the wheel drops)")
+        elif folder.is_relative_to(PACKAGE) and not ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))):
+            problems.append(f"{init.relative_to(ROOT)}: no docstring saying what the package holds")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The file names inside a wheel built from a clean copy of the tree (a stale ``build/`` folder cannot leak in)."""
+    tree = tmp_path_factory.mktemp("tree") / "warmcache"
+    shutil.copytree(ROOT, tree, ignore=NOT_SOURCE)
+    out = tree.parent / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("warmcache-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return set(archive.namelist())
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_module_and_the_migrations(wheel_files: set[str]) -> None:
+    expected = {path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    expected.add("warmcache/py.typed")  # the type hints' marker (PEP 561): mypy in users' projects reads ours
+    expected |= {
+        f"warmcache/_migrations/{path.relative_to(MIGRATIONS).as_posix()}"
+        for path in MIGRATIONS.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    missing = sorted(expected - wheel_files)
+    assert not missing, f"{len(missing)} source file(s) not in the wheel: {missing}"
+    stray = sorted(name for name in wheel_files if name.startswith("warmcache/") and name not in expected)
+    assert not stray, f"the wheel ships files the tree does not hold: {stray}"
