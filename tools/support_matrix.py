@@ -5,8 +5,8 @@ Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_e
 * **generate**: ``warmcache warmup`` (which decodes to a full cache and fails a
   shape whose decode compiles again at a later position), ``warmcache verify``
   (the same in a fresh process), then ``ShapeGuard.prime`` and ragged requests
-  decoding past the sliding window, which must compile 0 graphs and give the
-  greedy tokens of transformers' own eager ``generate()``;
+  decoding past the sliding window, which must compile 0 graphs and give each row the
+  greedy tokens transformers' own eager ``generate()`` gives it alone, unpadded;
 * **train**: the warmup's real ``Trainer`` steps (unpadded and padded batch).
 
 ``tests/test_architectures.py`` asserts every cell; this script prints the
@@ -129,7 +129,13 @@ def _ragged(lengths: Iterable[int], seed: int) -> tuple[Any, Any]:
 
 
 def serve(prepared: Prepared, arch: str) -> Served:
-    """Prime a guard on the warmed registry, replay :data:`REQUESTS`, compare with eager transformers."""
+    """Prime a guard on the warmed registry, replay :data:`REQUESTS`, compare each row with its own unpadded eager run.
+
+    The guard pads every request (rows of different lengths, a prompt onto its bucket, a dummy row
+    onto the batch): each real row must still get the greedy tokens transformers' eager
+    ``generate()`` gives that row alone, unpadded. EOS is forbidden on both sides, so rows decode
+    the same number of steps.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -148,21 +154,24 @@ def serve(prepared: Prepared, arch: str) -> Served:
         with CompileCounter() as after:
             for seed, (lengths, new_tokens) in enumerate(REQUESTS):
                 ids, mask = _ragged(lengths, seed)
-                guarded = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens)
-                eager = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=guarded.shape[1] - ids.shape[1],
-                    do_sample=False,
-                    pad_token_id=0,
-                    disable_compile=True,
-                )
-                compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
-                if not torch.equal(guarded, eager):
-                    mismatches.append(
-                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager "
-                        f"{eager[:, ids.shape[1] :].tolist()}"
-                    )
+                guarded = guard.generate(
+                    model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+                )[:, ids.shape[1] :]
+                for row, length in enumerate(lengths):
+                    alone = model.generate(
+                        input_ids=ids[row : row + 1, ids.shape[1] - length :],
+                        max_new_tokens=guarded.shape[1],
+                        min_new_tokens=guarded.shape[1],
+                        do_sample=False,
+                        pad_token_id=0,
+                        disable_compile=True,
+                    )[0, length:]
+                    compared += alone.numel()
+                    if not torch.equal(guarded[row], alone):
+                        mismatches.append(
+                            f"lengths {lengths}, row {row}: guarded {guarded[row].tolist()} != eager unpadded "
+                            f"{alone.tolist()}"
+                        )
         return Served(primed.graphs, after.graphs, compared, mismatches)
     finally:
         guard.close()
@@ -181,19 +190,23 @@ class Row:
 
 
 def _layers(path: Path) -> str:
+    """The decoder's cache layer kinds, counted: ``full``, ``sliding (window 8)``, ``1 conv + 1 full_attention``..."""
+    from collections import Counter
+
     from transformers import AutoConfig
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     config = AutoConfig.from_pretrained(path)
     kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    sliding = kinds.count("sliding_attention")
-    if not sliding:
+    counted = Counter(kinds)
+    if set(counted) == {"full_attention"}:
         return "full"
-    return (
-        f"sliding (window {SLIDING_WINDOW})"
-        if sliding == len(kinds)
-        else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
-    )
+    if set(counted) == {"sliding_attention"}:
+        return f"sliding (window {SLIDING_WINDOW})"
+    if set(counted) == {"sliding_attention", "full_attention"}:
+        sliding, full = counted["sliding_attention"], counted["full_attention"]
+        return f"hybrid ({sliding} sliding + {full} full, window {SLIDING_WINDOW})"
+    return " + ".join(f"{count} {kind}" for kind, count in counted.items())
 
 
 def row(prepared: Prepared, arch: str) -> Row:
@@ -208,14 +221,17 @@ def row(prepared: Prepared, arch: str) -> Row:
                 "request(s) differ from eager"
             )
         else:
-            generate = f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager, past the window"
+            generate = (
+                f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager unpadded, "
+                "past the window"
+            )
     train = "FAIL: " + prepared.train[arch][0] if prepared.train[arch] else "pass"
     return Row(arch, _layers(prepared.models[arch]), generate, train)
 
 
 def markdown(rows: Sequence[Row], seconds: float) -> str:
     lines = [
-        "| architecture | attention layers | generate (warmup, verify, guard) | train |",
+        "| architecture | cache layers | generate (warmup, verify, guard) | train |",
         "| --- | --- | --- | --- |",
         *(f"| {r.arch} | {r.layers} | {r.generate} | {r.train} |" for r in rows),
         "",
