@@ -45,8 +45,22 @@ def test_generate_warms_verifies_and_serves_past_the_window(prepared: Prepared, 
     assert served.tokens_compared > 0 and MAX_CACHE_LEN - max(PROMPT_LENGTHS) > SLIDING_WINDOW
 
 
+#: Training steps torch's aot_eager backend cannot run: it replays the backward graph eagerly, and Qwen3-Next's
+#: ``in_proj_ba`` backward views a gradient whose strides differ from the traced ones (pytorch/pytorch#120035,
+#: open). Inductor trains it (``python tools/support_matrix.py --arch qwen3-next --backend inductor``).
+AOT_EAGER_CANNOT_TRAIN = {"qwen3-next": "torch's aot_eager backward: view of a non-contiguous gradient (#120035)"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize(
+    "arch",
+    [
+        pytest.param(arch, marks=pytest.mark.xfail(strict=True, reason=AOT_EAGER_CANNOT_TRAIN[arch]))
+        if arch in AOT_EAGER_CANNOT_TRAIN
+        else arch
+        for arch in ARCHITECTURES
+    ],
+)
 def test_training_warms(prepared: Prepared, arch: str) -> None:
     assert prepared.train[arch] == []
 

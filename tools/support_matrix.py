@@ -1,6 +1,7 @@
 """The architecture support matrix: every popular decoder family through warmup, verify and the guard.
 
-Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_eager on CPU):
+Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_eager on CPU unless
+``--backend inductor``):
 
 * **generate**: ``warmcache warmup`` (which decodes to a full cache and fails a
   shape whose decode compiles again at a later position), ``warmcache verify``
@@ -14,6 +15,7 @@ support table of docs/measurements/architectures.md from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
+    python tools/support_matrix.py --arch qwen3-next --backend inductor
     python tools/support_matrix.py --real          # published configs at real width, every route and dtype
     (tools/real_matrix.py; hours)
 """
@@ -46,10 +48,10 @@ TRAIN_LENGTH = 8
 REQUESTS: tuple[tuple[tuple[int, ...], int], ...] = (((3,), 20), ((5, 8), 17), ((2, 4), 20))
 
 
-def _manifest(models: dict[str, Path], workload: str) -> str:
+def _manifest(models: dict[str, Path], workload: str, backend: str) -> str:
     tables = []
     for arch, path in models.items():
-        head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "aot_eager"\n'
+        head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "{backend}"\n'
         if workload == "generate":
             body = (
                 f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = "
@@ -76,8 +78,8 @@ class Prepared:
     """Per architecture: verify's verdicts of its generate shapes."""
 
 
-def prepare(root: Path, archs: Sequence[str]) -> Prepared:
-    """Build the tiny models, warm generate and train, verify generate in a fresh process."""
+def prepare(root: Path, archs: Sequence[str], backend: str = "aot_eager") -> Prepared:
+    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``."""
     from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
     from warmcache.settings import RegistryLocation
@@ -89,7 +91,7 @@ def prepare(root: Path, archs: Sequence[str]) -> Prepared:
     options = WarmupOptions(registry=RegistryLocation.parse(prepared.registry_url), cache_dir=str(root / "cache"))
     for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
         path = root / f"{workload}.toml"
-        path.write_text(_manifest(models, workload))
+        path.write_text(_manifest(models, workload, backend))
         manifest = load_manifest(path)
         summary = run_warmup(manifest, options, lambda total: LineProgress(total))
         for arch in archs:
@@ -229,13 +231,13 @@ def row(prepared: Prepared, arch: str) -> Row:
     return Row(arch, _layers(prepared.models[arch]), generate, train)
 
 
-def markdown(rows: Sequence[Row], seconds: float) -> str:
+def markdown(rows: Sequence[Row], seconds: float, backend: str = "aot_eager") -> str:
     lines = [
         "| architecture | cache layers | generate (warmup, verify, guard) | train |",
         "| --- | --- | --- | --- |",
         *(f"| {r.arch} | {r.layers} | {r.generate} | {r.train} |" for r in rows),
         "",
-        f"Produced by `python tools/support_matrix.py` in {seconds:.0f} s (2 layers, hidden 64, aot_eager, CPU; "
+        f"Produced by `python tools/support_matrix.py` in {seconds:.0f} s (2 layers, hidden 64, {backend}, CPU; "
         f"batch {list(BATCH_SIZES)}, prompts {list(PROMPT_LENGTHS)}, max_cache_len {MAX_CACHE_LEN}).",
     ]
     return "\n".join(lines)
@@ -244,6 +246,12 @@ def markdown(rows: Sequence[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
+    parser.add_argument(
+        "--backend",
+        choices=("aot_eager", "inductor"),
+        default="aot_eager",
+        help="Compile backend of the tiny matrix (default aot_eager: seconds; inductor: what production runs).",
+    )
     parser.add_argument(
         "--real",
         action="store_true",
@@ -271,9 +279,9 @@ def main() -> int:
             )
             table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
         else:
-            prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)
+            prepared = prepare(Path(tmp), args.arch or ARCHITECTURES, args.backend)
             rows = [row(prepared, arch) for arch in prepared.models]
-            table, ok = markdown(rows, time.perf_counter() - start), all(r.ok for r in rows)
+            table, ok = markdown(rows, time.perf_counter() - start, args.backend), all(r.ok for r in rows)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
