@@ -13,12 +13,11 @@ and a model whose state would keep the pad tokens is refused padding instead
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from inductor_host import warmcache_json
 from manifests import generate, manifest_toml, model
 from serving_check import assert_served_by_packages, serve
 from tiny_model import build_config, build_tiny_model
@@ -51,13 +50,7 @@ def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         manifest_toml(*declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"})
     )
     for command in ("warmup", "verify"):
-        done = subprocess.run(
-            [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done.returncode == 0, f"{command}: {done.stdout[-3000:]} {done.stderr[-3000:]}"
+        warmcache_json(command, str(manifest))
     return root
 
 
