@@ -84,6 +84,7 @@ def _refuse_padding_the_model_would_keep(guard: Guard, model: Any, fitted: Fitte
     leak = padding_leak(model)
     if leak is not None:
         batch, length = fitted.shape
+        guard.telemetry.record(fitted.decision, "refuse")
         raise UsageError(
             f"{guard.family.describe()} batch={batch} seq={length}: this batch is left-padded (rows of "
             f"different lengths, or padded to the compiled bucket), and {leak}; send rows of exactly one compiled "
