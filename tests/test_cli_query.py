@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from warmcache.cli import main
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = model(
     "m",
@@ -149,3 +152,36 @@ def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 3
     assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+EXPLAIN_PROBE = """
+import json, sys
+from warmcache.cli import main
+try:
+    main(["explain", sys.argv[1]])
+except SystemExit as exit:
+    imported = sorted(name for name in ("torch", "transformers") if name in sys.modules)
+    print(json.dumps({"exit": exit.code, "imported": imported}), file=sys.stderr)
+"""
+
+
+def test_explain_on_the_quickstart_registry_imports_neither_torch_nor_transformers(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """It took 15 s on 2 cores to print one line: it imported transformers, torch and each model's code to check the
+    support of models warmed long ago. A warm manifest's answer is one registry query (the CLI's imports: ~2 s)."""
+    project = tmp_path / "clone"
+    (project / "examples").mkdir(parents=True)
+    manifest = Path(shutil.copy(ROOT / "examples" / "tiny-cpu.toml", project / "examples"))
+    models = project / ".warmcache" / "models"
+    models.mkdir(parents=True)
+    for arch, path in tiny_models.items():
+        (models / f"tiny-{arch}").symlink_to(path)
+    parsed = load_manifest(manifest)
+    planned = plan_manifest(parsed)
+    mark_all_compiled(str(parsed.registry), planned)  # what the quickstart's warmup leaves, through the real claims
+    done = subprocess.run(
+        [sys.executable, "-c", EXPLAIN_PROBE, str(manifest)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"exit": 0, "imported": []}, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"0 of {len(planned)} shapes not usable here"
