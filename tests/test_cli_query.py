@@ -64,7 +64,10 @@ def test_shapes_filters_and_json(registry_url: str, write_manifest) -> None:
     rows = json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--workload", "train"]).output)
     assert [(r["model"], r["batch_size"], r["seq_len"], r["status"]) for r in rows] == [("m", 2, 32, "compiled")]
     text = runner.invoke(main, ["shapes", "--db", registry_url, "--status", "compiled"]).output
-    assert text.strip().endswith("7 shapes: 7 compiled")
+    assert text.strip().splitlines()[-2:] == [
+        "7 shapes: 7 compiled",
+        "7 compiled not proven yet: warmcache verify MANIFEST replays them in a fresh process and marks them verified",
+    ]
     assert (
         json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--status", "failed"]).output) == []
     )
@@ -152,6 +155,30 @@ def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 3
     assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+def test_shapes_says_why_compiled_rows_are_not_verified(tmp_path: Path, write_manifest) -> None:
+    """Right after verify, "2 compiled, 1 verified" reads like a verify that missed two shapes: the next lines say
+    which cannot be proven (nothing on disk) and which are not proven yet."""
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    inductor = model("m", generate=[generate(batch_sizes=[1, 2])])
+    eager = model("e", backend="aot_eager", generate=[generate()])
+    planned = plan_manifest(load_manifest(write_manifest(manifest_toml(inductor, eager))))
+    with Registry.open(url) as registry:
+        registry.ensure_pending(planned)
+        for shape in planned:  # as warmup records them: an Inductor shape with its cache folder, an aot_eager one none
+            row = registry.claim([shape.identity], "test", 60)
+            assert row is not None
+            cache_root = str(tmp_path / "cache") if shape.model.backend == "inductor" else None
+            registry.mark_compiled(row.id, "test", compile_seconds=1.0, graphs_compiled=1, cache_root=cache_root)
+        registry.mark_verified([planned[0].identity])
+    text = CliRunner().invoke(main, ["shapes", "--db", url]).output
+    assert text.strip().splitlines()[-3:] == [
+        "3 shapes: 2 compiled, 1 verified",
+        "1 of the compiled ran on aot_eager, which keeps no compile cache on disk: verify replays them but has nothing "
+        "to prove, so they stay compiled",
+        "1 compiled not proven yet: warmcache verify MANIFEST replays them in a fresh process and marks them verified",
+    ]
 
 
 EXPLAIN_PROBE = """

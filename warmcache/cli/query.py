@@ -22,7 +22,7 @@ from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry.statuses import PLAN_STATUSES, Status
 from warmcache.reports.explain import explain_plan
-from warmcache.reports.query import check_request, effective_status, plan_json, shape_json
+from warmcache.reports.query import check_request, effective_status, plan_json, shape_json, shapes_summary
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 
 if TYPE_CHECKING:
@@ -136,8 +136,7 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
     click.echo(
         format_table(("model", "workload", "dtype", "batch", "seq", "max_cache_len", "status", "compile_s"), rows)
     )
-    counts = Counter(s for _, s in listed)
-    click.echo(f"{len(listed)} shapes: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"))
+    click.echo("\n".join(shapes_summary(listed)))
 
 
 @click.command("check")
