@@ -10,6 +10,7 @@ edits a URL as text. The precedence of every setting is the one table
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from warmcache.bounds import path_problem
 from warmcache.errors import UsageError, shown
 
 DEFAULT = "default"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,8 @@ REGISTRY = Setting(
     "--db",
     "WARMCACHE_DB",
     "[registry] url",
-    "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
+    "the nearest .warmcache/registry.sqlite in the working folder or above it, "
+    "else $XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
 )
 CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
 STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
@@ -231,15 +235,49 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
     return RegistryLocation(f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}", DEFAULT)
 
 
+#: The registry a project keeps beside its manifests (the quickstart's): found from the working folder upward.
+PROJECT_REGISTRY = Path(".warmcache") / "registry.sqlite"
+#: The source of a registry found that way, as messages and ``--debug`` name it.
+FOUND = "found from the working folder upward"
+
+
+def find_project_registry(start: Path | None = None) -> Path | None:
+    """The nearest ``.warmcache/registry.sqlite`` file in ``start`` (the working folder) or a folder above it, as git
+    finds ``.git``; ``None`` when there is none.
+
+    It only looks: a folder without one is passed over, never given one, so a read that
+    finds nothing falls through to the default (and is refused there if that is missing).
+    """
+    try:
+        here = (start or Path.cwd()).resolve()
+    except OSError:  # the working folder was removed under us: there is nothing to find from it
+        return None
+    for folder in (here, *here.parents):
+        candidate = folder / PROJECT_REGISTRY
+        if os.path.isfile(candidate):  # False, not an error, for a folder it may not read
+            return candidate
+    return None
+
+
 def resolve_registry(
-    flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None
+    flag: str | None,
+    manifest_location: RegistryLocation | None = None,
+    environ: Mapping[str, str] | None = None,
+    start: Path | None = None,
 ) -> RegistryLocation:
     """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then
-    the default."""
+    the nearest project registry from ``start`` (the working folder) upward, then the default; logged with its
+    source."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:
-        return RegistryLocation.parse(chosen.text, chosen.source)
-    return manifest_location or default_registry(environ)
+        location = RegistryLocation.parse(chosen.text, chosen.source)
+    elif manifest_location is not None:
+        location = manifest_location
+    else:
+        found = find_project_registry(start)
+        location = RegistryLocation.parse(str(found), FOUND) if found else default_registry(environ)
+    log.debug("registry %s (%s)", location.display, location.source)
+    return location
 
 
 @dataclass(frozen=True, slots=True)

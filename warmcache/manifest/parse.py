@@ -23,6 +23,7 @@ from warmcache.manifest.schema import (
     CACHE_IMPLEMENTATIONS,
     DEFAULT_BACKEND,
     DEFAULT_LEASE_SECONDS,
+    DEVICE_SYNONYMS,
     DEVICES,
     MODES,
     PRECOMPILE_BACKENDS,
@@ -248,7 +249,7 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
         )
         device = None
     else:
-        device = check.choice(entry, "device", where, DEVICES, "cpu")
+        device = check.choice(entry, "device", where, DEVICES, "cpu", DEVICE_SYNONYMS)
     backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(
