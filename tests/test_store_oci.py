@@ -93,14 +93,14 @@ def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: lis
     )
     for descriptor in manifest["layers"]:
         layer = tmp_path / "layer.tar"
-        layer.write_bytes(b"".join(oci.client.blocks(descriptor["digest"])))
+        layer.write_bytes(b"".join(oci.client.blocks(descriptor["digest"], descriptor["size"])))
         with tarfile.open(layer) as tar:
             tar.extractall(mount, filter="data")
     expected = {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
     mounted = files_under(mount)
     assert {k: v for k, v in mounted.items() if k in expected} == expected
     assert set(mounted) - set(expected) == {".warmcache-image/index.json", "warmcache-guard.json"}
-    config = json.loads(b"".join(oci.client.blocks(manifest["config"]["digest"])))
+    config = json.loads(b"".join(oci.client.blocks(manifest["config"]["digest"], manifest["config"]["size"])))
     assert config["rootfs"]["diff_ids"] == [d["digest"] for d in manifest["layers"]] and config["os"] == "linux"
     assert (
         manifest["annotations"]["dev.warmcache.models"] == "neuron-m"

@@ -13,7 +13,8 @@ from __future__ import annotations
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.settings import STORE, choose
-from warmcache.store.backends import ObjectStore, open_store
+from warmcache.store.backends import open_store
+from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.reference import is_oci_url
 from warmcache.store.oci.store import OciStore
 

@@ -16,7 +16,6 @@ from typing import Any
 from warmcache.cache.bundle import Progress
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.registry import Registry
-from warmcache.store.backends import ObjectStore
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
     GcPlan,
@@ -25,6 +24,7 @@ from warmcache.store.maintenance import (
     list_objects,
     plan_object_gc,
 )
+from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.maintenance import (
     check_repository,
     execute_repository_gc,

@@ -50,7 +50,6 @@ from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.jsonable import fields_json
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
-from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
     ShapeIndex,
@@ -58,6 +57,7 @@ from warmcache.store.index import (
     index_key,
     parse_index,
 )
+from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import TRANSFER_THREADS
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust

@@ -52,8 +52,10 @@ from warmcache.runtime.snapshot import (
     snapshot_document,
 )
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
-from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
+from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
+from warmcache.store.oci.reference import is_digest
+from warmcache.store.oci.transport import MAX_ANSWER_BYTES
 from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
 
 IMAGE_FORMAT = 1
@@ -68,8 +70,8 @@ DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 #: Marks the metadata layer among the image's layers (for people: a copy may drop it; readers take the last layer).
 LAYER_ROLE = "dev.warmcache.layer"
 ANNOTATION_PREFIX = "dev.warmcache."
-#: A manifest or config is a few KiB; anything far larger is not ours.
-MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+#: A manifest or config is a few KiB; anything far larger is not ours (a registry's answer is cut there too).
+MAX_MANIFEST_BYTES = MAX_ANSWER_BYTES
 #: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
 MAX_SUPERSEDED = 256
 #: An annotation is shown by ``skopeo inspect`` and registry UIs: a summary, not the full shape list.
@@ -121,8 +123,10 @@ class StoredImage:
     descriptors: dict[str, Descriptor]
 
     def layer_blocks(self, client: RegistryClient, diff_id: str) -> Iterator[bytes]:
-        """The uncompressed bytes of the layer ``diff_id`` names (the caller checks them against ``diff_id``)."""
-        return layer_blocks(client, self.descriptors[diff_id])
+        """The uncompressed bytes of the data layer ``diff_id`` names, at most the size ``index.json`` gives it (the
+        caller checks them against ``diff_id``)."""
+        size = next(layer.size for layer in self.layers if layer.digest == diff_id)
+        return layer_blocks(client, self.descriptors[diff_id], size)
 
     def shape_index(self, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
         """One shape's index, validated as the S3 store validates its own (signature first, with ``trusted`` keys)."""
@@ -151,23 +155,21 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
         manifest.get("mediaType") != MANIFEST_MEDIA_TYPE
         or not isinstance(layers, list)
         or not layers
+        or not all(isinstance(layer, dict) for layer in layers)
         or not isinstance(manifest.get("config"), dict)
     ):
         raise CacheError(
             f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused"
         )
-    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), int(layer["size"])) for layer in layers]
+    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), layer["size"]) for layer in layers]
     config_digest = _digest(manifest["config"], where)
-    config = _json(client.read_blob(config_digest, MAX_MANIFEST_BYTES), f"{where}: image config", MAX_MANIFEST_BYTES)
+    config_blob = client.read_blob(config_digest, manifest["config"]["size"], MAX_MANIFEST_BYTES)
+    config = _json(config_blob, f"{where}: image config", MAX_MANIFEST_BYTES)
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
     if not isinstance(diff_ids, list) or len(diff_ids) != len(stored) or not all(isinstance(d, str) for d in diff_ids):
         raise CacheError(f"{where}: the image config's rootfs.diff_ids do not match its {len(stored)} layers; refused")
     descriptors = dict(zip(diff_ids, stored))
-    metadata = bytearray()
-    for block in layer_blocks(client, stored[-1]):
-        metadata += block
-        if len(metadata) > MAX_INDEX_BYTES:
-            raise CacheError(f"{where}: the metadata layer is larger than {MAX_INDEX_BYTES} bytes; refused")
+    metadata = b"".join(layer_blocks(client, stored[-1], MAX_INDEX_BYTES))
     if f"sha256:{hashlib.sha256(metadata).hexdigest()}" != diff_ids[-1]:
         raise CacheError(f"{where}: the last layer does not hash to its diff_id: corrupt or tampered; refused")
     member = read_member(bytes(metadata), INDEX_MEMBER, where)
@@ -191,24 +193,32 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
 
 
-def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[bytes]:
-    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``)."""
+def layer_blocks(client: RegistryClient, descriptor: Descriptor, max_bytes: int) -> Iterator[bytes]:
+    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``); refused past
+    ``max_bytes`` uncompressed (inflated a block at a time, so a gzip bomb never sits in memory)."""
+    where = f"{client.where}: layer {descriptor.digest[:19]}"
     if descriptor.media_type in (LAYER_MEDIA_TYPE, DOCKER_LAYER):
-        yield from client.blocks(descriptor.digest)
+        if descriptor.size > max_bytes:
+            raise CacheError(f"{where} is {descriptor.size} bytes, more than the {max_bytes} it may hold; refused")
+        yield from client.blocks(descriptor.digest, descriptor.size)
         return
     if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
         raise CacheError(
-            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; "
-            "warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+            f"{where} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with "
+            "skopeo's default gzip)"
         )
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    for block in client.blocks(descriptor.digest):
-        try:
-            yield inflate.decompress(block)
-        except zlib.error as exc:
-            raise CacheError(
-                f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused"
-            ) from None
+    inflate, produced = zlib.decompressobj(16 + zlib.MAX_WBITS), 0
+    for block in client.blocks(descriptor.digest, descriptor.size):
+        pending = block
+        while pending:
+            try:
+                out = inflate.decompress(pending, BLOCK)
+            except zlib.error as exc:
+                raise CacheError(f"{where} is not valid gzip ({exc}); refused") from None
+            pending, produced = inflate.unconsumed_tail, produced + len(out)
+            if produced > max_bytes:
+                raise CacheError(f"{where} inflates past the {max_bytes} bytes it may hold; refused")
+            yield out
     yield inflate.flush()
 
 
@@ -328,14 +338,13 @@ def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
 
 
 def _digest(descriptor: Any, where: str) -> str:
+    """A descriptor's digest, refused unless ``sha256:`` and 64 hex digits (it becomes part of a request's path) with
+    a byte count beside it."""
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
-    if (
-        not isinstance(digest, str)
-        or not digest.startswith("sha256:")
-        or len(digest) != 71
-        or not isinstance(descriptor.get("size"), int)
-    ):
+    size = descriptor.get("size") if isinstance(descriptor, dict) else None
+    if not is_digest(digest) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise CacheError(f"{where}: descriptor {shown(descriptor)} has no sha256 digest and size; refused")
+    assert isinstance(digest, str)
     return digest
 
 
@@ -362,6 +371,10 @@ def _layers(index: dict[str, Any], where: str) -> tuple[Layer, ...]:
 
 def _superseded(index: dict[str, Any], where: str) -> tuple[Superseded, ...]:
     try:
-        return tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
+        found = tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
     except (TypeError, ValueError) as exc:
         raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' is malformed ({exc}); refused") from None
+    bad = [s.digest for s in found if not is_digest(s.digest)]
+    if bad:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' names {shown(bad[0])}, not a sha256 digest; refused")
+    return found

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from warmcache.cache.bundle import BundleFile
 from warmcache.errors import CacheError, StoreError
-from warmcache.store.backends import StoredObject
 from warmcache.store.maintenance import GcPlan, StoreGroup, StoreListing
+from warmcache.store.objects import StoredObject
 from warmcache.store.oci.image import StoredImage, read_image
-from warmcache.store.oci.layers import Layer, extract_files, write_layer
+from warmcache.store.oci.layers import Layer, extract_files, member_bound, write_layer
 from warmcache.store.oci.store import OciStore
 from warmcache.store.scrub import CheckReport, StoreProblem
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
@@ -168,6 +168,7 @@ def check_repository(
                     Path(folder),
                     store.url,
                     advance,
+                    max_members=member_bound(layer),
                 )
             except (CacheError, StoreError) as exc:
                 problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", str(exc)))

@@ -47,7 +47,7 @@ from warmcache.store.oci.image import (
     read_image,
     summary,
 )
-from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, write_layer
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
 from warmcache.store.oci.store import OciStore, layers_for
 from warmcache.store.push import PushResult, files_per_shape
 from warmcache.trust import SigningKey, canonical_bytes, sign_document
@@ -215,7 +215,12 @@ class _Layers:
                 raise CacheError(f"{self.location.root / next(iter(missing))}: not in the cache; nothing pushed")
             for layer, files in layers_for(base.layers, {f.sha256 for f in missing.values()}):
                 extract_files(
-                    base.layer_blocks(self.store.client, layer.digest), layer.digest, files, folder, self.store.url
+                    base.layer_blocks(self.store.client, layer.digest),
+                    layer.digest,
+                    files,
+                    folder,
+                    self.store.url,
+                    max_members=member_bound(layer),
                 )
             for name, file in missing.items():
                 if not (folder / file.sha256).is_file():

@@ -1,7 +1,7 @@
 """An ``oci://`` store: one repository on a registry, read and written one tag (one image) at a time.
 
 This is what ``push``, ``pull`` and ``store ls|gc|check`` are handed for an ``oci://`` URL,
-in place of the S3 and file stores' :class:`~warmcache.store.backends.ObjectStore`. Pull
+in place of the S3 and file stores' :class:`~warmcache.store.objects.ObjectStore`. Pull
 speaks the same two steps to both (:class:`~warmcache.store.pull.PullSource`): find the
 validated index of each wanted shape, then fetch the files they list into the pull's
 checked-blob folder; everything after that (placing entries, merging rows, refusing
@@ -22,7 +22,7 @@ from warmcache.identity.plan import PlannedShape
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
 from warmcache.store.oci.image import StoredImage, read_image
-from warmcache.store.oci.layers import Layer, extract_files
+from warmcache.store.oci.layers import Layer, extract_files, member_bound
 from warmcache.store.oci.reference import OciReference, parse_oci_url
 from warmcache.trust import TrustedKeys
 
@@ -101,7 +101,13 @@ class OciStore:
         for layer, files in plan:
             try:
                 extract_files(
-                    image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance
+                    image.layer_blocks(self.client, layer.digest),
+                    layer.digest,
+                    files,
+                    folder,
+                    self.url,
+                    advance,
+                    max_members=member_bound(layer),
                 )
             except CacheError:
                 # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)
