@@ -267,17 +267,24 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(
         assert pulled is not None and pulled["shapes_pulled"] == 2 and secret not in err, err
 
 
-def test_skopeo_copies_the_tag_to_another_repository_and_it_still_pulls(
+def test_skopeo_copies_the_tag_to_a_mirror_and_it_still_pulls(
     built: Built, registry_host: RunningRegistry, tmp_path: Path
 ) -> None:
-    import subprocess
+    from oci_registry import oci_registry
 
     from warmcache.trust import generate_key
 
     generate_key(tmp_path / "key")
-    source = registry_host.url(f"team/src-{uuid.uuid4().hex[:8]}", "prod")
+    repository = f"team/src-{uuid.uuid4().hex[:8]}"
+    source = registry_host.url(repository, "prod")
     push(built, ["--store", source], "--sign", str(tmp_path / "key"))
-    copy = registry_host.url(f"mirror/copy-{uuid.uuid4().hex[:8]}", "prod")
+    with oci_registry() as mirror:  # a mirror keeps the name the tag is signed for (test_tag_rollback: not a rename)
+        _copy_and_pull(built, source, mirror.url(repository, "prod"), tmp_path)
+
+
+def _copy_and_pull(built: Built, source: str, copy: str, tmp_path: Path) -> None:
+    import subprocess
+
     image = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
     done = subprocess.run(
         ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", image(source), image(copy)],

@@ -126,7 +126,8 @@ class RegistryView:
         """Load the registry now and swap the state; a failure is recorded and raised as a 503."""
         with self._refresh_lock:
             with self.query() as registry:
-                records = registry.rows()
+                # Artifacts too: a guard snapshot names the precompiled code (AOTInductor packages) prime() loads.
+                records = registry.rows(with_artifacts=True)
                 misses = registry.miss_summary()
             self.state = RegistryState.load(records, misses)
             if self.error is not None:

@@ -174,7 +174,8 @@ class RegistryClient:
         try:
             if declared.isdigit() and int(declared) > size:
                 raise StoreError(
-                    f"{self.where}: blob {digest[:19]} is sent as {declared} bytes, not its {size}; refused"
+                    f"{self.where}: blob {digest[:19]} is sent as {declared} bytes, more than its declared {size}; "
+                    "refused"
                 )
             for block in self.deadline.blocks(response.iter_content(BLOCK), what, lambda: shut_down(response.raw)):
                 received += len(block)

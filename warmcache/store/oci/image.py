@@ -34,7 +34,6 @@ import hashlib
 import json
 import platform
 import zlib
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import FLAVORS
 from warmcache.errors import CacheError, shown
 from warmcache.runtime.snapshot import (
+    HOST_LOCAL,
     SNAPSHOT_FILE,
     SNAPSHOT_FORMAT,
     SNAPSHOT_VERSION,
@@ -53,8 +53,9 @@ from warmcache.runtime.snapshot import (
 )
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
 from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
-from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
-from warmcache.store.oci.reference import is_digest
+from warmcache.store.oci.freshness import tag_document, version_of
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_members
+from warmcache.store.oci.reference import OciReference, is_digest
 from warmcache.store.oci.transport import MAX_ANSWER_BYTES
 from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
 
@@ -62,6 +63,8 @@ IMAGE_FORMAT = 1
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
+#: The signed statement binding the image's shapes to its tag and version (:mod:`.freshness`).
+TAG_MEMBER = f"{METADATA_DIR}/tag.json"
 #: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its
 #: entries).
 GUARD_MEMBER = SNAPSHOT_FILE
@@ -69,13 +72,10 @@ DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
 DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 #: Marks the metadata layer among the image's layers (for people: a copy may drop it; readers take the last layer).
 LAYER_ROLE = "dev.warmcache.layer"
-ANNOTATION_PREFIX = "dev.warmcache."
 #: A manifest or config is a few KiB; anything far larger is not ours (a registry's answer is cut there too).
 MAX_MANIFEST_BYTES = MAX_ANSWER_BYTES
 #: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
 MAX_SUPERSEDED = 256
-#: An annotation is shown by ``skopeo inspect`` and registry UIs: a summary, not the full shape list.
-MAX_ANNOTATION_CHARS = 2000
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -117,6 +117,8 @@ class StoredImage:
     superseded: tuple[Superseded, ...]
     #: When the push that wrote this tag finished its metadata (Unix seconds).
     pushed_at: float
+    #: The tag document (:mod:`.freshness`) as stored, unverified; ``None`` when the image has none.
+    tag_document: dict[str, Any] | None
     #: Every blob the manifest names (config, data layers, metadata layer): what gc must keep.
     blobs: frozenset[str]
     #: Each layer's stored blob by its diff_id (uncompressed digest, as ``index.json`` names layers).
@@ -172,10 +174,11 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
     metadata = b"".join(layer_blocks(client, stored[-1], MAX_INDEX_BYTES))
     if f"sha256:{hashlib.sha256(metadata).hexdigest()}" != diff_ids[-1]:
         raise CacheError(f"{where}: the last layer does not hash to its diff_id: corrupt or tampered; refused")
-    member = read_member(bytes(metadata), INDEX_MEMBER, where)
-    if member is None:
+    members = read_members(metadata, (INDEX_MEMBER, TAG_MEMBER), where)
+    if INDEX_MEMBER not in members:
         raise CacheError(f"{where}: not a warmcache image (its last layer holds no {INDEX_MEMBER}); refused")
-    index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    index = _json(members[INDEX_MEMBER], f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    tag_doc = _json(members[TAG_MEMBER], f"{where}: {TAG_MEMBER}", MAX_INDEX_BYTES) if TAG_MEMBER in members else None
     if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout "
@@ -190,7 +193,9 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused"
         )
-    return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
+    return StoredImage(
+        tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, tag_doc, blobs, descriptors
+    )
 
 
 def layer_blocks(client: RegistryClient, descriptor: Descriptor, max_bytes: int) -> Iterator[bytes]:
@@ -223,15 +228,18 @@ def layer_blocks(client: RegistryClient, descriptor: Descriptor, max_bytes: int)
 
 
 def metadata_members(
+    reference: OciReference,
     flavor: CacheFlavor,
     indexes: dict[str, dict[str, Any]],
     layers: list[Layer],
-    superseded: list[Superseded],
-    source: str,
+    base: StoredImage | None,
     pushed_at: float,
     signing_key: SigningKey | None,
 ) -> list[tuple[str, bytes]]:
-    """The metadata layer's two files: ``index.json`` and the ``guard export`` snapshot of the same rows."""
+    """The metadata layer's files: ``index.json``, the tag document (one version past ``base``'s) and the ``guard
+    export`` snapshot of the same rows."""
+    superseded = [*base.superseded, Superseded(base.digest, pushed_at)] if base is not None else []
+    version = version_of(base.tag_document if base is not None else None) + 1
     document = {
         "format": IMAGE_FORMAT,
         "flavor": flavor,
@@ -243,14 +251,17 @@ def metadata_members(
         ],
         "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
     }
-    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source, signing_key))]
+    return [
+        (INDEX_MEMBER, canonical_bytes(document)),
+        (TAG_MEMBER, canonical_bytes(tag_document(reference, version, pushed_at, indexes, signing_key))),
+        (GUARD_MEMBER, guard_snapshot(indexes, reference.url, signing_key)),
+    ]
 
 
 def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
     """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own
-    fields, such as its cache folder, left empty)."""
-    local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
-    rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
+    fields, such as its cache folder, left out by :func:`~warmcache.runtime.snapshot.snapshot_document`)."""
+    rows = [{**document["row"], **HOST_LOCAL} for _, document in sorted(indexes.items())]
     unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
     records = decode_snapshot(unsigned, source).records
     return json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True).encode()
@@ -285,44 +296,6 @@ def manifest_bytes(
             "annotations": annotations,
         }
     )
-
-
-def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as
-    annotations and labels)."""
-    rows = [document["row"] for _, document in sorted(indexes.items())]
-    toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
-    families: dict[str, list[str]] = defaultdict(list)
-    for row in rows:
-        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (
-            f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else ""
-        )
-        families[family].append(f"{row['batch_size']}x{row['seq_len']}")
-    return {
-        f"{ANNOTATION_PREFIX}flavor": flavor,
-        f"{ANNOTATION_PREFIX}models": ",".join(sorted({row["model_name"] for row in rows})),
-        f"{ANNOTATION_PREFIX}toolchains": _bounded(
-            "; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))
-        ),
-        f"{ANNOTATION_PREFIX}shapes": _bounded(
-            "; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))
-        ),
-        f"{ANNOTATION_PREFIX}shape-count": str(len(rows)),
-    }
-
-
-def _describe_toolchain(toolchain: dict[str, Any]) -> str:
-    packages = " ".join(
-        f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version
-    )
-    return (
-        f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on "
-        f"{toolchain.get('platform')} ({packages})"
-    )
-
-
-def _bounded(text: str) -> str:
-    return text if len(text) <= MAX_ANNOTATION_CHARS else text[: MAX_ANNOTATION_CHARS - 1] + "…"
 
 
 def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:

@@ -183,8 +183,10 @@ def _member_blocks(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[by
     yield from iter(lambda: source.read(_BLOCK), b"")
 
 
-def read_member(data: bytes, name: str, where: str) -> bytes | None:
-    """One small member of an in-memory layer (the metadata layer), or ``None`` when it has none by that name."""
+def read_members(data: bytes, names: tuple[str, ...], where: str) -> dict[str, bytes]:
+    """The small members of an in-memory layer (the metadata layer) that ``names`` lists, by name (absent ones left
+    out)."""
+    found: dict[str, bytes] = {}
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:", tarinfo=_BoundedTarInfo) as tar:
             for count, member in enumerate(tar, 1):
@@ -192,12 +194,13 @@ def read_member(data: bytes, name: str, where: str) -> bytes | None:
                     raise CacheError(
                         f"{where}: the metadata layer holds more than {MAX_METADATA_MEMBERS} members; refused"
                     )
-                if _normalised(member.name) == name and member.isreg():
+                name = _normalised(member.name)
+                if name in names and name not in found and member.isreg():
                     extracted = tar.extractfile(member)
-                    return extracted.read() if extracted else None
+                    found[name] = extracted.read() if extracted else b""
     except tarfile.TarError as exc:
         raise CacheError(f"{where}: metadata layer is not a readable tar archive ({exc}); refused") from None
-    return None
+    return found
 
 
 def _normalised(name: str) -> str | None:

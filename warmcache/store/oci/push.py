@@ -37,15 +37,14 @@ from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
+from warmcache.store.oci.annotations import summary
 from warmcache.store.oci.image import (
     Descriptor,
     StoredImage,
-    Superseded,
     config_bytes,
     manifest_bytes,
     metadata_members,
     read_image,
-    summary,
 )
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
 from warmcache.store.oci.store import OciStore, layers_for
@@ -138,8 +137,7 @@ def _image(
         for file in index["files"]
     }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
-    superseded = [*base.superseded, Superseded(base.digest, time.time())] if base is not None else []
-    members = metadata_members(flavor, indexes, layers, superseded, store.url, time.time(), signing_key)
+    members = metadata_members(store.reference, flavor, indexes, layers, base, time.time(), signing_key)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
