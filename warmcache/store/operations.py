@@ -30,9 +30,9 @@ from warmcache.store.oci.maintenance import (
     execute_repository_gc,
     list_repository,
     plan_repository_gc,
-    repair_repository,
 )
 from warmcache.store.oci.push import push_image
+from warmcache.store.oci.repair import repair_repository
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import PushResult, push_objects
 from warmcache.store.scrub import CheckReport, check_objects, repair_objects
