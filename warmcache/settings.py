@@ -112,7 +112,9 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
         raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
     if "://" not in url:
         if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
-            raise UsageError(f"{source} {shown(_redacted(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
+            raise UsageError(
+                f"{source} {shown(_redacted(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}"
+            )
         return f"sqlite:///{_checked_file(url, source, base)}"
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
@@ -180,8 +182,10 @@ class RegistryLocation:
         url = normalise_url(text, source, base)
         try:
             make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
-        except (ArgumentError, ValueError) as exc:
-            raise UsageError(f"{source} {shown(_redacted(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}") from None
+        except (ArgumentError, ValueError):
+            raise UsageError(
+                f"{source} {shown(_redacted(text))} is not a database URL; give {ACCEPTED_FORMS}"
+            ) from None
         return cls(url, source)
 
     @classmethod
