@@ -1,7 +1,8 @@
 """The fourth hardening pass's smaller findings, each one line and a non-zero exit, or no harm done: a store URL with a
 control character or a non-hex digest, a database password in an error, a registry created by a read, the compiler's
 shared default folder called orphans, a model name ending in a newline, a write body sent a byte at a time or
-abandoned, a token file others can read, a public key passed to ``--sign``, ``$WARMCACHE_ALLOW_UNSIGNED`` for guards."""
+abandoned, a token file others can read, a public key passed to ``--sign``, ``$WARMCACHE_ALLOW_UNSIGNED`` for guards,
+a push that would drop another model's shapes."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from pathlib import Path
 
 import pytest
 from hostile_servers import HostileRegistry
-from test_cache_neuron import cli
+from oci_registry import RunningRegistry
+from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled
 from test_service import TOKEN, wait_ready
 from test_store import error_lines, run
 
@@ -24,6 +27,8 @@ from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.settings import RegistryLocation
+from warmcache.store.oci.image import read_image
+from warmcache.store.oci.store import OciStore
 from warmcache.trust import generate_key
 
 
@@ -168,3 +173,23 @@ def test_allow_unsigned_from_the_environment_lets_a_guard_load_what_its_refusal_
         unverified.require_trusted_rows()
     monkeypatch.setenv("WARMCACHE_ALLOW_UNSIGNED", "1")
     unverified.require_trusted_rows()
+
+
+def test_a_push_whose_entry_path_another_models_shape_holds_with_other_bytes_is_refused(
+    registry_host: RunningRegistry, tmp_path: Path, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    url = registry_host.url(f"team/clash-{uuid.uuid4().hex[:8]}", "prod")
+    hosts = {}
+    for name in ("first-m", "second-m"):  # one entry path each, with other bytes
+        manifest = write_manifest(NEURON_MANIFEST.replace('"neuron-m"', f'"{name}"'), name=f"{name}.toml")
+        root, db = tmp_path / name, f"sqlite:///{tmp_path / name}.sqlite"
+        record_compiled(db, planned_by_batch(manifest)[1], [module(root, "aaa+f1", done_files(5000))])
+        hosts[name] = ["push", str(manifest), "--cache-dir", str(root), "--db", db, "--store", url]
+    code, _, err = run(*hosts["first-m"])
+    assert code == 0, err
+    code, _, err = run(*hosts["second-m"])
+    (line,) = error_lines(err)
+    assert code == 5 and "MODULE_aaa+f1" in line and "'first-m'" in line and "nothing pushed" in line, err
+    store = OciStore.open(url)
+    image = read_image(store.client, "prod")
+    assert image is not None and [key.split("/")[1] for key in image.indexes] == ["first-m"]

@@ -99,7 +99,11 @@ def test_the_layers_applied_in_order_are_the_cache_folder(built: Built, tag: lis
     expected = {k: v for k, v in files_under(built.root).items() if "unrelated" not in k}
     mounted = files_under(mount)
     assert {k: v for k, v in mounted.items() if k in expected} == expected
-    assert set(mounted) - set(expected) == {".warmcache-image/index.json", "warmcache-guard.json"}
+    assert set(mounted) - set(expected) == {
+        ".warmcache-image/index.json",
+        ".warmcache-image/tag.json",
+        "warmcache-guard.json",
+    }
     config = json.loads(b"".join(oci.client.blocks(manifest["config"]["digest"], manifest["config"]["size"])))
     assert config["rootfs"]["diff_ids"] == [d["digest"] for d in manifest["layers"]] and config["os"] == "linux"
     assert (

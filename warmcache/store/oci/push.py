@@ -106,19 +106,28 @@ def push_image(
 def _merge(
     base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: CacheFlavor, where: str
 ) -> dict[str, dict[str, Any]]:
-    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files
-    with other bytes is dropped."""
+    """The tag's shapes with ours added (replacing their earlier indexes).
+
+    An old shape of one of our models that lists one of our files with other bytes is dropped (its entry was compiled
+    again); one of another model is not ours to drop: the push is refused, naming the path both claim.
+    """
     if base is None:
         return dict(ours)
     if base.flavor != flavor:
         raise CacheError(f"{where}: the tag holds a {base.flavor} cache, this push a {flavor} one; push to another tag")
     ours_files = {file["path"]: file["sha256"] for index in ours.values() for file in index["files"]}
-    kept = {
-        key: index
-        for key, index in base.indexes.items()
-        if key not in ours
-        and all(ours_files.get(file["path"], file["sha256"]) == file["sha256"] for file in index["files"])
-    }
+    our_models = {index["model"] for index in ours.values()}
+    kept = {}
+    for key, index in base.indexes.items():
+        clash = next((f["path"] for f in index["files"] if ours_files.get(f["path"], f["sha256"]) != f["sha256"]), None)
+        if key in ours or (clash is not None and index.get("model") in our_models):
+            continue
+        if clash is not None:
+            raise CacheError(
+                f"{where}: {clash} is also an entry of model {index.get('model')!r}'s shape in this tag, with other "
+                "bytes; nothing pushed (push this model to another tag)"
+            )
+        kept[key] = index
     return {**kept, **ours}
 
 
