@@ -182,9 +182,9 @@ class RegistryLocation:
         url = normalise_url(text, source, base)
         try:
             make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
-        except (ArgumentError, ValueError):
+        except (ArgumentError, ValueError) as exc:  # neither quotes the URL (the port's text at most)
             raise UsageError(
-                f"{source} {shown(_redacted(text))} is not a database URL; give {ACCEPTED_FORMS}"
+                f"{source} {shown(_redacted(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}"
             ) from None
         return cls(url, source)
 
