@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from inductor_host import warmcache_json as warmcache
-from oci_registry import RunningRegistry, oci_registry
+from oci_registry import RunningRegistry, oci_registry, skopeo_copy
 
 from warmcache.trust import generate_key
 
@@ -126,13 +126,7 @@ def test_packages_travel_through_a_registry_and_serve_from_a_read_only_mount(
     docker = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
     with oci_registry() as mirrors:  # a mirror on another host, under the name the tag is signed for
         mirror = mirrors.url(repository, "v1")
-        copy = subprocess.run(
-            ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", docker(store), docker(mirror)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert copy.returncode == 0, copy.stderr
+        skopeo_copy(store, mirror)
         for name, source in (("host-b", store), ("host-c", mirror)):  # host C pulls the skopeo copy
             cache, db = tmp_path / name / "cache", f"sqlite:///{tmp_path / name / 'registry.sqlite'}"
             pulled = warmcache(

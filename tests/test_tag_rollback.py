@@ -9,13 +9,12 @@ put back under the tag, as anyone with write access to the registry (and no key)
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 import test_bundle
-from oci_registry import RunningRegistry, oci_registry
+from oci_registry import RunningRegistry, oci_registry, skopeo_copy
 from test_bundle import Built
 from test_store import error_lines, run
 
@@ -100,15 +99,9 @@ def test_a_signed_tag_copied_under_another_name_is_refused_and_a_mirror_of_the_s
     generate_key(tmp_path / "key")
     repository = f"team/src-{uuid.uuid4().hex[:8]}"
     push(built, registry_host.url(repository, "prod"), tmp_path / "key")
-    source = f"docker://{registry_host.host}/{repository}:prod"
     with oci_registry() as mirror:
         for target, expected in ((f"{repository}:prod", 1), (f"{repository}:canary", 5), ("other/name:prod", 5)):
-            copied = subprocess.run(
-                ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", source,
-                 f"docker://{mirror.host}/{target}"],
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-            assert copied.returncode == 0, copied.stderr
+            skopeo_copy(registry_host.url(repository, "prod"), f"oci+http://{mirror.host}/{target}")
             code, _, err = pull(built, f"oci+http://{mirror.host}/{target}", tmp_path / "key", tmp_path / target)
             assert code == expected, (target, err)
             if expected == 5:
