@@ -44,7 +44,7 @@ def test_a_control_character_in_an_oci_url_is_refused_not_stripped() -> None:
 def test_a_digest_that_is_not_hex_never_reaches_a_request_path() -> None:
     with HostileRegistry().running() as hostile:
         assert isinstance(hostile, HostileRegistry)
-        bad = "sha256:../../../v2/x/blobs/y?z=" + "0" * 33  # 71 characters, as a digest
+        bad = "sha256:../../../v2/x/blobs/y?z=" + "0" * 40  # 71 characters, as long as a digest
         manifest = {
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
