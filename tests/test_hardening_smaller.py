@@ -152,8 +152,10 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("a-long-enough-secret-token\n")
     token.chmod(0o644)
-    result = cli("serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--token-file", str(token), "--port", "0")
-    assert result.exit_code == 2 and "token file is readable by others (mode 644)" in result.stderr, result.stderr
+    command = [sys.executable, "-m", "warmcache", "serve", "--db", f"sqlite:///{tmp_path / 'r.sqlite'}",
+               "--token-file", str(token), "--port", "0"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)  # a server that starts: a timeout
+    assert result.returncode == 2 and "token file is readable by others (mode 644)" in result.stderr, result.stderr
     assert "a-long-enough" not in result.stderr
 
 
