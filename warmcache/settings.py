@@ -116,11 +116,13 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
         raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
     if "://" not in url:
         if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
-            raise UsageError(f"{source} {shown(url)} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
+            raise UsageError(
+                f"{source} {shown(_redacted(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}"
+            )
         return f"sqlite:///{_checked_file(url, source, base)}"
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
-        raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
+        raise UsageError(f"{source} {shown(_redacted(url))}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
     if scheme.split("+", 1)[0] in ("postgresql", "postgres"):
         _require_database(url, rest, source)
         return "postgresql+psycopg://" + rest
@@ -128,10 +130,20 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     if not rest.startswith("/") or path in ("", ":memory:"):
         # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
         raise UsageError(
-            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps "
+            f"{source} {shown(_redacted(url))} names no database file (an in-memory SQLite registry keeps "
             f"nothing between commands); give {ACCEPTED_FORMS}"
         )
     return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user part hidden, as an error line may show it: a value refused at
+    validation is not yet a URL any parser vouches for, so this reads the text (everything before the last ``@``)."""
+    scheme, separator, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not separator or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _require_database(url: str, rest: str, source: str) -> None:
@@ -140,7 +152,7 @@ def _require_database(url: str, rest: str, source: str) -> None:
     database = location.partition("/")[2]
     if not database and "dbname=" not in query:
         raise UsageError(
-            f"{source} {shown(url)} names no database (libpq would fall back to a database named "
+            f"{source} {shown(_redacted(url))} names no database (libpq would fall back to a database named "
             "after the user, on the local socket "
             f"unless a host is given); give {ACCEPTED_FORMS}"
         )
@@ -174,8 +186,10 @@ class RegistryLocation:
         url = normalise_url(text, source, base)
         try:
             make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
-        except (ArgumentError, ValueError) as exc:
-            raise UsageError(f"{source} {shown(text)} is not a database URL ({exc}); give {ACCEPTED_FORMS}") from None
+        except (ArgumentError, ValueError) as exc:  # neither quotes the URL (the port's text at most)
+            raise UsageError(
+                f"{source} {shown(_redacted(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}"
+            ) from None
         return cls(url, source)
 
     @classmethod
