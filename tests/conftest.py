@@ -40,6 +40,10 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # (which sets it for its child processes) is undone when the test ends.
     monkeypatch.setenv("WARMCACHE_DEBUG", "0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))  # the tag versions pulls remember
+    # A command given no registry looks for .warmcache/registry.sqlite from the working folder up: the checkout's own,
+    # after a quickstart, must not answer a test.
+    monkeypatch.chdir(tmp_path)
 
 
 def postgres_base_url() -> str:

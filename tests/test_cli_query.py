@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from warmcache.cli import main
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = model(
     "m",
@@ -61,7 +64,10 @@ def test_shapes_filters_and_json(registry_url: str, write_manifest) -> None:
     rows = json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--workload", "train"]).output)
     assert [(r["model"], r["batch_size"], r["seq_len"], r["status"]) for r in rows] == [("m", 2, 32, "compiled")]
     text = runner.invoke(main, ["shapes", "--db", registry_url, "--status", "compiled"]).output
-    assert text.strip().endswith("7 shapes: 7 compiled")
+    assert text.strip().splitlines()[-2:] == [
+        "7 shapes: 7 compiled",
+        "7 compiled not proven yet: warmcache verify MANIFEST replays them in a fresh process and marks them verified",
+    ]
     assert (
         json.loads(runner.invoke(main, ["shapes", "--db", registry_url, "--json", "--status", "failed"]).output) == []
     )
@@ -149,3 +155,60 @@ def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 3
     assert result.stderr.startswith("warmcache: error: registry") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+def test_shapes_says_why_compiled_rows_are_not_verified(tmp_path: Path, write_manifest) -> None:
+    """Right after verify, "2 compiled, 1 verified" reads like a verify that missed two shapes: the next lines say
+    which cannot be proven (nothing on disk) and which are not proven yet."""
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    inductor = model("m", generate=[generate(batch_sizes=[1, 2])])
+    eager = model("e", backend="aot_eager", generate=[generate()])
+    planned = plan_manifest(load_manifest(write_manifest(manifest_toml(inductor, eager))))
+    with Registry.open(url) as registry:
+        registry.ensure_pending(planned)
+        for shape in planned:  # as warmup records them: an Inductor shape with its cache folder, an aot_eager one none
+            row = registry.claim([shape.identity], "test", 60)
+            assert row is not None
+            cache_root = str(tmp_path / "cache") if shape.model.backend == "inductor" else None
+            registry.mark_compiled(row.id, "test", compile_seconds=1.0, graphs_compiled=1, cache_root=cache_root)
+        registry.mark_verified([planned[0].identity])
+    text = CliRunner().invoke(main, ["shapes", "--db", url]).output
+    assert text.strip().splitlines()[-3:] == [
+        "3 shapes: 2 compiled, 1 verified",
+        "1 of the compiled ran on aot_eager, which keeps no compile cache on disk: verify replays them but has nothing "
+        "to prove, so they stay compiled",
+        "1 compiled not proven yet: warmcache verify MANIFEST replays them in a fresh process and marks them verified",
+    ]
+
+
+EXPLAIN_PROBE = """
+import json, sys
+from warmcache.cli import main
+try:
+    main(["explain", sys.argv[1]])
+except SystemExit as exit:
+    imported = sorted(name for name in ("torch", "transformers") if name in sys.modules)
+    print(json.dumps({"exit": exit.code, "imported": imported}), file=sys.stderr)
+"""
+
+
+def test_explain_on_the_quickstart_registry_imports_neither_torch_nor_transformers(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """It took 15 s on 2 cores to print one line: it imported transformers, torch and each model's code to check the
+    support of models warmed long ago. A warm manifest's answer is one registry query (the CLI's imports: ~2 s)."""
+    project = tmp_path / "clone"
+    (project / "examples").mkdir(parents=True)
+    manifest = Path(shutil.copy(ROOT / "examples" / "tiny-cpu.toml", project / "examples"))
+    models = project / ".warmcache" / "models"
+    models.mkdir(parents=True)
+    for arch, path in tiny_models.items():
+        (models / f"tiny-{arch}").symlink_to(path)
+    parsed = load_manifest(manifest)
+    planned = plan_manifest(parsed)
+    mark_all_compiled(str(parsed.registry), planned)  # what the quickstart's warmup leaves, through the real claims
+    done = subprocess.run(
+        [sys.executable, "-c", EXPLAIN_PROBE, str(manifest)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"exit": 0, "imported": []}, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"0 of {len(planned)} shapes not usable here"

@@ -128,6 +128,19 @@ BAD_CASES = {
         GOOD.replace('name = "m"', 'name = "m"\ndevice = "cdua"'),
         "model[0].device: unknown value 'cdua' (allowed: neuron, cpu, cuda); did you mean 'cuda'?",
     ),
+    # Spelling alone would answer "gpu" with "cpu", one letter away: the opposite of what was meant.
+    "gpu means cuda": (
+        GOOD.replace('name = "m"', 'name = "m"\ndevice = "gpu"'),
+        "model[0].device: unknown value 'gpu' (allowed: neuron, cpu, cuda); did you mean 'cuda'?",
+    ),
+    "trainium means neuron": (
+        GOOD.replace('name = "m"', 'name = "m"\ndevice = "Trainium"'),
+        "model[0].device: unknown value 'Trainium' (allowed: neuron, cpu, cuda); did you mean 'neuron'?",
+    ),
+    "another case": (
+        GOOD.replace('name = "m"', 'name = "m"\ndevice = "CPU"'),
+        "model[0].device: unknown value 'CPU' (allowed: neuron, cpu, cuda); did you mean 'cpu'?",
+    ),
     "backend for wrong device": (
         GOOD.replace('name = "m"', 'name = "m"\nbackend = "neuron"'),
         "model[0].backend: backend 'neuron' does not compile for device 'cpu'",

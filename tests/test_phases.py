@@ -272,3 +272,32 @@ def test_a_failure_says_the_phase_it_broke_in_and_why_in_one_line() -> None:
     # warmcache's own errors are such lines already, and some are told apart by type: they pass as they are.
     with pytest.raises(CacheError, match="^aotinductor package: constant x"), phases.naming_the_phase():
         raise CacheError("aotinductor package: constant x is not a parameter or buffer of the loaded model")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "says"),
+    [
+        (
+            SpecOutcome("i", SPEC, Outcome.COMPILED, 38.5, graphs=1, artifacts=37),
+            "compiled in 38.5s (1 graph, 37 cache entries)",
+        ),
+        # "0 graphs, 0 cache entries" read like a shape that did nothing: each zero says why, where it is printed
+        (
+            SpecOutcome("i", SPEC, Outcome.COMPILED, 0.9, diskless_backend="aot_eager"),
+            "compiled in 0.9s (no new graph: reuses one this process compiled for an earlier shape; "
+            "no cache entries: aot_eager keeps none on disk)",
+        ),
+        (
+            SpecOutcome("i", SPEC, Outcome.COMPILED, 57.3, artifacts=18, exported=True),
+            "compiled in 57.3s (decode step exported to an AOTInductor package, no Dynamo graph, 18 cache entries)",
+        ),
+        (
+            SpecOutcome("i", SPEC, Outcome.COMPILED, 2.0, graphs=1, artifacts=1),
+            "compiled in 2.0s (1 graph, 1 cache entry)",
+        ),
+    ],
+    ids=["inductor", "aot_eager reusing a graph", "aotinductor", "one entry"],
+)
+def test_a_finished_spec_says_what_its_counts_mean(outcome: SpecOutcome, says: str) -> None:
+    assert outcome.message() == says
+    assert decode(encode(outcome), [SpecOutcome, PhaseReport]) == outcome  # the new fields cross the child protocol

@@ -27,10 +27,31 @@ CHROMEDRIVER = shutil.which("chromedriver")
 SCREENSHOT_DIR_ENV = "WARMCACHE_SCREENSHOT_DIR"
 
 
+def missing_browser(programs: dict[str, str | None]) -> str | None:
+    """Why the browser cannot start, naming only the programs that are missing (``None``: both are there)."""
+    missing = [name for name, path in programs.items() if path is None]
+    if not missing:
+        return None
+    verb = "is" if len(missing) == 1 else "are"
+    return (
+        f"{' and '.join(missing)} {verb} not on PATH (.ci/run installs Debian's chromium and chromium-driver, "
+        "which holds chromedriver)"
+    )
+
+
+def test_the_skip_reason_names_only_what_is_missing() -> None:
+    assert missing_browser({"chromium": "/usr/bin/chromium", "chromedriver": None}) == (
+        "chromedriver is not on PATH (.ci/run installs Debian's chromium and chromium-driver, which holds chromedriver)"
+    )
+    assert (missing_browser({"chromium": None, "chromedriver": None}) or "").startswith("chromium and chromedriver are")
+    assert missing_browser({"chromium": "/usr/bin/chromium", "chromedriver": "/usr/bin/chromedriver"}) is None
+
+
 @pytest.fixture
 def browser():
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromedriver not found (.ci/run installs Debian's chromium and chromium-driver)")
+    reason = missing_browser({"chromium": CHROMIUM, "chromedriver": CHROMEDRIVER})
+    if reason:
+        pytest.skip(reason)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -143,6 +143,9 @@ def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(
             lines.append(server.stderr.readline())
         server.terminate()
     assert shown in lines[-1], lines
+    # which registry it serves, and that the address leads somewhere only while it runs
+    assert f"registry sqlite:///{tmp_path / 'r.sqlite'}; dashboard {shown}" in lines[-1], lines
+    assert "while this runs (Ctrl-C stops it)" in lines[-1], lines
     assert any("reachable beyond this machine" in line for line in lines) is warned, lines
 
 

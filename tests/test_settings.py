@@ -16,6 +16,7 @@ from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import (
     CACHE_DIR,
+    FOUND,
     REGISTRY,
     SETTINGS,
     STORE,
@@ -24,6 +25,7 @@ from warmcache.settings import (
     RegistryLocation,
     Setting,
     choose,
+    find_project_registry,
     resolve_cache_folder,
     resolve_registry,
 )
@@ -158,3 +160,66 @@ def _manifest(tmp_path: Path, **tables: dict[str, str]) -> Path:
     path = tmp_path / "m.toml"
     path.write_text(manifest_toml(model("m", "some-org/some-model", backend="eager", generate=[generate()]), **tables))
     return path
+
+
+# ------------------------------------------------------------------ the project registry, found from the working folder
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    """A project whose quickstart left ``.warmcache/registry.sqlite`` (a real, empty registry), and a folder deep in
+    it."""
+    project = tmp_path / "project"
+    registry = project / ".warmcache" / "registry.sqlite"
+    registry.parent.mkdir(parents=True)
+    Registry.open(f"sqlite:///{registry}").close()
+    deep = project / "src" / "pkg"
+    deep.mkdir(parents=True)
+    return registry, deep
+
+
+def test_a_command_given_no_registry_finds_the_projects_from_a_folder_below_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As git finds .git: after the quickstart, ``warmcache shapes`` needs no --db, and says which registry it read."""
+    registry, deep = _project(tmp_path)
+    monkeypatch.chdir(deep)
+    result = CliRunner().invoke(main, ["shapes", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "[]\n"  # --json output stays clean: the note is on stderr
+    assert result.stderr == f"registry: {registry} (found from the working folder upward; --db names another)\n"
+    debug = CliRunner().invoke(main, ["--debug", "shapes", "--json"])
+    assert f"debug: settings: registry sqlite:///{registry} (found from the working folder upward)" in debug.stderr
+
+
+def test_the_found_registry_comes_after_every_named_one_and_before_the_default(tmp_path: Path) -> None:
+    registry, deep = _project(tmp_path)
+    manifest = load_manifest(_manifest(tmp_path, registry={"url": "from-manifest.sqlite"}))
+    env = {"WARMCACHE_DB": str(tmp_path / "env.sqlite"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    no_env = {"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}
+    assert resolve_registry("flag.sqlite", manifest.registry, env, start=deep).source == "--db"
+    assert resolve_registry(None, manifest.registry, env, start=deep).source == "$WARMCACHE_DB"
+    assert resolve_registry(None, manifest.registry, no_env, start=deep) == manifest.registry
+    assert resolve_registry(None, None, no_env, start=deep) == RegistryLocation(f"sqlite:///{registry}", FOUND)
+    assert resolve_registry(None, None, no_env, start=tmp_path).source == "default"  # above the project: not found
+    # the nearest wins: a nested project's registry over its parent's
+    inner = deep / ".warmcache" / "registry.sqlite"
+    inner.parent.mkdir()
+    inner.touch()
+    (deep / "sub").mkdir()
+    assert find_project_registry(deep / "sub") == inner
+    assert find_project_registry(registry.parent.parent) == registry
+
+
+def test_looking_for_the_project_registry_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read with no registry anywhere is refused at the default; the .warmcache/ folder without one (or with a folder
+    of that name) is passed over, and neither is given a file."""
+    deep = tmp_path / "project" / "src"
+    (tmp_path / "project" / ".warmcache").mkdir(parents=True)  # a quickstart's models, no registry yet
+    (deep / ".warmcache" / "registry.sqlite").mkdir(parents=True)  # not a file: not a registry
+    monkeypatch.chdir(deep)
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["shapes", "--json"], ["check", "--model", "m", "--batch", "1", "--seq", "8"], ["misses"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 3, result.output
+        assert f"registry sqlite:///{tmp_path / 'xdg-cache'}/warmcache/registry.sqlite does not exist" in result.stderr
+    assert sorted(tmp_path.rglob("*")) == before

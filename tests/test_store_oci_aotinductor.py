@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from inductor_host import warmcache_json as warmcache
-from oci_registry import RunningRegistry
+from oci_registry import RunningRegistry, oci_registry, skopeo_copy
 
 from warmcache.trust import generate_key
 
@@ -123,26 +123,23 @@ def test_packages_travel_through_a_registry_and_serve_from_a_read_only_mount(
     pushed = warmcache("push", str(manifest), "--sign", str(key), "--store", store)
     assert pushed["shapes"] == 2, pushed
 
-    mirror = registry_host.url(f"mirror/{repository}", "v1")
     docker = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
-    copy = subprocess.run(
-        ["skopeo", "copy", "--src-tls-verify=false", "--dest-tls-verify=false", docker(store), docker(mirror)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert copy.returncode == 0, copy.stderr
-    for name, source in (("host-b", store), ("host-c", mirror)):  # host C pulls the skopeo copy
-        cache, db = tmp_path / name / "cache", f"sqlite:///{tmp_path / name / 'registry.sqlite'}"
-        pulled = warmcache(
-            "pull", str(manifest), "--trust", str(pub), "--cache-dir", str(cache), "--db", db, "--store", source
-        )
-        assert (pulled["shapes_pulled"], pulled["missing_in_store"], pulled["signatures_checked"]) == (2, [], True), (
-            pulled
-        )
-        verified = warmcache("verify", str(manifest), "--cache-dir", str(cache), "--db", db)
-        assert [s["verdict"] for s in verified["specs"]] == ["verified", "verified"], verified
-        assert all(s["cache_misses"] == 0 and s["new_entries"] == [] for s in verified["specs"]), verified
+    with oci_registry() as mirrors:  # a mirror on another host, under the name the tag is signed for
+        mirror = mirrors.url(repository, "v1")
+        skopeo_copy(store, mirror)
+        for name, source in (("host-b", store), ("host-c", mirror)):  # host C pulls the skopeo copy
+            cache, db = tmp_path / name / "cache", f"sqlite:///{tmp_path / name / 'registry.sqlite'}"
+            pulled = warmcache(
+                "pull", str(manifest), "--trust", str(pub), "--cache-dir", str(cache), "--db", db, "--store", source
+            )
+            assert (pulled["shapes_pulled"], pulled["missing_in_store"], pulled["signatures_checked"]) == (
+                2,
+                [],
+                True,
+            ), pulled
+            verified = warmcache("verify", str(manifest), "--cache-dir", str(cache), "--db", db)
+            assert [s["verdict"] for s in verified["specs"]] == ["verified", "verified"], verified
+            assert all(s["cache_misses"] == 0 and s["new_entries"] == [] for s in verified["specs"]), verified
 
     layout = tmp_path / "layout"
     done = subprocess.run(

@@ -164,6 +164,11 @@ def test_judge_needs_zero_misses_and_no_new_entries() -> None:
     assert judge("i", "d", replace(clean, new_entries=("fxgraph/ab/fabc",))).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, cache_misses=1)).verdict == Verdict.RECOMPILED
     assert judge("i", "d", replace(clean, persistent_cache=False)).verdict == Verdict.REPLAY_ONLY
+    # "replay-only" alone reads like a mode the user chose, or half a failure: the line says what it means
+    assert judge("i", "d", replace(clean, persistent_cache=False, cache_hits=0)).message() == (
+        "replay-only (ran without error, 1 graph traced in 0.0s; its backend keeps nothing on disk to prove, "
+        "so the row stays compiled)"
+    )
     assert judge("i", "d", replace(clean, precompiled_error="artifact rejected")).verdict == Verdict.REPLAY_FAILED
     assert judge("i", "d", ReplayResult("i", error="RuntimeError: boom")).verdict == Verdict.REPLAY_FAILED
     assert judge("i", "d", ReplayResult("i", recompiled="guard failed at step 2")).verdict == Verdict.RECOMPILED

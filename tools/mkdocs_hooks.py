@@ -8,6 +8,9 @@
   same check over README.md and every page without MkDocs.
 - Docstrings are written for Sphinx: the roles mkdocstrings leaves as text (``:meth:`refresh```
   renders as ``:meth:`` before the code) are dropped from the rendered page.
+- A table cell's code span writes a pipe as ``\\|`` (GitHub would end the cell at a bare one);
+  Python-Markdown keeps pipes inside code spans in their cell but shows the backslash, so the
+  site gets the bare pipe.
 - ``::: warmcache.NAME`` (mkdocstrings) may name any public name of ``warmcache/__init__.py``.
   The names it serves lazily (its ``_LAZY`` table, which static analysis cannot follow) are
   rewritten to the module that table names, so pages never spell an internal module path.
@@ -33,6 +36,9 @@ PACKAGE = "warmcache"
 PATH_RE = re.compile(r"(?<![\w./:@~$-])((?:warmcache|tools|tests|examples|migrations)/[\w.*/-]*[\w*/])")
 #: A dotted name inside the package: ``warmcache.modeling.kv_cache.PositionTensorCache``.
 DOTTED_RE = re.compile(r"(?<![\w./:@~$-])(warmcache(?:\.[A-Za-z_]\w*)+)")
+
+#: A code span (one or more backticks, the same number closing it).
+CODE_SPAN_RE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 
 #: A Sphinx role mkdocstrings rendered as text in front of its code span.
 SPHINX_ROLE_RE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):(?=<code)")
@@ -110,11 +116,23 @@ def resolve_lazy_directives(markdown: str, root: Path = ROOT) -> str:
     return re.sub(rf"^(:::[ \t]+){PACKAGE}\.(\w+)[ \t]*$", rewrite, markdown, flags=re.MULTILINE)
 
 
+def unescape_table_pipes(markdown: str) -> str:
+    """``\\|`` inside the code spans of table rows, written as the bare ``|`` Python-Markdown's tables want there."""
+
+    def in_code(match: re.Match[str]) -> str:
+        return match.group(0).replace("\\|", "|")
+
+    return "\n".join(
+        CODE_SPAN_RE.sub(in_code, line) if line.lstrip().startswith("|") else line for line in markdown.split("\n")
+    )
+
+
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
-    """MkDocs hook: warn about every path or module the page names that does not exist, then resolve lazy names."""
+    """MkDocs hook: warn about every path or module the page names that does not exist, then resolve lazy names and
+    unescape table pipes."""
     for name in missing_references(markdown):
         log.warning("docs/%s names %s, which does not exist in the repository", page.file.src_uri, name)
-    return resolve_lazy_directives(markdown)
+    return unescape_table_pipes(resolve_lazy_directives(markdown))
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:

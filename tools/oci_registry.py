@@ -96,3 +96,16 @@ def _wait_until_up(host: str, process: subprocess.Popen[bytes]) -> None:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"docker-registry did not start on {host} (exit code {process.poll()})") from None
             time.sleep(0.05)
+
+
+def skopeo_copy(source: str, target: str) -> None:
+    """Copy a tag between loopback registries with skopeo, as a mirror does (both warmcache ``oci+http://`` URLs)."""
+    image = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
+    done = subprocess.run(
+        [SKOPEO_BINARY, "copy", "--src-tls-verify=false", "--dest-tls-verify=false", image(source), image(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"skopeo copy {source} {target}: {done.stderr.strip()[-2000:]}")

@@ -10,6 +10,7 @@ edits a URL as text. The precedence of every setting is the one table
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from warmcache.bounds import path_problem
 from warmcache.errors import UsageError, shown
 
 DEFAULT = "default"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,8 @@ REGISTRY = Setting(
     "--db",
     "WARMCACHE_DB",
     "[registry] url",
-    "$XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
+    "the nearest .warmcache/registry.sqlite in the working folder or above it, "
+    "else $XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
 )
 CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
 STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
@@ -112,11 +116,13 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
         raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
     if "://" not in url:
         if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
-            raise UsageError(f"{source} {shown(url)} is neither a database URL nor a file path; give {ACCEPTED_FORMS}")
+            raise UsageError(
+                f"{source} {shown(_redacted(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}"
+            )
         return f"sqlite:///{_checked_file(url, source, base)}"
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
-        raise UsageError(f"{source} {shown(url)}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
+        raise UsageError(f"{source} {shown(_redacted(url))}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
     if scheme.split("+", 1)[0] in ("postgresql", "postgres"):
         _require_database(url, rest, source)
         return "postgresql+psycopg://" + rest
@@ -124,10 +130,20 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     if not rest.startswith("/") or path in ("", ":memory:"):
         # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
         raise UsageError(
-            f"{source} {shown(url)} names no database file (an in-memory SQLite registry keeps "
+            f"{source} {shown(_redacted(url))} names no database file (an in-memory SQLite registry keeps "
             f"nothing between commands); give {ACCEPTED_FORMS}"
         )
     return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user part hidden, as an error line may show it: a value refused at
+    validation is not yet a URL any parser vouches for, so this reads the text (everything before the last ``@``)."""
+    scheme, separator, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not separator or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _require_database(url: str, rest: str, source: str) -> None:
@@ -136,7 +152,7 @@ def _require_database(url: str, rest: str, source: str) -> None:
     database = location.partition("/")[2]
     if not database and "dbname=" not in query:
         raise UsageError(
-            f"{source} {shown(url)} names no database (libpq would fall back to a database named "
+            f"{source} {shown(_redacted(url))} names no database (libpq would fall back to a database named "
             "after the user, on the local socket "
             f"unless a host is given); give {ACCEPTED_FORMS}"
         )
@@ -170,8 +186,10 @@ class RegistryLocation:
         url = normalise_url(text, source, base)
         try:
             make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
-        except (ArgumentError, ValueError) as exc:
-            raise UsageError(f"{source} {shown(text)} is not a database URL ({exc}); give {ACCEPTED_FORMS}") from None
+        except (ArgumentError, ValueError) as exc:  # neither quotes the URL (the port's text at most)
+            raise UsageError(
+                f"{source} {shown(_redacted(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}"
+            ) from None
         return cls(url, source)
 
     @classmethod
@@ -231,15 +249,49 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
     return RegistryLocation(f"sqlite:///{base / 'warmcache' / 'registry.sqlite'}", DEFAULT)
 
 
+#: The registry a project keeps beside its manifests (the quickstart's): found from the working folder upward.
+PROJECT_REGISTRY = Path(".warmcache") / "registry.sqlite"
+#: The source of a registry found that way, as messages and ``--debug`` name it.
+FOUND = "found from the working folder upward"
+
+
+def find_project_registry(start: Path | None = None) -> Path | None:
+    """The nearest ``.warmcache/registry.sqlite`` file in ``start`` (the working folder) or a folder above it, as git
+    finds ``.git``; ``None`` when there is none.
+
+    It only looks: a folder without one is passed over, never given one, so a read that
+    finds nothing falls through to the default (and is refused there if that is missing).
+    """
+    try:
+        here = (start or Path.cwd()).resolve()
+    except OSError:  # the working folder was removed under us: there is nothing to find from it
+        return None
+    for folder in (here, *here.parents):
+        candidate = folder / PROJECT_REGISTRY
+        if os.path.isfile(candidate):  # False, not an error, for a folder it may not read
+            return candidate
+    return None
+
+
 def resolve_registry(
-    flag: str | None, manifest_location: RegistryLocation | None = None, environ: Mapping[str, str] | None = None
+    flag: str | None,
+    manifest_location: RegistryLocation | None = None,
+    environ: Mapping[str, str] | None = None,
+    start: Path | None = None,
 ) -> RegistryLocation:
     """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then
-    the default."""
+    the nearest project registry from ``start`` (the working folder) upward, then the default; logged with its
+    source."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:
-        return RegistryLocation.parse(chosen.text, chosen.source)
-    return manifest_location or default_registry(environ)
+        location = RegistryLocation.parse(chosen.text, chosen.source)
+    elif manifest_location is not None:
+        location = manifest_location
+    else:
+        found = find_project_registry(start)
+        location = RegistryLocation.parse(str(found), FOUND) if found else default_registry(environ)
+    log.debug("registry %s (%s)", location.display, location.source)
+    return location
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,8 +86,13 @@ class SigningKey:
     def load(cls, path: str | Path) -> SigningKey:
         file = Path(path)
         try:
-            _refuse_readable_by_others(file)
             data = _read_small(file)
+            if data.lstrip().startswith(KEY_PREFIX.encode()):
+                raise UsageError(
+                    f"{file}: this is a public key; signing takes the private key it was made with "
+                    f"({file.with_suffix('') if file.suffix == '.pub' else 'the file without .pub'})"
+                )
+            refuse_readable_by_others(file, "private key")
             private = serialization.load_pem_private_key(data, password=None)
         except OSError as exc:
             raise UsageError(f"{file}: cannot read signing key: {exc.strerror or exc}") from None
@@ -245,6 +250,12 @@ NOT_CONFIGURED = TrustedKeys()
 ALLOW_UNSIGNED_ENV = "WARMCACHE_ALLOW_UNSIGNED"
 
 
+def unsigned_allowed_by_environment() -> bool:
+    """``$WARMCACHE_ALLOW_UNSIGNED`` set to a true value (``1``, ``true``, ``yes``, ``on``), as ``--allow-unsigned``'s
+    flag reads it: what a library caller (a guard) honours too."""
+    return os.environ.get(ALLOW_UNSIGNED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None:
     """Refuse to install ``what`` (a compile cache: code) unless its signature will be checked or the caller opted out.
 
@@ -315,13 +326,13 @@ def _write_new(file: Path, data: bytes, mode: int) -> None:
         out.write(data)
 
 
-def _refuse_readable_by_others(file: Path) -> None:
-    """A signing key that group or others can read is refused (as ssh refuses one): anyone on the host could sign as
-    you."""
+def refuse_readable_by_others(file: Path, what: str) -> None:
+    """A secret file (a signing key, a bearer token) that group or others can read is refused, as ssh refuses such a
+    key: anyone on the host could sign or write as you."""
     mode = os.stat(file).st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UsageError(
-            f"{file}: private key is readable by others (mode {stat.S_IMODE(mode):o}); refused: run chmod 600 {file}"
+            f"{file}: {what} is readable by others (mode {stat.S_IMODE(mode):o}); refused: run chmod 600 {file}"
         )
 
 

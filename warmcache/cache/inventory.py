@@ -167,6 +167,8 @@ class CacheInfo:
     scanned_at: float
     #: A warmup holds a per-spec lock in this cache: its new entries are not recorded yet.
     warmup_running: bool = False
+    #: Whether the entries were looked up in a registry (a scan with none names no orphans).
+    cross_referenced: bool = True
 
     @property
     def root(self) -> Path:
@@ -177,8 +179,18 @@ class CacheInfo:
         return sum(e.size_bytes for e in self.entries)
 
     @property
+    def orphans_unknown(self) -> str | None:
+        """Why no entry of this cache may be called an orphan (no registry, or a folder every process shares), or
+        ``None``."""
+        if self.location.shared:
+            return f"{self.root} is the compiler's default folder, shared by every process of this user"
+        if not self.cross_referenced:
+            return "no registry to look the entries up in"
+        return None
+
+    @property
     def orphans(self) -> tuple[CacheEntry, ...]:
-        return tuple(e for e in self.entries if e.is_orphan)
+        return () if self.orphans_unknown else tuple(e for e in self.entries if e.is_orphan)
 
     @property
     def needed_by(self) -> tuple[EntryUse, ...]:
@@ -195,6 +207,7 @@ class CacheInfo:
             "size_bytes": self.size_on_disk,
             "entry_count": len(self.entries),
             "orphan_count": len(self.orphans),
+            "orphans_unknown": self.orphans_unknown,
             "warmup_running": self.warmup_running,
             "entries": [e.as_json() for e in self.entries],
             "missing": [m.as_json() for m in self.missing],
@@ -205,8 +218,15 @@ class CacheInfo:
         }
 
 
-def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now: float | None = None) -> CacheInfo:
-    """Inventory ``location``; ``records`` (read ``with_artifacts=True``) supply the cross-reference."""
+def scan_cache(
+    location: CacheLocation,
+    records: Sequence[ShapeRecord] | None = (),
+    now: float | None = None,
+) -> CacheInfo:
+    """Inventory ``location``; ``records`` (read ``with_artifacts=True``) supply the cross-reference (``None``: there is
+    no registry, so no entry is an orphan)."""
+    cross_referenced = records is not None
+    records = records or ()
     now = time.time() if now is None else now
     root = location.root
     users: dict[str, list[EntryUse]] = {}
@@ -224,7 +244,9 @@ def scan_cache(location: CacheLocation, records: Sequence[ShapeRecord] = (), now
         for path, kind in sorted(found.items())
     )
     missing = tuple(MissingArtifact(path, kind, use) for path, kind, use in wanted if path not in found)
-    return CacheInfo(location, root.is_dir(), entries, missing, _work_dirs(root, now), now, warmup_running(root))
+    return CacheInfo(
+        location, root.is_dir(), entries, missing, _work_dirs(root, now), now, warmup_running(root), cross_referenced
+    )
 
 
 def _entry(

@@ -43,6 +43,9 @@ class CacheLocation:
     root: Path
     flavor: CacheFlavor
     source: str
+    #: The compiler's own default folder, found rather than named: every process of this user compiles into it, so an
+    #: entry no registry row names is not warmcache's orphan (``cache scan`` counts none, ``prune`` deletes none).
+    shared: bool = False
 
 
 def flavor_of_kind(kind: str) -> CacheFlavor | None:
@@ -95,7 +98,7 @@ def locate_caches(
             continue  # eager/aot_eager keep no cache; without a manifest, --flavor picks the default to look at
         root, chosen = resolve_cache_dir(target, cache_dir.path if cache_dir else None, manifest)
         source = _source(cache_dir, manifest) if chosen else f"{target.describe()} default"
-        out.setdefault(root, CacheLocation(root, flavor or layout, source))  # type: ignore[arg-type]
+        out.setdefault(root, CacheLocation(root, flavor or layout, source, shared=not chosen))  # type: ignore[arg-type]
     return list(out.values())
 
 

@@ -129,6 +129,8 @@ def _blocker(entry: CacheEntry, rules: PruneRules, info: CacheInfo, cache_in_use
             "a kernel file compiled shapes of this cache may load: kernels are shared between graphs "
             "(--include-referenced deletes it anyway)"
         )
+    if entry.is_orphan and rules.orphans and info.orphans_unknown:
+        return f"not known to be an orphan: {info.orphans_unknown} (name the folder with --cache-dir to prune it)"
     if entry.is_orphan and info.warmup_running:
         return "an orphan while a warmup compiles into this cache: it records entries when each shape finishes"
     if entry.is_orphan and info.scanned_at - entry.last_used < rules.grace_seconds:

@@ -13,7 +13,7 @@ import click
 
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
-from warmcache.settings import REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
+from warmcache.settings import FOUND, REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
 from warmcache.trust import SigningKey
 from warmcache.units import format_size
 
@@ -56,9 +56,16 @@ def max_unpack_size_option(help: str) -> Callable[[F], F]:
 
 
 def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the default
-    (:func:`warmcache.settings.resolve_registry`)."""
-    return resolve_registry(db_url, manifest.registry if manifest else None)
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the nearest project registry,
+    then the default (:func:`warmcache.settings.resolve_registry`).
+
+    A registry found from the working folder was named by no one, so the command says which
+    one it used (on stderr: ``--json`` output stays clean).
+    """
+    location = resolve_registry(db_url, manifest.registry if manifest else None)
+    if location.source == FOUND:
+        click.echo(f"registry: {location.sqlite_file} ({FOUND}; --db names another)", err=True)
+    return location
 
 
 def cache_folder(_context: click.Context, _parameter: click.Parameter, value: str | None) -> CacheFolder | None:

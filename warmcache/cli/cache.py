@@ -14,7 +14,15 @@ from warmcache.cache.inventory import CacheInfo, scan_cache
 from warmcache.cache.locate import FLAVORS, locate_caches
 from warmcache.cache.neuron import DEFAULT_GRACE_SECONDS
 from warmcache.cache.prune import PruneRules, plan_prune
-from warmcache.cli._common import cache_dir_option, db_option, format_table, json_option, open_registry, print_json
+from warmcache.cli._common import (
+    cache_dir_option,
+    db_option,
+    format_table,
+    json_option,
+    open_registry,
+    print_json,
+    registry_location,
+)
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
@@ -67,9 +75,10 @@ def _grace_option(func: F) -> F:
 
 
 def _scan_all(
-    registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
+    registry: Registry | None, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
 ) -> list[CacheInfo]:
-    records = registry.rows(with_artifacts=True)
+    """Each cache folder scanned, its entries looked up in ``registry`` (``None``: there is none, so no orphans)."""
+    records = registry.rows(with_artifacts=True) if registry is not None else None
     return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
 
 
@@ -120,8 +129,12 @@ def scan(
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
     remote = _remote_neuron(cache_dir, manifest)
-    with open_registry(db_url, manifest, create=True) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    location = registry_location(db_url, manifest)
+    if location.sqlite_file is not None and not location.sqlite_file.exists():  # a scan only reads: none is made
+        infos = _scan_all(None, cache_dir, flavor, manifest)
+    else:
+        with Registry.open(location, create=False) as registry:
+            infos = _scan_all(registry, cache_dir, flavor, manifest)
     if as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
@@ -157,11 +170,15 @@ def _describe(info: CacheInfo) -> str:
     rows = {u.row_id: u for e in info.entries for u in e.used_by}
     statuses = Counter(u.status for u in rows.values())
     orphans = info.orphans
+    counted = (
+        f"orphans not counted ({info.orphans_unknown})"
+        if info.orphans_unknown
+        else f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))})"
+    )
     lines.append(
         f"  used by {len(rows)} registry rows "
         f"({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
-        f"{len(orphans)} orphans ({format_size(sum(e.size_bytes for e in orphans))}); "
-        f"{len(info.missing)} missing artifacts"
+        f"{counted}; {len(info.missing)} missing artifacts"
     )
     if info.work_dirs:
         names = ", ".join(w.path for w in info.work_dirs[:3]) + (", ..." if len(info.work_dirs) > 3 else "")

@@ -10,6 +10,7 @@ import click
 from warmcache.cli._common import db_option, registry_location, sign_option
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
+from warmcache.settings import RegistryLocation
 from warmcache.trust import SigningKey
 
 
@@ -77,11 +78,7 @@ def serve(
             "connect reads the registry",
             err=True,
         )
-    click.echo(
-        f"warmcache serve: dashboard {base_url(host, port)} ; writes "
-        f"{'need the bearer token' if token else 'disabled (no token)'}",
-        err=True,
-    )
+    click.echo(startup_line(location, host, port, has_token=token is not None), err=True)
     # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
     # The header deadline closes connections that never finish a request (slowloris).
     uvicorn.run(
@@ -94,6 +91,16 @@ def serve(
         proxy_headers=False,
         server_header=False,
         http=HeaderDeadlineProtocol,
+    )
+
+
+def startup_line(location: RegistryLocation, host: str, port: int, *, has_token: bool) -> str:
+    """What ``serve`` says as it starts: the registry it serves, and the dashboard's address while it runs (a script
+    that stops it right away leaves the address behind, which then leads nowhere)."""
+    writes = "need the bearer token" if has_token else "disabled (no token)"
+    return (
+        f"warmcache serve: registry {location.display}; dashboard {base_url(host, port)} while this runs "
+        f"(Ctrl-C stops it); writes {writes}"
     )
 
 

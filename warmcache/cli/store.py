@@ -29,6 +29,7 @@ from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
+from warmcache.store.oci.freshness import MIN_VERSION_ENV, STATE_ENV, TagMemory, parse_pin
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
@@ -139,6 +140,20 @@ def push(
 )
 @trust_option
 @allow_unsigned_option
+@click.option(
+    "--state-dir",
+    metavar="DIR",
+    default=None,
+    help=f"Where this host remembers the version of each signed oci:// tag it pulled, refusing older ones (default: "
+    f"${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
+)
+@click.option(
+    "--min-tag-version",
+    metavar="N",
+    default=None,
+    help=f"Refuse a signed oci:// tag older than version N (default: ${MIN_VERSION_ENV}): the floor where no state "
+    "dir can be written.",
+)
 @store_options
 @json_option
 def pull(
@@ -146,13 +161,16 @@ def pull(
     max_size: str | None,
     trust: tuple[str, ...],
     allow_unsigned: bool,
+    state_dir: str | None,
+    min_tag_version: str | None,
     store_url: str | None,
     endpoint_url: str | None,
     as_json: bool,
 ) -> None:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
-    store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    memory = TagMemory.resolve(state_dir, parse_pin(min_tag_version, "--min-tag-version"), "--min-tag-version")
+    store = resolve_store(store_url, endpoint_url, shipment.manifest, memory)
     max_bytes = (
         parse_size(max_size, option="--max-size")
         if max_size is not None

@@ -8,6 +8,7 @@ did-you-mean for a misspelt key or value.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,18 @@ class Checker:
         return value
 
     def choice(
-        self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], default: str | None
+        self,
+        table: dict[str, Any],
+        key: str,
+        where: str,
+        choices: tuple[str, ...],
+        default: str | None,
+        synonyms: Mapping[str, str] | None = None,
     ) -> str | None:
+        """One of ``choices``; a wrong value's did-you-mean also knows ``synonyms`` (what people call a choice)."""
         value = self.string(table, key, where, default=default)
         if value is not None and value not in choices:
-            close = close_match(value, choices)
+            close = close_match(value, choices, synonyms)
             hint = f"; did you mean {close!r}?" if close else ""
             self.problem(f"{where}.{key}", f"unknown value {shown(value)} (allowed: {', '.join(choices)}){hint}")
             return default
@@ -144,9 +152,18 @@ def key_shown(key: str) -> str:
     return key if len(key) <= MAX_SHOWN_CHARS and key.isprintable() else shown(key)
 
 
-def close_match(value: str, choices: tuple[str, ...]) -> str | None:
-    """A did-you-mean; a value far longer than any choice is no typo (and difflib is slow on it)."""
+def close_match(value: str, choices: tuple[str, ...], synonyms: Mapping[str, str] | None = None) -> str | None:
+    """A did-you-mean: the choice ``value`` names in other case or by another name (``gpu`` is ``cuda``), else the
+    nearest spelling; a value far longer than any choice is no typo (and difflib is slow on it).
+
+    Spelling alone would answer ``gpu`` with ``cpu``, one letter away: the opposite of what was meant.
+    """
     if len(value) > MAX_SHOWN_CHARS:
         return None
+    folded = value.strip().lower()
+    if folded in choices:
+        return folded
+    if synonyms and folded in synonyms:
+        return synonyms[folded]
     close = difflib.get_close_matches(value, choices, n=1)
     return close[0] if close else None

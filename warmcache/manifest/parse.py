@@ -23,6 +23,7 @@ from warmcache.manifest.schema import (
     CACHE_IMPLEMENTATIONS,
     DEFAULT_BACKEND,
     DEFAULT_LEASE_SECONDS,
+    DEVICE_SYNONYMS,
     DEVICES,
     MODES,
     PRECOMPILE_BACKENDS,
@@ -40,7 +41,7 @@ from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # whole names only (fullmatch): '$' matched before a newline
 
 
 def parse_manifest(raw: dict[str, Any], file: Path) -> Manifest:
@@ -216,7 +217,7 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
 def _parse_name(check: Checker, entry: dict[str, Any], where: str) -> str | None:
     """The model's name; once it is known, every later problem of the entry names the model."""
     name = check.string(entry, "name", where, required=True)
-    if name is not None and not _NAME_RE.match(name):
+    if name is not None and not _NAME_RE.fullmatch(name):
         check.problem(
             f"{where}.name",
             f"{shown(name)} must start with a letter or digit and use only letters, digits, '.', '_' and '-'",
@@ -248,7 +249,7 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
         )
         device = None
     else:
-        device = check.choice(entry, "device", where, DEVICES, "cpu")
+        device = check.choice(entry, "device", where, DEVICES, "cpu", DEVICE_SYNONYMS)
     backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
     if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
         check.problem(

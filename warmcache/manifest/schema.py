@@ -19,6 +19,17 @@ from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, 
 from warmcache.trust import TrustedKeys
 
 DEVICES = ("neuron", "cpu", "cuda")
+#: What people call a device when they do not use its torch name: a did-you-mean must answer ``gpu`` with ``cuda``.
+DEVICE_SYNONYMS = {
+    "gpu": "cuda",
+    "nvidia": "cuda",
+    "trainium": "neuron",
+    "inferentia": "neuron",
+    "trn1": "neuron",
+    "trn2": "neuron",
+    "inf2": "neuron",
+    "xla": "neuron",
+}
 BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
 DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -17,6 +17,7 @@ from warmcache.registry.records import ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, Status
 from warmcache.reports.explain import describe, stale_differences
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
+from warmcache.targets import target_of
 
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus, Registry
@@ -42,6 +43,34 @@ def stale_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
 def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
     """Rows compiled (or verified) for this machine's toolchain."""
     return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != Status.STALE]
+
+
+def shapes_summary(listed: Sequence[tuple[ShapeRecord, str]]) -> list[str]:
+    """``warmcache shapes``'s closing lines: the count by (effective) status, then why rows read ``compiled``.
+
+    Right after ``warmcache verify``, ``8 compiled, 4 verified`` reads like a verify that
+    missed 8 shapes; the line after it says which of them verify cannot prove (nothing
+    on disk) and which it has not proven yet.
+    """
+    counts = Counter(status for _, status in listed)
+    lines = [f"{len(listed)} shapes: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none")]
+    compiled = [r for r, status in listed if status == Status.COMPILED]
+    # No cache folder recorded (no precompiled artifact either) and a backend that keeps none: nothing to prove.
+    diskless = [
+        r for r in compiled if r.cache_root is None and target_of(r.device, r.backend, r.mode).cache_flavor is None
+    ]
+    if diskless:
+        backends = " and ".join(sorted({r.backend for r in diskless}))
+        lines.append(
+            f"{len(diskless)} of the compiled ran on {backends}, which keeps no compile cache on disk: verify "
+            "replays them but has nothing to prove, so they stay compiled"
+        )
+    if len(compiled) > len(diskless):
+        lines.append(
+            f"{len(compiled) - len(diskless)} compiled not proven yet: warmcache verify MANIFEST replays them in a "
+            "fresh process and marks them verified"
+        )
+    return lines
 
 
 def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTable]:

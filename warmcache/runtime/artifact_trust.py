@@ -31,7 +31,7 @@ from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, entry_of
 from warmcache.errors import TrustError, shown
 from warmcache.settings import resolve_cache_folder
 from warmcache.targets.inductor import CACHE_ENV, inductor_default_cache_dir
-from warmcache.trust import ALLOW_UNSIGNED_ENV, TRUSTED_KEYS_ENV
+from warmcache.trust import ALLOW_UNSIGNED_ENV, TRUSTED_KEYS_ENV, unsigned_allowed_by_environment
 
 if TYPE_CHECKING:
     from warmcache.registry.records import ShapeRecord
@@ -63,8 +63,8 @@ class ArtifactTrust:
 
     def require_trusted_rows(self) -> None:
         """Refuse (before any file is read) to load artifacts named by a snapshot nobody verified, unless the caller
-        opted out."""
-        if self.signed_by == "" and not self.allow_unsigned:
+        opted out (``allow_unsigned=True``, or ``$WARMCACHE_ALLOW_UNSIGNED=1`` as the refusal says)."""
+        if self.signed_by == "" and not (self.allow_unsigned or unsigned_allowed_by_environment()):
             raise TrustError(
                 f"{self.source}: guard snapshot not verified (no trusted keys configured), and its "
                 "precompiled artifacts are native code; refused: "

@@ -37,6 +37,19 @@ SNAPSHOT_VERSION = 1
 #: The snapshot's name inside a snapshot folder (the folder also holds the cache entries the rows name).
 SNAPSHOT_FILE = "warmcache-guard.json"
 
+#: What a row says about the host that holds it (its database id, its cache folder, the model's path there, who
+#: claimed it, its last error): never part of a snapshot, which any reader may fetch (``GET /v1/guard``) and which
+#: travels to other hosts; a snapshot's artifacts load from the reader's own cache folder.
+HOST_LOCAL = {
+    "id": 0,
+    "model_path": "",
+    "host": None,
+    "claimed_by": None,
+    "lease_expires_at": None,
+    "cache_root": None,
+    "error": None,
+}
+
 _FIELDS = {f.name: f for f in dataclasses.fields(ShapeRecord)}
 _DATETIME_FIELDS = frozenset(name for name, f in _FIELDS.items() if "datetime" in str(f.type))
 _REQUIRED = frozenset(
@@ -57,13 +70,13 @@ def snapshot_document(
     records: Sequence[ShapeRecord], source: str, signing_key: SigningKey | None = None
 ) -> dict[str, Any]:
     """The snapshot as JSON-able data: what a file holds and what ``GET /v1/guard/{model}`` serves (signed with
-    ``signing_key``)."""
+    ``signing_key``), each row without its :data:`HOST_LOCAL` fields."""
     document = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
         "exported_at": dt.datetime.now(dt.UTC).isoformat(),
         "source": source,
-        "records": [{k: v for k, v in r.as_json().items() if k in _FIELDS} for r in records],
+        "records": [{**{k: v for k, v in r.as_json().items() if k in _FIELDS}, **HOST_LOCAL} for r in records],
     }
     return sign_document(document, signing_key) if signing_key else document
 

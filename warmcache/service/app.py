@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
@@ -48,6 +48,8 @@ T = TypeVar("T")
 MAX_BODY_BYTES = 1 << 20
 #: Seconds ``POST /v1/plan`` may spend parsing and planning a manifest (in a worker thread) before it answers 503.
 PLAN_TIMEOUT_S = 10.0
+#: Seconds a write's whole body may take to arrive after its headers (a real client sends it at once).
+BODY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class ServiceConfig:
     """The manifest ``/v1/status`` reports on (none: ``/v1/status`` answers 404)."""
     refresh_interval: float = 5.0
     max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = BODY_TIMEOUT_S
     signing_key: SigningKey | None = None
     """Signs every ``/v1/guard/{model}`` answer, so guards with trusted keys load the precompiled code it names."""
 
@@ -96,10 +99,20 @@ class Handlers:
         if declared is not None and declared.isdigit() and int(declared) > self.config.max_body_bytes:
             raise ApiError(413, f"body of {declared} bytes exceeds the limit of {self.config.max_body_bytes}", "body")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.config.max_body_bytes:
-                raise ApiError(413, f"body exceeds the limit of {self.config.max_body_bytes} bytes", "body")
+
+        async def receive() -> None:
+            async for chunk in request.stream():
+                body.extend(chunk)
+                if len(body) > self.config.max_body_bytes:
+                    raise ApiError(413, f"body exceeds the limit of {self.config.max_body_bytes} bytes", "body")
+
+        try:
+            # A body sent a byte at a time would hold a worker for as long as the client likes.
+            await asyncio.wait_for(receive(), self.config.body_timeout_s)
+        except TimeoutError:
+            raise ApiError(408, f"body not received within {self.config.body_timeout_s:g} s; refused", "body") from None
+        except ClientDisconnect:
+            raise ApiError(400, "the client disconnected before its body ended", "body") from None
         return bytes(body)
 
     async def models(self, request: Request) -> Response:

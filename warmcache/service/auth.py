@@ -13,6 +13,7 @@ from pathlib import Path
 
 from warmcache.errors import UsageError
 from warmcache.service.http import ApiError
+from warmcache.trust import refuse_readable_by_others
 
 TOKEN_ENV = "WARMCACHE_TOKEN"
 
@@ -24,10 +25,12 @@ MIN_TOKEN_CHARS = 16
 def load_token(token_file: Path | None = None) -> str | None:
     """The token from ``token_file`` if given, else ``$WARMCACHE_TOKEN``; ``None`` when neither holds one.
 
-    A token shorter than :data:`MIN_TOKEN_CHARS` is refused (never quoted: it is a secret).
+    A token shorter than :data:`MIN_TOKEN_CHARS` is refused (never quoted: it is a secret), and so is a token file
+    group or others can read (as a signing key is; a Kubernetes Secret mounts with ``defaultMode: 0600``).
     """
     if token_file is not None:
         try:
+            refuse_readable_by_others(token_file, "token file")
             text = token_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"{token_file}: cannot read token file: {exc.strerror}") from None

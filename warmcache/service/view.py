@@ -40,6 +40,8 @@ log = logging.getLogger("warmcache.service")
 CONNECT_TIMEOUT_S = 3
 #: Milliseconds one PostgreSQL statement may run (a locked table or a stuck server).
 STATEMENT_TIMEOUT_MS = 5000
+#: What a served guard snapshot names as its source (not the registry's URL: any reader may fetch one).
+SNAPSHOT_SOURCE = "warmcache serve"
 #: Memoised answers per state; traffic beyond this many distinct requests is computed each time.
 MEMO_LIMIT = 65536
 
@@ -126,7 +128,8 @@ class RegistryView:
         """Load the registry now and swap the state; a failure is recorded and raised as a 503."""
         with self._refresh_lock:
             with self.query() as registry:
-                records = registry.rows()
+                # Artifacts too: a guard snapshot names the precompiled code (AOTInductor packages) prime() loads.
+                records = registry.rows(with_artifacts=True)
                 misses = registry.miss_summary()
             self.state = RegistryState.load(records, misses)
             if self.error is not None:
@@ -188,7 +191,7 @@ def guard_document(
         ]
         if not rows:
             raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
-        document = snapshot_document(rows, source, signing_key)
+        document = snapshot_document(rows, SNAPSHOT_SOURCE, signing_key)  # any reader gets it: no path of this host
         etag = hashlib.sha256(dumps(document["records"])).hexdigest()[:32]
         return f'"{etag}"', dumps(document)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.settings import STORE, choose
-from warmcache.store.backends import ObjectStore, open_store
+from warmcache.store.backends import open_store
+from warmcache.store.objects import ObjectStore
+from warmcache.store.oci.freshness import TagMemory
 from warmcache.store.oci.reference import is_oci_url
 from warmcache.store.oci.store import OciStore
 
@@ -35,12 +37,14 @@ def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
     return chosen.text
 
 
-def resolve_store(cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None) -> Store:
+def resolve_store(
+    cli_url: str | None, endpoint_url: str | None, manifest: Manifest | None = None, memory: TagMemory | None = None
+) -> Store:
     """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own
-    settings."""
+    settings; an ``oci://`` store compares signed tags with ``memory`` (default: :meth:`TagMemory.resolve`)."""
     url = store_url(cli_url, manifest)
     if is_oci_url(url):
-        return OciStore.open(url)
+        return OciStore.open(url, memory)
     return open_store(url, endpoint_url or (manifest.store.endpoint_url if manifest else None))
 
 

@@ -8,6 +8,12 @@ gets more in proportion to its size), and never past the command's own deadline
 (``--timeout``, :data:`DEFAULT_COMMAND_SECONDS`). A call that misses it is one
 :class:`~warmcache.errors.StoreError` line; its thread is abandoned and dies with
 the process.
+
+A download's thread is not merely abandoned: it sits in ``recv`` holding the
+response's buffer lock, so the caller's ``close()`` of that response would wait for
+it (a trickling server kept a pull 100 s past ``--timeout 20s``). A block that misses
+its deadline therefore shuts the socket down first (:func:`shut_down`): the blocked
+read returns at once and nothing waits on it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from warmcache.errors import StoreError
 
@@ -41,6 +47,19 @@ def set_command_timeout(seconds: float, source: str = TIMEOUT_FLAG) -> None:
     """Start the command's clock: stores opened from now on give up ``seconds`` from now; ``source`` (``--timeout``,
     ``$WARMCACHE_STORE_TIMEOUT``) is what the messages tell the user to change."""
     command_timeout.set((seconds, time.monotonic(), source))
+
+
+class DeadlineMissed(StoreError):
+    """A call or block that got no complete answer in time (its thread is left behind)."""
+
+
+def shut_down(raw: Any) -> None:
+    """Stop a urllib3 response's reads now, from any thread (``HTTPResponse.shutdown``: the socket's read side is
+    shut, so a ``recv`` blocked in another thread returns); a response already released is left alone."""
+    try:
+        raw.shutdown()
+    except (ValueError, RuntimeError, OSError):
+        pass  # released, or never had a socket: nothing is reading it
 
 
 class Deadline:
@@ -73,20 +92,30 @@ class Deadline:
         worker.start()
         worker.join(limit)
         if worker.is_alive():
-            which = "the command's deadline" if limit >= remaining else "the per-request deadline"
-            raise StoreError(
-                f"{self.where}: {what} got no complete answer within {limit:.0f} s ({which}; "
+            if limit >= remaining:
+                raise DeadlineMissed(
+                    f"{self.where}: the command's deadline of {self.seconds:g} s passed during {what} "
+                    f"({self.source} to change it)"
+                )
+            raise DeadlineMissed(
+                f"{self.where}: {what} got no complete answer within {limit:.0f} s (the per-request deadline; "
                 f"{self.source} to change it)"
             )
         if failure:
             raise failure[0]
         return outcome[0]
 
-    def blocks(self, chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
-        """``chunks``, each one fetched under the deadline (a server trickling bytes cannot hold a download)."""
+    def blocks(self, chunks: Iterator[bytes], what: str, sever: Callable[[], None] | None = None) -> Iterator[bytes]:
+        """``chunks``, each one fetched under the deadline (a server trickling bytes cannot hold a download);
+        ``sever()`` (:func:`shut_down` of the response) is called when a block misses it, before the error rises."""
         done = object()
         while True:
-            block = self.run(lambda: next(chunks, done), what)
+            try:
+                block = self.run(lambda: next(chunks, done), what)
+            except DeadlineMissed:
+                if sever is not None:
+                    sever()
+                raise
             if block is done:
                 return
             assert isinstance(block, bytes)

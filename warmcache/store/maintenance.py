@@ -21,7 +21,7 @@ from typing import Any
 
 from warmcache.errors import CacheError, StoreError
 from warmcache.jsonable import FieldsJson, fields_json
-from warmcache.store.backends import FILE_TEMP_PREFIX, ObjectStore, StoredObject
+from warmcache.store.backends import FILE_TEMP_PREFIX
 from warmcache.store.index import (
     BLOB_PREFIX,
     INDEX_PREFIX,
@@ -29,6 +29,7 @@ from warmcache.store.index import (
     blob_key,
     parse_index,
 )
+from warmcache.store.objects import ObjectStore, StoredObject
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
 DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0

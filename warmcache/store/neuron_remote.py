@@ -17,7 +17,7 @@ from typing import Any
 
 from warmcache.cache.neuron import EntryState, module_state
 from warmcache.jsonable import fields_json
-from warmcache.store.backends import ObjectStore, StoredObject
+from warmcache.store.objects import ObjectStore, StoredObject
 
 
 @dataclass(frozen=True, slots=True)

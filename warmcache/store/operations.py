@@ -16,7 +16,6 @@ from typing import Any
 from warmcache.cache.bundle import Progress
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.registry import Registry
-from warmcache.store.backends import ObjectStore
 from warmcache.store.maintenance import (
     DEFAULT_GC_GRACE_SECONDS,
     GcPlan,
@@ -25,14 +24,15 @@ from warmcache.store.maintenance import (
     list_objects,
     plan_object_gc,
 )
+from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.maintenance import (
     check_repository,
     execute_repository_gc,
     list_repository,
     plan_repository_gc,
-    repair_repository,
 )
 from warmcache.store.oci.push import push_image
+from warmcache.store.oci.repair import repair_repository
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import PushResult, push_objects
 from warmcache.store.scrub import CheckReport, check_objects, repair_objects

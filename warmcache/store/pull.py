@@ -12,8 +12,10 @@ streamed to disk with its size enforced while writing and its sha256 checked. A
 blob that does not match is discarded and fetched again, then refused.
 
 Blobs wait in ``.warmcache-unpack-pull/`` (named by sha256, renamed there only once
-checked), so an interrupted pull resumes without fetching them again; they are
-placed exactly as a bundle's files are (:func:`~warmcache.cache.install.install_staged`:
+checked), so an interrupted pull (a store error, the deadline, a signal) resumes without
+fetching them again; a pull that stops before any blob was checked leaves nothing, not even
+the folders it created. Blobs are placed exactly as a bundle's files are
+(:func:`~warmcache.cache.install.install_staged`:
 a staging folder, one rename per entry, rows merged last). So an interrupted pull
 leaves no partial entry and no row naming a missing file.
 """
@@ -50,7 +52,6 @@ from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.jsonable import fields_json
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
-from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
     ShapeIndex,
@@ -58,6 +59,7 @@ from warmcache.store.index import (
     index_key,
     parse_index,
 )
+from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.store import OciStore
 from warmcache.store.push import TRANSFER_THREADS
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
@@ -212,7 +214,11 @@ def pull_manifest(
                 path.rmdir()
         raise
     except OSError as exc:  # a full or read-only disk: one line naming the path; checked blobs stay for the rerun
+        _keep_only_resumable(folder, created)
         raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; pull not finished") from None
+    except BaseException:  # the store failed or ran out of time, or an interruption: checked blobs stay for the rerun
+        _keep_only_resumable(folder, created)
+        raise
     shutil.rmtree(folder, ignore_errors=True)
     return PullResult(
         **common,
@@ -223,6 +229,17 @@ def pull_manifest(
         bytes_reused=reused,
         rows=result.rows,
     )
+
+
+def _keep_only_resumable(folder: Path, created: list[Path]) -> None:
+    """After a pull that did not finish: its checked blobs stay in ``folder`` so a rerun fetches them no more; with
+    none, the folder goes, and so does every folder the pull created."""
+    if folder.is_dir() and any(not p.name.startswith(".") and ".part-" not in p.name for p in folder.iterdir()):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    for path in created:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def _done_artifact_paths(location: RegistryLocation, identities: list[str]) -> dict[str, list[str]]:

@@ -34,7 +34,6 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError
 from warmcache.registry import Registry, ShapeRecord
-from warmcache.store.backends import ObjectStore
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
     blob_key,
@@ -43,6 +42,7 @@ from warmcache.store.index import (
     index_key,
 )
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
+from warmcache.store.objects import ObjectStore
 from warmcache.trust import SigningKey, sign_document
 
 log = logging.getLogger(__name__)

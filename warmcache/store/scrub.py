@@ -19,9 +19,9 @@ from typing import Any
 
 from warmcache.errors import CacheError
 from warmcache.jsonable import FieldsJson, fields_json
-from warmcache.store.backends import ObjectStore
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
 from warmcache.store.maintenance import is_blob, stored_indexes
+from warmcache.store.objects import ObjectStore
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +104,14 @@ def package_decode(
         with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
             path = Path(work) / "decode.pt2"
             phases.enter(Phase.PACKAGING)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS)
+            with warnings.catch_warnings():
+                # torch 2.13's Inductor deep-copies every graph it compiles (torch/_dynamo/repro/after_aot.py), and
+                # copying an exported graph rebuilds its pytree LeafSpec, a class torch itself deprecated: its
+                # FutureWarning names no call of ours and nothing we could change.
+                warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
+                )
             payload = path.read_bytes()
             # The package's own list: tied weights appear once, folded buffers not at all.
             listed = open_loader(path).get_constant_fqns()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
+from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.errors import RegistryError, WarmcacheError, error_line
 from warmcache.identity.plan import PlannedShape
 from warmcache.registry import Registry
@@ -253,6 +254,8 @@ def _mark(registry: Registry, result: _Ran, me: str) -> SpecOutcome:
         graphs=run.graphs,
         padded_graphs=run.padded_graphs,
         artifacts=len(artifacts),
+        diskless_backend=None if run.persistent_cache else result.planned.model.backend,
+        exported=any(artifact.kind == AOTINDUCTOR for artifact in artifacts),
     )
 
 

@@ -36,6 +36,10 @@ class SpecOutcome:
     padded_graphs: int = 0
     artifacts: int = 0
     error: str | None = None
+    #: The backend, when it keeps no compile cache on disk (eager, aot_eager): why the spec wrote no cache entries.
+    diskless_backend: str | None = None
+    #: Its decode step was exported to an AOTInductor package: why Dynamo compiled no graph.
+    exported: bool = False
 
     def __post_init__(self) -> None:
         # A child process's message carries the status as text: an unknown one is an error here, not a silent miscount.
@@ -48,10 +52,21 @@ class SpecOutcome:
     def message(self) -> str:
         if self.failed:
             return f"FAILED after {self.seconds:.1f}s: {self.error}"
-        graphs = format_count(self.graphs, "graph")
+        # Each part says what a zero means where it is printed: a reader of "0 graphs, 0 cache entries" would
+        # otherwise take a warmed shape for one that did nothing.
+        if self.graphs:
+            graphs = format_count(self.graphs, "graph")
+        elif self.exported:
+            graphs = "decode step exported to an AOTInductor package, no Dynamo graph"
+        else:
+            graphs = "no new graph: reuses one this process compiled for an earlier shape"
         if self.padded_graphs:
             graphs += f", {self.padded_graphs} for the padded mask"
-        text = f"compiled in {self.seconds:.1f}s ({graphs}, {self.artifacts} cache entries)"
+        if self.diskless_backend:
+            entries = f"; no cache entries: {self.diskless_backend} keeps none on disk"
+        else:
+            entries = f", {self.artifacts} cache {'entry' if self.artifacts == 1 else 'entries'}"
+        text = f"compiled in {self.seconds:.1f}s ({graphs}{entries})"
         if self.status == Outcome.LOST:
             text += "; claim lost to another worker, not recorded"
         return text
@@ -66,6 +81,8 @@ class SpecOutcome:
             "padded_graphs": self.padded_graphs,
             "artifacts": self.artifacts,
             "error": self.error,
+            "diskless_backend": self.diskless_backend,
+            "exported": self.exported,
         }
 
 

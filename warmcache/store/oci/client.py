@@ -1,10 +1,7 @@
 """The registry API warmcache needs, over the oras client: manifests, blobs, tags, deletes.
 
-oras (the ORAS project's Python SDK) brings what is not ours to reimplement: reference
-and URL building, and authentication as registries do it, both HTTP basic (``htpasswd``,
-Harbor robot accounts) and the bearer-token dance (Docker Hub, ECR, Artifact Registry,
-GHCR), with credentials from the docker config and its credential helpers
-(:mod:`.credentials`). What it lacks for a service, this module adds around it:
+Requests travel through :mod:`.transport` (oras's authentication on a session that bounds
+every answer and checks every redirect). What oras lacks for a service, this module adds:
 
 - **Deadlines.** Every request runs under :class:`~warmcache.store.deadline.Deadline`
   (60 s plus 1 s per MiB moved, never past the command's ``--timeout``), and the socket
@@ -12,8 +9,13 @@ GHCR), with credentials from the docker config and its credential helpers
   :class:`~warmcache.errors.StoreError` line naming the URL, never a hang. oras's own
   retry (up to 131 s of sleeps on a refused connection) is bypassed for ours: 5 attempts,
   0.2 s doubling, only on connection errors, 429 and 5xx.
-- **Streaming.** Blobs go up from a file and come down in 1 MiB blocks (oras's monolithic
-  upload reads a whole file into memory: a Neuron layer can be gigabytes).
+- **Streaming, cut at the declared size.** Blobs go up from a file and come down in 1 MiB
+  blocks (oras's monolithic upload reads a whole file into memory: a Neuron layer can be
+  gigabytes); a blob that sends more than its descriptor's size is refused at that byte,
+  and a block that misses its deadline shuts the socket, so nothing waits on a trickle.
+- **Bounded listings.** ``tags/list`` is followed for at most :data:`MAX_TAG_PAGES` pages.
+- **Digests checked before they are sent**: a digest is ``sha256:`` and 64 hex digits, so a
+  hostile index cannot change a request's path.
 - **One-line failures** naming the URL and never a credential: unreachable, access
   denied, not found, or the registry's own error code and message.
 - **Byte-exact manifests.** A manifest is sent as the bytes whose sha256 is its digest
@@ -26,87 +28,35 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from http.cookiejar import DefaultCookiePolicy
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
-import oras.auth
 import oras.container
-import oras.provider
 import requests
 
 from warmcache.errors import StoreError, first_line
-from warmcache.store.deadline import Deadline
-from warmcache.store.oci.credentials import docker_config_path, load_docker_config
-from warmcache.store.oci.reference import OciReference
+from warmcache.store.deadline import Deadline, shut_down
+from warmcache.store.oci.credentials import docker_config_path
+from warmcache.store.oci.reference import OciReference, is_digest
+from warmcache.store.oci.transport import Oras, read_bounded
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 #: Attempts per request on a refused connection, 429 or 5xx (as the S3 store's botocore ``standard`` mode).
 ATTEMPTS = 5
 FIRST_BACKOFF_SECONDS = 0.2
-CONNECT_SECONDS, READ_SECONDS = 5.0, 20.0
 BLOCK = 1 << 20
 #: Tags per page when listing (the registry may send fewer and a ``Link`` to the next page).
 TAGS_PAGE = 1000
+#: Pages of ``tags/list`` followed at most: 100,000 tags at full pages; a registry linking on forever is refused.
+MAX_TAG_PAGES = 100
+#: An error body is read this far for its message, no further.
+MAX_ERROR_BYTES = 64 * 1024
 
 # oras logs through the standard logging module; its lines (retries, "requires a token") would
 # reach stderr beside ours. Every failure it meets surfaces here as one StoreError instead.
 logging.getLogger("oras.logger").addHandler(logging.NullHandler())
 logging.getLogger("oras.logger").propagate = False
-
-
-class _TimedSession(requests.Session):
-    """A session whose every request has socket timeouts (requests has none by default)."""
-
-    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
-        kwargs.setdefault("timeout", (CONNECT_SECONDS, READ_SECONDS))
-        return super().request(*args, **kwargs)
-
-
-class _ChallengeAuth(oras.auth.TokenAuth):
-    """oras's token auth, plus HTTP basic when the registry's challenge asks for it.
-
-    oras picks one scheme up front; a registry says which it wants in ``WWW-Authenticate``
-    (``Basic`` for htpasswd, ``Bearer realm=...`` for a token service), so this follows it.
-    After the first basic challenge the credentials go with every request (no 401 round trip each).
-    """
-
-    basic = False
-
-    def authenticate_request(
-        self, original: requests.Response, headers: dict[str, str], refresh: bool = False
-    ) -> tuple[dict[str, str], bool]:
-        if original.headers.get("Www-Authenticate", "").lower().startswith("basic"):
-            if not getattr(self, "_basic_auth", None):
-                return headers, False
-            self.basic = True
-            return {**(headers or {}), "Authorization": f"Basic {self._basic_auth}"}, True
-        return super().authenticate_request(original, headers, refresh)
-
-
-class _Oras(oras.provider.Registry):
-    """oras's registry client with our session, auth and (in :class:`RegistryClient`) retries."""
-
-    def __init__(self, reference: OciReference) -> None:
-        super().__init__(hostname=reference.host, insecure=reference.plain_http, auth_backend="token")
-        session = _TimedSession()
-        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # oras ignores cookies (Harbor's CSRF ones)
-        auth = _ChallengeAuth()
-        auth.session, auth.prefix, auth._tls_verify = session, self.prefix, True
-        # Our reading of the docker config ($DOCKER_CONFIG honoured, URL keys normalised): oras looks the host up in it.
-        auth._auth_config = load_docker_config()
-        self.session, self.auth = session, auth
-
-    def request_once(
-        self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False
-    ) -> requests.Response:
-        """One request with oras's authentication (a 401 answered once), without its sleeping retry decorator."""
-        if self.auth.basic and getattr(self.auth, "_basic_auth", None):
-            headers = {**headers, "Authorization": f"Basic {self.auth._basic_auth}"}
-        undecorated = oras.provider.Registry.do_request.__wrapped__
-        response: requests.Response = undecorated(self, url, method, data=data, headers=headers, stream=stream)
-        return response
 
 
 class RegistryClient:
@@ -117,7 +67,7 @@ class RegistryClient:
         self.reference = reference
         self.where = reference.repository_url
         self.deadline = Deadline(reference.url)
-        self._oras = _Oras(reference)
+        self._oras = Oras(reference)
         self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
         # finds this host's credentials (inline, or through a credential helper)
         self._oras.auth.load_configs(self._container)
@@ -126,7 +76,10 @@ class RegistryClient:
     # ------------------------------------------------------------ manifests and tags
 
     def manifest(self, ref: str) -> tuple[str, bytes] | None:
-        """``(digest, bytes)`` of the manifest a tag or digest names, or ``None`` when there is none."""
+        """``(digest, bytes)`` of the manifest a tag or digest names (its body bounded by the session), or ``None``
+        when there is none."""
+        if ref.startswith("sha256:"):
+            self._checked(ref)
         response = self._request(
             "GET",
             self._container.manifest_url(ref),
@@ -153,20 +106,36 @@ class RegistryClient:
     def tags(self) -> list[str]:
         """Every tag of the repository (none for a repository that does not exist yet)."""
         found: list[str] = []
-        url: str | None = f"{self._container.tags_url()}?n={TAGS_PAGE}"
-        while url:
+        url = f"{self._container.tags_url()}?n={TAGS_PAGE}"
+        for _ in range(MAX_TAG_PAGES):
             response = self._request("GET", url, "listing tags", absent_ok=True)
             if response is None:
                 return found
-            found += response.json().get("tags") or []
+            try:
+                tags = response.json().get("tags") or []
+            except (ValueError, AttributeError):
+                raise StoreError(f"{self.where}: listing tags: the registry's answer is not a tag list") from None
+            found += [tag for tag in tags if isinstance(tag, str)]
             link = response.links.get("next", {}).get("url")
-            url = urljoin(f"{self._base}{self.reference.host}/", link)[len(self._base) :] if link else None
-        return found
+            if not link:
+                return found
+            following = urljoin(f"{self._base}{self.reference.host}/", link)
+            if not following.startswith(f"{self._base}{self.reference.host}/"):
+                raise StoreError(
+                    f"{self.where}: listing tags: the next page is on another host ({following[:80]}); refused"
+                )
+            url = following[len(self._base) :]
+        raise StoreError(
+            f"{self.where}: listing tags: the registry links on past {MAX_TAG_PAGES} pages ({len(found)} tags); refused"
+        )
 
     def delete_manifest(self, digest: str) -> None:
         """Remove a manifest by digest (absent is fine); the registry drops every tag that pointed at it."""
         self._request(
-            "DELETE", self._container.manifest_url(digest), f"deleting manifest {digest[:19]}", absent_ok=True
+            "DELETE",
+            self._container.manifest_url(self._checked(digest)),
+            f"deleting manifest {digest[:19]}",
+            absent_ok=True,
         )
 
     # ------------------------------------------------------------ blobs
@@ -174,7 +143,7 @@ class RegistryClient:
     def blob_size(self, digest: str) -> int | None:
         """The blob's size in this repository, or ``None`` when it is not there."""
         response = self._request(
-            "HEAD", self._container.get_blob_url(digest), f"checking blob {digest[:19]}", absent_ok=True
+            "HEAD", self._container.get_blob_url(self._checked(digest)), f"checking blob {digest[:19]}", absent_ok=True
         )
         return int(response.headers.get("Content-Length", -1)) if response is not None else None
 
@@ -194,36 +163,50 @@ class RegistryClient:
             self._retried(lambda: self._put_blob(digest, data, len(data)), f"uploading blob {digest[:19]}", len(data))
         return digest
 
-    def blocks(self, digest: str) -> Iterator[bytes]:
-        """The blob's bytes in blocks of at most 1 MiB, each under the deadline; :class:`StoreError` if it is not
-        there."""
-        response = self._request(
-            "GET", self._container.get_blob_url(digest), f"downloading blob {digest[:19]}", stream=True
-        )
+    def blocks(self, digest: str, size: int) -> Iterator[bytes]:
+        """The blob's bytes in blocks of at most 1 MiB, each under the deadline, cut at ``size`` (what its descriptor
+        declares: more is refused); :class:`StoreError` if it is not there."""
+        what = f"downloading blob {digest[:19]}"
+        response = self._request("GET", self._container.get_blob_url(self._checked(digest)), what, stream=True)
         assert response is not None
+        declared = response.headers.get("Content-Length", "")
+        received = 0
         try:
-            yield from self.deadline.blocks(response.iter_content(BLOCK), f"downloading blob {digest[:19]}")
+            if declared.isdigit() and int(declared) > size:
+                raise StoreError(
+                    f"{self.where}: blob {digest[:19]} is sent as {declared} bytes, more than its declared {size}; "
+                    "refused"
+                )
+            for block in self.deadline.blocks(response.iter_content(BLOCK), what, lambda: shut_down(response.raw)):
+                received += len(block)
+                if received > size:
+                    raise StoreError(f"{self.where}: blob {digest[:19]} runs past its declared {size} bytes; refused")
+                yield block
         except requests.RequestException as exc:
-            raise StoreError(
-                f"{self.where}: downloading blob {digest[:19]}: connection lost ({first_line(exc)})"
-            ) from None
+            raise StoreError(f"{self.where}: {what}: connection lost ({first_line(exc)})") from None
         finally:
+            if received > size:
+                shut_down(response.raw)
             response.close()
 
-    def read_blob(self, digest: str, max_bytes: int) -> bytes:
-        """A small blob, whole (refused above ``max_bytes``), checked against its digest."""
-        data = bytearray()
-        for block in self.blocks(digest):
-            data += block
-            if len(data) > max_bytes:
-                raise StoreError(f"{self.where}: blob {digest[:19]} is larger than {max_bytes} bytes; refused")
+    def read_blob(self, digest: str, size: int, max_bytes: int) -> bytes:
+        """A small blob of ``size`` bytes, whole (refused above ``max_bytes`` before it is read), checked against its
+        digest."""
+        if size > max_bytes:
+            raise StoreError(f"{self.where}: blob {digest[:19]} is {size} bytes, more than {max_bytes}; refused")
+        data = b"".join(self.blocks(digest, size))
         if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
             raise StoreError(f"{self.where}: blob {digest[:19]} does not hash to its digest; refused")
         return bytes(data)
 
     def delete_blob(self, digest: str) -> None:
         """Unlink a blob from this repository (absent is fine)."""
-        self._request("DELETE", self._container.get_blob_url(digest), f"deleting blob {digest[:19]}", absent_ok=True)
+        self._request(
+            "DELETE",
+            self._container.get_blob_url(self._checked(digest)),
+            f"deleting blob {digest[:19]}",
+            absent_ok=True,
+        )
 
     def _put_blob(self, digest: str, body: Any, size: int) -> None:
         """One upload session: POST for a location, then one PUT of the whole body with its digest."""
@@ -284,6 +267,11 @@ class RegistryClient:
         status = response.status_code
         if status < 300:
             return response
+        if stream:  # an error's body, read for its message only so far
+            try:
+                read_bounded(response, MAX_ERROR_BYTES, self.where)
+            except StoreError:
+                response._content, response._content_consumed = b"", True
         if status == 404 and absent_ok:
             response.close()
             return None
@@ -314,6 +302,12 @@ class RegistryClient:
             except requests.RequestException as exc:
                 raise StoreError(f"{self.where}: {what}: {type(exc).__name__}: {first_line(exc)}") from None
         raise AssertionError("unreachable")
+
+    def _checked(self, digest: str) -> str:
+        """``digest``, refused unless ``sha256:`` and 64 hex digits (it becomes part of a request's path)."""
+        if not is_digest(digest):
+            raise StoreError(f"{self.where}: {digest[:80]!r} is not a sha256 digest; refused")
+        return digest
 
     def _denied(self, reason: str) -> str:
         return (

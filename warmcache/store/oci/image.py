@@ -34,7 +34,6 @@ import hashlib
 import json
 import platform
 import zlib
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import FLAVORS
 from warmcache.errors import CacheError, shown
 from warmcache.runtime.snapshot import (
+    HOST_LOCAL,
     SNAPSHOT_FILE,
     SNAPSHOT_FORMAT,
     SNAPSHOT_VERSION,
@@ -52,14 +52,19 @@ from warmcache.runtime.snapshot import (
     snapshot_document,
 )
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
-from warmcache.store.oci.client import MANIFEST_MEDIA_TYPE, RegistryClient
-from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_member
+from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
+from warmcache.store.oci.freshness import tag_document, version_of
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_members
+from warmcache.store.oci.reference import OciReference, is_digest
+from warmcache.store.oci.transport import MAX_ANSWER_BYTES
 from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
 
 IMAGE_FORMAT = 1
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 METADATA_DIR = ".warmcache-image"
 INDEX_MEMBER = f"{METADATA_DIR}/index.json"
+#: The signed statement binding the image's shapes to its tag and version (:mod:`.freshness`).
+TAG_MEMBER = f"{METADATA_DIR}/tag.json"
 #: At the cache folder's root, where ``ShapeGuard.from_snapshot(<folder>)`` looks (a snapshot folder holds it beside its
 #: entries).
 GUARD_MEMBER = SNAPSHOT_FILE
@@ -67,13 +72,10 @@ DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
 DOCKER_GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 #: Marks the metadata layer among the image's layers (for people: a copy may drop it; readers take the last layer).
 LAYER_ROLE = "dev.warmcache.layer"
-ANNOTATION_PREFIX = "dev.warmcache."
-#: A manifest or config is a few KiB; anything far larger is not ours.
-MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+#: A manifest or config is a few KiB; anything far larger is not ours (a registry's answer is cut there too).
+MAX_MANIFEST_BYTES = MAX_ANSWER_BYTES
 #: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
 MAX_SUPERSEDED = 256
-#: An annotation is shown by ``skopeo inspect`` and registry UIs: a summary, not the full shape list.
-MAX_ANNOTATION_CHARS = 2000
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -115,14 +117,18 @@ class StoredImage:
     superseded: tuple[Superseded, ...]
     #: When the push that wrote this tag finished its metadata (Unix seconds).
     pushed_at: float
+    #: The tag document (:mod:`.freshness`) as stored, unverified; ``None`` when the image has none.
+    tag_document: dict[str, Any] | None
     #: Every blob the manifest names (config, data layers, metadata layer): what gc must keep.
     blobs: frozenset[str]
     #: Each layer's stored blob by its diff_id (uncompressed digest, as ``index.json`` names layers).
     descriptors: dict[str, Descriptor]
 
     def layer_blocks(self, client: RegistryClient, diff_id: str) -> Iterator[bytes]:
-        """The uncompressed bytes of the layer ``diff_id`` names (the caller checks them against ``diff_id``)."""
-        return layer_blocks(client, self.descriptors[diff_id])
+        """The uncompressed bytes of the data layer ``diff_id`` names, at most the size ``index.json`` gives it (the
+        caller checks them against ``diff_id``)."""
+        size = next(layer.size for layer in self.layers if layer.digest == diff_id)
+        return layer_blocks(client, self.descriptors[diff_id], size)
 
     def shape_index(self, key: str, where: str, trusted: TrustedKeys = NOT_CONFIGURED) -> ShapeIndex:
         """One shape's index, validated as the S3 store validates its own (signature first, with ``trusted`` keys)."""
@@ -151,29 +157,28 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
         manifest.get("mediaType") != MANIFEST_MEDIA_TYPE
         or not isinstance(layers, list)
         or not layers
+        or not all(isinstance(layer, dict) for layer in layers)
         or not isinstance(manifest.get("config"), dict)
     ):
         raise CacheError(
             f"{where}: not a warmcache image (an OCI image manifest whose last layer is warmcache's metadata); refused"
         )
-    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), int(layer["size"])) for layer in layers]
+    stored = [Descriptor(str(layer.get("mediaType")), _digest(layer, where), layer["size"]) for layer in layers]
     config_digest = _digest(manifest["config"], where)
-    config = _json(client.read_blob(config_digest, MAX_MANIFEST_BYTES), f"{where}: image config", MAX_MANIFEST_BYTES)
+    config_blob = client.read_blob(config_digest, manifest["config"]["size"], MAX_MANIFEST_BYTES)
+    config = _json(config_blob, f"{where}: image config", MAX_MANIFEST_BYTES)
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
     if not isinstance(diff_ids, list) or len(diff_ids) != len(stored) or not all(isinstance(d, str) for d in diff_ids):
         raise CacheError(f"{where}: the image config's rootfs.diff_ids do not match its {len(stored)} layers; refused")
     descriptors = dict(zip(diff_ids, stored))
-    metadata = bytearray()
-    for block in layer_blocks(client, stored[-1]):
-        metadata += block
-        if len(metadata) > MAX_INDEX_BYTES:
-            raise CacheError(f"{where}: the metadata layer is larger than {MAX_INDEX_BYTES} bytes; refused")
+    metadata = b"".join(layer_blocks(client, stored[-1], MAX_INDEX_BYTES))
     if f"sha256:{hashlib.sha256(metadata).hexdigest()}" != diff_ids[-1]:
         raise CacheError(f"{where}: the last layer does not hash to its diff_id: corrupt or tampered; refused")
-    member = read_member(bytes(metadata), INDEX_MEMBER, where)
-    if member is None:
+    members = read_members(metadata, (INDEX_MEMBER, TAG_MEMBER), where)
+    if INDEX_MEMBER not in members:
         raise CacheError(f"{where}: not a warmcache image (its last layer holds no {INDEX_MEMBER}); refused")
-    index = _json(member, f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    index = _json(members[INDEX_MEMBER], f"{where}: {INDEX_MEMBER}", MAX_INDEX_BYTES)
+    tag_doc = _json(members[TAG_MEMBER], f"{where}: {TAG_MEMBER}", MAX_INDEX_BYTES) if TAG_MEMBER in members else None
     if index.get("format") != IMAGE_FORMAT or index.get("flavor") not in FLAVORS:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} has format {shown(index.get('format'))} and layout "
@@ -188,40 +193,53 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused"
         )
-    return StoredImage(tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, blobs, descriptors)
+    return StoredImage(
+        tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, tag_doc, blobs, descriptors
+    )
 
 
-def layer_blocks(client: RegistryClient, descriptor: Descriptor) -> Iterator[bytes]:
-    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``)."""
+def layer_blocks(client: RegistryClient, descriptor: Descriptor, max_bytes: int) -> Iterator[bytes]:
+    """A layer blob's bytes, uncompressed: as pushed (``tar``), or gzipped by a copy (``tar+gzip``); refused past
+    ``max_bytes`` uncompressed (inflated a block at a time, so a gzip bomb never sits in memory)."""
+    where = f"{client.where}: layer {descriptor.digest[:19]}"
     if descriptor.media_type in (LAYER_MEDIA_TYPE, DOCKER_LAYER):
-        yield from client.blocks(descriptor.digest)
+        if descriptor.size > max_bytes:
+            raise CacheError(f"{where} is {descriptor.size} bytes, more than the {max_bytes} it may hold; refused")
+        yield from client.blocks(descriptor.digest, descriptor.size)
         return
     if descriptor.media_type not in (LAYER_MEDIA_TYPE + "+gzip", DOCKER_GZIP_LAYER):
         raise CacheError(
-            f"{client.where}: layer {descriptor.digest[:19]} is {shown(descriptor.media_type)}; "
-            "warmcache reads tar and tar+gzip layers (copy with skopeo's default gzip)"
+            f"{where} is {shown(descriptor.media_type)}; warmcache reads tar and tar+gzip layers (copy with "
+            "skopeo's default gzip)"
         )
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    for block in client.blocks(descriptor.digest):
-        try:
-            yield inflate.decompress(block)
-        except zlib.error as exc:
-            raise CacheError(
-                f"{client.where}: layer {descriptor.digest[:19]} is not valid gzip ({exc}); refused"
-            ) from None
+    inflate, produced = zlib.decompressobj(16 + zlib.MAX_WBITS), 0
+    for block in client.blocks(descriptor.digest, descriptor.size):
+        pending = block
+        while pending:
+            try:
+                out = inflate.decompress(pending, BLOCK)
+            except zlib.error as exc:
+                raise CacheError(f"{where} is not valid gzip ({exc}); refused") from None
+            pending, produced = inflate.unconsumed_tail, produced + len(out)
+            if produced > max_bytes:
+                raise CacheError(f"{where} inflates past the {max_bytes} bytes it may hold; refused")
+            yield out
     yield inflate.flush()
 
 
 def metadata_members(
+    reference: OciReference,
     flavor: CacheFlavor,
     indexes: dict[str, dict[str, Any]],
     layers: list[Layer],
-    superseded: list[Superseded],
-    source: str,
+    base: StoredImage | None,
     pushed_at: float,
     signing_key: SigningKey | None,
 ) -> list[tuple[str, bytes]]:
-    """The metadata layer's two files: ``index.json`` and the ``guard export`` snapshot of the same rows."""
+    """The metadata layer's files: ``index.json``, the tag document (one version past ``base``'s) and the ``guard
+    export`` snapshot of the same rows."""
+    superseded = [*base.superseded, Superseded(base.digest, pushed_at)] if base is not None else []
+    version = version_of(base.tag_document if base is not None else None) + 1
     document = {
         "format": IMAGE_FORMAT,
         "flavor": flavor,
@@ -233,14 +251,17 @@ def metadata_members(
         ],
         "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
     }
-    return [(INDEX_MEMBER, canonical_bytes(document)), (GUARD_MEMBER, guard_snapshot(indexes, source, signing_key))]
+    return [
+        (INDEX_MEMBER, canonical_bytes(document)),
+        (TAG_MEMBER, canonical_bytes(tag_document(reference, version, pushed_at, indexes, signing_key))),
+        (GUARD_MEMBER, guard_snapshot(indexes, reference.url, signing_key)),
+    ]
 
 
 def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key: SigningKey | None) -> bytes:
     """The rows of ``indexes`` as a ``guard export`` snapshot, signed like the indexes (the build machine's own
-    fields, such as its cache folder, left empty)."""
-    local = {"id": 0, "claimed_by": None, "lease_expires_at": None, "cache_root": None, "error": None}
-    rows = [{**document["row"], **local} for _, document in sorted(indexes.items())]
+    fields, such as its cache folder, left out by :func:`~warmcache.runtime.snapshot.snapshot_document`)."""
+    rows = [{**document["row"], **HOST_LOCAL} for _, document in sorted(indexes.items())]
     unsigned = canonical_bytes({"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "records": rows})
     records = decode_snapshot(unsigned, source).records
     return json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True).encode()
@@ -277,44 +298,6 @@ def manifest_bytes(
     )
 
 
-def summary(flavor: CacheFlavor, indexes: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """What ``skopeo inspect`` and registry UIs show of the tag: layout, models, toolchains and shapes (as
-    annotations and labels)."""
-    rows = [document["row"] for _, document in sorted(indexes.items())]
-    toolchains = {row["toolchain_hash"]: row["toolchain"] for row in rows}
-    families: dict[str, list[str]] = defaultdict(list)
-    for row in rows:
-        family = f"{row['model_name']}/{row['workload']} {row['dtype']}" + (
-            f" max_cache_len={row['max_cache_len']}" if row.get("max_cache_len") else ""
-        )
-        families[family].append(f"{row['batch_size']}x{row['seq_len']}")
-    return {
-        f"{ANNOTATION_PREFIX}flavor": flavor,
-        f"{ANNOTATION_PREFIX}models": ",".join(sorted({row["model_name"] for row in rows})),
-        f"{ANNOTATION_PREFIX}toolchains": _bounded(
-            "; ".join(f"{h[:16]} {_describe_toolchain(t)}" for h, t in sorted(toolchains.items()))
-        ),
-        f"{ANNOTATION_PREFIX}shapes": _bounded(
-            "; ".join(f"{family}: batch x seq {' '.join(sorted(pairs))}" for family, pairs in sorted(families.items()))
-        ),
-        f"{ANNOTATION_PREFIX}shape-count": str(len(rows)),
-    }
-
-
-def _describe_toolchain(toolchain: dict[str, Any]) -> str:
-    packages = " ".join(
-        f"{name}={version}" for name, version in sorted((toolchain.get("packages") or {}).items()) if version
-    )
-    return (
-        f"{toolchain.get('device')}/{toolchain.get('backend')}/{toolchain.get('mode')} on "
-        f"{toolchain.get('platform')} ({packages})"
-    )
-
-
-def _bounded(text: str) -> str:
-    return text if len(text) <= MAX_ANNOTATION_CHARS else text[: MAX_ANNOTATION_CHARS - 1] + "…"
-
-
 def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
     if len(data) > max_bytes or json_nesting(data) > MAX_NESTING:
         raise CacheError(f"{where}: larger or deeper than warmcache writes; refused")
@@ -328,14 +311,13 @@ def _json(data: bytes, where: str, max_bytes: int) -> dict[str, Any]:
 
 
 def _digest(descriptor: Any, where: str) -> str:
+    """A descriptor's digest, refused unless ``sha256:`` and 64 hex digits (it becomes part of a request's path) with
+    a byte count beside it."""
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
-    if (
-        not isinstance(digest, str)
-        or not digest.startswith("sha256:")
-        or len(digest) != 71
-        or not isinstance(descriptor.get("size"), int)
-    ):
+    size = descriptor.get("size") if isinstance(descriptor, dict) else None
+    if not is_digest(digest) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise CacheError(f"{where}: descriptor {shown(descriptor)} has no sha256 digest and size; refused")
+    assert isinstance(digest, str)
     return digest
 
 
@@ -362,6 +344,10 @@ def _layers(index: dict[str, Any], where: str) -> tuple[Layer, ...]:
 
 def _superseded(index: dict[str, Any], where: str) -> tuple[Superseded, ...]:
     try:
-        return tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
+        found = tuple(Superseded(str(digest), float(at)) for digest, at in index.get("superseded", []))
     except (TypeError, ValueError) as exc:
         raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' is malformed ({exc}); refused") from None
+    bad = [s.digest for s in found if not is_digest(s.digest)]
+    if bad:
+        raise CacheError(f"{where}: {INDEX_MEMBER} 'superseded' names {shown(bad[0])}, not a sha256 digest; refused")
+    return found

@@ -31,12 +31,25 @@ from warmcache.cache.install import write_checked
 from warmcache.cache.layout import CacheFlavor, entry_of
 from warmcache.cache.quiet import open_quietly
 from warmcache.errors import CacheError
-from warmcache.store.backends import changed_under_push
+from warmcache.store.objects import changed_under_push
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
 #: Data layers per image at most (plus one metadata layer).
 BUCKETS = 32
 _BLOCK = 1 << 20
+#: An extended header (a pax record, a GNU long name) of a member warmcache writes is a few hundred bytes.
+MAX_EXTENDED_HEADER_BYTES = 64 * 1024
+#: Extended headers chained before one member (tarfile reads each chain by recursion).
+MAX_EXTENDED_CHAIN = 4
+#: Members of the metadata layer: its folder and two files, and room to spare.
+MAX_METADATA_MEMBERS = 16
+_EXTENDED = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,12 @@ class Layer:
     digest: str
     size: int
     files: tuple[BundleFile, ...]
+
+
+def member_bound(layer: Layer) -> int:
+    """How many members the layer's tar holds at most: its files and the folders above them (as :func:`write_layer`
+    writes them); a stream with more is not this layer."""
+    return len(layer.files) + len(_parent_folders(f.path for f in layer.files))
 
 
 def bucket_of(flavor: CacheFlavor, path: str) -> int:
@@ -109,20 +128,29 @@ def extract_files(
     folder: Path,
     where: str,
     progress: Callable[[int], None] | None = None,
+    *,
+    max_members: int,
 ) -> set[str]:
     """Stream one layer and write each wanted file (by archive path) to ``folder/<sha256>``, checked; the paths found.
 
     Only regular members named in ``wanted`` are read, each with its size and sha256
     enforced while it is written (:func:`~warmcache.cache.install.write_checked`); links,
-    devices, other files and ``..`` paths are never written anywhere. The layer's own
+    devices, other files and ``..`` paths are never written anywhere. Headers are bounded
+    (:class:`_BoundedTarInfo`) and a layer with more than ``max_members`` members
+    (:func:`member_bound`) is refused: tarfile keeps every header it reads. The layer's own
     digest is checked at the end: a layer that is not what the manifest names is refused
     (the files already checked stay: they are what the signed index says).
     """
     reader = _BlockReader(blocks, progress)
     found: set[str] = set()
     try:
-        with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
-            for member in tar:
+        with tarfile.open(fileobj=reader, mode="r|", tarinfo=_BoundedTarInfo) as tar:  # type: ignore[call-overload]
+            for count, member in enumerate(tar, 1):
+                if count > max_members:
+                    raise CacheError(
+                        f"{where}: layer {digest[:19]} holds more than the {max_members} members its index lists; "
+                        "refused"
+                    )
                 name = _normalised(member.name)
                 file = wanted.get(name) if name is not None else None
                 if name is None or file is None or not member.isreg() or name in found:
@@ -155,17 +183,24 @@ def _member_blocks(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[by
     yield from iter(lambda: source.read(_BLOCK), b"")
 
 
-def read_member(data: bytes, name: str, where: str) -> bytes | None:
-    """One small member of an in-memory layer (the metadata layer), or ``None`` when it has none by that name."""
+def read_members(data: bytes, names: tuple[str, ...], where: str) -> dict[str, bytes]:
+    """The small members of an in-memory layer (the metadata layer) that ``names`` lists, by name (absent ones left
+    out)."""
+    found: dict[str, bytes] = {}
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for member in tar:
-                if _normalised(member.name) == name and member.isreg():
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:", tarinfo=_BoundedTarInfo) as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_METADATA_MEMBERS:
+                    raise CacheError(
+                        f"{where}: the metadata layer holds more than {MAX_METADATA_MEMBERS} members; refused"
+                    )
+                name = _normalised(member.name)
+                if name in names and name not in found and member.isreg():
                     extracted = tar.extractfile(member)
-                    return extracted.read() if extracted else None
+                    found[name] = extracted.read() if extracted else b""
     except tarfile.TarError as exc:
         raise CacheError(f"{where}: metadata layer is not a readable tar archive ({exc}); refused") from None
-    return None
+    return found
 
 
 def _normalised(name: str) -> str | None:
@@ -191,6 +226,31 @@ def _info(name: str, size: int, kind: bytes, mode: int) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header read within bounds: an extended header (pax, GNU long name) of at most
+    :data:`MAX_EXTENDED_HEADER_BYTES`, at most :data:`MAX_EXTENDED_CHAIN` of them before a member, no sparse members.
+
+    tarfile reads an extended header whole into memory, and a chain of them by recursion.
+    """
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise tarfile.HeaderError("a sparse member, which warmcache never writes")
+        if self.type not in _EXTENDED:
+            return super()._proc_member(archive)  # type: ignore[misc]
+        depth = getattr(archive, "_warmcache_chain", 0) + 1
+        if self.size > MAX_EXTENDED_HEADER_BYTES or depth > MAX_EXTENDED_CHAIN:
+            raise tarfile.HeaderError(
+                f"an extended header of {self.size} bytes, {depth} in a row (at most {MAX_EXTENDED_HEADER_BYTES} "
+                f"bytes, {MAX_EXTENDED_CHAIN} in a row)"
+            )
+        archive._warmcache_chain = depth  # type: ignore[attr-defined]
+        try:
+            return super()._proc_member(archive)  # type: ignore[misc]
+        finally:
+            archive._warmcache_chain = depth - 1  # type: ignore[attr-defined]
 
 
 class _HashingWriter:

@@ -12,9 +12,7 @@ without writing a manifest is named by nothing: the registry's own garbage colle
 
 **check.** Every tag's image is read, every shape index validated (its signature too,
 with trusted keys), and every layer downloaded and checked: its digest, and each file
-it lists against the sha256 the signed index gives. ``--repair`` rebuilds a damaged
-layer from the local cache (layers are deterministic, so the same files give the same
-digest) and uploads it again.
+it lists against the sha256 the signed index gives. ``--repair`` is :mod:`.repair`.
 """
 
 from __future__ import annotations
@@ -27,10 +25,10 @@ from pathlib import Path
 
 from warmcache.cache.bundle import BundleFile
 from warmcache.errors import CacheError, StoreError
-from warmcache.store.backends import StoredObject
 from warmcache.store.maintenance import GcPlan, StoreGroup, StoreListing
+from warmcache.store.objects import StoredObject
 from warmcache.store.oci.image import StoredImage, read_image
-from warmcache.store.oci.layers import Layer, extract_files, write_layer
+from warmcache.store.oci.layers import Layer, extract_files, member_bound
 from warmcache.store.oci.store import OciStore
 from warmcache.store.scrub import CheckReport, StoreProblem
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
@@ -168,6 +166,7 @@ def check_repository(
                     Path(folder),
                     store.url,
                     advance,
+                    max_members=member_bound(layer),
                 )
             except (CacheError, StoreError) as exc:
                 problems.append(StoreProblem(f"{BLOB_KEY}{digest}", "damaged", str(exc)))
@@ -182,28 +181,3 @@ def check_repository(
         p.key[len(BLOB_KEY) :]: layers[p.key[len(BLOB_KEY) :]][0] for p in problems if p.key.startswith(BLOB_KEY)
     }
     return CheckReport(store.reference.repository_url, indexes, len(layers), tuple(problems)), damaged
-
-
-def repair_repository(store: OciStore, report: CheckReport, layers: dict[str, Layer], cache_root: Path) -> CheckReport:
-    """Rebuild each damaged layer from ``cache_root`` and upload it again, when the rebuilt bytes have its digest."""
-    repaired: list[str] = []
-    left: list[StoreProblem] = []
-    for problem in report.problems:
-        layer = layers.get(problem.key[len(BLOB_KEY) :]) if problem.key.startswith(BLOB_KEY) else None
-        if layer is None or not all((cache_root / f.path).is_file() for f in layer.files):
-            left.append(problem)
-            continue
-        with tempfile.TemporaryDirectory(prefix="warmcache-oci-repair-") as folder:
-            tar = Path(folder) / "layer.tar"
-            try:
-                digest, size = write_layer(
-                    tar, [(f.path, cache_root / f.path) for f in layer.files], {f.path: f for f in layer.files}
-                )
-            except CacheError:
-                digest, size = "", 0  # the local copy differs: not a repair
-            if digest != layer.digest:
-                left.append(problem)
-                continue
-            store.client.upload(tar, digest, size)
-        repaired.append(problem.key)
-    return CheckReport(report.url, report.indexes, report.blobs, tuple(left), tuple(repaired))

@@ -37,17 +37,16 @@ from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
+from warmcache.store.oci.annotations import summary
 from warmcache.store.oci.image import (
     Descriptor,
     StoredImage,
-    Superseded,
     config_bytes,
     manifest_bytes,
     metadata_members,
     read_image,
-    summary,
 )
-from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, write_layer
+from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
 from warmcache.store.oci.store import OciStore, layers_for
 from warmcache.store.push import PushResult, files_per_shape
 from warmcache.trust import SigningKey, canonical_bytes, sign_document
@@ -107,19 +106,28 @@ def push_image(
 def _merge(
     base: StoredImage | None, ours: dict[str, dict[str, Any]], flavor: CacheFlavor, where: str
 ) -> dict[str, dict[str, Any]]:
-    """The tag's shapes with ours added (replacing their earlier indexes); an old shape that lists one of our files
-    with other bytes is dropped."""
+    """The tag's shapes with ours added (replacing their earlier indexes).
+
+    An old shape of one of our models that lists one of our files with other bytes is dropped (its entry was compiled
+    again); one of another model is not ours to drop: the push is refused, naming the path both claim.
+    """
     if base is None:
         return dict(ours)
     if base.flavor != flavor:
         raise CacheError(f"{where}: the tag holds a {base.flavor} cache, this push a {flavor} one; push to another tag")
     ours_files = {file["path"]: file["sha256"] for index in ours.values() for file in index["files"]}
-    kept = {
-        key: index
-        for key, index in base.indexes.items()
-        if key not in ours
-        and all(ours_files.get(file["path"], file["sha256"]) == file["sha256"] for file in index["files"])
-    }
+    our_models = {index["model"] for index in ours.values()}
+    kept = {}
+    for key, index in base.indexes.items():
+        clash = next((f["path"] for f in index["files"] if ours_files.get(f["path"], f["sha256"]) != f["sha256"]), None)
+        if key in ours or (clash is not None and index.get("model") in our_models):
+            continue
+        if clash is not None:
+            raise CacheError(
+                f"{where}: {clash} is also an entry of model {index.get('model')!r}'s shape in this tag, with other "
+                "bytes; nothing pushed (push this model to another tag)"
+            )
+        kept[key] = index
     return {**kept, **ours}
 
 
@@ -138,8 +146,7 @@ def _image(
         for file in index["files"]
     }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
-    superseded = [*base.superseded, Superseded(base.digest, time.time())] if base is not None else []
-    members = metadata_members(flavor, indexes, layers, superseded, store.url, time.time(), signing_key)
+    members = metadata_members(store.reference, flavor, indexes, layers, base, time.time(), signing_key)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
@@ -215,7 +222,12 @@ class _Layers:
                 raise CacheError(f"{self.location.root / next(iter(missing))}: not in the cache; nothing pushed")
             for layer, files in layers_for(base.layers, {f.sha256 for f in missing.values()}):
                 extract_files(
-                    base.layer_blocks(self.store.client, layer.digest), layer.digest, files, folder, self.store.url
+                    base.layer_blocks(self.store.client, layer.digest),
+                    layer.digest,
+                    files,
+                    folder,
+                    self.store.url,
+                    max_members=member_bound(layer),
                 )
             for name, file in missing.items():
                 if not (folder / file.sha256).is_file():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from warmcache.errors import UsageError, shown
+from warmcache.store.url_parts import refuse_dropped_parts
 
 SCHEMES = ("oci", "oci+http")
 DEFAULT_TAG = "latest"
@@ -24,6 +25,7 @@ DEFAULT_TAG = "latest"
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _LOOPBACK_NAMES = ("localhost",)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class OciReference:
 def parse_oci_url(url: str) -> OciReference:
     """Parse ``oci://HOST[:PORT]/REPOSITORY[:TAG]`` (or ``oci+http://`` on loopback); :class:`UsageError` naming the
     fault."""
+    refuse_dropped_parts(url)  # urlparse strips tabs and newlines: ``team/n\nl:pro\td`` would name team/nl:prod
     parsed = urlparse(url)
     if parsed.scheme not in SCHEMES:
         raise UsageError(f"store URL {shown(url)}: not an OCI registry URL (oci://HOST[:PORT]/REPOSITORY[:TAG])")
@@ -92,6 +95,11 @@ def parse_oci_url(url: str) -> OciReference:
         )
     host = parsed.hostname if ":" not in parsed.hostname else f"[{parsed.hostname}]"
     return OciReference(f"{host}:{port}" if port else host, repository, tag, plain_http)
+
+
+def is_digest(text: object) -> bool:
+    """Whether ``text`` is a sha256 digest as the distribution spec writes it (``sha256:`` and 64 lowercase hex)."""
+    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
 
 
 def is_oci_url(url: str) -> bool:

@@ -1,7 +1,7 @@
 """An ``oci://`` store: one repository on a registry, read and written one tag (one image) at a time.
 
 This is what ``push``, ``pull`` and ``store ls|gc|check`` are handed for an ``oci://`` URL,
-in place of the S3 and file stores' :class:`~warmcache.store.backends.ObjectStore`. Pull
+in place of the S3 and file stores' :class:`~warmcache.store.objects.ObjectStore`. Pull
 speaks the same two steps to both (:class:`~warmcache.store.pull.PullSource`): find the
 validated index of each wanted shape, then fetch the files they list into the pull's
 checked-blob folder; everything after that (placing entries, merging rows, refusing
@@ -21,8 +21,9 @@ from warmcache.errors import CacheError, StoreError
 from warmcache.identity.plan import PlannedShape
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
+from warmcache.store.oci.freshness import TagMemory, check_tag
 from warmcache.store.oci.image import StoredImage, read_image
-from warmcache.store.oci.layers import Layer, extract_files
+from warmcache.store.oci.layers import Layer, extract_files, member_bound
 from warmcache.store.oci.reference import OciReference, parse_oci_url
 from warmcache.trust import TrustedKeys
 
@@ -31,15 +32,17 @@ class OciStore:
     """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the
     repository."""
 
-    def __init__(self, reference: OciReference) -> None:
+    def __init__(self, reference: OciReference, memory: TagMemory | None = None) -> None:
         self.reference = reference
         self.url = reference.url
         self.client = RegistryClient(reference)
+        #: What this host remembers of the tags it pulled: a signed tag older than that is refused.
+        self.memory = memory or TagMemory.resolve()
         self._image: StoredImage | None = None
 
     @classmethod
-    def open(cls, url: str) -> OciStore:
-        return cls(parse_oci_url(url))
+    def open(cls, url: str, memory: TagMemory | None = None) -> OciStore:
+        return cls(parse_oci_url(url), memory)
 
     def image(self) -> StoredImage:
         """The tag's image, read once per command; :class:`StoreError` naming the tags there are when it has none."""
@@ -58,8 +61,15 @@ class OciStore:
         self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys
     ) -> dict[str, ShapeIndex]:
         """The validated (and, with ``trusted`` keys, signature-checked) index of each wanted shape the tag holds, by
-        identity."""
+        identity.
+
+        With ``trusted`` keys the tag document is verified first: signed for this repository and tag, listing every
+        index the image holds, and no older than what this host pulled before (:mod:`.freshness`).
+        """
         image = self.image()
+        if trusted.configured:
+            seen = check_tag(image.tag_document, image.indexes, self.reference, image.digest, trusted)
+            self.memory.admit(self.url, seen)
         if wanted and image.flavor != location.flavor:
             raise CacheError(
                 f"{self.url}: the tag holds a {image.flavor} cache, but {location.root} is a "
@@ -101,7 +111,13 @@ class OciStore:
         for layer, files in plan:
             try:
                 extract_files(
-                    image.layer_blocks(self.client, layer.digest), layer.digest, files, folder, self.url, advance
+                    image.layer_blocks(self.client, layer.digest),
+                    layer.digest,
+                    files,
+                    folder,
+                    self.url,
+                    advance,
+                    max_members=member_bound(layer),
                 )
             except CacheError:
                 # what the refused layer gave is not trusted to stay (the signed hashes held, but be strict)

@@ -52,7 +52,8 @@ def run_verify(
     """
     start = time.perf_counter()
     summary = VerifySummary()
-    with Registry.open(location) as registry:
+    # Never creates one: a registry that is not there holds nothing compiled to verify.
+    with Registry.open(location, create=False) as registry:
         statuses = registry.plan_status(plan_manifest(manifest))
         summary.not_compiled = [s.planned.spec.describe() for s in statuses if s.status not in DONE_STATUSES]
         compiled = [s.planned for s in statuses if s.status in DONE_STATUSES]

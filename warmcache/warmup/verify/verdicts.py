@@ -50,6 +50,12 @@ class SpecVerdict:
         if self.reason and self.verdict != Verdict.REPLAY_ONLY:
             return f"{self.verdict}: {self.reason}"
         m = self.measured
+        if self.verdict == Verdict.REPLAY_ONLY:
+            # Said where it is printed: "replay-only" alone reads like a mode the user chose, or a half failure.
+            return (
+                f"{self.verdict} (ran without error, {format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s; "
+                "its backend keeps nothing on disk to prove, so the row stays compiled)"
+            )
         return (
             f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, "
             f"{format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s)"
