@@ -186,3 +186,34 @@ def test_padding_is_refused_for_a_model_whose_state_would_keep_the_pad_tokens(tm
         with pytest.raises(UsageError, match="keeps pad tokens"):
             guard.generate(biased, input_ids=ids, attention_mask=torch.tensor([[1] * 4, [0, 1, 1, 1]]))
         assert guard.generate(biased, input_ids=ids, max_new_tokens=2).shape == (2, 6)  # exactly a bucket: served
+
+
+def test_a_recurrent_cache_is_taken_apart_into_its_states_and_held_around_them_again() -> None:
+    """What a package's inputs are (``flatten``), what dispatch keys on (``decode_signature``) and what the exported
+    step rebuilds (``hold``) all name each layer's conv window and SSM state: drop one and the package would take, or
+    dispatch on, a cache without it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.modeling.decode_inputs import flatten
+    from warmcache.modeling.kv_cache import PositionTensorCache, hold
+    from warmcache.runtime.precompiled import decode_signature
+
+    loaded = AutoModelForCausalLM.from_config(build_config("falcon-h1")).eval()  # hybrid: keys, values and state
+    cache = PositionTensorCache(loaded.config, MAX_CACHE_LEN)
+    with torch.no_grad():
+        loaded(input_ids=torch.randint(5, 300, (BATCH, PROMPT)), cache=cache)  # the prefill allocates every state
+    names, tensors = flatten({"input_ids": torch.zeros(BATCH, 1, dtype=torch.long), "cache": cache})
+    layer = [name.removeprefix("cache.layers[0].") for name in names if name.startswith("cache.layers[0].")]
+    assert layer == ["keys", "values", "cumulative_length", "conv_states[0]", "recurrent_states[0]"]
+    signed = [entry[0] for entry in decode_signature({"cache": cache})]
+    assert "cache.layers[1].conv_states[0]" in signed and "cache.layers[1].recurrent_states[0]" in signed
+
+    rebuilt = PositionTensorCache(loaded.config, MAX_CACHE_LEN)
+    given = dict(zip(names, tensors))
+    for index, held in enumerate(rebuilt.layers):
+        prefix = f"cache.layers[{index}]."
+        hold(held, {name.removeprefix(prefix): t for name, t in given.items() if name.startswith(prefix)})
+        assert rebuilt.get_conv_state(index) is cache.layers[index].conv_states[0]
+        assert rebuilt.get_recurrent_state(index) is cache.layers[index].recurrent_states[0]
+        assert held.keys is cache.layers[index].keys and rebuilt.has_previous_state(index)
