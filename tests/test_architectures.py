@@ -4,6 +4,10 @@ Sliding-window (Mistral with a window) and hybrid (Gemma-2/3, Cohere-2) families
 included: with transformers' own static cache they compile a decode graph at
 every position; with warmcache's they must compile one per bucket, and decode
 past the window with the greedy tokens of transformers' eager ``generate()``.
+Families with recurrent state (LFM2's conv layers, the Mamba-2 layers of Granite-4.0-H,
+Falcon-H1 and Bamba, Qwen3-Next's gated-delta layers) too, left-padded rows included: each
+row must get the tokens its unpadded run gets. Their package routes are in
+``tests/test_recurrent_state.py``.
 
 One module-scoped warmup and verify serve every case (``tools/support_matrix.py``
 runs the same functions to print the support table of docs/measurements/architectures.md).
@@ -41,19 +45,32 @@ def test_generate_warms_verifies_and_serves_past_the_window(prepared: Prepared, 
     assert served.tokens_compared > 0 and MAX_CACHE_LEN - max(PROMPT_LENGTHS) > SLIDING_WINDOW
 
 
+#: Training steps torch's aot_eager backend cannot run: it replays the backward graph eagerly, and Qwen3-Next's
+#: ``in_proj_ba`` backward views a gradient whose strides differ from the traced ones (pytorch/pytorch#120035,
+#: open). Inductor trains it (``python tools/support_matrix.py --arch qwen3-next --backend inductor``).
+AOT_EAGER_CANNOT_TRAIN = {"qwen3-next": "torch's aot_eager backward: view of a non-contiguous gradient (#120035)"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize(
+    "arch",
+    [
+        pytest.param(arch, marks=pytest.mark.xfail(strict=True, reason=AOT_EAGER_CANNOT_TRAIN[arch]))
+        if arch in AOT_EAGER_CANNOT_TRAIN
+        else arch
+        for arch in ARCHITECTURES
+    ],
+)
 def test_training_warms(prepared: Prepared, arch: str) -> None:
     assert prepared.train[arch] == []
 
 
 def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Path) -> None:
-    from transformers import Qwen3NextConfig
+    from transformers import Llama4TextConfig
 
-    # Only config.json is read at plan time: no weights needed.
-    Qwen3NextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]).save_pretrained(
-        tmp_path / "next"
-    )
+    # Only config.json is read at plan time: no weights needed. Llama 4's chunked attention keeps
+    # keys per chunk, which no layer of warmcache's static cache holds.
+    Llama4TextConfig(num_hidden_layers=2).save_pretrained(tmp_path / "next")
     manifest = tmp_path / "m.toml"
     manifest.write_text(manifest_toml(model("next", str(tmp_path / "next"), generate=[generate(max_cache_len=32)])))
     Registry.open(f"sqlite:///{tmp_path / 'r.sqlite'}").close()  # plan reads a registry, it never creates one
@@ -62,7 +79,7 @@ def test_plan_refuses_an_architecture_the_static_cache_cannot_hold(tmp_path: Pat
             main, [command, str(manifest), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json"]
         )
         assert result.exit_code == 2, result.output
-        assert "model 'next'" in result.output and "linear_attention" in result.output, result.output
+        assert "model 'next'" in result.output and "chunked_attention" in result.output, result.output
 
 
 def test_plan_accepts_every_matrix_architecture(prepared_configs: Path) -> None:

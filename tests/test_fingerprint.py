@@ -64,6 +64,19 @@ def test_model_config_hash_reads_config_json_only(tmp_path: Path) -> None:
         model_config_hash(str(tmp_path))
 
 
+def test_a_loaded_config_hashes_as_its_file_with_infinite_floats(tmp_path: Path) -> None:
+    """transformers writes ``float("inf")`` into config.json as ``{"__float__": "Infinity"}``: the guard hashes the
+    loaded config, plan the file, and both must name the same rows (Granite-4.0-H's ``time_step_limit``)."""
+    from transformers import AutoConfig, GraniteMoeHybridConfig
+
+    GraniteMoeHybridConfig(num_hidden_layers=2, time_step_limit=(0.0, float("inf"))).save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    loaded = AutoConfig.from_pretrained(tmp_path).to_diff_dict()
+    assert loaded["time_step_limit"] == [0.0, float("inf")]
+    assert config_hash(loaded) == model_config_hash(str(tmp_path))
+    assert config_hash(dict(loaded, time_step_limit=[0.0, 1e9])) != config_hash(loaded)
+
+
 def test_missing_config_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="config.json not found"):
         model_config_hash(str(tmp_path))

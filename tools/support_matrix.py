@@ -1,12 +1,13 @@
 """The architecture support matrix: every popular decoder family through warmup, verify and the guard.
 
-Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_eager on CPU):
+Per architecture (tiny random-weight configs from ``tools/tiny_model.py``, aot_eager on CPU unless
+``--backend inductor``):
 
 * **generate**: ``warmcache warmup`` (which decodes to a full cache and fails a
   shape whose decode compiles again at a later position), ``warmcache verify``
   (the same in a fresh process), then ``ShapeGuard.prime`` and ragged requests
-  decoding past the sliding window, which must compile 0 graphs and give the
-  greedy tokens of transformers' own eager ``generate()``;
+  decoding past the sliding window, which must compile 0 graphs and give each row the
+  greedy tokens transformers' own eager ``generate()`` gives it alone, unpadded;
 * **train**: the warmup's real ``Trainer`` steps (unpadded and padded batch).
 
 ``tests/test_architectures.py`` asserts every cell; this script prints the
@@ -14,6 +15,7 @@ support table of docs/measurements/architectures.md from the same run:
 
     python tools/support_matrix.py                 # markdown table on stdout (minutes)
     python tools/support_matrix.py --arch gemma2 --arch llama --out table.md
+    python tools/support_matrix.py --arch qwen3-next --backend inductor
     python tools/support_matrix.py --real          # published configs at real width, every route and dtype
     (tools/real_matrix.py; hours)
 """
@@ -46,10 +48,10 @@ TRAIN_LENGTH = 8
 REQUESTS: tuple[tuple[tuple[int, ...], int], ...] = (((3,), 20), ((5, 8), 17), ((2, 4), 20))
 
 
-def _manifest(models: dict[str, Path], workload: str) -> str:
+def _manifest(models: dict[str, Path], workload: str, backend: str) -> str:
     tables = []
     for arch, path in models.items():
-        head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "aot_eager"\n'
+        head = f'[[model]]\nname = "{arch}"\npath = "{path}"\nbackend = "{backend}"\n'
         if workload == "generate":
             body = (
                 f"[[model.generate]]\nbatch_sizes = {list(BATCH_SIZES)}\nprompt_lengths = "
@@ -76,8 +78,8 @@ class Prepared:
     """Per architecture: verify's verdicts of its generate shapes."""
 
 
-def prepare(root: Path, archs: Sequence[str]) -> Prepared:
-    """Build the tiny models, warm generate and train, verify generate in a fresh process."""
+def prepare(root: Path, archs: Sequence[str], backend: str = "aot_eager") -> Prepared:
+    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``."""
     from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
     from warmcache.settings import RegistryLocation
@@ -89,7 +91,7 @@ def prepare(root: Path, archs: Sequence[str]) -> Prepared:
     options = WarmupOptions(registry=RegistryLocation.parse(prepared.registry_url), cache_dir=str(root / "cache"))
     for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
         path = root / f"{workload}.toml"
-        path.write_text(_manifest(models, workload))
+        path.write_text(_manifest(models, workload, backend))
         manifest = load_manifest(path)
         summary = run_warmup(manifest, options, lambda total: LineProgress(total))
         for arch in archs:
@@ -129,7 +131,13 @@ def _ragged(lengths: Iterable[int], seed: int) -> tuple[Any, Any]:
 
 
 def serve(prepared: Prepared, arch: str) -> Served:
-    """Prime a guard on the warmed registry, replay :data:`REQUESTS`, compare with eager transformers."""
+    """Prime a guard on the warmed registry, replay :data:`REQUESTS`, compare each row with its own unpadded eager run.
+
+    The guard pads every request (rows of different lengths, a prompt onto its bucket, a dummy row
+    onto the batch): each real row must still get the greedy tokens transformers' eager
+    ``generate()`` gives that row alone, unpadded. EOS is forbidden on both sides, so rows decode
+    the same number of steps.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -148,21 +156,24 @@ def serve(prepared: Prepared, arch: str) -> Served:
         with CompileCounter() as after:
             for seed, (lengths, new_tokens) in enumerate(REQUESTS):
                 ids, mask = _ragged(lengths, seed)
-                guarded = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens)
-                eager = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=guarded.shape[1] - ids.shape[1],
-                    do_sample=False,
-                    pad_token_id=0,
-                    disable_compile=True,
-                )
-                compared += eager.shape[0] * (eager.shape[1] - ids.shape[1])
-                if not torch.equal(guarded, eager):
-                    mismatches.append(
-                        f"lengths {lengths}: guarded {guarded[:, ids.shape[1] :].tolist()} != eager "
-                        f"{eager[:, ids.shape[1] :].tolist()}"
-                    )
+                guarded = guard.generate(
+                    model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+                )[:, ids.shape[1] :]
+                for row, length in enumerate(lengths):
+                    alone = model.generate(
+                        input_ids=ids[row : row + 1, ids.shape[1] - length :],
+                        max_new_tokens=guarded.shape[1],
+                        min_new_tokens=guarded.shape[1],
+                        do_sample=False,
+                        pad_token_id=0,
+                        disable_compile=True,
+                    )[0, length:]
+                    compared += alone.numel()
+                    if not torch.equal(guarded[row], alone):
+                        mismatches.append(
+                            f"lengths {lengths}, row {row}: guarded {guarded[row].tolist()} != eager unpadded "
+                            f"{alone.tolist()}"
+                        )
         return Served(primed.graphs, after.graphs, compared, mismatches)
     finally:
         guard.close()
@@ -181,19 +192,23 @@ class Row:
 
 
 def _layers(path: Path) -> str:
+    """The decoder's cache layer kinds, counted: ``full``, ``sliding (window 8)``, ``1 conv + 1 full_attention``..."""
+    from collections import Counter
+
     from transformers import AutoConfig
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     config = AutoConfig.from_pretrained(path)
     kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    sliding = kinds.count("sliding_attention")
-    if not sliding:
+    counted = Counter(kinds)
+    if set(counted) == {"full_attention"}:
         return "full"
-    return (
-        f"sliding (window {SLIDING_WINDOW})"
-        if sliding == len(kinds)
-        else f"hybrid ({sliding} sliding + {len(kinds) - sliding} full, window {SLIDING_WINDOW})"
-    )
+    if set(counted) == {"sliding_attention"}:
+        return f"sliding (window {SLIDING_WINDOW})"
+    if set(counted) == {"sliding_attention", "full_attention"}:
+        sliding, full = counted["sliding_attention"], counted["full_attention"]
+        return f"hybrid ({sliding} sliding + {full} full, window {SLIDING_WINDOW})"
+    return " + ".join(f"{count} {kind}" for kind, count in counted.items())
 
 
 def row(prepared: Prepared, arch: str) -> Row:
@@ -208,18 +223,21 @@ def row(prepared: Prepared, arch: str) -> Row:
                 "request(s) differ from eager"
             )
         else:
-            generate = f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager, past the window"
+            generate = (
+                f"pass: 0 graphs after priming; {served.tokens_compared} greedy tokens = eager unpadded, "
+                "past the window"
+            )
     train = "FAIL: " + prepared.train[arch][0] if prepared.train[arch] else "pass"
     return Row(arch, _layers(prepared.models[arch]), generate, train)
 
 
-def markdown(rows: Sequence[Row], seconds: float) -> str:
+def markdown(rows: Sequence[Row], seconds: float, backend: str = "aot_eager") -> str:
     lines = [
-        "| architecture | attention layers | generate (warmup, verify, guard) | train |",
+        "| architecture | cache layers | generate (warmup, verify, guard) | train |",
         "| --- | --- | --- | --- |",
         *(f"| {r.arch} | {r.layers} | {r.generate} | {r.train} |" for r in rows),
         "",
-        f"Produced by `python tools/support_matrix.py` in {seconds:.0f} s (2 layers, hidden 64, aot_eager, CPU; "
+        f"Produced by `python tools/support_matrix.py` in {seconds:.0f} s (2 layers, hidden 64, {backend}, CPU; "
         f"batch {list(BATCH_SIZES)}, prompts {list(PROMPT_LENGTHS)}, max_cache_len {MAX_CACHE_LEN}).",
     ]
     return "\n".join(lines)
@@ -228,6 +246,12 @@ def markdown(rows: Sequence[Row], seconds: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHITECTURES, action="append", help="Architecture(s) to run (default: all).")
+    parser.add_argument(
+        "--backend",
+        choices=("aot_eager", "inductor"),
+        default="aot_eager",
+        help="Compile backend of the tiny matrix (default aot_eager: seconds; inductor: what production runs).",
+    )
     parser.add_argument(
         "--real",
         action="store_true",
@@ -255,9 +279,9 @@ def main() -> int:
             )
             table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
         else:
-            prepared = prepare(Path(tmp), args.arch or ARCHITECTURES)
+            prepared = prepare(Path(tmp), args.arch or ARCHITECTURES, args.backend)
             rows = [row(prepared, arch) for arch in prepared.models]
-            table, ok = markdown(rows, time.perf_counter() - start), all(r.ok for r in rows)
+            table, ok = markdown(rows, time.perf_counter() - start, args.backend), all(r.ok for r in rows)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")

@@ -25,6 +25,8 @@ SLIDING_WINDOW = 8
 #: Per architecture: the transformers config class and what it needs beyond the common sizes.
 #: Hybrid families (Gemma-2/3, Cohere-2) get one sliding and one full layer.
 _HYBRID = {"sliding_window": SLIDING_WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+#: Mamba-2 mixers at this width: 4 heads of 32 (expand 2 × hidden 64), a 16-wide state, chunks of 8 tokens.
+_MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 8}
 _CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "llama": ("LlamaConfig", {"head_dim": 16}),
@@ -43,6 +45,30 @@ _CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
     "granite": ("GraniteConfig", {}),
     "cohere2": ("Cohere2Config", {"head_dim": 16, **_HYBRID}),
     "smollm3": ("SmolLM3Config", {}),
+    # Recurrent state: one conv or Mamba-2 / gated-delta layer beside one attention layer (Falcon-H1: both in
+    # every layer). Mamba chunks of 8 tokens, so prompts and verify's one-pass reference span several chunks.
+    "lfm2": ("Lfm2Config", {"layer_types": ["conv", "full_attention"]}),
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        {"layer_types": ["linear_attention", "full_attention"], **_MAMBA, "num_local_experts": 4},
+    ),
+    "falcon-h1": ("FalconH1Config", {**_MAMBA, "mamba_d_head": 16, "mamba_d_ssm": 64, "head_dim": 16}),
+    "bamba": ("BambaConfig", {"attn_layer_indices": [1], **_MAMBA}),
+    "qwen3-next": (
+        "Qwen3NextConfig",
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "head_dim": 16,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
 }
 ARCHITECTURES = tuple(_CONFIGS)
 #: What ``python tools/tiny_model.py ROOT`` builds: the quickstart's models.

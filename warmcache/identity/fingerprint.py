@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,14 +88,29 @@ def config_path(model_path: str, revision: str | None = None) -> Path:
     )
 
 
+#: How transformers writes a float JSON has no literal for into ``config.json`` (``{"__float__": "Infinity"}``).
+_FLOAT_TAG = "__float__"
+
+
 def normalised_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with graph-irrelevant keys removed (recursively, for nested sub-configs)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if key in GRAPH_IRRELEVANT_CONFIG_KEYS:
-            continue
-        out[key] = normalised_config(value) if isinstance(value, dict) else value
-    return out
+    """The config with graph-irrelevant keys removed (recursively, for nested sub-configs), every value as
+    ``config.json`` holds it.
+
+    A loaded config holds ``float("inf")`` where its file holds transformers' tag for it
+    (Granite-4.0-H's and Falcon-H1's ``time_step_limit: [0.0, inf]``): both hash as the tag, or
+    the guard would find the model it is handed matching no row warmed from the file.
+    """
+    return {key: _as_saved(value) for key, value in config.items() if key not in GRAPH_IRRELEVANT_CONFIG_KEYS}
+
+
+def _as_saved(value: Any) -> Any:
+    if isinstance(value, dict):
+        return normalised_config(value)
+    if isinstance(value, list | tuple):
+        return [_as_saved(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {_FLOAT_TAG: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    return value
 
 
 def config_hash(config: dict[str, Any]) -> str:

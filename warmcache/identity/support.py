@@ -5,9 +5,11 @@ manifest is planned or warmed, with the reason, not discovered by a request
 in production. What is checked, from the config alone (no weights are read):
 
 * generate: every decoder layer is one :class:`warmcache.modeling.kv_cache.PositionTensorCache`
-  can hold (full or sliding-window attention, or no cache at all); linear-attention,
-  chunked, indexed and other layer kinds keep state it does not model. The model
-  class must take a ``Cache`` object at all (recurrent families like Mamba do not).
+  can hold: full or sliding-window attention, fixed-size recurrent state (``conv``,
+  ``linear_attention``: LFM2, Granite-4.0-H, Bamba, Qwen3-Next), both side by side
+  (``hybrid``: Falcon-H1), or no cache at all; chunked, indexed, sliding-hybrid and other
+  layer kinds keep state it does not model. The model class must take a ``Cache`` object
+  at all (pure Mamba models keep their own cache class and do not).
 * both workloads: transformers maps the config to a causal-LM class (warmup loads
   it with ``AutoModelForCausalLM``).
 
@@ -51,7 +53,8 @@ def model_problems(model: ModelSpec) -> list[str]:
         if kinds:
             problems.append(
                 f"{where}: generate: layer kind(s) {', '.join(kinds)} keep state warmcache's static cache "
-                "does not hold (supported: full and sliding-window attention)"
+                "does not hold (supported: full and sliding-window attention, conv and linear-attention/SSM "
+                "state, and hybrid layers of full attention beside that state)"
             )
         else:
             model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]

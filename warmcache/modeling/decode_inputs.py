@@ -4,7 +4,8 @@ generate() calls its compiled forward with ``input_ids``, ``position_ids``, the
 attention mask (one tensor, or a dict of one per layer kind), the static cache and
 a few Python scalars (see :mod:`warmcache.warmup.precompile`). An AOTInductor
 package takes positional tensors only, so the cache is taken apart: each layer's
-keys, values and write position (``cumulative_length``) become plain inputs, which
+keys, values and write position (``cumulative_length``), and a recurrent layer's conv
+and SSM states (``conv_states[i]``, ``recurrent_states[i]``), become plain inputs, which
 the package updates in place. Warmup exports with this order and production feeds
 it in the same order: both come from :func:`flatten`.
 
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The per-layer cache tensors, in the order they follow the other inputs.
+#: The per-layer cache tensors of an attention layer, in the order they follow the other inputs.
 LAYER_TENSORS = ("keys", "values", "cumulative_length")
+#: The recurrent state a layer may hold beside (or instead of) them: dicts of one tensor per state index, as
+#: transformers' ``LinearAttentionLayer`` keeps them (``None`` until the prefill allocates it).
+STATE_KINDS = ("conv_states", "recurrent_states")
 #: Keyword arguments whose value is a Python scalar baked into the exported step.
 SCALAR_KEYS = ("logits_to_keep", "use_cache", "return_dict")
 
@@ -45,11 +49,31 @@ def flatten(kwargs: dict[str, Any]) -> tuple[list[str], list[Any]]:
     else:
         add("attention_mask", mask)
     for index, layer in enumerate(kwargs["cache"].layers):
-        if getattr(layer, "keys", None) is None:
-            continue
-        for part in LAYER_TENSORS:
-            add(f"cache.layers[{index}].{part}", getattr(layer, part))
+        for part, tensor in layer_parts(layer):
+            add(f"cache.layers[{index}].{part}", tensor)
     return names, tensors
+
+
+def state_part(kind: str, index: int) -> str:
+    """The name of state ``index`` of ``kind`` (one of :data:`STATE_KINDS`) among a layer's parts."""
+    return f"{kind}[{index}]"
+
+
+def state_parts(layer: Any) -> list[tuple[str, Any]]:
+    """``(part, tensor)`` of every recurrent state ``layer`` holds (none for an attention layer)."""
+    return [
+        (state_part(kind, index), tensor)
+        for kind in STATE_KINDS
+        for index, tensor in sorted((getattr(layer, kind, None) or {}).items())
+        if tensor is not None
+    ]
+
+
+def layer_parts(layer: Any) -> list[tuple[str, Any]]:
+    """``(part, tensor)`` of every tensor a decode step reads and writes in ``layer``: keys, values and write
+    position if it has them, then its recurrent states."""
+    kv = [(part, getattr(layer, part)) for part in LAYER_TENSORS] if getattr(layer, "keys", None) is not None else []
+    return kv + state_parts(layer)
 
 
 def scalars(kwargs: dict[str, Any]) -> dict[str, Any]:

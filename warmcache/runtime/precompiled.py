@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
 from warmcache.cache.precompiled import ROW_FINGERPRINT, read_checked
 from warmcache.errors import CacheError, TrustError, first_line
+from warmcache.modeling.decode_inputs import state_parts
 from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.targets.inductor import CACHE_ENV
@@ -43,7 +44,7 @@ def decode_signature(kwargs: dict[str, Any]) -> Signature:
     """What a compiled decode graph is specialised on: each tensor's shape and dtype, each scalar's value.
 
     Covers the arguments generate() passes (``input_ids``, ``position_ids``, the
-    mask dict, the cache's per-layer key/value tensors, ``logits_to_keep``, ...),
+    mask dict, the cache's per-layer key/value tensors and recurrent states, ``logits_to_keep``, ...),
     so batch, cache length, dtype and number of layers all take part.
     """
     entries: list[tuple[str, tuple[int, ...], str]] = []
@@ -59,6 +60,8 @@ def decode_signature(kwargs: dict[str, Any]) -> Signature:
             for i, layer in enumerate(value.layers):
                 add(f"{name}.layers[{i}].keys", getattr(layer, "keys", None))
                 add(f"{name}.layers[{i}].values", getattr(layer, "values", None))
+                for part, tensor in state_parts(layer):
+                    add(f"{name}.layers[{i}].{part}", tensor)
         else:
             entries.append((name, (), f"{type(value).__name__}:{value!r}"))
 

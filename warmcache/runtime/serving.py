@@ -28,6 +28,7 @@ from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
     from warmcache.runtime.guarded import Guard
+    from warmcache.runtime.padding import FittedBatch
     from warmcache.shapes.workload_settings import GenerateSettings
 
 log = logging.getLogger("warmcache.runtime")
@@ -47,6 +48,7 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     _refuse_changed_settings(guard, kwargs, settings)
     fitted = fit_generate_inputs(guard, inputs, _pad_token_id(model))
     batch, length = fitted.shape
+    _refuse_padding_the_model_would_keep(guard, model, fitted)
     max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
     device, backend, mode = guard.target
     call = generate_kwargs(
@@ -70,6 +72,24 @@ def _refuse_changed_settings(guard: Guard, kwargs: dict[str, Any], settings: Gen
                 f"generate(): {name}={value!r} differs from the compiled {guard.family.describe()} "
                 f"({name}={expected.get(name)!r}); the guard sets it"
             )
+
+
+def _refuse_padding_the_model_would_keep(guard: Guard, model: Any, fitted: FittedBatch) -> None:
+    """Refuse a left-padded batch for a model whose recurrent state would keep the pad tokens
+    (:mod:`warmcache.modeling.padding_probe`): its rows would not get the tokens their unpadded runs get."""
+    from warmcache.modeling.padding_probe import padding_leak
+
+    if not bool((fitted.inputs["attention_mask"] == 0).any()):
+        return
+    leak = padding_leak(model)
+    if leak is not None:
+        batch, length = fitted.shape
+        guard.telemetry.record(fitted.decision, "refuse")
+        raise UsageError(
+            f"{guard.family.describe()} batch={batch} seq={length}: this batch is left-padded (rows of "
+            f"different lengths, or padded to the compiled bucket), and {leak}; send rows of exactly one compiled "
+            f"prompt length ({', '.join(str(n) for n in sorted({n for _, n in guard.buckets}))}), unpadded"
+        )
 
 
 def _pad_token_id(model: Any) -> int | None:

@@ -4,7 +4,8 @@ The step is the call generate() makes to its compiled forward (captured during
 warmup's real generate(), see :func:`warmcache.warmup.precompile.capture_decode_call`),
 with the static cache taken apart into plain tensor inputs
 (:mod:`warmcache.modeling.decode_inputs`). Inside the step a
-:class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors, so
+:class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors
+(keys and values, and a recurrent layer's conv and SSM states), so
 the model runs its own attention and mask code unchanged; the exported graph keeps
 the cache's in-place updates, and AOTInductor writes them back into the caller's
 tensors (measured, torch 2.13).
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import CacheError
 from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
-from warmcache.modeling.kv_cache import PositionTensorCache
+from warmcache.modeling.kv_cache import PositionTensorCache, hold
 from warmcache.runtime.aotinductor import encode_tensor, named_tensors, open_loader
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 
@@ -61,15 +62,10 @@ def _step_module(
             )
             cache = PositionTensorCache(self.model.config, max_cache_len)
             for index, layer in enumerate(cache.layers):
-                keys = given.get(f"cache.layers[{index}].keys")
-                if keys is None:
-                    continue
-                _fill_layer(
-                    layer,
-                    keys,
-                    given[f"cache.layers[{index}].values"],
-                    given[f"cache.layers[{index}].cumulative_length"],
-                )
+                prefix = f"cache.layers[{index}]."
+                parts = {name.removeprefix(prefix): t for name, t in given.items() if name.startswith(prefix)}
+                if parts:
+                    hold(layer, parts)
             out = self.model(
                 input_ids=given["input_ids"],
                 position_ids=given.get("position_ids"),
@@ -80,16 +76,6 @@ def _step_module(
             return out.logits
 
     return DecodeStep().eval()
-
-
-def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> None:
-    """What ``StaticLayer.lazy_initialization`` sets, around the given tensors, minus ``mark_static_address`` (export
-    cannot trace it)."""
-    layer.keys, layer.values, layer.cumulative_length = keys, values, position
-    layer.device = keys.device
-    layer.batch_size, layer.num_heads = keys.shape[:2]
-    layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
-    layer.is_initialized = True
 
 
 def package_decode(
