@@ -272,7 +272,9 @@ def test_readers_never_see_the_registry_url_or_paths_on_the_server(service: str,
     where = compiled.split("://", 1)[1].split("@")[-1]  # the database's host and name, or the SQLite file
     secrets = {compiled, where, str(Path(compiled.split("///")[-1]).parent), *on_disk}
     assert on_disk, "the seeded rows name paths on this host"
-    for path in ("/v1/guard/nope", "/v1/guard/m?workload=train", "/v1/shapes", "/v1/shapes?model=m", "/"):
+    reads = ["/v1/guard/nope", "/v1/guard/m?workload=train", "/v1/shapes", "/v1/shapes?model=m", "/v1/models"]
+    reads += ["/v1/check?model=m&batch=1&seq=16", "/v1/status", "/v1/misses", "/readyz", "/metrics", "/"]
+    for path in reads:
         status, answer, _ = call(f"{service}{path}")
         text = answer if isinstance(answer, str) else json.dumps(answer)
         assert not [secret for secret in secrets if secret in text], (path, status, text[:300])
