@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.precompiled import AOTINDUCTOR_DIR, Fingerprint, Header, write_artifact
 from warmcache.errors import UsageError
-from warmcache.manifest import PRECOMPILE_BACKENDS
 from warmcache.runtime.precompiled import decode_signature
+from warmcache.targets import PrecompileRoute
+from warmcache.targets.inductor import PRECOMPILE_BACKENDS
 from warmcache.warmup.phases import NO_PHASES, SpecPhases
 
 if TYPE_CHECKING:
@@ -67,10 +68,11 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
     """``aot_compile`` the decode step for exactly these arguments, guards dropped; returns the compiled function."""
     import torch
 
-    if backend not in PRECOMPILE_BACKENDS:
+    backends = PRECOMPILE_BACKENDS[PrecompileRoute.AOT_COMPILE]
+    if backend not in backends:
         raise UsageError(
             f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use "
-            f"one of {', '.join(PRECOMPILE_BACKENDS)})"
+            f"one of {', '.join(backends)})"
         )
     compiled: Any = torch.compile(
         type(model).__call__,

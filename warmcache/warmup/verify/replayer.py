@@ -59,7 +59,7 @@ def _prove_precompiled(
 ) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see
     :mod:`warmcache.warmup.verify.precompiled`)."""
-    if not (location and planned.model.precompile and planned.spec.workload == "generate"):
+    if not (location and planned.model.precompile.applies_to(planned.spec.workload)):
         return None
     from warmcache.warmup.verify.precompiled import prove_artifacts
 
