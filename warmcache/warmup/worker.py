@@ -25,8 +25,8 @@ from warmcache.manifest import Manifest, ModelSpec
 from warmcache.registry.records import ArtifactRef
 from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
 from warmcache.targets import PrecompileRoute, Target, resolve_cache_dir, target_for
+from warmcache.warmup.decode_writer import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
-from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import WorkloadResult, run_generate, run_train
 
