@@ -107,7 +107,7 @@ def main() -> None:
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
-    from warmcache.store import open_store
+    from warmcache.store import StoreLocation, open_store
     from warmcache.store.operations import push_manifest
     from warmcache.store.pull import pull_manifest
 
@@ -121,7 +121,7 @@ def main() -> None:
         for bucket in ("warmcache", "plain"):
             create_bucket(endpoint, bucket)
         client = boto3.client("s3", endpoint_url=endpoint)
-        store = open_store("s3://warmcache/bench", endpoint)
+        store = open_store(StoreLocation.parse("s3://warmcache/bench"), endpoint)
 
         def push() -> object:
             with Registry.open(url) as registry:

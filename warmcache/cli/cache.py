@@ -26,7 +26,7 @@ from warmcache.cli._common import (
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
-from warmcache.store import open_store
+from warmcache.store import StoreLocation, open_store
 from warmcache.store.neuron_remote import RemoteCacheInfo, scan_remote_neuron
 from warmcache.targets.neuron import CACHE_URL_ENV, remote_cache_url
 from warmcache.units import format_age, format_size, parse_age, parse_size
@@ -87,7 +87,7 @@ def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> 
     url = remote_cache_url()
     if url is None or cache_dir is not None or manifest is not None:
         return None
-    return scan_remote_neuron(open_store(url))
+    return scan_remote_neuron(open_store(StoreLocation.parse(url, f"${CACHE_URL_ENV}")))
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:

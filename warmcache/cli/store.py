@@ -32,15 +32,13 @@ from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE
 from warmcache.store.oci.freshness import MIN_VERSION_ENV, STATE_ENV, TagMemory, parse_pin
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
+from warmcache.store_location import ACCEPTED_FORMS
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STORE_HELP = (
-    "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: "
-    "$WARMCACHE_STORE, then the manifest's [store] url)."
-)
+STORE_HELP = f"Store: {ACCEPTED_FORMS} (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = (
     "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
     "then AWS_ENDPOINT_URL_S3/AWS)."

@@ -29,9 +29,10 @@ from warmcache.manifest.schema import (
     allowed_keys,
 )
 from warmcache.modeling.generation import prompt_fits
-from warmcache.settings import REGISTRY, RegistryLocation
+from warmcache.settings import REGISTRY, STORE, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES
 from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings
+from warmcache.store_location import StoreLocation
 from warmcache.targets import BACKENDS, DEVICE_ALIASES, DEVICES, TARGET_CLASSES, PrecompileRoute
 from warmcache.targets.routes import PRECOMPILE_VALUES
 from warmcache.trust import TrustedKeys
@@ -118,17 +119,16 @@ def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, i
 
 
 def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> StoreSettings:
-    """``[store]``: a plain path is a ``file://`` store relative to the manifest's folder."""
+    """``[store]``: its URL parsed as ``--store``'s is, a plain path anchored at the manifest's folder."""
     check.unknown_keys(table, allowed_keys(StoreSettings), "store")
-    url = check.string(table, "url", "store")
-    if url is not None and "://" not in url:
-        url = anchor.path(url).as_uri()
-    elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
-        check.problem(
-            "store.url",
-            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, "
-            "oci://host/repository:tag or a folder path)",
-        )
+    text = check.string(table, "url", "store")
+    url = None
+    if text is not None:
+        source = STORE.sources(check.file)[2]
+        try:
+            url = StoreLocation.parse(text, source, anchor.base)
+        except UsageError as exc:
+            check.problem("store.url", str(exc).removeprefix(source).lstrip())
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
     if max_size is not None:

@@ -16,6 +16,7 @@ from warmcache.errors import ManifestError, shown
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import ShapeFamily, ShapeSpec
 from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
+from warmcache.store_location import StoreLocation
 from warmcache.targets.routes import PrecompileRoute
 from warmcache.trust import TrustedKeys
 
@@ -140,7 +141,7 @@ class ModelSpec:
 class StoreSettings:
     """The ``[store]`` table: where compiled caches are published and fetched (see :mod:`warmcache.store`)."""
 
-    url: str | None = None
+    url: StoreLocation | None = None
     #: An S3-compatible server (MinIO, R2, ...); AWS itself needs none.
     endpoint_url: str | None = None
     #: ``warmcache warmup`` publishes each shape as soon as it is compiled.
