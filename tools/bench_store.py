@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 from oci_registry import MISSING, available, oci_registry  # noqa: E402

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from real_model import build_real_model, real_configs
-from serving_check import serve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
+from serving_check import serve  # noqa: E402
 
 ROUTES = ("inductor", "precompile", "aotinductor", "train")
 DTYPES = ("float32", "bfloat16")
