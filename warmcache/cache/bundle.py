@@ -32,7 +32,7 @@ from warmcache.bounds import path_problem
 from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
-from warmcache.cache.quiet import open_quietly
+from warmcache.cache.noatime import open_quietly
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.identity.fingerprint import package_version
@@ -49,7 +49,7 @@ WriteMode = Literal["w", "w:gz", "w:xz"]
 _WRITE_MODES: dict[str, WriteMode] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz"}
 
 #: ``progress(done_bytes, total_bytes)``, called as files are written.
-Progress = Callable[[int, int], None]
+ByteProgress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ def pack_bundle(
     *,
     verified_only: bool = False,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PackResult:
     """Write the bundle of the manifest's compiled shapes to ``output`` (atomically: all or nothing).
 
@@ -178,7 +178,12 @@ def _meta(
 
 
 def _write(
-    output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, files: list[BundleFile], progress: Progress | None
+    output: Path,
+    mode: WriteMode,
+    meta: dict[str, Any],
+    root: Path,
+    files: list[BundleFile],
+    progress: ByteProgress | None,
 ) -> int:
     """Write the archive beside ``output`` and rename it into place; returns the bytes of cache files."""
     total = sum(f.size for f in files)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from warmcache.cache.bundle import (
     BundleFile,
-    Progress,
+    ByteProgress,
     ShippedJson,
     entries_needed,
     entry_files,
@@ -71,7 +71,7 @@ def push_objects(
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PushResult:
     """Upload what the store lacks of the manifest's compiled shapes (only ``identities`` if given).
 
@@ -170,7 +170,7 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
 
 
 def _upload_missing(
-    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None
+    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: ByteProgress | None
 ) -> tuple[int, dict[str, float], int]:
     """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written},
     bytes sent)``.
