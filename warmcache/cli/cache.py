@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -34,8 +37,55 @@ from warmcache.units import format_age, format_size, parse_age, parse_size
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def cache_options(func: F) -> F:
-    """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
+@dataclass(frozen=True, slots=True)
+class CacheScope:
+    """Which caches a ``cache`` command looks at, and the registry that describes them (``--cache-dir``,
+    ``--flavor``, ``--manifest``, ``--db``), with ``--json``."""
+
+    cache_dir: CacheFolder | None
+    flavor: str | None
+    manifest: Manifest | None
+    db_url: str | None
+    as_json: bool
+
+    def scan(self, registry: Registry | None) -> list[CacheInfo]:
+        """Each cache folder scanned, its entries looked up in ``registry`` (``None``: there is none, so no
+        orphans)."""
+        records = registry.rows(with_artifacts=True) if registry is not None else None
+        return [scan_cache(location, records) for location in locate_caches(self.cache_dir, self.manifest, self.flavor)]
+
+    @contextmanager
+    def scanned(self) -> Iterator[tuple[Registry, list[CacheInfo]]]:
+        """The registry (made if missing: doctor and prune write to it) and each cache folder scanned against it."""
+        with open_registry(self.db_url, self.manifest, create=True) as registry:
+            yield registry, self.scan(registry)
+
+    def remote_neuron(self) -> RemoteCacheInfo | None:
+        """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
+        url = remote_cache_url()
+        if url is None or self.cache_dir is not None or self.manifest is not None:
+            return None
+        return scan_remote_neuron(open_store(StoreLocation.parse(url, f"${CACHE_URL_ENV}")))
+
+
+def cache_options(func: Callable[..., None]) -> Callable[..., None]:
+    """Where the cache is (and the registry that describes it), handed to scan, doctor and prune as one
+    :class:`CacheScope` (``scope``)."""
+
+    @functools.wraps(func)
+    def command(
+        *args: Any,
+        cache_dir: CacheFolder | None,
+        flavor: str | None,
+        manifest_path: str | None,
+        db_url: str | None,
+        as_json: bool,
+        **kwargs: Any,
+    ) -> None:
+        manifest = load_manifest(manifest_path) if manifest_path else None
+        func(*args, scope=CacheScope(cache_dir, flavor, manifest, db_url, as_json), **kwargs)
+
+    options: Callable[..., None] = command
     for option in reversed(
         (
             cache_dir_option(
@@ -59,8 +109,8 @@ def cache_options(func: F) -> F:
             json_option,
         )
     ):
-        func = option(func)
-    return func
+        options = option(options)
+    return options
 
 
 def _grace_option(func: F) -> F:
@@ -72,22 +122,6 @@ def _grace_option(func: F) -> F:
         help="Unheld locks, incomplete entries and new orphans younger than this are left alone "
         "(a compile may still be running).",
     )(func)
-
-
-def _scan_all(
-    registry: Registry | None, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
-) -> list[CacheInfo]:
-    """Each cache folder scanned, its entries looked up in ``registry`` (``None``: there is none, so no orphans)."""
-    records = registry.rows(with_artifacts=True) if registry is not None else None
-    return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
-
-
-def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> RemoteCacheInfo | None:
-    """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
-    url = remote_cache_url()
-    if url is None or cache_dir is not None or manifest is not None:
-        return None
-    return scan_remote_neuron(open_store(StoreLocation.parse(url, f"${CACHE_URL_ENV}")))
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
@@ -106,10 +140,6 @@ def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
     return "\n".join(lines)
 
 
-def _manifest(path: str | None) -> Manifest | None:
-    return load_manifest(path) if path else None
-
-
 @click.group("cache")
 def cache_group() -> None:
     """Inspect, repair and prune compile caches (Neuron NEFF cache, Inductor)."""
@@ -118,24 +148,16 @@ def cache_group() -> None:
 @cache_group.command("scan")
 @cache_options
 @click.option("--entries", "show_entries", is_flag=True, help="List every entry, not just the summary.")
-def scan(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
-    show_entries: bool,
-) -> None:
+def scan(scope: CacheScope, show_entries: bool) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
-    manifest = _manifest(manifest_path)
-    remote = _remote_neuron(cache_dir, manifest)
-    location = registry_location(db_url, manifest)
+    remote = scope.remote_neuron()
+    location = registry_location(scope.db_url, scope.manifest)
     if location.sqlite_file is not None and not location.sqlite_file.exists():  # a scan only reads: none is made
-        infos = _scan_all(None, cache_dir, flavor, manifest)
+        infos = scope.scan(None)
     else:
         with Registry.open(location, create=False) as registry:
-            infos = _scan_all(registry, cache_dir, flavor, manifest)
-    if as_json:
+            infos = scope.scan(registry)
+    if scope.as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
     if remote:
@@ -197,27 +219,16 @@ def _describe(info: CacheInfo) -> str:
 @click.option(
     "--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries."
 )
-def doctor(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
-    grace: str,
-    fix: bool,
-    any_host: bool,
-) -> None:
+def doctor(scope: CacheScope, grace: str, fix: bool, any_host: bool) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
-    manifest = _manifest(manifest_path)
-    remote = _remote_neuron(cache_dir, manifest)
-    if remote and not as_json:
+    remote = scope.remote_neuron()
+    if remote and not scope.as_json:
         click.echo(_describe_remote(remote, doctor=True))
-    with open_registry(db_url, manifest, create=True) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    with scope.scanned() as (registry, infos):
         plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
         extra = [{**remote.as_json(), "applied": False}] if remote else []
-        _report(plans, registry, apply=fix, as_json=as_json, how_to_apply="--fix", extra=extra)
+        _report(plans, registry, apply=fix, as_json=scope.as_json, how_to_apply="--fix", extra=extra)
 
 
 @cache_group.command("prune")
@@ -243,11 +254,7 @@ def doctor(
 )
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 def prune(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
+    scope: CacheScope,
     grace: str,
     orphans: bool,
     stale_toolchains: bool,
@@ -266,14 +273,12 @@ def prune(
         grace_seconds=parse_age(grace, option="--grace"),
     )
     rules.check()
-    manifest = _manifest(manifest_path)
-    with open_registry(db_url, manifest, create=True) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    with scope.scanned() as (registry, infos):
         _report(
             [plan_prune(info, rules) for info in infos],
             registry,
             apply=not dry_run,
-            as_json=as_json,
+            as_json=scope.as_json,
             how_to_apply="without --dry-run",
         )
 
