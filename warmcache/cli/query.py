@@ -22,7 +22,7 @@ from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry.statuses import PLAN_STATUSES, Status
 from warmcache.reports.explain import explain_plan
-from warmcache.reports.query import check_request, effective_status, plan_json, shape_json, shapes_summary
+from warmcache.reports.query import CheckRequest, check_request, effective_status, plan_json, shape_json, shapes_summary
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 
 if TYPE_CHECKING:
@@ -168,16 +168,8 @@ def check(
 ) -> None:
     """Exit 0 if a request can run without compiling (exactly or padded), 1 if not."""
     with open_registry(db_url, create=False) as registry:
-        result = check_request(
-            registry,
-            model=model_name,
-            workload=workload,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            exact=exact,
-            dtype=dtype,
-            max_cache_len=max_cache_len,
-        )
+        request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+        result = check_request(registry, model_name, workload, request)
     if as_json:
         print_json(result.as_json())
     else:
