@@ -34,6 +34,11 @@ def db_option(func: F) -> F:
     return click.option("--db", "db_url", metavar="URL", default=None, help=DB_HELP)(func)
 
 
+def count_option(*names: str, **settings: Any) -> Callable[[F], F]:
+    """An option taking a whole number of at least 1 (a batch size, a length, a count of workers or requests)."""
+    return click.option(*names, type=click.IntRange(min=1), **settings)
+
+
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text.")(func)
 

@@ -20,7 +20,7 @@ from warmcache.cli._common import (
     sign_option,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
+from warmcache.cli.shipping import Shipment, not_shipped, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
@@ -59,12 +59,7 @@ def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: Sig
         f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, "
         f"{result.files} files ({format_size(result.bytes)})"
         + (f", signed by key {result.signed_by}" if result.signed_by else ", unsigned")
-        + (
-            f"; {result.not_compiled} declared shapes are not in the bundle (not "
-            f"{'verified' if verified_only else 'compiled'})"
-            if result.not_compiled
-            else ""
-        )
+        + not_shipped(result.not_compiled, verified_only, "are not in the bundle")
     )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from warmcache.cli._common import (
+    count_option,
     db_option,
     format_table,
     json_option,
@@ -142,16 +143,12 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
 @click.command("check")
 @click.option("--model", "model_name", required=True, help="Model name as in the manifest.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True)
-@click.option("--batch", "batch_size", type=click.IntRange(min=1), required=True, help="Request batch size.")
-@click.option(
-    "--seq", "seq_len", type=click.IntRange(min=1), required=True, help="Prompt (generate) or sequence (train) length."
-)
+@count_option("--batch", "batch_size", required=True, help="Request batch size.")
+@count_option("--seq", "seq_len", required=True, help="Prompt (generate) or sequence (train) length.")
 @click.option(
     "--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype."
 )
-@click.option(
-    "--max-cache-len", type=click.IntRange(min=1), default=None, help="Only shapes compiled for this cache length."
-)
+@count_option("--max-cache-len", default=None, help="Only shapes compiled for this cache length.")
 @click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled.")
 @db_option
 @json_option

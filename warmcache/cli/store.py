@@ -21,7 +21,7 @@ from warmcache.cli._common import (
     registry_location,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
+from warmcache.cli.shipping import Shipment, not_shipped, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
@@ -121,12 +121,7 @@ def push(
         f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, "
         f"{result.indexes_unchanged} unchanged); "
         f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), "
-        f"{result.blobs_present} already there"
-        + (
-            f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})"
-            if result.not_compiled
-            else ""
-        )
+        f"{result.blobs_present} already there" + not_shipped(result.not_compiled, verified_only, "not pushed")
     )
 
 

@@ -12,6 +12,7 @@ import click
 from warmcache.cli._common import (
     F,
     cache_dir_option,
+    count_option,
     db_option,
     is_terminal,
     json_option,
@@ -99,13 +100,7 @@ def progress_every_option(func: F) -> F:
 
 @click.command("warmup")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Worker processes, each claiming specs from the registry.",
-)
+@count_option("--jobs", default=1, show_default=True, help="Worker processes, each claiming specs from the registry.")
 @click.option(
     "--shard",
     metavar="I/N",
