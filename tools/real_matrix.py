@@ -7,7 +7,7 @@ processes, on its own registry and cache folder:
 * ``inductor``: ``warmcache warmup`` (real Inductor compiles, decoding to the full cache,
   unpadded and left-padded), ``warmcache verify`` (zero cache misses in a fresh process), then
   a fresh serving process that primes a ``ShapeGuard`` and sends ragged requests
-  (``tools/serving_check.py``): 0 graphs after priming, every token agreeing with the
+  (``tests/support/serving_check.py``): 0 graphs after priming, every token agreeing with the
   model's eager logits under the dtype's criterion (``warmcache.warmup.verify.agreement``);
 * ``precompile``: the same with ``precompile = true`` (each bucket's decode step saved with
   ``aot_compile``; verify proves the artifact to the cache's end);

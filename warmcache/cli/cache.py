@@ -24,7 +24,6 @@ from warmcache.cli._common import (
     json_option,
     open_registry,
     print_json,
-    registry_location,
 )
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
@@ -48,17 +47,22 @@ class CacheScope:
     db_url: str | None
     as_json: bool
 
-    def scan(self, registry: Registry | None) -> list[CacheInfo]:
-        """Each cache folder scanned, its entries looked up in ``registry`` (``None``: there is none, so no
-        orphans)."""
-        records = registry.rows(with_artifacts=True) if registry is not None else None
-        return [scan_cache(location, records) for location in locate_caches(self.cache_dir, self.manifest, self.flavor)]
-
     @contextmanager
     def scanned(self) -> Iterator[tuple[Registry, list[CacheInfo]]]:
-        """The registry (made if missing: doctor and prune write to it) and each cache folder scanned against it."""
-        with open_registry(self.db_url, self.manifest, create=True) as registry:
-            yield registry, self.scan(registry)
+        """The registry and each cache folder scanned, its entries looked up in it.
+
+        The registry must exist (scan, doctor and prune never create one): judged against a new,
+        empty registry every entry would be an orphan, and ``prune --orphans`` would delete them all.
+        """
+        with open_registry(self.db_url, self.manifest, create=False) as registry:
+            records = registry.rows(with_artifacts=True)
+            locations = locate_caches(self.cache_dir, self.manifest, self.flavor)
+            yield registry, [scan_cache(location, records) for location in locations]
+
+    def scan(self) -> list[CacheInfo]:
+        """Each cache folder scanned (the registry read, then closed)."""
+        with self.scanned() as (_, infos):
+            return infos
 
     def remote_neuron(self) -> RemoteCacheInfo | None:
         """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
@@ -151,12 +155,7 @@ def cache_group() -> None:
 def scan(scope: CacheScope, show_entries: bool) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     remote = scope.remote_neuron()
-    location = registry_location(scope.db_url, scope.manifest)
-    if location.sqlite_file is not None and not location.sqlite_file.exists():  # a scan only reads: none is made
-        infos = scope.scan(None)
-    else:
-        with Registry.open(location, create=False) as registry:
-            infos = scope.scan(registry)
+    infos = scope.scan()
     if scope.as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
