@@ -41,6 +41,7 @@ from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
 from warmcache.trust import SigningKey, sign_document
+from warmcache.units import format_size
 
 BUNDLE_FORMAT = 1
 META_NAME = "warmcache-bundle.json"
@@ -62,13 +63,19 @@ class BundleFile:
 
 
 class ShippedJson:
-    """``as_json`` of what a pack or a push shipped (subclasses are dataclasses with a ``not_compiled`` field from
-    :func:`records_to_ship`): both commands print that count as ``declared_but_not_compiled``."""
+    """What a pack or a push shipped, said alike (subclasses are dataclasses with a ``not_compiled`` field from
+    :func:`records_to_ship`): both print that count as ``declared_but_not_compiled``, and both explain it."""
 
     __slots__ = ()
 
     def as_json(self) -> dict[str, Any]:
         return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
+
+    def not_shipped(self, verified_only: bool, left_out: str) -> str:
+        """The note on the declared shapes left out, and why (``--verified-only``, or not compiled)."""
+        count: int = getattr(self, "not_compiled")  # noqa: B009 (every subclass's field, not the base's)
+        why = "verified" if verified_only else "compiled"
+        return f"; {count} declared shapes {left_out} (not {why})" if count else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,15 @@ class PackResult(ShippedJson):
     files: int
     bytes: int
     not_compiled: int
+
+    def message(self, verified_only: bool) -> str:
+        """What ``bundle pack`` says it packed, signed and left out."""
+        signed = f", signed by key {self.signed_by}" if self.signed_by else ", unsigned"
+        return (
+            f"{self.output}: {self.rows} compiled shapes, {self.entries} cache entries, "
+            f"{self.files} files ({format_size(self.bytes)}){signed}"
+            + self.not_shipped(verified_only, "are not in the bundle")
+        )
 
 
 def check_relpath(path: Any, where: str) -> str:

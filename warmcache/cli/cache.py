@@ -22,6 +22,7 @@ from warmcache.cli._common import (
     db_option,
     format_table,
     json_option,
+    manifest_option,
     open_registry,
     print_json,
 )
@@ -102,13 +103,7 @@ def cache_options(func: Callable[..., None]) -> Callable[..., None]:
                 default=None,
                 help="Cache layout (default: detected from the folder).",
             ),
-            click.option(
-                "--manifest",
-                "manifest_path",
-                metavar="FILE",
-                default=None,
-                help="Take the cache folder and registry from this manifest.",
-            ),
+            manifest_option("Take the cache folder and registry from this manifest."),
             db_option,
             json_option,
         )

@@ -17,6 +17,7 @@ from warmcache.cli._common import (
     open_registry,
     print_json,
     print_json_array,
+    print_result,
 )
 from warmcache.identity.plan import plan_manifest
 from warmcache.identity.support import check_supported
@@ -167,8 +168,5 @@ def check(
     with open_registry(db_url, create=False) as registry:
         request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
         result = check_request(registry, model_name, workload, request)
-    if as_json:
-        print_json(result.as_json())
-    else:
-        click.echo(result.message())
+    print_result(result, as_json, result.message)
     raise SystemExit(0 if result.ok else 1)

@@ -74,11 +74,6 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
     return click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))(prepared)
 
 
-def not_shipped(count: int, verified_only: bool, left_out: str) -> str:
-    """The note on the declared shapes a pack or push left out, and why (``--verified-only`` or not compiled)."""
-    return f"; {count} declared shapes {left_out} (not {'verified' if verified_only else 'compiled'})" if count else ""
-
-
 def verified_only_option(func: F) -> F:
     """``--verified-only``: what ``bundle pack`` and ``push`` ship
     (:func:`~warmcache.cache.shipment.records_to_ship`)."""

@@ -16,12 +16,14 @@ from warmcache.cli._common import (
     cache_dir_option,
     format_table,
     json_option,
+    manifest_option,
     max_unpack_size_option,
     print_json,
+    print_result,
     registry_location,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment, not_shipped, shipment_arguments, verified_only_option
+from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import UsageError, shown
 from warmcache.manifest import Manifest, load_manifest
@@ -137,15 +139,7 @@ def push(
         result = push_manifest(
             shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
         )
-    if as_json:
-        print_json(result.as_json())
-        return
-    click.echo(
-        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, "
-        f"{result.indexes_unchanged} unchanged); "
-        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), "
-        f"{result.blobs_present} already there" + not_shipped(result.not_compiled, verified_only, "not pushed")
-    )
+    print_result(result, as_json, lambda: result.message(verified_only))
 
 
 @click.command("pull")
@@ -228,14 +222,7 @@ def store_group() -> None:
     """What an artifact store holds; remove blobs no index references."""
 
 
-def _manifest_option(func: F) -> F:
-    return click.option(
-        "--manifest",
-        "manifest_path",
-        metavar="FILE",
-        default=None,
-        help="Take the store from this manifest's [store] table.",
-    )(func)
+_manifest_option = manifest_option("Take the store from this manifest's [store] table.")
 
 
 def _manifest(path: str | None) -> Manifest | None:

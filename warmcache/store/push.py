@@ -44,6 +44,7 @@ from warmcache.store.index import (
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.store.objects import ObjectStore
 from warmcache.trust import SigningKey, sign_document
+from warmcache.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,15 @@ class PushResult(ShippedJson):
     blobs_present: int
     bytes_uploaded: int
     not_compiled: int
+
+    def message(self, verified_only: bool) -> str:
+        """What ``push`` says it sent, found already there and left out."""
+        return (
+            f"{self.store}: {self.shapes} shapes ({self.indexes_written} indexes written, "
+            f"{self.indexes_unchanged} unchanged); {self.blobs_uploaded} files uploaded "
+            f"({format_size(self.bytes_uploaded)}), {self.blobs_present} already there"
+            + self.not_shipped(verified_only, "not pushed")
+        )
 
 
 def push_objects(
