@@ -124,8 +124,13 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
     assert ("warmup", ["/etc/warmcache/deploy.toml", "/cache"]) in paths_used
 
 
-def test_every_file_the_dockerfile_copies_exists() -> None:
+def test_every_file_the_dockerfile_copies_exists_and_reaches_the_builder() -> None:
     text = (EXAMPLES / "Dockerfile").read_text()
     sources = [word for line in text.splitlines() if line.startswith("COPY ") for word in line.split()[1:-1]]
     assert sources and all((ROOT / source).exists() for source in sources), sources
-    assert {"FROM python:3.11-slim-bookworm AS cpu", "FROM ${NEURON_BASE} AS neuron"} <= set(text.splitlines())
+    # .dockerignore admits only what the Dockerfile copies (a .venv would travel to the builder otherwise).
+    admitted = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert set(sources) <= admitted, set(sources) - admitted
+    lines = set(text.splitlines())
+    assert {"ARG BASE=python:3.11-slim-bookworm", "FROM ${BASE} AS cpu", "FROM ${NEURON_BASE} AS neuron"} <= lines
+    assert "USER 1000" in lines, "the cpu image runs as a non-root user"
