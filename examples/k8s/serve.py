@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -47,6 +49,10 @@ def main() -> None:
     if args.check:
         print(f"{args.cache}: {len(guard.buckets)} compiled buckets for {guard.family.describe()}, signature verified")
         return
+    # Importing torch._dynamo creates Inductor's cache folder (an empty /tmp/torchinductor_<user>): name the mounted
+    # cache, which exists, so serving leaves nothing behind (the package loader's scratch in $TMPDIR is removed).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(args.cache))
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a refusal stays one line in the log
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -86,6 +92,9 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
+    # As a container's PID 1 the process has no default SIGTERM action: without this, every rollout waits out the
+    # grace period and kills it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
 
 
