@@ -77,12 +77,7 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
         config_map["data"]["deploy.toml"].replace('"/etc/warmcache/', f'"{pod_root}/etc/warmcache/')
     )
     manifest = load_manifest(manifest_file)
-    assert (
-        manifest.store.push
-        and manifest.store.url
-        and manifest.store.url.startswith("oci://")
-        and manifest.store.sign_key
-    )
+    assert manifest.store.push and manifest.store.url and manifest.store.url.is_oci and manifest.store.sign_key
     assert manifest.trusted_keys.configured and [m.device for m in manifest.models] == ["neuron"]
     files_in = {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing/build-key", "/etc/warmcache/trust/build-key.pub"}
     paths_used: list[tuple[str, list[str]]] = []
