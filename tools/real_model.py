@@ -44,6 +44,37 @@ def real_configs() -> dict[str, Path]:
     return {path.stem: path for path in sorted(REAL_CONFIGS.glob("*.json"))}
 
 
+#: The config keys that set a width (not a count, a length or a vocabulary): ``--narrow`` divides these, so a test can
+#: afford a model with every structural choice of the published one (expert count and top-k, latent attention's
+#: split head dims, attention sinks, which layers are dense or sliding, rope scaling) in seconds.
+WIDTH_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "head_dim",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+
+
+def narrowed(values: dict[str, Any], factor: int) -> dict[str, Any]:
+    """``values`` with every width of :data:`WIDTH_KEYS` divided by ``factor``, every count (experts, routed per
+    token, heads, layers) and the vocabulary as published.
+
+    Widths stay multiples of 8, at least 8, as every published one is: ``torch._grouped_mm`` (transformers'
+    default experts kernel) refuses rows whose stride is not a multiple of 16 bytes, so a width of 90 fails
+    where 2880 runs."""
+    out = dict(values)
+    for key in WIDTH_KEYS:
+        if isinstance(out.get(key), int):
+            out[key] = max(8, out[key] // factor // 8 * 8)
+    return out
+
+
 def kept_layers(layer_types: list[str] | None, total: int, layers: int, *, widen: bool = True) -> list[int]:
     """Indices of the layers to keep: the first ``layers``, widened (unless ``widen`` is off) so each attention kind
     appears at least once."""
@@ -57,7 +88,7 @@ def kept_layers(layer_types: list[str] | None, total: int, layers: int, *, widen
     return sorted(keep)
 
 
-def cut_config(config_path: Path, layers: int, *, widen: bool = True) -> Any:
+def cut_config(config_path: Path, layers: int, *, widen: bool = True, narrow: int = 1) -> Any:
     """The published config with its depth cut to ``layers`` (0: all), every per-layer list cut alike.
 
     A ``quantization_config`` is left out: it describes how the published weights are stored (gpt-oss's MXFP4),
@@ -69,6 +100,8 @@ def cut_config(config_path: Path, layers: int, *, widen: bool = True) -> Any:
     keep = kept_layers(getattr(config, "layer_types", None), total, layers, widen=widen)
     values = config.to_dict()
     values.pop("quantization_config", None)
+    if narrow > 1:
+        values = narrowed(values, narrow)
     for key, value in values.items():
         if isinstance(value, list) and len(value) == total and key != "architectures":
             values[key] = [value[i] for i in keep]
@@ -82,6 +115,7 @@ def build_real_model(
     *,
     layers: int = 2,
     widen: bool = True,
+    narrow: int = 1,
     seed: int = 0,
     init_std: float = DEFAULT_INIT_STD,
 ) -> Path:
@@ -91,10 +125,17 @@ def build_real_model(
 
     out_dir = Path(out_dir)
     marker = out_dir / "warmcache-real.json"
-    recipe = {"config": Path(config_path).name, "layers": layers, "widen": widen, "seed": seed, "init_std": init_std}
+    recipe = {
+        "config": Path(config_path).name,
+        "layers": layers,
+        "widen": widen,
+        "narrow": narrow,
+        "seed": seed,
+        "init_std": init_std,
+    }
     if marker.is_file() and json.loads(marker.read_text()) == recipe:
         return out_dir
-    config = cut_config(Path(config_path), layers, widen=widen)
+    config = cut_config(Path(config_path), layers, widen=widen, narrow=narrow)
     published_dtype = config.dtype or torch.float32
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -128,6 +169,12 @@ def main() -> None:
         help="Keep exactly the first --layers layers, even if an attention kind is then missing (a model whose "
         "layers are too large to keep two, e.g. gpt-oss-20b in float32).",
     )
+    parser.add_argument(
+        "--narrow",
+        type=int,
+        default=1,
+        help="Divide every width (hidden, intermediate, head and latent dims) by this, counts kept (tests).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD)
     args = parser.parse_args()
@@ -140,7 +187,13 @@ def main() -> None:
         parser.error(f"{args.config}: not a file, nor one of {', '.join(known)}")
     print(
         build_real_model(
-            path, args.out_dir, layers=args.layers, widen=not args.no_widen, seed=args.seed, init_std=args.init_std
+            path,
+            args.out_dir,
+            layers=args.layers,
+            widen=not args.no_widen,
+            narrow=args.narrow,
+            seed=args.seed,
+            init_std=args.init_std,
         )
     )
 

@@ -78,15 +78,20 @@ class Prepared:
     """Per architecture: verify's verdicts of its generate shapes."""
 
 
-def prepare(root: Path, archs: Sequence[str], backend: str = "aot_eager") -> Prepared:
-    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``."""
+def prepare(
+    root: Path, archs: Sequence[str], backend: str = "aot_eager", built: dict[str, Path] | None = None
+) -> Prepared:
+    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``.
+
+    ``built`` adds models written elsewhere (``tools/real_model.py``), by name, to those of ``archs``."""
     from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
     from warmcache.settings import RegistryLocation
     from warmcache.warmup.runner import WarmupOptions, run_warmup
     from warmcache.warmup.verify import run_verify
 
-    models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs}
+    models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs} | (built or {})
+    archs = list(models)
     prepared = Prepared(root, models, f"sqlite:///{root / 'registry.sqlite'}")
     options = WarmupOptions(registry=RegistryLocation.parse(prepared.registry_url), cache_dir=str(root / "cache"))
     for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
@@ -291,7 +296,7 @@ def main() -> int:
                 lambda line: print(line, file=sys.stderr, flush=True),
                 layers=args.layers,
                 widen=not args.no_widen,
-                models=args.models,
+                models=args.models.resolve() if args.models else None,
             )
             table = real_markdown(cells, time.perf_counter() - start, built)
             ok = all(c.outcome != "FAIL" for c in cells)
