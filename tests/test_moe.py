@@ -30,6 +30,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
     return prepare(root, (), built=built)
 
 
+@pytest.mark.slow
 def test_narrow_cut_keeps_every_count_of_the_published_config(prepared: Prepared) -> None:
     from transformers import AutoConfig
 
@@ -43,6 +44,7 @@ def test_narrow_cut_keeps_every_count_of_the_published_config(prepared: Prepared
     assert getattr(gpt_oss, "quantization_config", None) is None  # random weights are not MXFP4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MOE_CONFIGS)
 def test_moe_warms_verifies_and_serves_ragged_requests_without_compiling(prepared: Prepared, name: str) -> None:
     assert prepared.generate[name] == []
@@ -54,6 +56,7 @@ def test_moe_warms_verifies_and_serves_ragged_requests_without_compiling(prepare
     assert served.tokens_compared > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MOE_CONFIGS)
 def test_moe_training_step_warms(prepared: Prepared, name: str) -> None:
     assert prepared.train[name] == []
