@@ -160,13 +160,13 @@ def config_file(name: str) -> Path:
     return path
 
 
-def build(config_path: Path, models: Path, layers: int, widen: bool) -> Built:
+def build(config_path: Path, models: Path, layers: int, widen: bool, narrow: int = 1) -> Built:
     """The config's model at depth ``layers`` under ``models`` (kept there: a folder built before is reused), built
     in its own process so its time and peak memory are its own."""
-    out = models / f"{config_path.stem}-{layers}l{'' if widen else '-exact'}"
+    out = models / f"{config_path.stem}-{layers}l{'' if widen else '-exact'}{f'-narrow{narrow}' if narrow > 1 else ''}"
     start = time.perf_counter()
     argv = [sys.executable, str(Path(__file__).with_name("real_model.py")), str(config_path), str(out)]
-    done = run_measured([*argv, "--layers", str(layers), *([] if widen else ["--no-widen"])])
+    done = run_measured([*argv, "--layers", str(layers), "--narrow", str(narrow), *([] if widen else ["--no-widen"])])
     if done.returncode:
         raise SystemExit(f"{config_path}: building the model failed: {done.stderr.strip()[-2000:]}")
     kept = json.loads((out / "config.json").read_text())["num_hidden_layers"]
@@ -182,13 +182,14 @@ def run_matrix(
     *,
     layers: int = LAYERS,
     widen: bool = True,
+    narrow: int = 1,
     models: Path | None = None,
 ) -> tuple[list[Cell], dict[str, Built]]:
     """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
     cells, built = [], {}
     for config_path in map(config_file, configs):
         config = config_path.stem
-        built[config] = build(config_path, models or work / "models", layers, widen)
+        built[config] = build(config_path, models or work / "models", layers, widen, narrow)
         b = built[config]
         progress(f"{config}: built {b.layers} layers in {b.seconds:.0f} s, peak RSS {b.peak_rss / 1e9:.1f} GB")
         for dtype in dtypes:

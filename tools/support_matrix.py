@@ -279,6 +279,12 @@ def main() -> int:
         help="With --real: keep exactly --layers layers, even if an attention kind is then missing (memory).",
     )
     parser.add_argument(
+        "--narrow",
+        type=int,
+        default=1,
+        help="With --real: divide every width by this, counts kept (a route that does not fit at real width).",
+    )
+    parser.add_argument(
         "--models",
         type=Path,
         help="With --real: build the models in this folder and keep them (a model built there before is reused).",
@@ -296,6 +302,7 @@ def main() -> int:
                 lambda line: print(line, file=sys.stderr, flush=True),
                 layers=args.layers,
                 widen=not args.no_widen,
+                narrow=args.narrow,
                 models=args.models.resolve() if args.models else None,
             )
             table = real_markdown(cells, time.perf_counter() - start, built)
