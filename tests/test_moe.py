@@ -60,3 +60,15 @@ def test_moe_warms_verifies_and_serves_ragged_requests_without_compiling(prepare
 @pytest.mark.parametrize("name", MOE_CONFIGS)
 def test_moe_training_step_warms(prepared: Prepared, name: str) -> None:
     assert prepared.train[name] == []
+
+
+def test_narrowing_keeps_widths_grouped_mm_can_take_and_no_widen_keeps_exactly_the_depth() -> None:
+    from real_model import kept_layers, narrowed
+
+    published = {"hidden_size": 2880, "head_dim": 64, "moe_intermediate_size": 1408, "num_local_experts": 32}
+    narrow = narrowed(published, 32)
+    assert narrow == {"hidden_size": 88, "head_dim": 8, "moe_intermediate_size": 40, "num_local_experts": 32}
+    assert all(narrow[key] % 8 == 0 for key in ("hidden_size", "head_dim", "moe_intermediate_size"))
+    kinds = ["sliding_attention", "full_attention"] * 12
+    assert kept_layers(kinds, 24, 1) == [0, 1]  # widened: each attention kind kept
+    assert kept_layers(kinds, 24, 1, widen=False) == [0]  # gpt-oss-20b in float32: one layer is what fits

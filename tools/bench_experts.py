@@ -9,6 +9,7 @@ implementation: whether one static-cache decode step compiles with ``fullgraph=T
 the compile time, and the steady step time compiled and eager:
 
     python tools/bench_experts.py .warmcache/models/Qwen__Qwen3-30B-A3B-1l --dtype bfloat16
+    python tools/bench_experts.py MODEL --dtype bfloat16 --implementation grouped_mm --layer-error
 """
 
 from __future__ import annotations
@@ -59,14 +60,61 @@ def measure(path: Path, implementation: str, dtype: str) -> dict[str, Any]:
     return out
 
 
+def layer_error(path: Path, implementation: str, dtype: str) -> dict[str, Any]:
+    """The last layer's MoE block on one random decode batch: its largest output error against the same block in
+    float32, relative to that output's largest value, eager, Inductor and AOTInductor in ``dtype``."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), experts_implementation=implementation
+    ).eval()
+
+    class Block(torch.nn.Module):
+        def __init__(self, mlp: torch.nn.Module) -> None:
+            super().__init__()
+            self.mlp = mlp
+
+        def forward(self, x: Any) -> Any:
+            out = self.mlp(x)
+            return out[0] if isinstance(out, tuple) else out  # some MoE blocks also return router logits
+
+    block = Block(model.model.layers[-1].mlp).eval()
+    block_dtype = getattr(torch, dtype)
+    seeded = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCH, 1, model.config.hidden_size, generator=seeded).to(block_dtype)
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        outputs = {
+            "eager": block(x),
+            "inductor": torch.compile(block, backend="inductor", fullgraph=True)(x),
+        }
+        package = torch._inductor.aoti_compile_and_package(
+            torch.export.export(block, (x,)), package_path=f"{tmp}/block.pt2"
+        )
+        outputs["aotinductor"] = torch._inductor.aoti_load_package(package)(x)
+        reference = block.float()(x.float())
+    scale = reference.abs().max()
+    errors = {name: round(float((out.float() - reference).abs().max() / scale), 4) for name, out in outputs.items()}
+    return {"implementation": implementation, "dtype": dtype, **errors}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="A model folder (tools/real_model.py).")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--implementation", choices=IMPLEMENTATIONS, action="append")
+    parser.add_argument(
+        "--layer-error",
+        action="store_true",
+        help="Instead: the last MoE block's error against float32, eager vs Inductor vs AOTInductor.",
+    )
     args = parser.parse_args()
     for implementation in args.implementation or IMPLEMENTATIONS:
-        print(json.dumps(measure(args.model, implementation, args.dtype)), flush=True)
+        run = layer_error if args.layer_error else measure
+        print(json.dumps(run(args.model, implementation, args.dtype)), flush=True)
 
 
 if __name__ == "__main__":
