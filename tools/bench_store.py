@@ -32,9 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+# The helpers beside this file; warmcache itself comes from the install (never the source tree above it).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 from oci_registry import MISSING, available, oci_registry  # noqa: E402
