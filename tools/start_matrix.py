@@ -78,7 +78,7 @@ class Start:
     python: str
     home: str  # "fresh" | "missing" (a HOME that does not exist)
     xdg_cache: str  # "unset" | "fresh"
-    tmpdir: str  # "unset" | "fresh"
+    tmpdir: str  # "unset" | "fresh" | "missing" (names a folder that does not exist)
     cwd: str  # "fresh" | "root" (/)
     snapshot: str  # "written" | "copied" | "moved" | "symlink"
     hostname: str | None
@@ -115,7 +115,7 @@ def plan_starts(count: int, pythons: list[str]) -> list[Start]:
                 python=pythons[i % len(pythons)],
                 home=("fresh", "missing")[i % 5 == 4],
                 xdg_cache=("unset", "fresh")[(i // 2) % 2],
-                tmpdir=("fresh", "unset")[i % 7 == 3],
+                tmpdir=("fresh", "unset", "fresh", "missing")[i % 4 if i % 7 in (1, 3) else 0],
                 cwd=("fresh", "root")[(i // 3) % 2],
                 snapshot=snapshot,
                 hostname=f"pod-{i}" if hostnames and i % 2 else None,
@@ -212,10 +212,10 @@ def environment(start: Start, i: int, scratch: Scratch) -> tuple[dict[str, str],
     env["HOME"] = str(private / ("home" if start.home == "fresh" else "no-such-home"))
     if start.xdg_cache == "fresh":
         env["XDG_CACHE_HOME"] = str(private / "xdg-cache")
-    if start.tmpdir == "fresh":
-        env["TMPDIR"] = str(private / "tmp")
+    if start.tmpdir != "unset":
+        env["TMPDIR"] = str(private / ("tmp" if start.tmpdir == "fresh" else "no-such-tmp"))
     for name in ("HOME", "XDG_CACHE_HOME", "TMPDIR"):
-        if name in env and not (name == "HOME" and start.home == "missing"):
+        if name in env and "no-such" not in env[name]:
             Path(env[name]).mkdir()
     cwd = private / "work" if start.cwd == "fresh" else Path("/")
     cwd.mkdir(exist_ok=True)
