@@ -5,17 +5,19 @@ warmup (``conftest.packaged``, shared), signed into a snapshot folder: between t
 vary HOME (fresh, missing), XDG_CACHE_HOME, TMPDIR, the working folder, where the folder
 lies (where it was written, copied, moved, behind a symlink), the Python prefix (a second
 venv with the same packages), the hostname and the uid where this machine allows. Each
-must load every bucket's package with no graph traced and no compiler imported.
+must load every bucket's package with no graph traced and no compiler imported; a sixth,
+from a folder whose packages were altered, must count as a miss that says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from start_matrix import Scratch, can, export_snapshot, linked_venv, plan_starts, run_matrix
+from start_matrix import Scratch, can, export_snapshot, linked_venv, plan_starts, run_matrix, run_start
 
 
 @pytest.mark.slow
@@ -30,6 +32,12 @@ def test_five_varied_starts_prime_every_bucket_from_the_packages(
         second = linked_venv(scratch.root / "other-prefix")
         starts = plan_starts(5, [sys.executable, second])
         reports = run_matrix(snapshot, scratch, starts, echo=False)
+        # The matrix can fail: a start from a folder whose packages were altered is a miss, and says why.
+        tampered = tmp_path / "tampered"
+        shutil.copytree(snapshot, tampered)
+        for package in (tampered / "aotinductor").iterdir():
+            package.write_bytes(package.read_bytes()[:-1] + b"!")
+        miss = run_start(dataclasses.replace(starts[0], snapshot="copied"), 5, tampered, scratch)
     finally:
         scratch.close()
     misses = [f"{start.describe()}: {report}" for start, report in zip(starts, reports) if not report["hit"]]
@@ -39,3 +47,4 @@ def test_five_varied_starts_prime_every_bucket_from_the_packages(
         assert 65534 in {r["uid"] for r in reports}, reports
     if can(["unshare", "--uts", "hostname", "pod-probe"]):
         assert "pod-1" in {r["hostname"] for r in reports}, reports
+    assert not miss["hit"] and "aotinductor" in " ".join(miss["stderr"]) and miss["cause"], miss
