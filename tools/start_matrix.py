@@ -85,7 +85,7 @@ class Start:
     uid: int | None
 
     def describe(self) -> str:
-        who = f"uid {self.uid}" if self.uid is not None else "uid 0"
+        who = f"uid {self.uid if self.uid is not None else os.getuid()}"
         return (
             f"{self.python} HOME={self.home} XDG_CACHE_HOME={self.xdg_cache} TMPDIR={self.tmpdir} cwd={self.cwd} "
             f"snapshot={self.snapshot} hostname={self.hostname or 'same'} {who}"
