@@ -10,12 +10,15 @@ the compile time, and the steady step time compiled and eager:
 
     python tools/bench_experts.py .warmcache/models/Qwen__Qwen3-30B-A3B-1l --dtype bfloat16
     python tools/bench_experts.py MODEL --dtype bfloat16 --implementation grouped_mm --layer-error
+    python tools/bench_experts.py --quick   # a tiny qwen3-moe built on the spot: that the benchmark runs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,18 +106,36 @@ def layer_error(path: Path, implementation: str, dtype: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path, help="A model folder (tools/real_model.py).")
+    parser.add_argument("model", type=Path, nargs="?", help="A model folder (tools/real_model.py).")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--implementation", choices=IMPLEMENTATIONS, action="append")
+    parser.add_argument("--quick", action="store_true", help="Build a tiny qwen3-moe and measure it (CI's smoke run).")
     parser.add_argument(
         "--layer-error",
         action="store_true",
         help="Instead: the last MoE block's error against float32, eager vs Inductor vs AOTInductor.",
     )
     args = parser.parse_args()
+    if args.quick:
+        with tempfile.TemporaryDirectory() as scratch:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from tiny_model import build_tiny_model
+
+            report(build_tiny_model("qwen3-moe", Path(scratch) / "moe"), args)
+        return
+    if args.model is None:
+        parser.error("a model folder is required (or --quick)")
+    report(args.model, args)
+
+
+def report(model: Path, args: argparse.Namespace) -> None:
+    """One JSON line per implementation, the compiled step's speed beside eager's as a ratio."""
     for implementation in args.implementation or IMPLEMENTATIONS:
         run = layer_error if args.layer_error else measure
-        print(json.dumps(run(args.model, implementation, args.dtype)), flush=True)
+        out = run(model, implementation, args.dtype)
+        if "compiled_step_ms" in out:
+            out["eager_over_compiled"] = round(out["eager_step_ms"] / max(out["compiled_step_ms"], 1e-3), 2)
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
