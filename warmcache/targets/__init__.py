@@ -9,11 +9,15 @@ then the manifest's ``[cache] dir``, then the target's own environment variable 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from warmcache.manifest import Manifest, ModelSpec
 from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.inductor import InductorTarget
 from warmcache.targets.neuron import NeuronTarget
+
+if TYPE_CHECKING:
+    # Annotations only: a serving process resolves targets (toolchain checks) without parsing any manifest.
+    from warmcache.manifest import Manifest, ModelSpec
 
 
 def target_of(device: str, backend: str, mode: str = "default") -> Target:
