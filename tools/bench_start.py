@@ -206,7 +206,17 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, str]:
     if not key.is_file():
         run_measured([sys.executable, "-m", "warmcache", "keys", "generate", str(key)], env)
     snapshot = export_snapshot(work / route, key, env)
+    if args.launcher:
+        readable_to_others(work, keep_private=key)
     return snapshot, key.with_name(key.name + ".pub"), label
+
+
+def readable_to_others(folder: Path, keep_private: Path) -> None:
+    """Let a container's own user (the image runs as uid 1000) read ``folder``'s files mounted into it: the saved
+    weights are written owner-only. ``keep_private`` (the signing key) stays as it is."""
+    for path in [folder, *folder.rglob("*")]:
+        if path != keep_private and not path.is_symlink():
+            path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
 
 
 def median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
