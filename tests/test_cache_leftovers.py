@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cache_neuron import cli
+from test_cache_neuron import cli, empty_registry
 from test_precompiled import _header
 
 from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR, write_artifact
@@ -35,7 +35,7 @@ def test_a_failed_artifact_write_leaves_no_partial_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("folder", [PRECOMPILED_DIR, AOTINDUCTOR_DIR])
 def test_a_leftover_partial_artifact_is_shown_by_scan_and_removed_by_doctor(folder: str, tmp_path: Path) -> None:
-    root, db = tmp_path / "cache", f"sqlite:///{tmp_path / 'r.sqlite'}"
+    root, db = tmp_path / "cache", empty_registry(tmp_path)
     partial = root / folder / f".{'ab' * 32}.partial"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"x" * 1_400_000)

@@ -104,6 +104,13 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
+def empty_registry(tmp_path: Path) -> str:
+    """A new registry with no rows (the cache commands read one and never create it): every entry is an orphan."""
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    Registry.open(url).close()
+    return url
+
+
 def tree(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
@@ -249,7 +256,7 @@ def test_prune_max_size_evicts_least_recently_used_first(tmp_path: Path) -> None
     old = module(root, "old+f", done_files(10_000), age=30 * 86400)
     mid = module(root, "mid+f", done_files(10_000), age=10 * 86400)
     new = module(root, "new+f", done_files(10_000), age=1 * 86400)
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
     result = cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--max-size", "25K", "--json")
     [plan] = json.loads(result.output)
     assert [r["path"] for r in plan["remove"]] == [old]
@@ -263,7 +270,7 @@ def test_prune_max_size_evicts_least_recently_used_first(tmp_path: Path) -> None
 def test_prune_keeps_fresh_orphans_a_running_warmup_may_still_record(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     fresh = module(root, "fresh+f", done_files(), age=5)
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
     [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
     assert plan["remove"] == [] and "running warmup" in plan["notes"][0]
     [plan] = json.loads(
@@ -277,7 +284,7 @@ def test_prune_stale_toolchains_deletes_what_only_old_toolchains_use(
 ) -> None:
     local_toolchain_hash.cache_clear()  # memoised per process: start from this test's environment
     root = tmp_path / "cache"
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
     old_entry = module(root, "old+f2", done_files(), version="2.14.0.0")
     current_entry = module(root, "cur+f1", done_files())
     monkeypatch.setenv("NEURON_CC_FLAGS", "--model-type=transformer -O2")  # another compiler configuration
@@ -340,7 +347,7 @@ def test_doctor_on_a_missing_folder_forgets_nothing(cache, tmp_path: Path) -> No
 def test_cache_folder_precedence_and_remote_caches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neuron_manifest: Path
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
 
     def roots(*args: str) -> list[str]:
         result = cli("cache", "scan", "--db", url, "--json", *args)
@@ -408,7 +415,7 @@ def test_native_neff_cache_is_scanned_but_never_judged_broken(tmp_path: Path) ->
     (root / "graph-b" / "graph.hlo").write_bytes(b"h" * 10)
     (root / "c.neff").write_bytes(b"n" * 50)
     [info] = json.loads(
-        cli("cache", "scan", "--cache-dir", str(root), "--db", f"sqlite:///{tmp_path / 'r.sqlite'}", "--json").output
+        cli("cache", "scan", "--cache-dir", str(root), "--db", empty_registry(tmp_path), "--json").output
     )
     assert info["flavor"] == "neuron-native"
     assert {e["path"]: (e["kind"], e["state"], e["size_bytes"]) for e in info["entries"]} == {
@@ -423,7 +430,7 @@ def test_native_neff_cache_is_scanned_but_never_judged_broken(tmp_path: Path) ->
             "--cache-dir",
             str(root),
             "--db",
-            f"sqlite:///{tmp_path / 'r.sqlite'}",
+            empty_registry(tmp_path),
             "--grace",
             "0s",
             "--json",
@@ -438,7 +445,7 @@ def test_prune_keeps_orphans_while_a_warmup_holds_a_lock_in_the_cache(tmp_path: 
     (root / ".warmcache-locks").mkdir()
     spec_lock = root / ".warmcache-locks" / "0123abcd.lock"
     spec_lock.touch()
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
     with open(spec_lock) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # as warmup's FileLock holds it while a spec compiles
         [plan] = json.loads(cli("cache", "prune", "--cache-dir", str(root), "--db", url, "--orphans", "--json").output)
@@ -451,7 +458,7 @@ def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(
     tmp_path: Path, neuron_manifest: Path
 ) -> None:
     """A fleet registry: build-7 compiled batch=4 into its own cache; this host's cache never had it."""
-    root, url = tmp_path / "cache", f"sqlite:///{tmp_path / 'r.sqlite'}"
+    root, url = tmp_path / "cache", empty_registry(tmp_path)
     kept = module(root, "kept+f1", done_files())
     planned = planned_by_batch(neuron_manifest)
     record_compiled(url, planned[4], [f"neuronxcc-{VERSION}/MODULE_elsewhere+f1"], host="build-7")
@@ -470,7 +477,7 @@ def test_doctor_leaves_rows_of_other_hosts_that_name_nothing_in_this_cache(
 
 
 def test_doctor_forgets_only_rows_compiled_into_the_folder_it_examines(neuron_manifest: Path, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    url = empty_registry(tmp_path)
     cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
     entry = module(cache_a, "one+f1", done_files())
     module(cache_b, "unrelated+f1", done_files())  # another Neuron cache on the same host

@@ -73,7 +73,36 @@ def test_verify_on_a_missing_registry_creates_none(tmp_path: Path, write_manifes
     assert result.exit_code == 3 and "does not exist" in result.stderr and not db.parent.exists(), result.stderr
 
 
-def test_cache_scan_creates_no_registry_and_counts_no_orphans_in_the_compilers_shared_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cache", "scan"],
+        ["cache", "doctor"],
+        ["cache", "doctor", "--fix"],
+        ["cache", "prune", "--orphans", "--grace", "0s", "--dry-run"],
+        ["cache", "prune", "--orphans", "--grace", "0s"],
+    ],
+)
+def test_cache_commands_on_a_missing_registry_refuse_and_create_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Judged against a new, empty registry every entry is an orphan: ``prune --orphans`` would delete them all."""
+    entry = tmp_path / "cache" / "fxgraph" / "ab" / "fabcdef0123"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"a graph the registry that is not there would name")
+    monkeypatch.chdir(tmp_path)  # no project registry above it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("WARMCACHE_DB", raising=False)
+    where = ["--cache-dir", str(tmp_path / "cache"), "--flavor", "inductor"]
+    for db in ([], ["--db", f"sqlite:///{tmp_path / 'typo' / 'registry.sqlite'}"]):
+        result = cli(*command, *where, *db)
+        assert result.exit_code == 3 and len(error_lines(result.stderr)) == 1, (result.output, result.stderr)
+        assert "does not exist" in result.stderr and "db upgrade" in result.stderr, result.stderr
+    assert not (tmp_path / "xdg").exists() and not (tmp_path / "typo").exists(), "a cache command created a registry"
+    assert entry.exists()
+
+
+def test_cache_scan_counts_no_orphans_in_the_compilers_shared_folder(tmp_path: Path) -> None:
     shared = tmp_path / "tmp" / "torchinductor_someone" / "fxgraph" / "ab"
     shared.mkdir(parents=True)
     (shared / "fabcdef0123").write_bytes(b"a graph some other program compiled")
@@ -84,15 +113,16 @@ def test_cache_scan_creates_no_registry_and_counts_no_orphans_in_the_compilers_s
         "LOGNAME": "someone",
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
     }
+    default_registry = tmp_path / "xdg" / "warmcache" / "registry.sqlite"  # scan reads it, never creates it
+    assert cli("db", "upgrade", "--db", f"sqlite:///{default_registry}").exit_code == 0
     done = subprocess.run(
         [sys.executable, "-m", "warmcache", "cache", "scan", "--flavor", "inductor", "--json"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (info,) = json.loads(done.stdout)
     assert info["root"] == str(shared.parent.parent) and info["entry_count"] >= 1, info
     assert info["orphan_count"] == 0 and "shared by every process" in info["orphans_unknown"], info
-    assert not (tmp_path / "xdg" / "warmcache").exists(), "a scan created a registry"
 
 
 def test_a_model_name_ending_in_a_newline_is_refused(write_manifest) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from moto_server import free_port
 from test_service import TOKEN, call, compiled, manifest, service  # noqa: F401 - fixtures
 
 from warmcache.bounds import MAX_COUNT
+from warmcache.registry import Registry
 from warmcache.service.http import ApiError
 from warmcache.service.misses import parse_misses
 
@@ -262,3 +263,22 @@ def test_connections_that_never_finish_their_headers_are_closed(service: str, mo
         sock.close()
     assert not any(held), f"{sum(held)} of {len(held)} connections still open past the header deadline"
     assert call(f"{service}/healthz")[0] == 200
+
+
+def test_readers_never_see_the_registry_url_or_paths_on_the_server(service: str, compiled: str) -> None:  # noqa: F811
+    """Reads are open: no answer may name the registry (its host, user or file) or a path on the server's disk."""
+    with Registry.open(compiled, create=False) as registry:
+        on_disk = {path for r in registry.rows() for path in (r.model_path, r.cache_root) if path}
+    where = compiled.split("://", 1)[1].split("@")[-1]  # the database's host and name, or the SQLite file
+    secrets = {compiled, where, str(Path(compiled.split("///")[-1]).parent), *on_disk}
+    assert on_disk, "the seeded rows name paths on this host"
+    reads = ["/v1/guard/nope", "/v1/guard/m?workload=train", "/v1/shapes", "/v1/shapes?model=m", "/v1/models"]
+    reads += ["/v1/check?model=m&batch=1&seq=16", "/v1/status", "/v1/misses", "/readyz", "/metrics", "/"]
+    for path in reads:
+        status, answer, _ = call(f"{service}{path}")
+        text = answer if isinstance(answer, str) else json.dumps(answer)
+        assert not [secret for secret in secrets if secret in text], (path, status, text[:300])
+    status, answer, _ = call(f"{service}/v1/guard/nope")
+    assert status == 404 and answer["error"]["message"] == "model 'nope' has no compiled shapes", answer
+    rows = call(f"{service}/v1/shapes")[1]
+    assert rows and not {"cache_root", "model_path"} & {key for row in rows for key in row}

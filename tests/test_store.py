@@ -28,7 +28,7 @@ from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
-from warmcache.settings import RegistryLocation
+from warmcache.settings import RegistryLocation, default_registry
 from warmcache.store import open_store
 from warmcache.store.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
@@ -399,6 +399,7 @@ def test_s3_blobs_are_content_addressed_under_the_prefix(built: Built, s3_endpoi
 def test_cache_scan_and_doctor_classify_neurons_own_s3_cache(
     s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    Registry.open(default_registry()).close()  # scan and doctor read the default registry, never create it
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     modules = {
         "MODULE_done+f": ("model.hlo_module.pb", "model.neff", "model.done"),

@@ -9,6 +9,7 @@ put back under the tag, as anyone with write access to the registry (and no key)
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -24,11 +25,11 @@ from warmcache.trust import generate_key
 built = test_bundle.built
 
 
-def push(built: Built, url: str, key: Path) -> str:
+def push(built: Built, url: str, key: Path, *extra: str) -> str:
     """Push signed; the tag's manifest digest."""
     code, _, err = run(
         "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url,
-        "--sign", str(key),
+        "--sign", str(key), *extra,
     )  # fmt: skip
     assert code == 0, err
     found = OciStore.open(url).client.manifest(url.rsplit(":", 1)[1])
@@ -107,3 +108,30 @@ def test_a_signed_tag_copied_under_another_name_is_refused_and_a_mirror_of_the_s
             if expected == 5:
                 (line,) = error_lines(err)
                 assert f"signed for '{repository}:prod', not {target}" in line, err
+
+
+def test_an_expired_signed_tag_is_refused_naming_tag_and_date_and_a_push_renews_it(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """A registry that keeps serving the last push it had (hiding newer ones: a freeze) is caught when it expires."""
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/x-{uuid.uuid4().hex[:8]}", "prod")
+    first = push(built, url, tmp_path / "key")
+    document = OciStore.open(url).image().tag_document
+    assert document is not None and document["expires"] - document["pushed_at"] == 30 * 86400  # the default
+    code, _, err = run("push", str(built.manifest), "--db", built.url, "--store", url, "--expires", "1d")
+    assert code == 2 and "only a signed push (--sign)" in err, err
+    second = push(built, url, tmp_path / "key", "--expires", "3s")  # nothing changed, but a shorter validity: renewed
+    document = OciStore.open(url).image().tag_document
+    assert second != first and document is not None and document["version"] == 2
+    code, pulled, err = pull(built, url, tmp_path / "key", tmp_path / "a")
+    assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2, err
+    time.sleep(max(0.0, document["expires"] - time.time()) + 0.2)
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "b")
+    (line,) = error_lines(err)
+    expired = time.strftime("%Y-%m-%d", time.gmtime(document["expires"]))
+    assert code == 5 and f"{url}: signed tag version 2" in line and f"expired {expired}" in line, err
+    assert not (tmp_path / "b").exists()
+    push(built, url, tmp_path / "key")  # past half its validity: a push that changes nothing renews it
+    code, pulled, err = pull(built, url, tmp_path / "key", tmp_path / "c")
+    assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2, err

@@ -21,7 +21,6 @@ from warmcache.cli._common import (
     json_option,
     open_registry,
     print_json,
-    registry_location,
 )
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
@@ -75,10 +74,14 @@ def _grace_option(func: F) -> F:
 
 
 def _scan_all(
-    registry: Registry | None, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
+    registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
 ) -> list[CacheInfo]:
-    """Each cache folder scanned, its entries looked up in ``registry`` (``None``: there is none, so no orphans)."""
-    records = registry.rows(with_artifacts=True) if registry is not None else None
+    """Each cache folder scanned, its entries looked up in ``registry``.
+
+    The registry must exist (scan, doctor and prune never create one): judged against a new,
+    empty registry every entry would be an orphan, and ``prune --orphans`` would delete them all.
+    """
+    records = registry.rows(with_artifacts=True)
     return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
 
 
@@ -129,12 +132,8 @@ def scan(
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
     manifest = _manifest(manifest_path)
     remote = _remote_neuron(cache_dir, manifest)
-    location = registry_location(db_url, manifest)
-    if location.sqlite_file is not None and not location.sqlite_file.exists():  # a scan only reads: none is made
-        infos = _scan_all(None, cache_dir, flavor, manifest)
-    else:
-        with Registry.open(location, create=False) as registry:
-            infos = _scan_all(registry, cache_dir, flavor, manifest)
+    with open_registry(db_url, manifest, create=False) as registry:
+        infos = _scan_all(registry, cache_dir, flavor, manifest)
     if as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
@@ -213,7 +212,7 @@ def doctor(
     remote = _remote_neuron(cache_dir, manifest)
     if remote and not as_json:
         click.echo(_describe_remote(remote, doctor=True))
-    with open_registry(db_url, manifest, create=True) as registry:
+    with open_registry(db_url, manifest, create=False) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
         plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
         extra = [{**remote.as_json(), "applied": False}] if remote else []
@@ -267,7 +266,7 @@ def prune(
     )
     rules.check()
     manifest = _manifest(manifest_path)
-    with open_registry(db_url, manifest, create=True) as registry:
+    with open_registry(db_url, manifest, create=False) as registry:
         infos = _scan_all(registry, cache_dir, flavor, manifest)
         _report(
             [plan_prune(info, rules) for info in infos],

@@ -23,13 +23,21 @@ from warmcache.cli._common import (
 )
 from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
-from warmcache.errors import UsageError
+from warmcache.errors import UsageError, shown
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
-from warmcache.store.oci.freshness import MIN_VERSION_ENV, STATE_ENV, TagMemory, parse_pin
+from warmcache.store.oci.freshness import (
+    EXPIRES_ENV,
+    MIN_VERSION_ENV,
+    STATE_ENV,
+    TagMemory,
+    parse_pin,
+    validity_seconds,
+)
+from warmcache.store.oci.store import OciStore
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
@@ -99,12 +107,20 @@ def store_options(func: F) -> F:
 @shipment_arguments
 @verified_only_option
 @sign_option
+@click.option(
+    "--expires",
+    metavar="AGE",
+    default=None,
+    help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d). "
+    "A push renews it once half is gone.",
+)
 @store_options
 @json_option
 def push(
     shipment: Shipment,
     verified_only: bool,
     sign_key: str | None,
+    expires: str | None,
     store_url: str | None,
     endpoint_url: str | None,
     as_json: bool,
@@ -112,6 +128,13 @@ def push(
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
     key = signing_key(sign_key, shipment.manifest)
     store = resolve_store(store_url, endpoint_url, shipment.manifest)
+    if expires is not None:
+        if not isinstance(store, OciStore) or key is None:
+            raise UsageError(
+                f"--expires {shown(expires)}: only a signed push (--sign) to an oci:// store has an expiry"
+            )
+        validity_seconds(expires)  # checked before anything is read or sent
+        store.tag_expires = expires
     with shipment.opened("pushing") as (registry, progress):
         result = push_manifest(
             shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress

@@ -66,6 +66,15 @@ class ServiceConfig:
     """Signs every ``/v1/guard/{model}`` answer, so guards with trusted keys load the precompiled code it names."""
 
 
+#: A row's paths on the registry host (its cache folder, the model's folder): ``/v1/shapes`` is open to any reader.
+SERVER_PATHS = ("cache_root", "model_path")
+
+
+def reader_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as any reader may see it: ``warmcache shapes --json`` without :data:`SERVER_PATHS`."""
+    return {key: value for key, value in row.items() if key not in SERVER_PATHS}
+
+
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(dumps(data), status_code=status, media_type="application/json", headers=headers)
 
@@ -140,7 +149,7 @@ class Handlers:
         status = choice(params, "status", [str(s) for s in PLAN_STATUSES[1:]])
         model = params.get("model")
         rows = [
-            shape_json(r)
+            reader_row(shape_json(r))
             for r in self.view.current().records
             if (model is None or r.model_name == model) and (workload is None or r.workload == workload)
         ]
@@ -196,9 +205,8 @@ class Handlers:
 
     async def guard(self, request: Request) -> Response:
         workload = choice(request.query_params, "workload", WORKLOADS)
-        etag, body = guard_document(
-            self.view.current(), request.path_params["model"], workload, self.view.display_url, self.config.signing_key
-        )
+        model, key = request.path_params["model"], self.config.signing_key
+        etag, body = guard_document(self.view.current(), model, workload, key)
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers=headers)

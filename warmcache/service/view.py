@@ -42,6 +42,8 @@ CONNECT_TIMEOUT_S = 3
 STATEMENT_TIMEOUT_MS = 5000
 #: What a served guard snapshot names as its source (not the registry's URL: any reader may fetch one).
 SNAPSHOT_SOURCE = "warmcache serve"
+#: A reader's answer while the registry is down: the cause (which names its host, user or file) goes to the log only.
+UNAVAILABLE = "registry unavailable (this server's log says why)"
 #: Memoised answers per state; traffic beyond this many distinct requests is computed each time.
 MEMO_LIMIT = 65536
 
@@ -139,9 +141,9 @@ class RegistryView:
 
     def current(self) -> RegistryState:
         """The state to answer from, or a 503 while the registry is down (or not loaded yet)."""
-        state, error = self.state, self.error
-        if error is not None:
-            raise ApiError(503, f"registry unavailable: {error}")
+        state = self.state
+        if self.error is not None:
+            raise ApiError(503, UNAVAILABLE)
         if state is None:
             raise ApiError(503, "registry not loaded yet")
         return state
@@ -156,7 +158,7 @@ class RegistryView:
             self.error = first_line(str(exc))
             log.warning("registry %s: %s", self.display_url, self.error)
             self._drop()
-            raise ApiError(503, f"registry unavailable: {self.error}") from None
+            raise ApiError(503, UNAVAILABLE) from None
 
     def _open(self) -> Registry:
         with self._open_lock:
@@ -173,7 +175,7 @@ class RegistryView:
 
 
 def guard_document(
-    state: RegistryState, model: str, workload: str | None, source: str, signing_key: SigningKey | None = None
+    state: RegistryState, model: str, workload: str | None, signing_key: SigningKey | None = None
 ) -> tuple[str, bytes]:
     """``(etag, body)`` of the guard snapshot of ``model``: its compiled rows, as ``warmcache guard export`` writes them
     (signed with ``signing_key``, once per state).
@@ -190,7 +192,7 @@ def guard_document(
             if r.model_name == model and (workload is None or r.workload == workload) and r.status in DONE_STATUSES
         ]
         if not rows:
-            raise ApiError(404, f"model {model!r} has no compiled shapes in registry {source}", "model")
+            raise ApiError(404, f"model {model!r} has no compiled shapes", "model")  # any reader: never the registry
         document = snapshot_document(rows, SNAPSHOT_SOURCE, signing_key)  # any reader gets it: no path of this host
         etag = hashlib.sha256(dumps(document["records"])).hexdigest()[:32]
         return f'"{etag}"', dumps(document)

@@ -9,6 +9,11 @@ signed with the same key, modelled on TUF's timestamp and snapshot roles (as pyt
 - it names the **repository and tag** it was pushed to (a mirror on another host keeps
   both; a copy under another name is refused: push it there again with ``--sign``);
 - it carries a **version**, one more than the tag's before (and the push time);
+- it **expires** (TUF's timestamp role does, against a freeze: a registry that keeps serving
+  the last version a host saw, hiding newer pushes): ``push --expires AGE``, else
+  ``$WARMCACHE_TAG_EXPIRES``, else 30 days; a pull refuses it once past, naming tag and date,
+  and a push renews it (a new version, nothing else changed) once half its validity is gone
+  (or when it shortens it);
 - it lists the sha256 of **every shape index** the image holds (TUF's snapshot: an index
   from another push cannot be slipped into this one).
 
@@ -29,6 +34,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +44,16 @@ from filelock import FileLock, Timeout
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.store.index import index_bytes
 from warmcache.store.oci.reference import OciReference
-from warmcache.trust import SigningKey, TrustedKeys, sign_document
+from warmcache.trust import SIGNATURE_MEMBER, SigningKey, TrustedKeys, sign_document
+from warmcache.units import parse_age
 
 TAG_FORMAT = 1
 STATE_ENV = "WARMCACHE_STATE_DIR"
 MIN_VERSION_ENV = "WARMCACHE_MIN_TAG_VERSION"
+EXPIRES_ENV = "WARMCACHE_TAG_EXPIRES"
+#: How long a signed tag is valid when neither ``--expires`` nor ``$WARMCACHE_TAG_EXPIRES`` says: the longest a
+#: registry can hide newer pushes from a host by serving it the last version it saw.
+DEFAULT_VALIDITY_S = 30 * 86400
 MEMORY_FILE = "oci-tags.json"
 #: Versions are JSON integers every reader holds exactly.
 MAX_VERSION = 2**53
@@ -58,8 +69,29 @@ class TagVersion:
     digest: str
 
     def describe(self) -> str:
-        when = dt.datetime.fromtimestamp(self.pushed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        return f"version {self.version} (pushed {when}, {self.digest[:19]})"
+        return f"version {self.version} (pushed {_when(self.pushed_at)}, {self.digest[:19]})"
+
+
+def _when(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def validity_seconds(flag: str | None = None) -> float:
+    """How long a push's tag document is valid: ``--expires``, else ``$WARMCACHE_TAG_EXPIRES``, else 30 days."""
+    text, source = (flag, "--expires") if flag is not None else (os.environ.get(EXPIRES_ENV), f"${EXPIRES_ENV}")
+    seconds = parse_age(text, option=source) if text else DEFAULT_VALIDITY_S
+    if seconds <= 0:
+        raise UsageError(f"{source}: {shown(text or '')} is no time at all; a tag must be valid for a while")
+    return seconds
+
+
+def needs_renewal(document: dict[str, Any] | None, validity: float, now: float) -> bool:
+    """Whether a signed push that changes no shape must still write a new version: the tag's document is unsigned,
+    has no expiry, has less than half of ``validity`` left (so a regular push keeps a tag from expiring), or more than
+    ``validity`` (the pusher shortened it)."""
+    expires = document.get("expires") if isinstance(document, dict) else None
+    signed = isinstance(document, dict) and SIGNATURE_MEMBER in document
+    return not signed or not isinstance(expires, (int, float)) or not validity / 2 <= expires - now <= validity
 
 
 def tag_document(
@@ -68,14 +100,17 @@ def tag_document(
     pushed_at: float,
     indexes: dict[str, dict[str, Any]],
     signing_key: SigningKey | None,
+    validity: float = DEFAULT_VALIDITY_S,
 ) -> dict[str, Any]:
-    """What a push states about the tag it writes (signed with ``signing_key``, as its indexes are)."""
+    """What a push states about the tag it writes (signed with ``signing_key``, as its indexes are), valid for
+    ``validity`` seconds from ``pushed_at``."""
     document = {
         "format": TAG_FORMAT,
         "repository": reference.repository,
         "tag": reference.tag,
         "version": version,
         "pushed_at": pushed_at,
+        "expires": pushed_at + validity,
         "indexes": {key: hashlib.sha256(index_bytes(index)).hexdigest() for key, index in sorted(indexes.items())},
     }
     return sign_document(document, signing_key) if signing_key else document
@@ -93,9 +128,10 @@ def check_tag(
     reference: OciReference,
     digest: str,
     trusted: TrustedKeys,
+    now: float | None = None,
 ) -> TagVersion:
     """The verified version of the tag ``reference`` names, or :class:`TrustError` (one line): unsigned for its tag,
-    signed for another repository or tag, or holding an index the signed list does not name."""
+    signed for another repository or tag, expired (at ``now``), or holding an index the signed list does not name."""
     where = reference.url
     if document is None:
         raise TrustError(
@@ -112,6 +148,16 @@ def check_tag(
     version, pushed_at, listed = document.get("version"), document.get("pushed_at"), document.get("indexes")
     if version_of(document) != version or not isinstance(pushed_at, (int, float)) or not isinstance(listed, dict):
         raise TrustError(f"{where}: tag document has no version, push time or index list; refused")
+    expires = document.get("expires")
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+        raise TrustError(
+            f"{where}: signed tag version {version} has no expiry date; refused: push it again with --sign"
+        )
+    if (time.time() if now is None else now) >= expires:
+        raise TrustError(
+            f"{where}: signed tag version {version} (pushed {_when(pushed_at)}) expired {_when(expires)}; refused: "
+            "the registry may be hiding newer pushes (push it again with --sign to renew it)"
+        )
     for key, index in indexes.items():
         if listed.get(key) != hashlib.sha256(index_bytes(index)).hexdigest():
             raise TrustError(f"{where}: shape index {key} is not the one its tag document lists; refused")

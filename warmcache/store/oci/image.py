@@ -235,9 +235,10 @@ def metadata_members(
     base: StoredImage | None,
     pushed_at: float,
     signing_key: SigningKey | None,
+    validity: float,
 ) -> list[tuple[str, bytes]]:
-    """The metadata layer's files: ``index.json``, the tag document (one version past ``base``'s) and the ``guard
-    export`` snapshot of the same rows."""
+    """The metadata layer's files: ``index.json``, the tag document (one version past ``base``'s, valid for
+    ``validity`` seconds) and the ``guard export`` snapshot of the same rows."""
     superseded = [*base.superseded, Superseded(base.digest, pushed_at)] if base is not None else []
     version = version_of(base.tag_document if base is not None else None) + 1
     document = {
@@ -253,7 +254,7 @@ def metadata_members(
     }
     return [
         (INDEX_MEMBER, canonical_bytes(document)),
-        (TAG_MEMBER, canonical_bytes(tag_document(reference, version, pushed_at, indexes, signing_key))),
+        (TAG_MEMBER, canonical_bytes(tag_document(reference, version, pushed_at, indexes, signing_key, validity))),
         (GUARD_MEMBER, guard_snapshot(indexes, reference.url, signing_key)),
     ]
 

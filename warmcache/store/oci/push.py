@@ -7,7 +7,8 @@ hosts of a fleet can each publish what they compiled to one tag, as they do to o
 prefix. Layers whose files did not change keep their digest and are not sent again;
 a changed layer is rebuilt from the local cache, taking any file this host lacks from
 the tag's own layer (checked against its index). A push that changes nothing writes
-nothing.
+nothing, unless it signs and the tag's signed document is half-way to expiry: then it
+writes the same shapes under a new version (:func:`.freshness.needs_renewal`).
 
 **Concurrent pushes to one tag.** A registry has no compare-and-swap on tags: two hosts
 that read the tag, merge and write it back at once would each drop the other's shapes.
@@ -38,6 +39,7 @@ from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
 from warmcache.store.oci.annotations import summary
+from warmcache.store.oci.freshness import needs_renewal, validity_seconds
 from warmcache.store.oci.image import (
     Descriptor,
     StoredImage,
@@ -80,15 +82,20 @@ def push_image(
             sign_document(index, signing_key) if signing_key else index
         )
     local = {f.path: f for files in shapes.values() for f in files}
+    validity = validity_seconds(store.tag_expires)  # checked before anything is uploaded
     with tempfile.TemporaryDirectory(prefix="warmcache-oci-push-") as work:
         builder = _Layers(store, location, local, Path(work), progress)
         for _ in range(MERGE_ATTEMPTS):
             started = time.monotonic()
             base = read_image(store.client, store.reference.tag)
             merged = _merge(base, ours, location.flavor, store.url)
-            if base is not None and canonical_bytes(merged) == canonical_bytes(base.indexes):
+            if (
+                base is not None
+                and canonical_bytes(merged) == canonical_bytes(base.indexes)
+                and not (signing_key and needs_renewal(base.tag_document, validity, time.time()))
+            ):
                 return builder.result(len(records), 0, not_compiled)
-            manifest = _image(store, builder, base, merged, location.flavor, signing_key)
+            manifest = _image(store, builder, base, merged, location.flavor, signing_key, validity)
             if time.monotonic() - started > MERGE_WINDOW_SECONDS:
                 continue  # the layers are built and sent now: read the tag again and merge quickly
             store.client.put_manifest(store.reference.tag, manifest)
@@ -138,6 +145,7 @@ def _image(
     indexes: dict[str, dict[str, Any]],
     flavor: CacheFlavor,
     signing_key: SigningKey | None,
+    validity: float,
 ) -> bytes:
     """Build and upload every blob of the image holding ``indexes``; its manifest's bytes."""
     files = {
@@ -146,7 +154,7 @@ def _image(
         for file in index["files"]
     }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
-    members = metadata_members(store.reference, flavor, indexes, layers, base, time.time(), signing_key)
+    members = metadata_members(store.reference, flavor, indexes, layers, base, time.time(), signing_key, validity)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)

@@ -38,6 +38,9 @@ class OciStore:
         self.client = RegistryClient(reference)
         #: What this host remembers of the tags it pulled: a signed tag older than that is refused.
         self.memory = memory or TagMemory.resolve()
+        #: How long a signed push's tag document is valid (``push --expires``; ``None``: ``$WARMCACHE_TAG_EXPIRES``,
+        #: else 30 days): see :mod:`.freshness`.
+        self.tag_expires: str | None = None
         self._image: StoredImage | None = None
 
     @classmethod
