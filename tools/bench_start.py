@@ -252,10 +252,7 @@ def report(label: str, args: argparse.Namespace, results: dict[str, list[dict[st
         f"{own:.3f}s"
     )
     again = sum(packaged[n] - floor[n] for n in ("second_first_token", "second_request"))
-    print(
-        f"a second request (same process) differs by {again:+.3f}s from the floor's: a per-request cost of the "
-        "compiled route (static cache, package decode steps), not a start cost"
-    )
+    print(f"a second request (same process, what every request costs) differs by {again:+.3f}s from the floor's")
     if "cold" in medians:
         cold = medians["cold"]
         ratio = cold["to_request"] / packaged["to_request"]
