@@ -7,7 +7,7 @@ processes, on its own registry and cache folder:
 * ``inductor``: ``warmcache warmup`` (real Inductor compiles, decoding to the full cache,
   unpadded and left-padded), ``warmcache verify`` (zero cache misses in a fresh process), then
   a fresh serving process that primes a ``ShapeGuard`` and sends ragged requests
-  (``tools/serving_check.py``): 0 graphs after priming, every token agreeing with the
+  (``tests/support/serving_check.py``): 0 graphs after priming, every token agreeing with the
   model's eager logits under the dtype's criterion (``warmcache.warmup.verify.agreement``);
 * ``precompile``: the same with ``precompile = true`` (each bucket's decode step saved with
   ``aot_compile``; verify proves the artifact to the cache's end);
@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from real_model import build_real_model, real_configs
-from serving_check import serve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
+from serving_check import serve  # noqa: E402
 
 ROUTES = ("inductor", "precompile", "aotinductor", "train")
 DTYPES = ("float32", "bfloat16")
