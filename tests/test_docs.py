@@ -72,8 +72,8 @@ def test_the_build_warning_names_the_page_and_the_path(caplog: pytest.LogCapture
 def test_lazy_api_names_resolve_to_their_module() -> None:
     lazy = lazy_public_names()
     assert "ShapeGuard" in lazy
-    page = "::: warmcache.ShapeGuard\n\n::: warmcache.BucketTable\n"
-    assert resolve_lazy_directives(page) == f"::: {lazy['ShapeGuard']}.ShapeGuard\n\n::: warmcache.BucketTable\n"
+    page = "::: warmcache.ShapeGuard\n\n::: warmcache.UsageError\n"
+    assert resolve_lazy_directives(page) == f"::: {lazy['ShapeGuard']}.ShapeGuard\n\n::: warmcache.UsageError\n"
 
 
 def test_a_pipe_in_a_table_cells_code_reads_as_a_pipe_on_the_site() -> None:
