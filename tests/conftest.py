@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))  # tiny_model, real_model and the benchmarks tests run
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # servers, manifests and hosts the tests share
 
 from inductor_host import INDUCTOR_BUCKET, InductorWarmup, warmcache_json  # noqa: E402
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402

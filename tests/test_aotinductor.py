@@ -133,8 +133,8 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
 def test_tampered_package_is_refused_before_loading(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from warmcache.runtime.aotinductor import load_package
-    from warmcache.runtime.precompiled import expected_fingerprint
+    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.runtime.decode_dispatch import expected_fingerprint
 
     row = _rows(packaged)[1]
     entry = _package(row)
@@ -149,8 +149,8 @@ def test_tampered_package_is_refused_before_loading(
 
 @pytest.mark.slow
 def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path]) -> None:
-    from warmcache.runtime.aotinductor import load_package
-    from warmcache.runtime.precompiled import expected_fingerprint
+    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.runtime.decode_dispatch import expected_fingerprint
 
     rows = _rows(packaged)
     with pytest.raises(CacheError, match=r"compiled for another batch_size: batch_size=4 \(row: 1\)") as refused:
@@ -178,7 +178,7 @@ def _model(path: Path) -> Any:
 
 
 def test_package_built_for_a_wider_cpu_is_refused() -> None:
-    from warmcache.runtime.aotinductor import cpu_can_run
+    from warmcache.runtime.aoti_loader import cpu_can_run
 
     assert cpu_can_run("AVX2", "AVX512") and cpu_can_run("AVX512", "AVX512")
     assert not cpu_can_run("AVX512", "AVX2") and not cpu_can_run("SVE256", "AVX512")
@@ -274,7 +274,7 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
     """The AOTInductor runner checks nothing itself: a non-contiguous cache would give wrong logits, silently."""
     import torch
 
-    from warmcache.runtime.aotinductor import PackagedDecodeStep
+    from warmcache.runtime.aoti_loader import PackagedDecodeStep
 
     step = PackagedDecodeStep(
         loader=None,
@@ -358,7 +358,7 @@ def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
     import io
     import zipfile
 
-    from warmcache.cache.precompiled import MAGIC
+    from warmcache.cache.artifact_format import MAGIC
 
     data = real.read_bytes()
     end = data.index(b"\n", len(MAGIC))
@@ -457,8 +457,8 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     """A rotary ``inv_freq`` is a non-persistent buffer ``state_dict()`` leaves out; a tied weight has two names."""
     import torch
 
-    from warmcache.runtime.aotinductor import named_tensors
-    from warmcache.warmup.aotinductor import constant_header
+    from warmcache.cache.artifact_format import named_tensors
+    from warmcache.warmup.aoti_export import constant_header
 
     class Step(torch.nn.Module):
         def __init__(self) -> None:
@@ -489,8 +489,8 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
 ) -> None:
     """The C++ loader unpacks into ``$TMPDIR/aotinductor_*`` and removed it only when a load succeeded: a package whose
     ``.so`` does not load (here an empty one: undefined symbols) left the folder behind."""
-    from warmcache.runtime.aotinductor import load_package
-    from warmcache.runtime.precompiled import expected_fingerprint
+    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.runtime.decode_dispatch import expected_fingerprint
 
     (tmp_path / "empty.c").write_text("int nothing(void) { return 0; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "empty.so"), str(tmp_path / "empty.c")], check=True)
@@ -552,8 +552,9 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
     """
     import torch
 
-    from warmcache.runtime.aotinductor import decode_tensor, encode_tensor, named_tensors, open_loader
-    from warmcache.warmup.aotinductor import INDUCTOR_CONFIGS, _constants_as_buffers, constant_header
+    from warmcache.cache.artifact_format import decode_tensor, encode_tensor, named_tensors
+    from warmcache.runtime.aoti_loader import open_loader
+    from warmcache.warmup.aoti_export import INDUCTOR_CONFIGS, _constants_as_buffers, constant_header
 
     step, x = _LongRope.module(), torch.randn(2, _LongRope.WIDTH) * 4
     with torch.no_grad():
@@ -583,8 +584,8 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
 def test_computed_constants_are_bounded_and_a_malformed_one_is_one_line(tmp_path: Path) -> None:
     import torch
 
-    from warmcache.runtime.aotinductor import decode_tensor, encode_tensor
-    from warmcache.warmup.aotinductor import MAX_COMPUTED_CONSTANT_BYTES, constant_header
+    from warmcache.cache.artifact_format import decode_tensor, encode_tensor
+    from warmcache.warmup.aoti_export import MAX_COMPUTED_CONSTANT_BYTES, constant_header
 
     step = torch.nn.Linear(2, 2)
     for dtype in (torch.float32, torch.bfloat16, torch.int64):

@@ -34,3 +34,20 @@ def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) ->
         1,
         8,
     )
+
+
+def test_bench_start_splits_a_start_into_its_phases_in_order() -> None:
+    from bench_start import phases
+
+    # The floor's stamps: no warmcache phases; the first token lands inside the request.
+    stamps = {"python": 10.1, "torch": 11.0, "transformers": 12.0, "weights": 14.5, "first_token": 15.0}
+    seconds = phases(10.0, {**stamps, "request": 17.0})
+    assert "prime" not in seconds
+    assert [round(seconds[k], 3) for k in ("python", "torch", "weights", "first_token", "request")] == [
+        0.1,
+        0.9,
+        2.5,
+        0.5,
+        2.0,
+    ]
+    assert (round(seconds["to_first_token"], 3), round(seconds["to_request"], 3)) == (5.0, 7.0)

@@ -89,7 +89,7 @@ class _FlakyRegistry:
 def test_a_failed_lease_renewal_is_logged_not_dropped(caplog: pytest.LogCaptureFixture) -> None:
     registry = _FlakyRegistry()
     caplog.set_level(logging.DEBUG, logger="warmcache.warmup.claims")
-    with claims._Heartbeat(registry, [7], "host:1", lease_seconds=0.6):  # type: ignore[arg-type]
+    with claims._LeaseRenewer(registry, [7], "host:1", lease_seconds=0.6):  # type: ignore[arg-type]
         assert registry.failed.wait(5)
         time.sleep(0.05)
     record = next(r for r in caplog.records if "could not renew leases" in r.getMessage())

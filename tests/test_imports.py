@@ -108,3 +108,18 @@ def test_no_package_imports_itself_back() -> None:
     for module, targets in graph.items():
         packages.setdefault(package(module), set()).update(package(t) for t in targets if package(t) != package(module))
     assert [describe(packages, c) for c in cycles(packages)] == []
+
+
+def test_the_targets_sit_below_the_manifest() -> None:
+    """The manifest asks the targets which devices, backends and precompile routes exist; a target never reads the
+    manifest, so adding a device means adding a target."""
+    graph = import_graph()
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("warmcache.targets")
+        for target in sorted(targets)
+        if target.startswith("warmcache.manifest")
+    ]
+    assert upward == []
+    assert any(target.startswith("warmcache.targets") for target in graph["warmcache.manifest.parse"])

@@ -77,12 +77,7 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
         config_map["data"]["deploy.toml"].replace('"/etc/warmcache/', f'"{pod_root}/etc/warmcache/')
     )
     manifest = load_manifest(manifest_file)
-    assert (
-        manifest.store.push
-        and manifest.store.url
-        and manifest.store.url.startswith("oci://")
-        and manifest.store.sign_key
-    )
+    assert manifest.store.push and manifest.store.url and manifest.store.url.is_oci and manifest.store.sign_key
     assert manifest.trusted_keys.configured and [m.device for m in manifest.models] == ["neuron"]
     files_in = {"/etc/warmcache/deploy.toml", "/etc/warmcache/signing/build-key", "/etc/warmcache/trust/build-key.pub"}
     paths_used: list[tuple[str, list[str]]] = []
@@ -124,8 +119,26 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
     assert ("warmup", ["/etc/warmcache/deploy.toml", "/cache"]) in paths_used
 
 
-def test_every_file_the_dockerfile_copies_exists() -> None:
+def test_every_file_the_dockerfile_copies_exists_and_reaches_the_builder() -> None:
     text = (EXAMPLES / "Dockerfile").read_text()
     sources = [word for line in text.splitlines() if line.startswith("COPY ") for word in line.split()[1:-1]]
     assert sources and all((ROOT / source).exists() for source in sources), sources
-    assert {"FROM python:3.11-slim-bookworm AS cpu", "FROM ${NEURON_BASE} AS neuron"} <= set(text.splitlines())
+    # .dockerignore admits only what the Dockerfile copies (a .venv would travel to the builder otherwise).
+    admitted = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert set(sources) <= admitted, set(sources) - admitted
+    lines = set(text.splitlines())
+    assert {"ARG BASE=python:3.11-slim-bookworm", "FROM ${BASE} AS cpu", "FROM ${NEURON_BASE} AS neuron"} <= lines
+    assert "USER 1000" in lines, "the cpu image runs as a non-root user"
+
+
+def test_the_container_pipeline_runs_what_the_deployment_runs() -> None:
+    """tools/container_pipeline.sh (CI) builds this Dockerfile and starts serve.py as the Deployment does: the same
+    command on the tag mounted at the Deployment's cache path; a drift here would leave CI testing another pod."""
+    pipeline = (ROOT / "tools" / "container_pipeline.sh").read_text()
+    (deployment,) = documents("serve-deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    python, script, cache = container["command"][:3]
+    assert "-f examples/k8s/Dockerfile" in pipeline and "--target cpu" in pipeline
+    assert f"destination={cache}" in pipeline and f"{python} {script} {cache} " in pipeline
+    assert "--model-path" in container["command"] and "--model-path" in pipeline
+    assert "\n  tools/container_pipeline.sh\n" in (ROOT / ".ci" / "run").read_text(), "CI runs the pipeline"

@@ -268,3 +268,39 @@ def test_a_problem_in_a_named_model_says_which_model_it_is() -> None:
         "m.toml: model[2].name: 'bad name' must start with a letter or digit and use only "
         "letters, digits, '.', '_' and '-'",  # no name to give
     ]
+
+
+@pytest.mark.parametrize("text", ["s3://bucket/prefix", "file:///srv/store", "oci://registry.example/team/cache:v1"])
+def test_a_store_url_is_the_same_location_from_the_manifest_and_from_the_flag(text: str, write_manifest) -> None:  # type: ignore[no-untyped-def]
+    from warmcache.store import store_location
+
+    manifest = load_manifest(write_manifest(f'[store]\nurl = "{text}"\n' + GOOD))
+    assert manifest.store.url is not None and manifest.store.url.url == text
+    assert store_location(text).url == store_location(None, manifest).url == text
+
+
+def test_a_plain_store_path_is_a_folder_from_the_manifest_and_from_the_flag(
+    write_manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A folder path is accepted by both; the manifest's anchors at its folder, the flag's at the working folder."""
+    from warmcache.store import store_location
+
+    monkeypatch.delenv("WARMCACHE_STORE", raising=False)
+    path = write_manifest('[store]\nurl = "shared/store"\n' + GOOD)
+    assert store_location(None, load_manifest(path)).url == (path.parent / "shared/store").resolve().as_uri()
+    monkeypatch.chdir(tmp_path)
+    assert store_location("here/store").url == (tmp_path / "here/store").resolve().as_uri()
+
+
+def test_an_unknown_store_scheme_is_refused_alike_by_the_manifest_and_the_flag(write_manifest) -> None:  # type: ignore[no-untyped-def]
+    from warmcache.errors import UsageError
+    from warmcache.store import store_location
+    from warmcache.store_location import ACCEPTED_FORMS
+
+    with pytest.raises(ManifestError) as manifest_error:
+        load_manifest(write_manifest('[store]\nurl = "gs://bucket"\n' + GOOD))
+    with pytest.raises(UsageError) as flag_error:
+        store_location("gs://bucket")
+    assert "store.url: 'gs://bucket': unknown scheme 'gs'" in str(manifest_error.value)
+    assert str(flag_error.value) == f"--store 'gs://bucket': unknown scheme 'gs'; give {ACCEPTED_FORMS}"
+    assert ACCEPTED_FORMS in str(manifest_error.value)

@@ -9,10 +9,12 @@ user's ``pip install .`` would, and compares file lists.
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,20 @@ def test_the_wheel_holds_every_module_and_the_migrations(wheel_files: set[str]) 
     assert not missing, f"{len(missing)} source file(s) not in the wheel: {missing}"
     stray = sorted(name for name in wheel_files if name.startswith("warmcache/") and name not in expected)
     assert not stray, f"the wheel ships files the tree does not hold: {stray}"
+
+
+def test_the_suite_runs_the_installed_package_not_the_source_tree() -> None:
+    """CI installs the wheel (not ``-e``) and runs pytest with ``PYTHONSAFEPATH=1``: the suite then proves what users
+    install. Without it, ``python -m pytest`` in the checkout imports ``warmcache/`` beside the tests instead, and a
+    module the wheel drops passes every test."""
+    import warmcache
+
+    dist = distribution("warmcache")
+    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct_url.get("dir_info", {}).get("editable"):
+        pytest.skip("an editable install (pip install -e): the suite runs the source tree, as the developer chose")
+    installed = Path(str(dist.locate_file("warmcache/__init__.py"))).resolve()
+    imported = Path(warmcache.__file__).resolve()
+    assert imported == installed and not imported.is_relative_to(PACKAGE), (
+        f"the suite imported {imported}, not the installed {installed}: run pytest with PYTHONSAFEPATH=1"
+    )

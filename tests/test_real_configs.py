@@ -89,7 +89,7 @@ def _served_by(package_root: Path, serving: Any, ids: Any) -> tuple[Any, Any]:
     import torch
 
     from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
-    from warmcache.runtime.precompiled import install
+    from warmcache.runtime.decode_dispatch import install
     from warmcache.shapes.workload_settings import GenerateSettings
 
     with Registry.open(f"sqlite:///{package_root}/registry.sqlite") as registry:

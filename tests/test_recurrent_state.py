@@ -24,7 +24,7 @@ from tiny_model import build_config, build_tiny_model
 
 from warmcache.errors import UsageError
 from warmcache.registry import Registry
-from warmcache.runtime.precompiled import precompiled_entries
+from warmcache.runtime.decode_dispatch import precompiled_entries
 
 PACKAGED = ("lfm2", "granitemoehybrid", "falcon-h1")
 #: Falcon-H1 again through ``precompile = true``: its layers hold keys, values, a conv window and an SSM state at once.
@@ -127,11 +127,11 @@ def test_verify_fails_a_package_whose_state_writes_are_lost(
 ) -> None:
     """The package writes a decode step's conv window and SSM state into the caller's tensors; if those writes never
     reach the cache (a copy handed to the package), every later step reads a stale state, and verify must say so."""
-    import warmcache.runtime.aotinductor as runtime
+    import warmcache.runtime.aoti_loader as runtime
     from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
     from warmcache.modeling.generation import compile_config
-    from warmcache.warmup.verify.precompiled import prove_artifacts
+    from warmcache.warmup.verify.artifact_proof import prove_artifacts
 
     (planned,) = plan_manifest(load_manifest(warmed / "manifest.toml"), arch)
     row = _row(warmed, arch)
@@ -195,9 +195,9 @@ def test_a_recurrent_cache_is_taken_apart_into_its_states_and_held_around_them_a
     import torch
     from transformers import AutoModelForCausalLM
 
+    from warmcache.cache.artifact_format import decode_signature
     from warmcache.modeling.decode_inputs import flatten
     from warmcache.modeling.kv_cache import PositionTensorCache, hold
-    from warmcache.runtime.precompiled import decode_signature
 
     loaded = AutoModelForCausalLM.from_config(build_config("falcon-h1")).eval()  # hybrid: keys, values and state
     cache = PositionTensorCache(loaded.config, MAX_CACHE_LEN)

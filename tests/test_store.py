@@ -29,7 +29,7 @@ from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation, default_registry
-from warmcache.store import open_store
+from warmcache.store import StoreLocation, open_store
 from warmcache.store.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
 from warmcache.store.operations import push_manifest
@@ -76,7 +76,7 @@ def pull_args(built: Built, store: list[str], cache: Path, db: str) -> list[str]
 
 
 def object_store(store: list[str]):
-    return open_store(store[1], store[3] if len(store) > 2 else None)
+    return open_store(StoreLocation.parse(store[1]), store[3] if len(store) > 2 else None)
 
 
 def test_push_then_pull_installs_the_entries_and_rows_and_a_second_run_does_nothing(

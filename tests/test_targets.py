@@ -13,7 +13,15 @@ from manifests import generate, manifest_toml, model
 from warmcache.cli import main
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
-from warmcache.targets import InductorTarget, NeuronTarget, resolve_cache_dir, target_for
+from warmcache.targets import (
+    DEVICE_ALIASES,
+    TARGET_CLASSES,
+    InductorTarget,
+    NeuronTarget,
+    PrecompileRoute,
+    resolve_cache_dir,
+    target_for,
+)
 from warmcache.targets.inductor import inductor_default_cache_dir
 from warmcache.warmup.summary import Shard
 
@@ -28,14 +36,15 @@ def test_cache_dir_precedence(write_manifest, tmp_path: Path, monkeypatch: pytes
 
     # The folder the edge resolved (--cache-dir, then $WARMCACHE_CACHE_DIR: tests/test_settings.py), then the
     # manifest's.
-    assert resolve_cache_dir(target, tmp_path / "from-flag", manifest) == ((tmp_path / "from-flag").resolve(), True)
-    assert resolve_cache_dir(target, None, manifest) == ((tmp_path / "from-manifest").resolve(), True)
+    from_flag = resolve_cache_dir(target, tmp_path / "from-flag", manifest.cache_dir)
+    assert from_flag == ((tmp_path / "from-flag").resolve(), True)
+    assert resolve_cache_dir(target, None, manifest.cache_dir) == ((tmp_path / "from-manifest").resolve(), True)
 
     bare = load_manifest(write_manifest(manifest_toml(MODEL), name="bare.toml"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-env"))
-    assert resolve_cache_dir(target, None, bare) == (tmp_path / "inductor-env", False)
+    assert resolve_cache_dir(target, None, bare.cache_dir) == (tmp_path / "inductor-env", False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    assert resolve_cache_dir(target, None, bare) == (inductor_default_cache_dir(), False)
+    assert resolve_cache_dir(target, None, bare.cache_dir) == (inductor_default_cache_dir(), False)
 
 
 def test_inductor_target_points_torch_at_the_chosen_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,3 +155,28 @@ def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyP
         '"neuron"' not in Path(fingerprint.__file__).read_text()
         and '"cuda"' not in Path(fingerprint.__file__).read_text()
     )
+
+
+def test_the_precompile_route_is_one_value_that_knows_what_it_applies_to() -> None:
+    """``precompile`` parses to one route; only generate specs save artifacts, and only AOTInductor decodes eagerly."""
+    assert [PrecompileRoute.from_toml(v) for v in (False, True, "aotinductor", "aotinductr", 1)] == [
+        PrecompileRoute.NONE,
+        PrecompileRoute.AOT_COMPILE,
+        PrecompileRoute.AOTINDUCTOR,
+        None,
+        None,
+    ]
+    assert PrecompileRoute.AOT_COMPILE.applies_to("generate") and not PrecompileRoute.AOT_COMPILE.applies_to("train")
+    assert not PrecompileRoute.NONE.applies_to("generate")
+    assert PrecompileRoute.AOTINDUCTOR.decodes_eagerly("generate")
+    assert not PrecompileRoute.AOT_COMPILE.decodes_eagerly("generate")
+
+
+def test_device_support_is_the_targets_answer() -> None:
+    """The manifest's devices, aliases and precompile refusals all come from the target classes."""
+    assert TARGET_CLASSES["neuron"] is NeuronTarget and TARGET_CLASSES["cuda"] is InductorTarget
+    assert DEVICE_ALIASES["gpu"] == "cuda" and DEVICE_ALIASES["trn2"] == "neuron"
+    assert NeuronTarget.precompile_problem(PrecompileRoute.AOT_COMPILE, "neuron", "neuron", "default")
+    assert NeuronTarget.precompile_problem(PrecompileRoute.NONE, "neuron", "neuron", "default") is None
+    assert InductorTarget.precompile_problem(PrecompileRoute.AOT_COMPILE, "cpu", "aot_eager", "default") is None
+    assert InductorTarget.precompile_problem(PrecompileRoute.AOTINDUCTOR, "cpu", "aot_eager", "default")

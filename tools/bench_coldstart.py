@@ -183,7 +183,7 @@ def aotinductor_child(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.runtime.aotinductor import PackagedDecodeStep
+    from warmcache.runtime.aoti_loader import PackagedDecodeStep
     from warmcache.runtime.guard import ShapeGuard
     from warmcache.warmup.workloads import token_ids
 

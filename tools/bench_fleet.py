@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
 
 import fleet_sim  # noqa: E402
 from postgres_schema import temporary_schema  # noqa: E402

@@ -76,7 +76,12 @@ class Warmed:
 
     @property
     def registry(self) -> str:
-        return f"sqlite:///{self.root / 'registry.sqlite'}"
+        return registry_url(self.root)
+
+
+def registry_url(root: Path) -> str:
+    """The registry ``warm`` writes a route's rows to, in the route's folder ``root``."""
+    return f"sqlite:///{root / 'registry.sqlite'}"
 
 
 def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
@@ -133,10 +138,10 @@ def warm(args: argparse.Namespace, route: str, model: Path, work: Path, env: dic
     return Warmed(route, root, warmup_s, spec["seconds"], peak, folder_bytes(root / "cache"), verify_s, verified)
 
 
-def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
-    """The route's rows as a signed guard snapshot beside its cache entries: what a production pod starts from, no
-    database."""
-    cache = warmed.root / "cache"
+def export_snapshot(root: Path, key: Path, env: dict[str, str]) -> Path:
+    """The rows of the route warmed in ``root`` as a signed guard snapshot beside its cache entries: what a production
+    pod starts from, no database."""
+    cache = root / "cache"
     command = [
         sys.executable,
         "-m",
@@ -150,7 +155,7 @@ def export_snapshot(warmed: Warmed, key: Path, env: dict[str, str]) -> Path:
         "--sign",
         str(key),
         "--db",
-        warmed.registry,
+        registry_url(root),
     ]
     run_measured(command, env)
     return cache
@@ -393,7 +398,7 @@ def main() -> None:
                 w.route,
                 model,
                 env,
-                export_snapshot(w, key, env),
+                export_snapshot(w.root, key, env),
                 key.with_name(key.name + ".pub"),
                 inductor_cache,
             )

@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# The helpers in tools/ and tests/support; warmcache itself comes from the install (never the source tree above them).
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
 from oci_registry import MISSING, available, oci_registry  # noqa: E402
@@ -107,7 +108,7 @@ def main() -> None:
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
-    from warmcache.store import open_store
+    from warmcache.store import StoreLocation, open_store
     from warmcache.store.operations import push_manifest
     from warmcache.store.pull import pull_manifest
 
@@ -121,7 +122,7 @@ def main() -> None:
         for bucket in ("warmcache", "plain"):
             create_bucket(endpoint, bucket)
         client = boto3.client("s3", endpoint_url=endpoint)
-        store = open_store("s3://warmcache/bench", endpoint)
+        store = open_store(StoreLocation.parse("s3://warmcache/bench"), endpoint)
 
         def push() -> object:
             with Registry.open(url) as registry:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
 
 from registry_fill import mark_all_compiled  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402

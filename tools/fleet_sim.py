@@ -45,7 +45,6 @@ from typing import Any
 import filelock  # noqa: F401  (the claim loop imports it at a worker's first spec: here once, before the fork, like the rest of its code)
 import sqlalchemy as sa
 from fleet_faults import BackendTerminator, Killer, OutageProxy
-from postgres_schema import temporary_schema
 
 from warmcache.errors import RegistryUnavailableError
 from warmcache.identity.plan import PlannedShape
@@ -59,6 +58,9 @@ from warmcache.warmup.claims import claim_loop
 from warmcache.warmup.ordering import expected_seconds, longest_first
 from warmcache.warmup.progress import SpecOutcome
 from warmcache.warmup.worker import SpecRun
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
+from postgres_schema import temporary_schema  # noqa: E402
 
 ORDERS = ("identity", "longest")
 #: Workers opening the registry (schema check) at once, before the gate.

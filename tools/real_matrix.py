@@ -7,7 +7,7 @@ processes, on its own registry and cache folder:
 * ``inductor``: ``warmcache warmup`` (real Inductor compiles, decoding to the full cache,
   unpadded and left-padded), ``warmcache verify`` (zero cache misses in a fresh process), then
   a fresh serving process that primes a ``ShapeGuard`` and sends ragged requests
-  (``tools/serving_check.py``): 0 graphs after priming, every token agreeing with the
+  (``tests/support/serving_check.py``): 0 graphs after priming, every token agreeing with the
   model's eager logits under the dtype's criterion (``warmcache.warmup.verify.agreement``);
 * ``precompile``: the same with ``precompile = true`` (each bucket's decode step saved with
   ``aot_compile``; verify proves the artifact to the cache's end);
@@ -22,7 +22,6 @@ A cell ``plan`` refuses is shown with its reason: nothing compiled.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -30,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from real_model import build_real_model, real_configs
-from serving_check import serve
+from measured_run import run_measured
+from real_model import real_configs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the test servers and fixtures
+from serving_check import serve  # noqa: E402
 
 ROUTES = ("inductor", "precompile", "aotinductor", "train")
 DTYPES = ("float32", "bfloat16")
@@ -52,18 +54,27 @@ class Cell:
     outcome: str  # "pass" | "refused" | "FAIL"
     detail: str
     seconds: float
+    peak_rss: int = 0
+    """The largest resident memory of any process of the cell (warmup, verify, serving), bytes."""
 
     def text(self) -> str:
-        return f"{self.outcome}: {self.detail}" if self.detail else self.outcome
+        said = f"{self.outcome}: {self.detail}" if self.detail else self.outcome
+        return f"{said} ({self.seconds:.0f} s, {self.peak_rss / 1e9:.1f} GB)"
 
 
-def _cli(command: str, manifest: Path) -> tuple[int, Any, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "warmcache", command, str(manifest), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+@dataclass(frozen=True)
+class Built:
+    """A config's depth-cut model as written by ``tools/real_model.py`` in its own process, with what that cost."""
+
+    path: Path
+    layers: int
+    seconds: float
+    peak_rss: int
+
+
+def _cli(command: str, manifest: Path, peaks: list[int]) -> tuple[int, Any, str]:
+    done = run_measured([sys.executable, "-m", "warmcache", command, str(manifest), "--json"])
+    peaks.append(done.peak_rss)
     try:
         report = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
@@ -100,28 +111,27 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
         .replace("CACHE", str(root / "cache"))
     )
 
+    peaks: list[int] = []
+
     def cell(outcome: str, detail: str) -> Cell:
-        return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start)
+        return Cell(config, dtype, route, outcome, detail, time.perf_counter() - start, max(peaks, default=0))
 
     # plan is read-only and refuses a registry that does not exist yet: create it first, as a pipeline would.
-    created = subprocess.run(
-        [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"],
-        capture_output=True,
-        text=True,
-        check=False,
+    created = run_measured(
+        [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", f"sqlite:///{root / 'registry.sqlite'}"]
     )
     if created.returncode:
         return cell("FAIL", f"db upgrade: {(created.stderr.strip().splitlines() or [''])[-1]}")
-    code, _, last = _cli("plan", manifest)
+    code, _, last = _cli("plan", manifest, peaks)
     if code:
         return cell("refused", last)
-    code, report, last = _cli("warmup", manifest)
+    code, report, last = _cli("warmup", manifest, peaks)
     failed = [s["error"] for s in (report or {}).get("specs", []) if s["status"] != "compiled"]
     if code or failed:
         return cell("FAIL", f"warmup: {failed[0] if failed else last}")
     if route == "train":
         return cell("pass", "")
-    code, report, last = _cli("verify", manifest)
+    code, report, last = _cli("verify", manifest, peaks)
     verdicts = [s for s in (report or {}).get("specs", [])]
     if code or any(v["verdict"] != "verified" for v in verdicts):
         return cell(
@@ -129,6 +139,7 @@ def run_cell(work: Path, config: str, model_path: Path, dtype: str, route: str) 
             f"verify: {next((v['reason'] or v['verdict'] for v in verdicts if v['verdict'] != 'verified'), last)}",
         )
     served = serve(root, model_path, REQUESTS, prompt=PROMPT, max_cache_len=MAX_CACHE_LEN, dtype=dtype)
+    peaks.append(served["peak_rss"])
     problems = []
     if served["graphs_after_priming"] or served["artifact_errors"]:
         problems.append(f"{served['graphs_after_priming']} graphs after priming {served['artifact_errors']}")
@@ -151,23 +162,47 @@ def config_file(name: str) -> Path:
     return path
 
 
+def build(config_path: Path, models: Path, layers: int, widen: bool, narrow: int = 1) -> Built:
+    """The config's model at depth ``layers`` under ``models`` (kept there: a folder built before is reused), built
+    in its own process so its time and peak memory are its own."""
+    out = models / f"{config_path.stem}-{layers}l{'' if widen else '-exact'}{f'-narrow{narrow}' if narrow > 1 else ''}"
+    start = time.perf_counter()
+    argv = [sys.executable, str(Path(__file__).with_name("real_model.py")), str(config_path), str(out)]
+    done = run_measured([*argv, "--layers", str(layers), "--narrow", str(narrow), *([] if widen else ["--no-widen"])])
+    if done.returncode:
+        raise SystemExit(f"{config_path}: building the model failed: {done.stderr.strip()[-2000:]}")
+    kept = json.loads((out / "config.json").read_text())["num_hidden_layers"]
+    return Built(out, kept, time.perf_counter() - start, done.peak_rss)
+
+
 def run_matrix(
-    work: Path, configs: Sequence[str], dtypes: Sequence[str], routes: Sequence[str], progress: Any = print
-) -> list[Cell]:
+    work: Path,
+    configs: Sequence[str],
+    dtypes: Sequence[str],
+    routes: Sequence[str],
+    progress: Any = print,
+    *,
+    layers: int = LAYERS,
+    widen: bool = True,
+    narrow: int = 1,
+    models: Path | None = None,
+) -> tuple[list[Cell], dict[str, Built]]:
     """Every requested cell, one model built per config (weights saved once, loaded per cell in its dtype)."""
-    cells = []
+    cells, built = [], {}
     for config_path in map(config_file, configs):
         config = config_path.stem
-        model_path = build_real_model(config_path, work / "models" / config, layers=LAYERS)
+        built[config] = build(config_path, models or work / "models", layers, widen, narrow)
+        b = built[config]
+        progress(f"{config}: built {b.layers} layers in {b.seconds:.0f} s, peak RSS {b.peak_rss / 1e9:.1f} GB")
         for dtype in dtypes:
             for route in routes:
-                cell = run_cell(work, config, model_path, dtype, route)
-                progress(f"{config} {dtype} {route}: {cell.text()} ({cell.seconds:.0f}s)")
+                cell = run_cell(work, config, built[config].path, dtype, route)
+                progress(f"{config} {dtype} {route}: {cell.text()}")
                 cells.append(cell)
-    return cells
+    return cells, built
 
 
-def markdown(cells: Sequence[Cell], seconds: float) -> str:
+def markdown(cells: Sequence[Cell], seconds: float, built: dict[str, Built]) -> str:
     routes = list(dict.fromkeys(c.route for c in cells))
     lines = [f"| config | dtype | {' | '.join(routes)} |", f"| --- | --- |{' --- |' * len(routes)}"]
     for config, dtype in dict.fromkeys((c.config, c.dtype) for c in cells):
@@ -175,12 +210,21 @@ def markdown(cells: Sequence[Cell], seconds: float) -> str:
         lines.append(f"| {config} | {dtype} | {' | '.join(row.get(r, '') for r in routes)} |")
     lines += [
         "",
+        "Built (`tools/real_model.py`, its own process): "
+        + "; ".join(
+            f"{name} {b.layers} layers in {b.seconds:.0f} s, peak RSS {b.peak_rss / 1e9:.1f} GB"
+            for name, b in built.items()
+        )
+        + ". Each cell: its wall time and the largest peak RSS of its processes.",
+    ]
+    lines += [
+        "",
         "pass (generate routes): warmup, `verify` (verified: 0 cache misses, any artifact proven to the cache's end), "
         "then a fresh serving process with 0 graphs compiled after priming (aotinductor: 0 Dynamo frames and no "
         "compiler module imported at all), every step judged by warmcache.warmup.verify.agreement; the figure is the "
         "largest distance of a served token's logit below the best, as a share of the step's logit RMS. "
         "train: two real Trainer steps.",
-        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s ({LAYERS} layers at real width, "
+        f"Produced by `python tools/support_matrix.py --real` in {seconds:.0f} s (depth cut, at real width, "
         f"random weights, Inductor, CPU; batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, "
         f"ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]

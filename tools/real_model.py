@@ -44,26 +44,64 @@ def real_configs() -> dict[str, Path]:
     return {path.stem: path for path in sorted(REAL_CONFIGS.glob("*.json"))}
 
 
-def kept_layers(layer_types: list[str] | None, total: int, layers: int) -> list[int]:
-    """Indices of the layers to keep: the first ``layers``, widened so each attention kind appears at least once."""
+#: The config keys that set a width (not a count, a length or a vocabulary): ``--narrow`` divides these, so a test can
+#: afford a model with every structural choice of the published one (expert count and top-k, latent attention's
+#: split head dims, attention sinks, which layers are dense or sliding, rope scaling) in seconds.
+WIDTH_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "head_dim",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+
+
+def narrowed(values: dict[str, Any], factor: int) -> dict[str, Any]:
+    """``values`` with every width of :data:`WIDTH_KEYS` divided by ``factor``, every count (experts, routed per
+    token, heads, layers) and the vocabulary as published.
+
+    Widths stay multiples of 8, at least 8, as every published one is: ``torch._grouped_mm`` (transformers'
+    default experts kernel) refuses rows whose stride is not a multiple of 16 bytes, so a width of 90 fails
+    where 2880 runs."""
+    out = dict(values)
+    for key in WIDTH_KEYS:
+        if isinstance(out.get(key), int):
+            out[key] = max(8, out[key] // factor // 8 * 8)
+    return out
+
+
+def kept_layers(layer_types: list[str] | None, total: int, layers: int, *, widen: bool = True) -> list[int]:
+    """Indices of the layers to keep: the first ``layers``, widened (unless ``widen`` is off) so each attention kind
+    appears at least once."""
     if layers <= 0 or layers >= total:
         return list(range(total))
     keep = set(range(layers))
-    if layer_types:
+    if layer_types and widen:
         for kind in dict.fromkeys(layer_types):
             if not any(layer_types[i] == kind for i in keep):
                 keep.add(layer_types.index(kind))
     return sorted(keep)
 
 
-def cut_config(config_path: Path, layers: int) -> Any:
-    """The published config with its depth cut to ``layers`` (0: all), every per-layer list cut alike."""
+def cut_config(config_path: Path, layers: int, *, widen: bool = True, narrow: int = 1) -> Any:
+    """The published config with its depth cut to ``layers`` (0: all), every per-layer list cut alike.
+
+    A ``quantization_config`` is left out: it describes how the published weights are stored (gpt-oss's MXFP4),
+    and kept, transformers would quantize the random float weights (or refuse them without its kernels)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(config_path)
     total = config.num_hidden_layers
-    keep = kept_layers(getattr(config, "layer_types", None), total, layers)
+    keep = kept_layers(getattr(config, "layer_types", None), total, layers, widen=widen)
     values = config.to_dict()
+    values.pop("quantization_config", None)
+    if narrow > 1:
+        values = narrowed(values, narrow)
     for key, value in values.items():
         if isinstance(value, list) and len(value) == total and key != "architectures":
             values[key] = [value[i] for i in keep]
@@ -72,7 +110,14 @@ def cut_config(config_path: Path, layers: int) -> Any:
 
 
 def build_real_model(
-    config_path: Path, out_dir: Path, *, layers: int = 2, seed: int = 0, init_std: float = DEFAULT_INIT_STD
+    config_path: Path,
+    out_dir: Path,
+    *,
+    layers: int = 2,
+    widen: bool = True,
+    narrow: int = 1,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
 ) -> Path:
     """Write the depth-cut model of ``config_path`` into ``out_dir``; an existing complete folder is left as it is."""
     import torch
@@ -80,10 +125,17 @@ def build_real_model(
 
     out_dir = Path(out_dir)
     marker = out_dir / "warmcache-real.json"
-    recipe = {"config": Path(config_path).name, "layers": layers, "seed": seed, "init_std": init_std}
+    recipe = {
+        "config": Path(config_path).name,
+        "layers": layers,
+        "widen": widen,
+        "narrow": narrow,
+        "seed": seed,
+        "init_std": init_std,
+    }
     if marker.is_file() and json.loads(marker.read_text()) == recipe:
         return out_dir
-    config = cut_config(Path(config_path), layers)
+    config = cut_config(Path(config_path), layers, widen=widen, narrow=narrow)
     published_dtype = config.dtype or torch.float32
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -111,6 +163,18 @@ def main() -> None:
         default=2,
         help="Decoder layers to keep (0: all; a hybrid model keeps one of each attention kind).",
     )
+    parser.add_argument(
+        "--no-widen",
+        action="store_true",
+        help="Keep exactly the first --layers layers, even if an attention kind is then missing (a model whose "
+        "layers are too large to keep two, e.g. gpt-oss-20b in float32).",
+    )
+    parser.add_argument(
+        "--narrow",
+        type=int,
+        default=1,
+        help="Divide every width (hidden, intermediate, head and latent dims) by this, counts kept (tests).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD)
     args = parser.parse_args()
@@ -121,7 +185,17 @@ def main() -> None:
     path = known[args.config] if args.config in known else Path(args.config)
     if not path.is_file():
         parser.error(f"{args.config}: not a file, nor one of {', '.join(known)}")
-    print(build_real_model(path, args.out_dir, layers=args.layers, seed=args.seed, init_std=args.init_std))
+    print(
+        build_real_model(
+            path,
+            args.out_dir,
+            layers=args.layers,
+            widen=not args.no_widen,
+            narrow=args.narrow,
+            seed=args.seed,
+            init_std=args.init_std,
+        )
+    )
 
 
 if __name__ == "__main__":

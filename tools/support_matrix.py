@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_matrix import DTYPES, ROUTES, run_matrix  # noqa: E402
+from real_matrix import DTYPES, LAYERS, ROUTES, run_matrix  # noqa: E402
 from real_matrix import markdown as real_markdown  # noqa: E402
 from real_model import real_configs  # noqa: E402
 from tiny_model import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model  # noqa: E402
@@ -78,15 +78,20 @@ class Prepared:
     """Per architecture: verify's verdicts of its generate shapes."""
 
 
-def prepare(root: Path, archs: Sequence[str], backend: str = "aot_eager") -> Prepared:
-    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``."""
+def prepare(
+    root: Path, archs: Sequence[str], backend: str = "aot_eager", built: dict[str, Path] | None = None
+) -> Prepared:
+    """Build the tiny models, warm generate and train, verify generate in a fresh process; compile with ``backend``.
+
+    ``built`` adds models written elsewhere (``tools/real_model.py``), by name, to those of ``archs``."""
     from warmcache.cli.progress import LineProgress
     from warmcache.manifest import load_manifest
     from warmcache.settings import RegistryLocation
     from warmcache.warmup.runner import WarmupOptions, run_warmup
     from warmcache.warmup.verify import run_verify
 
-    models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs}
+    models = {arch: build_tiny_model(arch, root / "models" / arch) for arch in archs} | (built or {})
+    archs = list(models)
     prepared = Prepared(root, models, f"sqlite:///{root / 'registry.sqlite'}")
     options = WarmupOptions(registry=RegistryLocation.parse(prepared.registry_url), cache_dir=str(root / "cache"))
     for workload, failures in (("generate", prepared.generate), ("train", prepared.train)):
@@ -265,19 +270,43 @@ def main() -> int:
     )
     parser.add_argument("--dtype", choices=DTYPES, action="append", help="With --real: dtype(s) (default: both).")
     parser.add_argument("--route", choices=ROUTES, action="append", help="With --real: route(s) (default: all).")
+    parser.add_argument(
+        "--layers", type=int, default=LAYERS, help=f"With --real: decoder layers to keep (default {LAYERS})."
+    )
+    parser.add_argument(
+        "--no-widen",
+        action="store_true",
+        help="With --real: keep exactly --layers layers, even if an attention kind is then missing (memory).",
+    )
+    parser.add_argument(
+        "--narrow",
+        type=int,
+        default=1,
+        help="With --real: divide every width by this, counts kept (a route that does not fit at real width).",
+    )
+    parser.add_argument(
+        "--models",
+        type=Path,
+        help="With --real: build the models in this folder and keep them (a model built there before is reused).",
+    )
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="warmcache-matrix-") as tmp:
         if args.real:
-            cells = run_matrix(
+            cells, built = run_matrix(
                 Path(tmp),
                 args.config or sorted(real_configs()),
                 args.dtype or DTYPES,
                 args.route or ROUTES,
-                lambda line: print(line, file=sys.stderr),
+                lambda line: print(line, file=sys.stderr, flush=True),
+                layers=args.layers,
+                widen=not args.no_widen,
+                narrow=args.narrow,
+                models=args.models.resolve() if args.models else None,
             )
-            table, ok = real_markdown(cells, time.perf_counter() - start), all(c.outcome != "FAIL" for c in cells)
+            table = real_markdown(cells, time.perf_counter() - start, built)
+            ok = all(c.outcome != "FAIL" for c in cells)
         else:
             prepared = prepare(Path(tmp), args.arch or ARCHITECTURES, args.backend)
             rows = [row(prepared, arch) for arch in prepared.models]

@@ -1,7 +1,9 @@
 """warmcache: compile once, never in production.
 
-The public API. Importing it stays cheap (no torch, no transformers): runtime
-pieces that need torch are imported on first use through ``__getattr__``.
+The public API. Importing it stays cheap (no torch, no transformers, no manifest
+parser): every name but the errors is imported on first use through ``__getattr__``,
+so a serving process that asks for ``ShapeGuard`` alone pays for none of the planning
+side (manifest parsing, bucket suggestion, compile identities).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from warmcache.buckets import LengthDistribution, Traffic, suggest_buckets
 from warmcache.errors import (
     CacheError,
     ManifestError,
@@ -20,17 +21,32 @@ from warmcache.errors import (
     UsageError,
     WarmcacheError,
 )
-from warmcache.identity.plan import PlannedShape, plan_manifest
-from warmcache.manifest import Manifest, ModelSpec, load_manifest
-from warmcache.registry.records import ShapeRecord
-from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
 
 if TYPE_CHECKING:
+    from warmcache.buckets import LengthDistribution, Traffic, suggest_buckets
+    from warmcache.identity.plan import PlannedShape, plan_manifest
+    from warmcache.manifest import Manifest, ModelSpec, load_manifest
+    from warmcache.registry.records import ShapeRecord
     from warmcache.registry.registry import Registry
+    from warmcache.shapes import BucketTable, Decision, ShapeFamily, ShapeSpec
 
-#: Names served lazily: ``name -> module`` (these modules import torch).
+#: Names served lazily: ``name -> module``.
 _LAZY: dict[str, str] = {
+    "LengthDistribution": "warmcache.buckets",
+    "Traffic": "warmcache.buckets",
+    "suggest_buckets": "warmcache.buckets",
+    "PlannedShape": "warmcache.identity.plan",
+    "plan_manifest": "warmcache.identity.plan",
+    "Manifest": "warmcache.manifest",
+    "ModelSpec": "warmcache.manifest",
+    "load_manifest": "warmcache.manifest",
+    "ShapeRecord": "warmcache.registry.records",
+    "BucketTable": "warmcache.shapes",
+    "Decision": "warmcache.shapes",
+    "ShapeFamily": "warmcache.shapes",
+    "ShapeSpec": "warmcache.shapes",
     "Registry": "warmcache.registry.registry",  # SQLAlchemy and Alembic load with it
+    # These import torch when used.
     "WarmupOptions": "warmcache.warmup.runner",
     "run_warmup": "warmcache.warmup.runner",
     "run_verify": "warmcache.warmup.verify",

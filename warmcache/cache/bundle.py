@@ -32,7 +32,7 @@ from warmcache.bounds import path_problem
 from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
-from warmcache.cache.quiet import open_quietly
+from warmcache.cache.noatime import open_quietly
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.identity.fingerprint import package_version
@@ -41,6 +41,7 @@ from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
 from warmcache.trust import SigningKey, sign_document
+from warmcache.units import format_size
 
 BUNDLE_FORMAT = 1
 META_NAME = "warmcache-bundle.json"
@@ -49,7 +50,7 @@ WriteMode = Literal["w", "w:gz", "w:xz"]
 _WRITE_MODES: dict[str, WriteMode] = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz"}
 
 #: ``progress(done_bytes, total_bytes)``, called as files are written.
-Progress = Callable[[int, int], None]
+ByteProgress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +63,19 @@ class BundleFile:
 
 
 class ShippedJson:
-    """``as_json`` of what a pack or a push shipped (subclasses are dataclasses with a ``not_compiled`` field from
-    :func:`records_to_ship`): both commands print that count as ``declared_but_not_compiled``."""
+    """What a pack or a push shipped, said alike (subclasses are dataclasses with a ``not_compiled`` field from
+    :func:`records_to_ship`): both print that count as ``declared_but_not_compiled``, and both explain it."""
 
     __slots__ = ()
 
     def as_json(self) -> dict[str, Any]:
         return fields_json(self, {"not_compiled": "declared_but_not_compiled"})
+
+    def not_shipped(self, verified_only: bool, left_out: str) -> str:
+        """The note on the declared shapes left out, and why (``--verified-only``, or not compiled)."""
+        count: int = getattr(self, "not_compiled")  # noqa: B009 (every subclass's field, not the base's)
+        why = "verified" if verified_only else "compiled"
+        return f"; {count} declared shapes {left_out} (not {why})" if count else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,15 @@ class PackResult(ShippedJson):
     files: int
     bytes: int
     not_compiled: int
+
+    def message(self, verified_only: bool) -> str:
+        """What ``bundle pack`` says it packed, signed and left out."""
+        signed = f", signed by key {self.signed_by}" if self.signed_by else ", unsigned"
+        return (
+            f"{self.output}: {self.rows} compiled shapes, {self.entries} cache entries, "
+            f"{self.files} files ({format_size(self.bytes)}){signed}"
+            + self.not_shipped(verified_only, "are not in the bundle")
+        )
 
 
 def check_relpath(path: Any, where: str) -> str:
@@ -124,7 +140,7 @@ def pack_bundle(
     *,
     verified_only: bool = False,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PackResult:
     """Write the bundle of the manifest's compiled shapes to ``output`` (atomically: all or nothing).
 
@@ -178,7 +194,12 @@ def _meta(
 
 
 def _write(
-    output: Path, mode: WriteMode, meta: dict[str, Any], root: Path, files: list[BundleFile], progress: Progress | None
+    output: Path,
+    mode: WriteMode,
+    meta: dict[str, Any],
+    root: Path,
+    files: list[BundleFile],
+    progress: ByteProgress | None,
 ) -> int:
     """Write the archive beside ``output`` and rename it into place; returns the bytes of cache files."""
     total = sum(f.size for f in files)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.cache.layout import (
     NEURON_MODULE,
     NEURON_NEFF,
@@ -39,7 +40,6 @@ from warmcache.cache.neuron import (
     inspect_native,
     neuron_compiler_running,
 )
-from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.registry import ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, Status
@@ -321,7 +321,7 @@ def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
 
 def _partial_artifacts(root: Path, now: float) -> tuple[WorkDir, ...]:
     """Artifacts a writer never renamed into place (a full disk, a kill): ``precompiled/.<sha256>.partial`` and
-    ``aotinductor/.<sha256>.partial`` (both written by :func:`~warmcache.cache.precompiled.write_artifact`)."""
+    ``aotinductor/.<sha256>.partial`` (both written by :func:`~warmcache.cache.artifact_format.write_artifact`)."""
     found = (
         (f"{name}/{child.name}", _lstat_or_none(child))
         for name in (PRECOMPILED_DIR, AOTINDUCTOR_DIR)

@@ -10,7 +10,7 @@ Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
     <xx>/<hash>.{py,cpp,so,...}     generated code / compiled C++   kind inductor-code
     triton/<device>/<hash>          Triton kernels (CUDA)           kind inductor-triton
     precompiled/<sha256>            a bucket's precompiled decode   kind inductor-precompiled
-                                    graph (warmcache's own, see ``cache.precompiled``)
+                                    graph (warmcache's own, see ``cache.artifact_format``)
     aotinductor/<sha256>            a bucket's AOTInductor decode   kind aotinductor
                                     package (same file format)
     locks/                          transient locks                 (not an entry)
@@ -31,15 +31,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmcache.cache.precompiled import AOTINDUCTOR_DIR, PRECOMPILED_DIR
+from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, PRECOMPILED_DIR
 from warmcache.targets.flavors import CacheFlavor
+from warmcache.targets.routes import PrecompileRoute
 
 INDUCTOR_FXGRAPH = "inductor-fxgraph"
 INDUCTOR_AOTAUTOGRAD = "inductor-aotautograd"
 INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
-INDUCTOR_PRECOMPILED = "inductor-precompiled"
-AOTINDUCTOR = "aotinductor"
+INDUCTOR_PRECOMPILED = PrecompileRoute.AOT_COMPILE.artifact_kind
+AOTINDUCTOR = PrecompileRoute.AOTINDUCTOR.artifact_kind
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 

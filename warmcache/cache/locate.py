@@ -96,7 +96,8 @@ def locate_caches(
     for target, layout in targets:
         if layout is None or (manifest is None and flavor is not None and layout != flavor):
             continue  # eager/aot_eager keep no cache; without a manifest, --flavor picks the default to look at
-        root, chosen = resolve_cache_dir(target, cache_dir.path if cache_dir else None, manifest)
+        manifest_dir = manifest.cache_dir if manifest else None
+        root, chosen = resolve_cache_dir(target, cache_dir.path if cache_dir else None, manifest_dir)
         source = _source(cache_dir, manifest) if chosen else f"{target.describe()} default"
         out.setdefault(root, CacheLocation(root, flavor or layout, source, shared=not chosen))  # type: ignore[arg-type]
     return list(out.values())
@@ -106,7 +107,7 @@ def _flavor_of_model(model: ModelSpec) -> CacheFlavor | None:
     """The layout of a model's cache folder; an eager/aot_eager model that precompiles keeps its artifacts in an
     Inductor-layout one."""
     flavor = target_for(model).cache_flavor
-    return "inductor" if flavor is None and model.precompile else flavor
+    return "inductor" if flavor is None and model.precompile.saves_artifacts else flavor
 
 
 def _source(cache_dir: CacheFolder | None, manifest: Manifest | None) -> str:

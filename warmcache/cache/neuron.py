@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from warmcache.cache.locks import lock_is_held
-from warmcache.cache.quiet import open_quietly
+from warmcache.cache.noatime import open_quietly
 
 EntryState = Literal["done", "failed", "incomplete", "locked"]
 

@@ -29,7 +29,7 @@ from warmcache.cache.bundle import (
     CACHE_PREFIX,
     META_NAME,
     BundleFile,
-    Progress,
+    ByteProgress,
     check_relpath,
 )
 from warmcache.cache.bundle_rows import check_rows
@@ -66,7 +66,7 @@ def unpack_bundle(
     trusted: TrustedKeys = NOT_CONFIGURED,
     allow_unsigned: bool = False,
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> UnpackResult:
     """Check ``bundle`` completely, then install its entries and merge its rows.
 
@@ -219,7 +219,7 @@ def _extract_all(
     members: dict[str, tarfile.TarInfo],
     meta: BundleMeta,
     staging: Path,
-    progress: Progress | None,
+    progress: ByteProgress | None,
 ) -> None:
     total = sum(f.size for f in meta.files.values())
     done = 0

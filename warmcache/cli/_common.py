@@ -34,6 +34,16 @@ def db_option(func: F) -> F:
     return click.option("--db", "db_url", metavar="URL", default=None, help=DB_HELP)(func)
 
 
+def count_option(*names: str, **settings: Any) -> Callable[[F], F]:
+    """An option taking a whole number of at least 1 (a batch size, a length, a count of workers or requests)."""
+    return click.option(*names, type=click.IntRange(min=1), **settings)
+
+
+def manifest_option(help: str, dest: str = "manifest_path") -> Callable[[F], F]:
+    """``--manifest FILE``: where a command that takes no MANIFEST argument reads the settings ``help`` names."""
+    return click.option("--manifest", dest, metavar="FILE", default=None, help=help)
+
+
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text.")(func)
 
@@ -93,6 +103,14 @@ def open_registry(db_url: str | None, manifest: Manifest | None = None, *, creat
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def print_result(result: Any, as_json: bool, text: Callable[[], str]) -> None:
+    """What a command that produced one result prints: the result's own JSON with ``--json``, else ``text()``."""
+    if as_json:
+        print_json(result.as_json())
+    else:
+        click.echo(text())
 
 
 def print_json_array(items: Iterable[Any]) -> None:

@@ -22,7 +22,15 @@ from warmcache.buckets.inputs import (
 )
 from warmcache.buckets.suggest import Suggestion, suggest_buckets
 from warmcache.buckets.traffic import Traffic
-from warmcache.cli._common import db_option, format_table, is_terminal, json_option, open_registry, print_json
+from warmcache.cli._common import (
+    count_option,
+    db_option,
+    format_table,
+    is_terminal,
+    json_option,
+    open_registry,
+    print_json,
+)
 from warmcache.cli.progress import amount_progress
 from warmcache.errors import UsageError
 from warmcache.shapes import WORKLOADS, Workload
@@ -154,41 +162,33 @@ def length_source_options(func: F) -> F:
     help="Let the cost decide K: one more compiled bucket is worth TOKENS padded tokens over "
     "--expected-requests requests.",
 )
-@click.option(
+@count_option(
     "--expected-requests",
-    type=click.IntRange(min=1),
     metavar="R",
     help="Requests the buckets will serve, for --compile-cost (default: the number of observed lengths).",
 )
-@click.option(
+@count_option(
     "--batch",
     "batch_size",
-    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     metavar="N",
     help="Requests served per batch: plan on the distribution of the batch's longest member.",
 )
-@click.option(
+@count_option(
     "--pow2-floor",
-    type=click.IntRange(min=1),
     default=DEFAULT_POW2_FLOOR,
     show_default=True,
     help="Smallest bucket of the powers-of-two ladder compared against (NxDI's default).",
 )
-@click.option(
-    "--max-length",
-    type=click.IntRange(min=1),
-    metavar="L",
-    help="The model's maximum length: longer observed lengths are an error.",
-)
+@count_option("--max-length", metavar="L", help="The model's maximum length: longer observed lengths are an error.")
 @click.option(
     "--manifest-snippet",
     is_flag=True,
     help="Print a [[model.generate]]/[[model.train]] table for the manifest instead of the report.",
 )
 @click.option("--batch-sizes", default=None, metavar="1,2,4", help="Batch sizes of the snippet (default: --batch).")
-@click.option("--max-cache-len", type=click.IntRange(min=1), metavar="M", help="max_cache_len of the generate snippet.")
+@count_option("--max-cache-len", metavar="M", help="max_cache_len of the generate snippet.")
 @click.option(
     "--plot",
     "plot_file",

@@ -14,8 +14,10 @@ from warmcache.cli._common import (
     cache_dir_option,
     db_option,
     json_option,
+    manifest_option,
     max_unpack_size_option,
     print_json,
+    print_result,
     registry_location,
     sign_option,
     trust_option,
@@ -52,20 +54,7 @@ def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: Sig
         result = pack_bundle(
             shipment.scope, registry, output, verified_only=verified_only, signing_key=signing_key, progress=progress
         )
-    if as_json:
-        print_json(result.as_json())
-        return
-    click.echo(
-        f"{result.output}: {result.rows} compiled shapes, {result.entries} cache entries, "
-        f"{result.files} files ({format_size(result.bytes)})"
-        + (f", signed by key {result.signed_by}" if result.signed_by else ", unsigned")
-        + (
-            f"; {result.not_compiled} declared shapes are not in the bundle (not "
-            f"{'verified' if verified_only else 'compiled'})"
-            if result.not_compiled
-            else ""
-        )
-    )
+    print_result(result, as_json, lambda: result.message(verified_only))
 
 
 @bundle_group.command("unpack")
@@ -78,13 +67,7 @@ def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: Sig
 )
 @trust_option
 @allow_unsigned_option
-@click.option(
-    "--manifest",
-    "manifest",
-    metavar="FILE",
-    default=None,
-    help="Read [trust] keys and [registry] url from this manifest.",
-)
+@manifest_option("Read [trust] keys and [registry] url from this manifest.", dest="manifest")
 @max_unpack_size_option(
     "Refuse a bundle whose files total more than SIZE (default "
     f"{format_size(DEFAULT_MAX_UNPACK_BYTES)}; env WARMCACHE_MAX_UNPACK_SIZE)."

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -19,13 +22,14 @@ from warmcache.cli._common import (
     db_option,
     format_table,
     json_option,
+    manifest_option,
     open_registry,
     print_json,
 )
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
-from warmcache.store import open_store
+from warmcache.store import StoreLocation, open_store
 from warmcache.store.neuron_remote import RemoteCacheInfo, scan_remote_neuron
 from warmcache.targets.neuron import CACHE_URL_ENV, remote_cache_url
 from warmcache.units import format_age, format_size, parse_age, parse_size
@@ -33,8 +37,60 @@ from warmcache.units import format_age, format_size, parse_age, parse_size
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def cache_options(func: F) -> F:
-    """Where the cache is (and the registry that describes it): shared by scan, doctor, prune."""
+@dataclass(frozen=True, slots=True)
+class CacheScope:
+    """Which caches a ``cache`` command looks at, and the registry that describes them (``--cache-dir``,
+    ``--flavor``, ``--manifest``, ``--db``), with ``--json``."""
+
+    cache_dir: CacheFolder | None
+    flavor: str | None
+    manifest: Manifest | None
+    db_url: str | None
+    as_json: bool
+
+    @contextmanager
+    def scanned(self) -> Iterator[tuple[Registry, list[CacheInfo]]]:
+        """The registry and each cache folder scanned, its entries looked up in it.
+
+        The registry must exist (scan, doctor and prune never create one): judged against a new,
+        empty registry every entry would be an orphan, and ``prune --orphans`` would delete them all.
+        """
+        with open_registry(self.db_url, self.manifest, create=False) as registry:
+            records = registry.rows(with_artifacts=True)
+            locations = locate_caches(self.cache_dir, self.manifest, self.flavor)
+            yield registry, [scan_cache(location, records) for location in locations]
+
+    def scan(self) -> list[CacheInfo]:
+        """Each cache folder scanned (the registry read, then closed)."""
+        with self.scanned() as (_, infos):
+            return infos
+
+    def remote_neuron(self) -> RemoteCacheInfo | None:
+        """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
+        url = remote_cache_url()
+        if url is None or self.cache_dir is not None or self.manifest is not None:
+            return None
+        return scan_remote_neuron(open_store(StoreLocation.parse(url, f"${CACHE_URL_ENV}")))
+
+
+def cache_options(func: Callable[..., None]) -> Callable[..., None]:
+    """Where the cache is (and the registry that describes it), handed to scan, doctor and prune as one
+    :class:`CacheScope` (``scope``)."""
+
+    @functools.wraps(func)
+    def command(
+        *args: Any,
+        cache_dir: CacheFolder | None,
+        flavor: str | None,
+        manifest_path: str | None,
+        db_url: str | None,
+        as_json: bool,
+        **kwargs: Any,
+    ) -> None:
+        manifest = load_manifest(manifest_path) if manifest_path else None
+        func(*args, scope=CacheScope(cache_dir, flavor, manifest, db_url, as_json), **kwargs)
+
+    options: Callable[..., None] = command
     for option in reversed(
         (
             cache_dir_option(
@@ -47,19 +103,13 @@ def cache_options(func: F) -> F:
                 default=None,
                 help="Cache layout (default: detected from the folder).",
             ),
-            click.option(
-                "--manifest",
-                "manifest_path",
-                metavar="FILE",
-                default=None,
-                help="Take the cache folder and registry from this manifest.",
-            ),
+            manifest_option("Take the cache folder and registry from this manifest."),
             db_option,
             json_option,
         )
     ):
-        func = option(func)
-    return func
+        options = option(options)
+    return options
 
 
 def _grace_option(func: F) -> F:
@@ -71,26 +121,6 @@ def _grace_option(func: F) -> F:
         help="Unheld locks, incomplete entries and new orphans younger than this are left alone "
         "(a compile may still be running).",
     )(func)
-
-
-def _scan_all(
-    registry: Registry, cache_dir: CacheFolder | None, flavor: str | None, manifest: Manifest | None
-) -> list[CacheInfo]:
-    """Each cache folder scanned, its entries looked up in ``registry``.
-
-    The registry must exist (scan, doctor and prune never create one): judged against a new,
-    empty registry every entry would be an orphan, and ``prune --orphans`` would delete them all.
-    """
-    records = registry.rows(with_artifacts=True)
-    return [scan_cache(location, records) for location in locate_caches(cache_dir, manifest, flavor)]
-
-
-def _remote_neuron(cache_dir: CacheFolder | None, manifest: Manifest | None) -> RemoteCacheInfo | None:
-    """The compiler's s3:// cache (``NEURON_COMPILE_CACHE_URL``), when no folder was named instead."""
-    url = remote_cache_url()
-    if url is None or cache_dir is not None or manifest is not None:
-        return None
-    return scan_remote_neuron(open_store(url))
 
 
 def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
@@ -109,10 +139,6 @@ def _describe_remote(info: RemoteCacheInfo, *, doctor: bool) -> str:
     return "\n".join(lines)
 
 
-def _manifest(path: str | None) -> Manifest | None:
-    return load_manifest(path) if path else None
-
-
 @click.group("cache")
 def cache_group() -> None:
     """Inspect, repair and prune compile caches (Neuron NEFF cache, Inductor)."""
@@ -121,20 +147,11 @@ def cache_group() -> None:
 @cache_group.command("scan")
 @cache_options
 @click.option("--entries", "show_entries", is_flag=True, help="List every entry, not just the summary.")
-def scan(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
-    show_entries: bool,
-) -> None:
+def scan(scope: CacheScope, show_entries: bool) -> None:
     """Inventory the cache: entries by kind and state, sizes, and which compiled shapes use them."""
-    manifest = _manifest(manifest_path)
-    remote = _remote_neuron(cache_dir, manifest)
-    with open_registry(db_url, manifest, create=False) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
-    if as_json:
+    remote = scope.remote_neuron()
+    infos = scope.scan()
+    if scope.as_json:
         print_json([info.as_json() for info in infos] + ([remote.as_json()] if remote else []))
         return
     if remote:
@@ -196,27 +213,16 @@ def _describe(info: CacheInfo) -> str:
 @click.option(
     "--any-host", is_flag=True, help="Also forget rows compiled on other hosts that name none of this cache's entries."
 )
-def doctor(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
-    grace: str,
-    fix: bool,
-    any_host: bool,
-) -> None:
+def doctor(scope: CacheScope, grace: str, fix: bool, any_host: bool) -> None:
     """Find stale locks, failed and incomplete entries, and rows whose artifacts are gone."""
     grace_seconds = parse_age(grace, option="--grace")
-    manifest = _manifest(manifest_path)
-    remote = _remote_neuron(cache_dir, manifest)
-    if remote and not as_json:
+    remote = scope.remote_neuron()
+    if remote and not scope.as_json:
         click.echo(_describe_remote(remote, doctor=True))
-    with open_registry(db_url, manifest, create=False) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    with scope.scanned() as (registry, infos):
         plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
         extra = [{**remote.as_json(), "applied": False}] if remote else []
-        _report(plans, registry, apply=fix, as_json=as_json, how_to_apply="--fix", extra=extra)
+        _report(plans, registry, apply=fix, as_json=scope.as_json, how_to_apply="--fix", extra=extra)
 
 
 @cache_group.command("prune")
@@ -242,11 +248,7 @@ def doctor(
 )
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 def prune(
-    cache_dir: CacheFolder | None,
-    flavor: str | None,
-    manifest_path: str | None,
-    db_url: str | None,
-    as_json: bool,
+    scope: CacheScope,
     grace: str,
     orphans: bool,
     stale_toolchains: bool,
@@ -265,14 +267,12 @@ def prune(
         grace_seconds=parse_age(grace, option="--grace"),
     )
     rules.check()
-    manifest = _manifest(manifest_path)
-    with open_registry(db_url, manifest, create=False) as registry:
-        infos = _scan_all(registry, cache_dir, flavor, manifest)
+    with scope.scanned() as (registry, infos):
         _report(
             [plan_prune(info, rules) for info in infos],
             registry,
             apply=not dry_run,
-            as_json=as_json,
+            as_json=scope.as_json,
             how_to_apply="without --dry-run",
         )
 

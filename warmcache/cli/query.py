@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from warmcache.cli._common import (
+    count_option,
     db_option,
     format_table,
     json_option,
@@ -16,13 +17,14 @@ from warmcache.cli._common import (
     open_registry,
     print_json,
     print_json_array,
+    print_result,
 )
 from warmcache.identity.plan import plan_manifest
 from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry.statuses import PLAN_STATUSES, Status
 from warmcache.reports.explain import explain_plan
-from warmcache.reports.query import check_request, effective_status, plan_json, shape_json, shapes_summary
+from warmcache.reports.query import CheckRequest, check_request, effective_status, plan_json, shape_json, shapes_summary
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 
 if TYPE_CHECKING:
@@ -142,16 +144,12 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
 @click.command("check")
 @click.option("--model", "model_name", required=True, help="Model name as in the manifest.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True)
-@click.option("--batch", "batch_size", type=click.IntRange(min=1), required=True, help="Request batch size.")
-@click.option(
-    "--seq", "seq_len", type=click.IntRange(min=1), required=True, help="Prompt (generate) or sequence (train) length."
-)
+@count_option("--batch", "batch_size", required=True, help="Request batch size.")
+@count_option("--seq", "seq_len", required=True, help="Prompt (generate) or sequence (train) length.")
 @click.option(
     "--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype."
 )
-@click.option(
-    "--max-cache-len", type=click.IntRange(min=1), default=None, help="Only shapes compiled for this cache length."
-)
+@count_option("--max-cache-len", default=None, help="Only shapes compiled for this cache length.")
 @click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled.")
 @db_option
 @json_option
@@ -168,18 +166,7 @@ def check(
 ) -> None:
     """Exit 0 if a request can run without compiling (exactly or padded), 1 if not."""
     with open_registry(db_url, create=False) as registry:
-        result = check_request(
-            registry,
-            model=model_name,
-            workload=workload,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            exact=exact,
-            dtype=dtype,
-            max_cache_len=max_cache_len,
-        )
-    if as_json:
-        print_json(result.as_json())
-    else:
-        click.echo(result.message())
+        request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+        result = check_request(registry, model_name, workload, request)
+    print_result(result, as_json, result.message)
     raise SystemExit(0 if result.ok else 1)

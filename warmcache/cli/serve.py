@@ -62,7 +62,7 @@ def serve(
 
         from warmcache.service import ServiceConfig, create_app
         from warmcache.service.auth import load_token
-        from warmcache.service.protocol import HeaderDeadlineProtocol
+        from warmcache.service.server import server_config
     except ImportError as exc:
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
     location = registry_location(db_url, load_manifest(manifest) if manifest else None)
@@ -79,19 +79,7 @@ def serve(
             err=True,
         )
     click.echo(startup_line(location, host, port, has_token=token is not None), err=True)
-    # No proxy-header rewriting (nothing sits in front by default) and no Server header: less work per /v1/check.
-    # The header deadline closes connections that never finish a request (slowloris).
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        proxy_headers=False,
-        server_header=False,
-        http=HeaderDeadlineProtocol,
-    )
+    uvicorn.Server(server_config(app, host, port)).run()
 
 
 def startup_line(location: RegistryLocation, host: str, port: int, *, has_token: bool) -> str:

@@ -16,8 +16,10 @@ from warmcache.cli._common import (
     cache_dir_option,
     format_table,
     json_option,
+    manifest_option,
     max_unpack_size_option,
     print_json,
+    print_result,
     registry_location,
     trust_option,
 )
@@ -40,15 +42,13 @@ from warmcache.store.oci.freshness import (
 from warmcache.store.oci.store import OciStore
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
+from warmcache.store_location import ACCEPTED_FORMS
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STORE_HELP = (
-    "Store URL: s3://bucket/prefix, file:///path or oci://host/repository:tag (default: "
-    "$WARMCACHE_STORE, then the manifest's [store] url)."
-)
+STORE_HELP = f"Store: {ACCEPTED_FORMS} (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = (
     "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
     "then AWS_ENDPOINT_URL_S3/AWS)."
@@ -139,20 +139,7 @@ def push(
         result = push_manifest(
             shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
         )
-    if as_json:
-        print_json(result.as_json())
-        return
-    click.echo(
-        f"{result.store}: {result.shapes} shapes ({result.indexes_written} indexes written, "
-        f"{result.indexes_unchanged} unchanged); "
-        f"{result.blobs_uploaded} files uploaded ({format_size(result.bytes_uploaded)}), "
-        f"{result.blobs_present} already there"
-        + (
-            f"; {result.not_compiled} declared shapes not pushed (not {'verified' if verified_only else 'compiled'})"
-            if result.not_compiled
-            else ""
-        )
-    )
+    print_result(result, as_json, lambda: result.message(verified_only))
 
 
 @click.command("pull")
@@ -235,14 +222,7 @@ def store_group() -> None:
     """What an artifact store holds; remove blobs no index references."""
 
 
-def _manifest_option(func: F) -> F:
-    return click.option(
-        "--manifest",
-        "manifest_path",
-        metavar="FILE",
-        default=None,
-        help="Take the store from this manifest's [store] table.",
-    )(func)
+_manifest_option = manifest_option("Take the store from this manifest's [store] table.")
 
 
 def _manifest(path: str | None) -> Manifest | None:

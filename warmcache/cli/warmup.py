@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 
 from warmcache.cli._common import (
     F,
     cache_dir_option,
+    count_option,
     db_option,
     is_terminal,
     json_option,
@@ -23,6 +27,9 @@ from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.publish import ShapePublisher
 
+if TYPE_CHECKING:
+    from warmcache.warmup.progress import Finished, Progress
+
 
 class _Summary(Protocol):
     @property
@@ -31,6 +38,34 @@ class _Summary(Protocol):
     def as_json(self) -> dict[str, Any]: ...
 
     def lines(self) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunDisplay:
+    """How warmup and verify show a run: progress lines (how often, where), ``--json``, the libraries' chatter."""
+
+    progress_every: float
+    as_json: bool
+    verbose: bool
+
+    def progress(self, label: str) -> Callable[[int], Progress[Finished]]:
+        """The progress display of a run of ``total`` specs, built when the run knows its total."""
+        from warmcache.cli.progress import spec_progress
+
+        terminal = is_terminal()
+        return lambda total: spec_progress(total, terminal=terminal, label=label, every=self.progress_every)
+
+
+def run_display_options(func: Callable[..., None]) -> Callable[..., None]:
+    """``--progress-every``, ``--json`` and ``--verbose``, handed to the command as one :class:`RunDisplay`
+    (``display``), the libraries quieted before the command body imports any of them."""
+
+    @functools.wraps(func)
+    def command(*args: Any, progress_every: float, as_json: bool, verbose: bool, **kwargs: Any) -> None:
+        quiet_libraries(verbose)
+        func(*args, display=RunDisplay(progress_every, as_json, verbose), **kwargs)
+
+    return progress_every_option(json_option(verbose_option(command)))
 
 
 def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None = None) -> None:
@@ -65,13 +100,7 @@ def progress_every_option(func: F) -> F:
 
 @click.command("warmup")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Worker processes, each claiming specs from the registry.",
-)
+@count_option("--jobs", default=1, show_default=True, help="Worker processes, each claiming specs from the registry.")
 @click.option(
     "--shard",
     metavar="I/N",
@@ -97,9 +126,7 @@ def progress_every_option(func: F) -> F:
 @sign_option
 @store_options
 @db_option
-@progress_every_option
-@json_option
-@verbose_option
+@run_display_options
 def warmup(
     manifest: str,
     jobs: int,
@@ -113,13 +140,9 @@ def warmup(
     store_url: str | None,
     endpoint_url: str | None,
     db_url: str | None,
-    progress_every: float,
-    as_json: bool,
-    verbose: bool,
+    display: RunDisplay,
 ) -> None:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
-    quiet_libraries(verbose)
-    from warmcache.cli.progress import spec_progress
     from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.runner import run_warmup
     from warmcache.warmup.summary import Shard, WarmupOptions
@@ -139,44 +162,26 @@ def warmup(
     if publish and not dry_run:
         store = resolve_store(store_url, endpoint_url, parsed)
         publisher = ShapePublisher(parsed, options.registry, store, cache_dir, signing_key(sign_key, parsed))
-    terminal = is_terminal()
-    summary = run_warmup(
-        parsed,
-        options,
-        lambda total: spec_progress(total, terminal=terminal, label="warmup", every=progress_every),
-        publisher,
-    )
+    summary = run_warmup(parsed, options, display.progress("warmup"), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
-    _finish(summary, as_json, publisher)
+    _finish(summary, display.as_json, publisher)
 
 
 @click.command("verify")
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=str))
 @cache_dir_option(CACHE_HELP)
 @db_option
-@progress_every_option
-@json_option
-@verbose_option
-def verify(
-    manifest: str,
-    cache_dir: CacheFolder | None,
-    db_url: str | None,
-    progress_every: float,
-    as_json: bool,
-    verbose: bool,
-) -> None:
+@run_display_options
+def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, display: RunDisplay) -> None:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
-    quiet_libraries(verbose)
-    from warmcache.cli.progress import spec_progress
     from warmcache.warmup.verify import run_verify
 
     parsed = load_manifest(manifest)
-    terminal = is_terminal()
     summary = run_verify(
         parsed,
         registry_location(db_url, parsed),
         str(cache_dir) if cache_dir else None,
-        lambda total: spec_progress(total, terminal=terminal, label="verify", every=progress_every),
+        display.progress("verify"),
     )
-    _finish(summary, as_json)
+    _finish(summary, display.as_json)

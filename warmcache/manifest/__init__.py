@@ -8,7 +8,6 @@ the rest of warmcache uses; the tables' constants stay in :mod:`.schema`.
 
 from warmcache.manifest.load import load_manifest, loads
 from warmcache.manifest.schema import (
-    PRECOMPILE_BACKENDS,
     GenerateWorkload,
     Manifest,
     ModelSpec,
@@ -17,7 +16,6 @@ from warmcache.manifest.schema import (
 )
 
 __all__ = [
-    "PRECOMPILE_BACKENDS",
     "GenerateWorkload",
     "Manifest",
     "ModelSpec",

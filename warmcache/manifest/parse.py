@@ -18,15 +18,9 @@ from warmcache.bounds import MAX_MANIFEST_SHAPES
 from warmcache.errors import ManifestError, UsageError, shown
 from warmcache.manifest.checker import Checker, show
 from warmcache.manifest.schema import (
-    AOTINDUCTOR,
-    BACKENDS,
     CACHE_IMPLEMENTATIONS,
-    DEFAULT_BACKEND,
     DEFAULT_LEASE_SECONDS,
-    DEVICE_SYNONYMS,
-    DEVICES,
     MODES,
-    PRECOMPILE_BACKENDS,
     GenerateWorkload,
     Manifest,
     ModelSpec,
@@ -35,9 +29,12 @@ from warmcache.manifest.schema import (
     allowed_keys,
 )
 from warmcache.modeling.generation import prompt_fits
-from warmcache.settings import REGISTRY, RegistryLocation
+from warmcache.settings import REGISTRY, STORE, RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES
 from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings
+from warmcache.store_location import StoreLocation
+from warmcache.targets import BACKENDS, DEVICE_ALIASES, DEVICES, TARGET_CLASSES, PrecompileRoute
+from warmcache.targets.routes import PRECOMPILE_VALUES
 from warmcache.trust import TrustedKeys
 from warmcache.units import parse_size
 
@@ -122,17 +119,16 @@ def _check_expansion(check: Checker, models: list[ModelSpec], index: dict[str, i
 
 
 def _parse_store(check: Checker, table: dict[str, Any], anchor: Anchor) -> StoreSettings:
-    """``[store]``: a plain path is a ``file://`` store relative to the manifest's folder."""
+    """``[store]``: its URL parsed as ``--store``'s is, a plain path anchored at the manifest's folder."""
     check.unknown_keys(table, allowed_keys(StoreSettings), "store")
-    url = check.string(table, "url", "store")
-    if url is not None and "://" not in url:
-        url = anchor.path(url).as_uri()
-    elif url is not None and not url.startswith(("s3://", "file://", "oci://", "oci+http://")):
-        check.problem(
-            "store.url",
-            f"unsupported store {url!r} (use s3://bucket/prefix, file:///path, "
-            "oci://host/repository:tag or a folder path)",
-        )
+    text = check.string(table, "url", "store")
+    url = None
+    if text is not None:
+        source = STORE.sources(check.file)[2]
+        try:
+            url = StoreLocation.parse(text, source, anchor.base)
+        except UsageError as exc:
+            check.problem("store.url", str(exc).removeprefix(source).lstrip())
     max_size = check.string(table, "max_pull_size", "store")
     max_bytes = None
     if max_size is not None:
@@ -184,11 +180,11 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
     dtype = _parse_dtype(check, entry, where)
     device, backend, mode = _parse_target(check, entry, where)
     attn_implementation = check.string(entry, "attn_implementation", where)
-    precompile, aotinductor = _parse_precompile(check, entry, where, device, backend, mode)
+    precompile = _parse_precompile(check, entry, where, device, backend, mode)
     tp, fsdp = _parse_distributed(check, entry, where)
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
-    if aotinductor:
+    if precompile is PrecompileRoute.AOTINDUCTOR:
         _check_aotinductor(check, where, tp * fsdp, generate)
     if not generate and not train and len(check.problems) == before:
         check.problem(where, f"model {shown(name)} declares no workload: add [[model.generate]] or [[model.train]]")
@@ -206,7 +202,6 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
         mode=mode,
         attn_implementation=attn_implementation,
         precompile=precompile,
-        aotinductor=aotinductor,
         tp_size=tp,
         fsdp_size=fsdp,
         generate=tuple(generate),
@@ -249,12 +244,12 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
         )
         device = None
     else:
-        device = check.choice(entry, "device", where, DEVICES, "cpu", DEVICE_SYNONYMS)
-    backend = check.choice(entry, "backend", where, BACKENDS, DEFAULT_BACKEND.get(device or "cpu"))
-    if device and backend and (backend == "neuron") != (device == "neuron") and backend not in ("eager", "aot_eager"):
+        device = check.choice(entry, "device", where, DEVICES, "cpu", DEVICE_ALIASES)
+    backends = TARGET_CLASSES[device or "cpu"].BACKENDS
+    backend = check.choice(entry, "backend", where, BACKENDS, backends[0])
+    if device and backend and backend not in backends:
         check.problem(
-            f"{where}.backend",
-            f"backend {backend!r} does not compile for device {device!r} (use {DEFAULT_BACKEND[device]!r})",
+            f"{where}.backend", f"backend {backend!r} does not compile for device {device!r} (use {backends[0]!r})"
         )
     mode = check.choice(entry, "mode", where, MODES, "default")
     return device, backend, mode
@@ -262,27 +257,17 @@ def _parse_target(check: Checker, entry: dict[str, Any], where: str) -> tuple[st
 
 def _parse_precompile(
     check: Checker, entry: dict[str, Any], where: str, device: str | None, backend: str | None, mode: str | None
-) -> tuple[bool, bool]:
-    """``(precompile, aotinductor)``: ``precompile = true`` or ``"aotinductor"``, each only where it can be built."""
-    aotinductor = entry.get("precompile") == AOTINDUCTOR
-    if isinstance(entry.get("precompile"), str) and not aotinductor:
-        check.problem(f"{where}.precompile", f"must be true, false or {AOTINDUCTOR!r}, got {show(entry['precompile'])}")
-        precompile = False
-    else:
-        precompile = aotinductor or check.boolean(entry, "precompile", where, False)
-    if aotinductor and (backend != "inductor" or mode != "default" or device not in ("cpu", "cuda")):
-        check.problem(
-            f"{where}.precompile",
-            "AOTInductor packages need backend 'inductor' in mode 'default' on cpu or cuda (got "
-            f"{device}/{backend}/{mode}; Neuron compiles through torch-neuronx, not Inductor)",
-        )
-    elif precompile and (backend not in PRECOMPILE_BACKENDS or mode != "default" or device == "neuron"):
-        check.problem(
-            f"{where}.precompile",
-            f"precompiled artifacts need backend {' or '.join(PRECOMPILE_BACKENDS)} in mode 'default' "
-            f"on cpu or cuda (got {device}/{backend}/{mode})",
-        )
-    return precompile, aotinductor
+) -> PrecompileRoute:
+    """The model's precompile route, only where its target can build it (the target says why not)."""
+    route = PrecompileRoute.from_toml(entry.get("precompile", False))
+    if route is None:
+        check.problem(f"{where}.precompile", f"must be {PRECOMPILE_VALUES}, got {show(entry['precompile'])}")
+        return PrecompileRoute.NONE
+    if device and backend and mode:
+        problem = TARGET_CLASSES[device].precompile_problem(route, device, backend, mode)
+        if problem:
+            check.problem(f"{where}.precompile", problem)
+    return route
 
 
 def _parse_distributed(check: Checker, entry: dict[str, Any], where: str) -> tuple[int, int]:

@@ -16,30 +16,12 @@ from warmcache.errors import ManifestError, shown
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import ShapeFamily, ShapeSpec
 from warmcache.shapes.workload_settings import GenerateSettings, TrainSettings, WorkloadSettings
+from warmcache.store_location import StoreLocation
+from warmcache.targets.routes import PrecompileRoute
 from warmcache.trust import TrustedKeys
 
-DEVICES = ("neuron", "cpu", "cuda")
-#: What people call a device when they do not use its torch name: a did-you-mean must answer ``gpu`` with ``cuda``.
-DEVICE_SYNONYMS = {
-    "gpu": "cuda",
-    "nvidia": "cuda",
-    "trainium": "neuron",
-    "inferentia": "neuron",
-    "trn1": "neuron",
-    "trn2": "neuron",
-    "inf2": "neuron",
-    "xla": "neuron",
-}
-BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
-DEFAULT_BACKEND = {"neuron": "neuron", "cpu": "inductor", "cuda": "inductor"}
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CACHE_IMPLEMENTATIONS = ("static", "hybrid")
-#: Backends whose decode graph torch 2.13 can save as a precompiled artifact (AOTAutograd-based; not Neuron yet, see
-#: docs/guides/precompiled.md).
-PRECOMPILE_BACKENDS = ("inductor", "aot_eager")
-#: ``precompile = "aotinductor"``: each bucket's decode step as an AOTInductor package (no Dynamo, no compiler at
-#: start-up).
-AOTINDUCTOR = "aotinductor"
 DEFAULT_LEASE_SECONDS = 600
 
 _TOML = "toml"
@@ -106,10 +88,9 @@ class ModelSpec:
     #: ``from_pretrained(attn_implementation=...)`` at every load (warmup, verify, the guard's check);
     #: ``None``: whatever transformers picks. Part of each shape's identity.
     attn_implementation: str | None = None
-    #: Warmup also saves each generate bucket's decode step as a precompiled artifact production loads without tracing.
-    precompile: bool = False
-    #: ...as an AOTInductor package (``precompile = "aotinductor"``) instead of an ``aot_compile`` artifact.
-    aotinductor: bool = field(default=False, metadata=toml("precompile"))
+    #: Whether (and how) warmup also saves each generate bucket's decode step for production to load without
+    #: tracing.
+    precompile: PrecompileRoute = PrecompileRoute.NONE
     tp_size: int = field(default=1, metadata=toml("distributed.tp_size"))
     fsdp_size: int = field(default=1, metadata=toml("distributed.fsdp_size"))
     generate: tuple[GenerateWorkload, ...] = ()
@@ -160,7 +141,7 @@ class ModelSpec:
 class StoreSettings:
     """The ``[store]`` table: where compiled caches are published and fetched (see :mod:`warmcache.store`)."""
 
-    url: str | None = None
+    url: StoreLocation | None = None
     #: An S3-compatible server (MinIO, R2, ...); AWS itself needs none.
     endpoint_url: str | None = None
     #: ``warmcache warmup`` publishes each shape as soon as it is compiled.

@@ -81,6 +81,21 @@ def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTab
 
 
 @dataclass(frozen=True, slots=True)
+class CheckRequest:
+    """One request to decide, as ``warmcache check`` and ``GET /v1/check`` take it: its shape, and which compiled
+    families may serve it."""
+
+    batch_size: int
+    seq_len: int
+    #: Padding does not count: the exact shape must be compiled.
+    exact: bool = False
+    #: Only families of this dtype.
+    dtype: str | None = None
+    #: Only families compiled for this cache length.
+    max_cache_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CheckResult:
     """Whether a request of ``(batch, seq)`` can run without compiling, and how."""
 
@@ -148,27 +163,20 @@ class RequestChecker:
         self.records = list(records)
         self._tables = bucket_tables(usable_records(self.records))
 
-    def check(
-        self,
-        batch_size: int,
-        seq_len: int,
-        *,
-        exact: bool = False,
-        dtype: str | None = None,
-        max_cache_len: int | None = None,
-    ) -> CheckResult:
+    def check(self, request: CheckRequest) -> CheckResult:
         """Decide a request against every usable compiled family of the model; the least padding wins."""
+        batch_size, seq_len = request.batch_size, request.seq_len
         tables = {
             family: table
             for family, table in self._tables.items()
-            if (dtype is None or family.dtype == dtype)
-            and (max_cache_len is None or family.max_cache_len == max_cache_len)
+            if (request.dtype is None or family.dtype == request.dtype)
+            and (request.max_cache_len is None or family.max_cache_len == request.max_cache_len)
         }
         best: CheckResult | None = None
         nearest: list[tuple[int, int]] = []
         for family, table in tables.items():
             decision = table.decide(batch_size, seq_len)
-            if decision.kind == "pad" and exact:
+            if decision.kind == "pad" and request.exact:
                 decision = Decision("refuse", batch_size, seq_len, nearest=table.nearest(batch_size, seq_len))
             if decision.runnable:
                 cost = _padded_tokens(decision)
@@ -189,25 +197,14 @@ class RequestChecker:
         return CheckResult(Decision("refuse", batch_size, seq_len, nearest=ranked), None)
 
 
-def check_request(
-    registry: Registry,
-    *,
-    model: str,
-    workload: str,
-    batch_size: int,
-    seq_len: int,
-    exact: bool = False,
-    dtype: str | None = None,
-    max_cache_len: int | None = None,
-) -> CheckResult:
+def check_request(registry: Registry, model: str, workload: str, request: CheckRequest) -> CheckResult:
     """Decide a request against the registry's rows of ``model`` (see :class:`RequestChecker`)."""
     records = registry.rows(model=model, workload=workload)
     if not records:
         # A deployment gate asks "can this run without compiling?": with no rows the answer is no.
         reason = f"model {model!r} has no {workload} shapes in registry {registry.location.display}"
-        return CheckResult(Decision("refuse", batch_size, seq_len), None, reason=reason)
-    checker = RequestChecker(records, model=model, workload=workload)
-    return checker.check(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+        return CheckResult(Decision("refuse", request.batch_size, request.seq_len), None, reason=reason)
+    return RequestChecker(records, model=model, workload=workload).check(request)
 
 
 def shape_json(record: ShapeRecord) -> dict[str, Any]:

@@ -30,20 +30,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
-from warmcache.reports.explain import UNSET, describe, stale_differences
-from warmcache.reports.query import bucket_tables, stale_records, usable_records
 from warmcache.runtime.artifact_trust import ArtifactTrust
+from warmcache.runtime.guard_rows import RowFilter, select_family
+from warmcache.runtime.guard_sources import RowSource, registry_source, service_source, snapshot_source
 from warmcache.runtime.guarded import POLICIES, Policy
-from warmcache.runtime.snapshot import read_snapshot, snapshot_file
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
-from warmcache.trust import TrustedKeys
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -52,6 +50,7 @@ if TYPE_CHECKING:
     from warmcache.runtime.sentinel import SentinelReport
     from warmcache.runtime.serving import PrimeReport
     from warmcache.runtime.training import BucketCollator, GuardCallback
+    from warmcache.trust import TrustedKeys
 
 
 class GuardOptions(TypedDict, total=False):
@@ -65,21 +64,6 @@ class GuardOptions(TypedDict, total=False):
 
 
 log = logging.getLogger("warmcache.runtime")
-
-
-class RowFilter(NamedTuple):
-    """Which of a model's rows a guard serves from: each ``None`` keeps every value."""
-
-    dtype: str | None
-    max_cache_len: int | None
-    backend: str | None
-
-    def keeps(self, row: ShapeRecord) -> bool:
-        return (
-            (self.dtype is None or row.dtype == self.dtype)
-            and (self.max_cache_len is None or row.max_cache_len == self.max_cache_len)
-            and (self.backend is None or row.backend == self.backend)
-        )
 
 
 class ShapeGuard:
@@ -135,26 +119,9 @@ class ShapeGuard:
         **options: Unpack[GuardOptions],
     ) -> ShapeGuard:
         """A guard over the registry's usable rows; misses are flushed back to the same registry."""
-
-        from warmcache.registry.registry import Registry
-
         location = RegistryLocation.of(registry_url)  # checked once, here at the library's edge
-
-        def load() -> list[ShapeRecord]:
-            # A read path: never creates or migrates a schema (a typo in the URL is an error, not a new registry).
-            with Registry.open(location, create=False) as registry:
-                # Artifacts too: the precompiled ones are what prime() loads.
-                return registry.rows(model=model, workload=workload, with_artifacts=True)
-
-        source = location.display
-        return cls(
-            load,
-            model=model,
-            workload=workload,
-            source=source,
-            telemetry_url=location if telemetry else None,
-            **options,
-        )
+        telemetry_url = location if telemetry else None
+        return cls._over(registry_source(location, model, workload), model, workload, telemetry_url, options)
 
     @classmethod
     def from_snapshot(
@@ -176,24 +143,8 @@ class ShapeGuard:
         keys the rows still guard shapes, but :meth:`prime` loads none of the precompiled code they name
         unless ``allow_unsigned`` (see :mod:`warmcache.runtime.artifact_trust`).
         """
-        given = Path(path)
-        snapshot = snapshot_file(given)
-        trusted = _trusted_keys(trust)
-
-        def load() -> list[ShapeRecord]:
-            read = read_snapshot(snapshot, trusted)
-            return [r for r in read.records if r.model_name == model and r.workload == workload]
-
-        artifacts = _snapshot_trust(str(snapshot), trusted, allow_unsigned, folder=given if snapshot != given else None)
-        return cls(
-            load,
-            model=model,
-            workload=workload,
-            source=str(snapshot),
-            telemetry_url=telemetry_url,
-            artifact_trust=artifacts,
-            **options,
-        )
+        source = snapshot_source(path, model, workload, trust, allow_unsigned)
+        return cls._over(source, model, workload, telemetry_url, options)
 
     @classmethod
     def from_url(
@@ -213,19 +164,28 @@ class ShapeGuard:
         ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
         ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false. ``trust`` and ``allow_unsigned`` as in
         :meth:`from_snapshot` (the service signs its answers with ``serve --sign``)."""
-        from warmcache.runtime.remote import SnapshotSource
+        source = service_source(
+            service_url, model, workload, timeout=timeout, trust=trust, allow_unsigned=allow_unsigned
+        )
+        return cls._over(source, model, workload, service_url if telemetry else None, options)
 
-        trusted = _trusted_keys(trust)
-        source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trusted)
-        artifacts = _snapshot_trust(source.url, trusted, allow_unsigned)
-        telemetry_url = service_url if telemetry else None
+    @classmethod
+    def _over(
+        cls,
+        source: RowSource,
+        model: str,
+        workload: Workload,
+        telemetry_url: RegistryLocation | str | None,
+        options: GuardOptions,
+    ) -> ShapeGuard:
+        """The guard over ``source``'s rows: what every constructor above ends in."""
         return cls(
             source.load,
             model=model,
             workload=workload,
-            source=source.url,
+            source=source.name,
             telemetry_url=telemetry_url,
-            artifact_trust=artifacts,
+            artifact_trust=source.artifact_trust,
             **options,
         )
 
@@ -236,34 +196,14 @@ class ShapeGuard:
     def _reload(self, expect: ShapeFamily | None = None, *, reuse: bool = False) -> ShapeFamily:
         if not reuse:
             self._loaded = self._load()
-        loaded = [r for r in self._loaded if self._filters.keeps(r)]
-        rows = [
-            r
-            for r in usable_records(loaded)
-            if (self._config_hash is None or r.config_hash == self._config_hash)
-            and (self._attn_implementation is None or r.attn_implementation == self._attn_implementation)
-        ]
-        wanted = f"model {self.model_name!r} {self.workload}"
-        tables = bucket_tables(_compiled_for_every_config(rows))
-        if not tables:
-            stale = stale_records(loaded)
-            why = (
-                f"; its compiled rows are stale here: {describe(stale_differences(stale))}"
-                if stale and not rows
-                else ""
-            )
-            raise UsageError(
-                f"{self.source}: no usable compiled {wanted} shapes for this machine's toolchain{why} "
-                "(see `warmcache explain`)"
-            )
-        targets = {(r.device, r.backend, r.mode) for r in rows}
-        if len(tables) > 1 or len(targets) > 1:
-            options = "; ".join(sorted({f"{r.family.describe()} {r.device}/{r.backend}/{r.mode}" for r in rows}))
-            raise UsageError(
-                f"{self.source}: {wanted} has several compiled families ({options}); choose one with "
-                "dtype=, max_cache_len= or backend="
-            )
-        ((family, table),) = tables.items()
+        rows, family, table = select_family(
+            self._loaded,
+            self._filters,
+            config_hash=self._config_hash,
+            attn_implementation=self._attn_implementation,
+            source=self.source,
+            wanted=f"model {self.model_name!r} {self.workload}",
+        )
         if expect is not None and family != expect:
             # Checked before the swap: a refused refresh must leave the old table serving.
             raise UsageError(
@@ -314,6 +254,8 @@ class ShapeGuard:
             }
         )
         if declared and attn_implementation not in declared:
+            from warmcache.reports.explain import UNSET  # the error path alone needs it
+
             raise UsageError(
                 f"{self.source}: model {self.model_name!r}: attn_implementation "
                 f"{attn_implementation or UNSET!r} matches no compiled rows "
@@ -430,34 +372,3 @@ class ShapeGuard:
         from warmcache.runtime.sentinel import recompile_sentinel
 
         return recompile_sentinel(self.policy, label)
-
-
-def _trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKeys:
-    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else
-    none."""
-    if isinstance(trust, TrustedKeys):
-        return trust
-    entries = [trust] if isinstance(trust, str) else list(trust or ())
-    return TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
-
-
-def _snapshot_trust(
-    source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None
-) -> ArtifactTrust:
-    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other
-    raises)."""
-    verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
-    return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)
-
-
-def _compiled_for_every_config(rows: list[ShapeRecord]) -> list[ShapeRecord]:
-    """While no model config is chosen (:meth:`ShapeGuard.check_model_config`), keep only
-    the buckets compiled for every config among ``rows``: padding onto a bucket that only
-    another checkpoint config compiled would compile in production."""
-    by_config: dict[tuple[str, str | None], set[tuple[int, int]]] = {}
-    for r in rows:
-        by_config.setdefault((r.config_hash, r.attn_implementation), set()).add((r.batch_size, r.seq_len))
-    if len(by_config) < 2:
-        return rows
-    common = set.intersection(*by_config.values())
-    return [r for r in rows if (r.batch_size, r.seq_len) in common]

@@ -152,7 +152,7 @@ def prime(
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
-    artifact load it instead of tracing (:mod:`warmcache.runtime.precompiled`;
+    artifact load it instead of tracing (:mod:`warmcache.runtime.decode_dispatch`;
     ``cache_dir`` overrides the rows' cache folder). An artifact the guard's rows
     cannot vouch for, or whose bytes were altered, fails start-up under every policy
     (:mod:`warmcache.runtime.artifact_trust`); a missing or foreign one fails it under
@@ -216,7 +216,7 @@ def prime(
 
 def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> set[int]:
     """Load the rows' artifacts into ``report``; returns the batch sizes AOTInductor packages serve."""
-    from warmcache.runtime.precompiled import install, precompiled_entries
+    from warmcache.runtime.decode_dispatch import install, precompiled_entries
 
     if not any(precompiled_entries(r) for r in guard.records):
         return set()

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from warmcache.reports.query import CheckRequest
 from warmcache.service.http import JSON_TYPE, ApiError, choice, dumps, flag, positive_int
 from warmcache.service.view import RegistryState, RegistryView
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
@@ -49,13 +50,8 @@ def _decide(state: RegistryState, query_string: bytes) -> tuple[int, bytes]:
         checker = state.checkers.get((model, workload))
         if checker is None:
             raise ApiError(404, f"model {model!r} has no {workload} shapes in the registry", "model")
-        result = checker.check(
-            batch_size,
-            seq_len,
-            exact=flag(params, "exact"),
-            dtype=choice(params, "dtype", _DTYPES),
-            max_cache_len=positive_int(params, "max_cache_len", required=False),
-        )
+        dtype, max_cache_len = choice(params, "dtype", _DTYPES), positive_int(params, "max_cache_len", required=False)
+        result = checker.check(CheckRequest(batch_size, seq_len, flag(params, "exact"), dtype, max_cache_len))
     except ApiError as exc:
         return exc.status, exc.body()
     return 200, dumps(result.as_json())

@@ -16,25 +16,26 @@ from warmcache.settings import STORE, choose
 from warmcache.store.backends import open_store
 from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.freshness import TagMemory
-from warmcache.store.oci.reference import is_oci_url
 from warmcache.store.oci.store import OciStore
+from warmcache.store_location import ACCEPTED_FORMS, StoreLocation
 
 STORE_ENV = STORE.env
 #: What push, pull and the store commands take: an object store, or one repository of an OCI registry.
 Store = ObjectStore | OciStore
 
 
-def store_url(cli_url: str | None, manifest: Manifest | None = None) -> str:
-    """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url``."""
-    chosen = choose(
-        STORE, cli_url or None, manifest.store.url if manifest else None, manifest.path if manifest else None
-    )
-    if chosen is None or not chosen.text:
+def store_location(cli_url: str | None, manifest: Manifest | None = None) -> StoreLocation:
+    """``--store``, then ``$WARMCACHE_STORE``, then the manifest's ``[store] url`` (parsed with the manifest); the
+    flag's and the variable's text parsed here, once, with the same forms."""
+    from_manifest = manifest.store.url if manifest else None
+    chosen = choose(STORE, cli_url, from_manifest.url if from_manifest else None, manifest.path if manifest else None)
+    if chosen is None:
         raise UsageError(
-            "no store: pass --store s3://bucket/prefix (or file:///path, oci://host/repository:tag), "
-            f"set ${STORE_ENV}, or add [store] url to the manifest"
+            f"no store: pass --store ({ACCEPTED_FORMS}), set ${STORE_ENV}, or add [store] url to the manifest"
         )
-    return chosen.text
+    if from_manifest is not None and manifest is not None and chosen.source == STORE.sources(manifest.path)[2]:
+        return from_manifest
+    return StoreLocation.parse(chosen.text, chosen.source)
 
 
 def resolve_store(
@@ -42,10 +43,19 @@ def resolve_store(
 ) -> Store:
     """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own
     settings; an ``oci://`` store compares signed tags with ``memory`` (default: :meth:`TagMemory.resolve`)."""
-    url = store_url(cli_url, manifest)
-    if is_oci_url(url):
-        return OciStore.open(url, memory)
-    return open_store(url, endpoint_url or (manifest.store.endpoint_url if manifest else None))
+    location = store_location(cli_url, manifest)
+    if location.is_oci:
+        return OciStore.open(location.url, memory)
+    return open_store(location, endpoint_url or (manifest.store.endpoint_url if manifest else None))
 
 
-__all__ = ["STORE_ENV", "ObjectStore", "OciStore", "Store", "open_store", "resolve_store", "store_url"]
+__all__ = [
+    "STORE_ENV",
+    "ObjectStore",
+    "OciStore",
+    "Store",
+    "open_store",
+    "StoreLocation",
+    "resolve_store",
+    "store_location",
+]

@@ -1,4 +1,4 @@
-"""Which object store a URL names (``s3://bucket/prefix``, :mod:`.s3`; ``file:///path``), and the file store itself.
+"""Which object store a location names (``s3://bucket/prefix``, :mod:`.s3`; ``file:///path``), and the file store.
 
 Both speak :class:`~warmcache.store.objects.ObjectStore`; a file store is a folder (a local
 disk, or NFS/FSx/EFS shared by hosts) whose every write lands by rename.
@@ -12,32 +12,26 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from warmcache.errors import CacheError, StoreError, UsageError, shown
 from warmcache.store.objects import BLOCK, ObjectStore, StoredObject, changed_under_push, hash_blocks
 from warmcache.store.s3 import S3Store
-from warmcache.store.url_parts import refuse_dropped_parts
+from warmcache.store_location import StoreLocation
 
 #: Temporary files of the file store start with this; ``store gc`` removes old ones.
 FILE_TEMP_PREFIX = ".warmcache-tmp-"
 
 
-def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
-    """The store a URL names: ``s3://bucket[/prefix]`` or ``file:///path``."""
-    refuse_dropped_parts(url)
-    parsed = urlparse(url)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise UsageError(f"store URL {url!r}: name the bucket (s3://bucket/prefix)")
+def open_store(location: StoreLocation, endpoint_url: str | None = None) -> ObjectStore:
+    """The object store a checked location names: ``s3://bucket[/prefix]`` or ``file:///path`` (an ``oci://``
+    repository is :class:`~warmcache.store.oci.store.OciStore`'s)."""
+    if location.scheme == "s3":
+        parsed = urlparse(location.url)
         return S3Store(parsed.netloc, parsed.path.strip("/"), endpoint_url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise UsageError(f"store URL {shown(url)}: a file store is file:///absolute/path")
-        return FileStore(Path(unquote(parsed.path)))
-    raise UsageError(
-        f"store URL {url!r}: unsupported scheme (use s3://bucket/prefix, file:///path or oci://host/repository:tag)"
-    )
+    if location.scheme == "file":
+        return FileStore(location.folder)
+    raise UsageError(f"{location.source} {shown(location.url)}: an OCI repository is not an object store")
 
 
 class FileStore:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import Progress
+from warmcache.cache.bundle import ByteProgress
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.registry import Registry
 from warmcache.store.maintenance import (
@@ -47,7 +47,7 @@ def push_manifest(
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PushResult:
     """Publish the manifest's compiled shapes (only ``identities`` if given): new blobs and indexes, or merged into
     the tag's image."""

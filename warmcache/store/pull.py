@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from warmcache.cache.bundle import BundleFile, Progress, sha256_of
+from warmcache.cache.bundle import BundleFile, ByteProgress, sha256_of
 from warmcache.cache.bundle_rows import MergeResult
 from warmcache.cache.install import (
     DEFAULT_MAX_UNPACK_BYTES,
@@ -84,7 +84,7 @@ class PullSource(Protocol):
         """The validated (signature-checked, with ``trusted`` keys) index of each wanted shape the source holds, by
         identity."""
 
-    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: ByteProgress | None) -> tuple[int, int]:
         """Every file (by sha256) checked into ``folder/<sha256>``; ``(downloaded, reused)`` bytes."""
 
 
@@ -103,7 +103,7 @@ class ObjectSource:
     ) -> dict[str, ShapeIndex]:
         return _read_indexes(self.store, wanted, location, trusted)
 
-    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+    def fetch_blobs(self, sizes: dict[str, int], folder: Path, progress: ByteProgress | None) -> tuple[int, int]:
         return _fetch_blobs(self.store, sizes, folder, progress)
 
 
@@ -146,7 +146,7 @@ def pull_manifest(
     max_bytes: int = DEFAULT_MAX_UNPACK_BYTES,
     trusted: TrustedKeys = NOT_CONFIGURED,
     allow_unsigned: bool = False,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PullResult:
     """Install what the manifest's shapes need from ``store`` into the scope's cache folder and merge their rows.
 
@@ -295,7 +295,9 @@ def _files_to_install(indexes: list[ShapeIndex], location: CacheLocation) -> tup
     return {f.path: f for entry_files in missing for f in entry_files}, len(by_entry) - len(missing)
 
 
-def _fetch_blobs(store: ObjectStore, sizes: dict[str, int], folder: Path, progress: Progress | None) -> tuple[int, int]:
+def _fetch_blobs(
+    store: ObjectStore, sizes: dict[str, int], folder: Path, progress: ByteProgress | None
+) -> tuple[int, int]:
     """Every blob checked into ``folder`` (kept from an interrupted pull, or fetched); ``(downloaded, reused)``
     bytes."""
     folder.mkdir(parents=True, exist_ok=True)

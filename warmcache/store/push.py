@@ -23,7 +23,7 @@ from pathlib import Path
 
 from warmcache.cache.bundle import (
     BundleFile,
-    Progress,
+    ByteProgress,
     ShippedJson,
     entries_needed,
     entry_files,
@@ -44,6 +44,7 @@ from warmcache.store.index import (
 from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.store.objects import ObjectStore
 from warmcache.trust import SigningKey, sign_document
+from warmcache.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,15 @@ class PushResult(ShippedJson):
     bytes_uploaded: int
     not_compiled: int
 
+    def message(self, verified_only: bool) -> str:
+        """What ``push`` says it sent, found already there and left out."""
+        return (
+            f"{self.store}: {self.shapes} shapes ({self.indexes_written} indexes written, "
+            f"{self.indexes_unchanged} unchanged); {self.blobs_uploaded} files uploaded "
+            f"({format_size(self.bytes_uploaded)}), {self.blobs_present} already there"
+            + self.not_shipped(verified_only, "not pushed")
+        )
+
 
 def push_objects(
     scope: ShipmentScope,
@@ -71,7 +81,7 @@ def push_objects(
     verified_only: bool = False,
     identities: Iterable[str] | None = None,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PushResult:
     """Upload what the store lacks of the manifest's compiled shapes (only ``identities`` if given).
 
@@ -170,7 +180,7 @@ def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dic
 
 
 def _upload_missing(
-    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: Progress | None
+    store: ObjectStore, blobs: dict[str, tuple[Path, int]], progress: ByteProgress | None
 ) -> tuple[int, dict[str, float], int]:
     """Upload each blob the store lacks or holds damaged, in parallel; ``(uploaded, {present sha256: last written},
     bytes sent)``.

@@ -13,9 +13,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from warmcache.targets.flavors import CacheFlavor
+from warmcache.targets.routes import PrecompileRoute
 
 if TYPE_CHECKING:
     from transformers import CompileConfig
@@ -53,6 +54,21 @@ class Target(ABC):
     device: str
     backend: str
     mode: str = "default"
+
+    #: The devices this target compiles for (their torch names); adding a device means adding a target.
+    DEVICES: ClassVar[tuple[str, ...]] = ()
+    #: What people call those devices when they do not use the torch name: a did-you-mean answers ``gpu`` with
+    #: ``cuda``.
+    DEVICE_ALIASES: ClassVar[dict[str, str]] = {}
+    #: The backends that compile for these devices, the default first.
+    BACKENDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def precompile_problem(cls, route: PrecompileRoute, device: str, backend: str, mode: str) -> str | None:
+        """Why this target cannot build ``route`` for ``backend`` in ``mode``, or ``None`` when it can."""
+        if route is PrecompileRoute.NONE:
+            return None
+        return f"{route.artifacts} are not built for device {device!r} (got {device}/{backend}/{mode})"
 
     @property
     @abstractmethod

@@ -16,15 +16,22 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from warmcache.errors import TargetUnavailableError
 from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.flavors import CacheFlavor
+from warmcache.targets.routes import PrecompileRoute
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: Triton generates every CUDA kernel Inductor compiles (the wheel is ``pytorch-triton`` on nightlies).
 CUDA_PACKAGES = ("triton", "pytorch-triton")
+#: Backends whose decode graph torch 2.13 can save as an ``aot_compile`` artifact (AOTAutograd-based; not Neuron yet,
+#: see docs/guides/precompiled.md); an AOTInductor package needs Inductor itself.
+PRECOMPILE_BACKENDS = {
+    PrecompileRoute.AOT_COMPILE: ("inductor", "aot_eager"),
+    PrecompileRoute.AOTINDUCTOR: ("inductor",),
+}
 
 
 def inductor_default_cache_dir() -> Path:
@@ -90,6 +97,17 @@ def _cuda_capability() -> str:
 @dataclass(frozen=True, slots=True)
 class InductorTarget(Target):
     """``device`` is ``cpu`` or ``cuda``; ``backend`` is ``inductor``, ``aot_eager`` or ``eager``."""
+
+    DEVICES: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    DEVICE_ALIASES: ClassVar[dict[str, str]] = {"gpu": "cuda", "nvidia": "cuda"}
+    BACKENDS: ClassVar[tuple[str, ...]] = ("inductor", "aot_eager", "eager")
+
+    @classmethod
+    def precompile_problem(cls, route: PrecompileRoute, device: str, backend: str, mode: str) -> str | None:
+        if route is PrecompileRoute.NONE or (backend in PRECOMPILE_BACKENDS[route] and mode == "default"):
+            return None
+        backends = " or ".join(repr(b) for b in PRECOMPILE_BACKENDS[route])
+        return f"{route.artifacts} need backend {backends} in mode 'default' (got {device}/{backend}/{mode})"
 
     @property
     def cache_flavor(self) -> CacheFlavor | None:

@@ -15,11 +15,12 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from warmcache.errors import TargetUnavailableError, UsageError
 from warmcache.targets.base import Target, ToolchainFactors
 from warmcache.targets.flavors import CacheFlavor
+from warmcache.targets.routes import PrecompileRoute
 
 FLAGS_ENV = "NEURON_CC_FLAGS"
 CACHE_URL_ENV = "NEURON_COMPILE_CACHE_URL"
@@ -108,6 +109,21 @@ def _neuron_platform() -> str:
 @dataclass(frozen=True, slots=True)
 class NeuronTarget(Target):
     """``device="neuron"``; backend ``neuron`` (or eager/aot_eager, which still run on the chip)."""
+
+    DEVICES: ClassVar[tuple[str, ...]] = ("neuron",)
+    DEVICE_ALIASES: ClassVar[dict[str, str]] = {
+        alias: "neuron" for alias in ("trainium", "inferentia", "trn1", "trn2", "inf2", "xla")
+    }
+    BACKENDS: ClassVar[tuple[str, ...]] = ("neuron", "eager", "aot_eager")
+
+    @classmethod
+    def precompile_problem(cls, route: PrecompileRoute, device: str, backend: str, mode: str) -> str | None:
+        if route is PrecompileRoute.NONE:
+            return None
+        return (
+            f"{route.artifacts} are built by Inductor on cpu or cuda (got {device}/{backend}/{mode}; "
+            "Neuron compiles through torch-neuronx, not Inductor)"
+        )
 
     @property
     def cache_flavor(self) -> CacheFlavor | None:

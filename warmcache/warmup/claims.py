@@ -165,7 +165,7 @@ def run_claimed(
     started = time.monotonic()
     ran: list[_Ran] = []
     done = 0
-    heartbeat = _Heartbeat(registry, [row_id for _, row_id in claimed], me, lease_seconds)
+    heartbeat = _LeaseRenewer(registry, [row_id for _, row_id in claimed], me, lease_seconds)
     try:
         with heartbeat:
             for planned, row_id in claimed:
@@ -286,7 +286,7 @@ def _give_back(registry: Registry, ran: Sequence[_Ran], rest: Sequence[int], me:
 
 
 def _run_locked(
-    worker: SpecRunner, planned: PlannedShape, heartbeat: _Heartbeat, row_id: int
+    worker: SpecRunner, planned: PlannedShape, heartbeat: _LeaseRenewer, row_id: int
 ) -> tuple[SpecRun | None, str | None]:
     """Run the spec under its per-spec file lock (waited for while the claim lasts); an exception becomes the spec's
     error line."""
@@ -308,7 +308,7 @@ class _Lease(NamedTuple):
     seconds: float
 
 
-class _Heartbeat:
+class _LeaseRenewer:
     """Renews claims' leases, in one statement, every third of their length until their specs are done.
 
     A claim whose spec waits for its cache lock is not renewed meanwhile: work that cannot
@@ -383,7 +383,7 @@ class _Heartbeat:
             finally:
                 registry.drop_connections()
 
-    def __enter__(self) -> _Heartbeat:
+    def __enter__(self) -> _LeaseRenewer:
         self._thread.start()
         return self
 

@@ -5,7 +5,7 @@ when a lease expired under a long compile, so each spec compiles under a file lo
 in the cache folder. A holder that stops (SIGSTOP, a debugger, a hung network file
 system) keeps that lock while its lease runs out; the worker that reclaims the spec
 then waits on it. That wait ends before the waiter's own claim would run out (its
-heartbeat does not renew a claim whose spec is waiting, see ``claims._Heartbeat``),
+heartbeat does not renew a claim whose spec is waiting, see ``claims._LeaseRenewer``),
 and the error names the holder from the note every holder leaves beside the lock:
 ``host ... pid ... since ...``.
 """

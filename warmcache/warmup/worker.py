@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, LOCK_DIRNAME, entry_size, list_entries
+from warmcache.cache.layout import LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
 from warmcache.identity.plan import PlannedShape
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.registry.records import ArtifactRef
 from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
-from warmcache.targets import Target, resolve_cache_dir, target_for
+from warmcache.targets import PrecompileRoute, Target, resolve_cache_dir, target_for
+from warmcache.warmup.decode_writer import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
-from warmcache.warmup.precompile import capture_decode_call, precompile_decode, save_package, save_precompiled
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import WorkloadResult, run_generate, run_train
 
@@ -81,7 +81,7 @@ class Worker:
         """The target's cache root; the first call points the compiler at it (before any compile)."""
         root = self._roots.get(target)
         if root is None:
-            root, chosen = resolve_cache_dir(target, self.cache_dir, self.manifest)
+            root, chosen = resolve_cache_dir(target, self.cache_dir, self.manifest.cache_dir)
             if chosen:
                 target.point_cache_at(root)
             root.mkdir(parents=True, exist_ok=True)
@@ -106,16 +106,14 @@ class Worker:
             _forget_compiled_graphs()
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
-        precompile = self.precompile and model_spec.precompile and spec.workload == "generate"
+        precompile = self.precompile and model_spec.precompile.applies_to(spec.workload)
         measured = _run_workload(model, planned, target, phases, capture_decode=precompile)
         if precompile:
             entry = self._precompile(planned, model, root, measured.decode_kwargs, phases)
         seconds = time.perf_counter() - start
         new, reused = _entries_needed(root, flavor, before, measured.lookups)
         if precompile:
-            (new if entry not in before else reused)[entry] = (
-                AOTINDUCTOR if model_spec.aotinductor else INDUCTOR_PRECOMPILED
-            )
+            (new if entry not in before else reused)[entry] = model_spec.precompile.artifact_kind
         return SpecRun(
             seconds=seconds,
             graphs=measured.counter.graphs,
@@ -155,7 +153,7 @@ class Worker:
             "backend": model_spec.backend,
             "mode": model_spec.mode,
         }
-        if model_spec.aotinductor:
+        if model_spec.precompile is PrecompileRoute.AOTINDUCTOR:
             entry = save_package(root, model, decode_kwargs, fields, phases)
         else:
             phases.enter(Phase.PRECOMPILING)
@@ -226,9 +224,7 @@ def _run_workload(
     from warmcache.modeling.compile_counter import CompileCounter
 
     model_spec, spec = planned.model, planned.spec
-    # An AOTInductor model's production never runs torch.compile: its reference decode is eager, in warmup and verify
-    # alike.
-    eager_decode = model_spec.aotinductor and spec.workload == "generate"
+    eager_decode = model_spec.precompile.decodes_eagerly(spec.workload)
     decode_kwargs: dict[str, Any] = {}
     # The Trainer prints its metrics to stdout; keep stdout for --json output.
     with contextlib.redirect_stdout(sys.stderr), CompileCounter() as counter, InductorLookups() as lookups:

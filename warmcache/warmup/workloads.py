@@ -84,7 +84,7 @@ def run_generate(
     AOTInductor package, never ``torch.compile``; nothing can recompile, so one short
     unpadded call (the one the package is exported from) is all there is to run. The
     package itself is proven to the cache's end by verify
-    (:mod:`warmcache.warmup.verify.precompiled`). At real width the skipped eager
+    (:mod:`warmcache.warmup.verify.artifact_proof`). At real width the skipped eager
     decodes were most of such a warmup (42 of 71 s, Qwen3-0.6B's config, 2 layers).
     """
     import torch

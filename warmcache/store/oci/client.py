@@ -131,12 +131,7 @@ class RegistryClient:
 
     def delete_manifest(self, digest: str) -> None:
         """Remove a manifest by digest (absent is fine); the registry drops every tag that pointed at it."""
-        self._request(
-            "DELETE",
-            self._container.manifest_url(self._checked(digest)),
-            f"deleting manifest {digest[:19]}",
-            absent_ok=True,
-        )
+        self._delete(self._container.manifest_url(self._checked(digest)), f"deleting manifest {digest[:19]}")
 
     # ------------------------------------------------------------ blobs
 
@@ -201,12 +196,11 @@ class RegistryClient:
 
     def delete_blob(self, digest: str) -> None:
         """Unlink a blob from this repository (absent is fine)."""
-        self._request(
-            "DELETE",
-            self._container.get_blob_url(self._checked(digest)),
-            f"deleting blob {digest[:19]}",
-            absent_ok=True,
-        )
+        self._delete(self._container.get_blob_url(self._checked(digest)), f"deleting blob {digest[:19]}")
+
+    def _delete(self, url: str, doing: str) -> None:
+        """A DELETE a registry may answer with "not there": what is gone is what was asked for."""
+        self._request("DELETE", url, doing, absent_ok=True)
 
     def _put_blob(self, digest: str, body: Any, size: int) -> None:
         """One upload session: POST for a location, then one PUT of the whole body with its digest."""

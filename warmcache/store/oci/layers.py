@@ -29,7 +29,7 @@ from typing import IO
 from warmcache.cache.bundle import BundleFile
 from warmcache.cache.install import write_checked
 from warmcache.cache.layout import CacheFlavor, entry_of
-from warmcache.cache.quiet import open_quietly
+from warmcache.cache.noatime import open_quietly
 from warmcache.errors import CacheError
 from warmcache.store.objects import changed_under_push
 

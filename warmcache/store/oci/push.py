@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, Progress, sha256_of
+from warmcache.cache.bundle import BundleFile, ByteProgress, sha256_of
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
@@ -69,7 +69,7 @@ def push_image(
     verified_only: bool = False,
     identities: Any = None,
     signing_key: SigningKey | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> PushResult:
     """Merge the manifest's compiled shapes (only ``identities`` if given) into the tag; see the module docstring."""
     records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
@@ -182,7 +182,7 @@ class _Layers:
     location: CacheLocation
     local: dict[str, BundleFile]
     work: Path
-    progress: Progress | None
+    progress: ByteProgress | None
     built: dict[tuple[BundleFile, ...], Layer] = field(default_factory=dict)
     #: Layers of the tag taken as they are (their files did not change): present, nothing sent.
     reused: set[str] = field(default_factory=set)

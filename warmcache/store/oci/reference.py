@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from warmcache.errors import UsageError, shown
-from warmcache.store.url_parts import refuse_dropped_parts
+from warmcache.store_location import OCI_SCHEMES, refuse_dropped_parts
 
-SCHEMES = ("oci", "oci+http")
 DEFAULT_TAG = "latest"
 #: The OCI distribution spec's grammar for repository names and tags.
 _REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
@@ -61,7 +60,7 @@ def parse_oci_url(url: str) -> OciReference:
     fault."""
     refuse_dropped_parts(url)  # urlparse strips tabs and newlines: ``team/n\nl:pro\td`` would name team/nl:prod
     parsed = urlparse(url)
-    if parsed.scheme not in SCHEMES:
+    if parsed.scheme not in OCI_SCHEMES:
         raise UsageError(f"store URL {shown(url)}: not an OCI registry URL (oci://HOST[:PORT]/REPOSITORY[:TAG])")
     if parsed.username is not None or parsed.password is not None:
         raise UsageError(
@@ -100,10 +99,6 @@ def parse_oci_url(url: str) -> OciReference:
 def is_digest(text: object) -> bool:
     """Whether ``text`` is a sha256 digest as the distribution spec writes it (``sha256:`` and 64 lowercase hex)."""
     return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
-
-
-def is_oci_url(url: str) -> bool:
-    return urlparse(url).scheme in SCHEMES
 
 
 def _is_loopback(hostname: str) -> bool:

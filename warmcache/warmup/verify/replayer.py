@@ -58,10 +58,10 @@ def _prove_precompiled(
     worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases
 ) -> str | None:
     """The row's precompiled artifact, proven after the traced replay (see
-    :mod:`warmcache.warmup.verify.precompiled`)."""
-    if not (location and planned.model.precompile and planned.spec.workload == "generate"):
+    :mod:`warmcache.warmup.verify.artifact_proof`)."""
+    if not (location and planned.model.precompile.applies_to(planned.spec.workload)):
         return None
-    from warmcache.warmup.verify.precompiled import prove_artifacts
+    from warmcache.warmup.verify.artifact_proof import prove_artifacts
 
     with Registry.open(location) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)

@@ -1,7 +1,7 @@
 """Export a bucket's decode step and compile it into an AOTInductor package, weights left out.
 
 The step is the call generate() makes to its compiled forward (captured during
-warmup's real generate(), see :func:`warmcache.warmup.precompile.capture_decode_call`),
+warmup's real generate(), see :func:`warmcache.warmup.decode_writer.capture_decode_call`),
 with the static cache taken apart into plain tensor inputs
 (:mod:`warmcache.modeling.decode_inputs`). Inside the step a
 :class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors
@@ -25,10 +25,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.cache.artifact_format import encode_tensor, named_tensors
 from warmcache.errors import CacheError
 from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
 from warmcache.modeling.kv_cache import PositionTensorCache, hold
-from warmcache.runtime.aotinductor import encode_tensor, named_tensors, open_loader
+from warmcache.runtime.aoti_loader import open_loader
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The artifacts were compiled with Dynamo's guards dropped, so a loaded function
 would run on whatever it is handed. The registry is the guard instead: each
 artifact is loaded only for the rows that recorded it (after its sha256 and
-header fingerprint matched them, see :mod:`warmcache.cache.precompiled`), and
+header fingerprint matched them, see :mod:`warmcache.cache.artifact_format`), and
 :class:`PrecompiledDecoder` runs it only on a call whose exact input signature
 (every tensor's shape and dtype, every scalar's value) is the one it was
 compiled for. Any other call goes to the ``torch.compile`` path it replaced,
@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.cache.artifact_format import ROW_FINGERPRINT, Signature, decode_signature, read_checked
 from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED
-from warmcache.cache.precompiled import ROW_FINGERPRINT, read_checked
 from warmcache.errors import CacheError, TrustError, first_line
-from warmcache.modeling.decode_inputs import state_parts
-from warmcache.runtime.aotinductor import PackagedDecodeStep, load_package
+from warmcache.runtime.aoti_loader import PackagedDecodeStep, load_package
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.targets.inductor import CACHE_ENV
 
@@ -36,38 +35,6 @@ if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord
 
 log = logging.getLogger("warmcache.runtime")
-
-Signature = tuple[tuple[str, tuple[int, ...], str], ...]
-
-
-def decode_signature(kwargs: dict[str, Any]) -> Signature:
-    """What a compiled decode graph is specialised on: each tensor's shape and dtype, each scalar's value.
-
-    Covers the arguments generate() passes (``input_ids``, ``position_ids``, the
-    mask dict, the cache's per-layer key/value tensors and recurrent states, ``logits_to_keep``, ...),
-    so batch, cache length, dtype and number of layers all take part.
-    """
-    entries: list[tuple[str, tuple[int, ...], str]] = []
-
-    def add(name: str, value: Any) -> None:
-        shape = getattr(value, "shape", None)
-        if shape is not None and hasattr(value, "dtype"):
-            entries.append((name, tuple(int(d) for d in shape), str(value.dtype)))
-        elif isinstance(value, dict):
-            for key in sorted(value):
-                add(f"{name}.{key}", value[key])
-        elif hasattr(value, "layers"):
-            for i, layer in enumerate(value.layers):
-                add(f"{name}.layers[{i}].keys", getattr(layer, "keys", None))
-                add(f"{name}.layers[{i}].values", getattr(layer, "values", None))
-                for part, tensor in state_parts(layer):
-                    add(f"{name}.layers[{i}].{part}", tensor)
-        else:
-            entries.append((name, (), f"{type(value).__name__}:{value!r}"))
-
-    for key in sorted(kwargs):
-        add(key, kwargs[key])
-    return tuple(entries)
 
 
 def expected_fingerprint(record: ShapeRecord) -> dict[str, Any]:

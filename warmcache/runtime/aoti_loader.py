@@ -4,7 +4,7 @@ Nothing here imports Inductor's compiler: the package is compiled code, loaded b
 ``torch._C._aoti.AOTIModelPackageLoader`` (milliseconds) instead of the Python
 wrapper ``torch._inductor.aoti_load_package`` (which imports the compiler, 3-11 s).
 
-The package holds no weights (``warmup.aotinductor``). Before its first call every
+The package holds no weights (``warmup.aoti_export``). Before its first call every
 constant it lists is bound to the model's own tensor, without a copy: a
 weights-less package that runs before binding kills the process (SIGSEGV,
 measured), and the loader accepts a constant of the wrong shape or dtype silently,
@@ -16,7 +16,6 @@ contiguity on every call.
 
 from __future__ import annotations
 
-import base64
 import os
 import tempfile
 from collections.abc import Iterator
@@ -25,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.cache.artifact_format import decode_tensor, named_tensors, read_checked
 from warmcache.cache.layout import AOTINDUCTOR
-from warmcache.cache.precompiled import read_checked
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.modeling.decode_inputs import flatten, scalars
 
@@ -179,43 +178,6 @@ def _temporary_files_in(folder: Path) -> Iterator[None]:
             del os.environ["TMPDIR"]
         else:
             os.environ["TMPDIR"] = previous
-
-
-def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:
-    """Every parameter and buffer under every name it has, as a package's constant list names them.
-
-    Not ``state_dict()``: it leaves non-persistent buffers out (a rotary embedding's
-    ``inv_freq`` at real configs), and a package lists whichever of a tied weight's
-    names the export met first.
-    """
-    tensors = dict(module.named_parameters(remove_duplicate=False))
-    tensors.update(module.named_buffers(remove_duplicate=False))
-    return {prefix + name: tensor.detach() for name, tensor in tensors.items()}
-
-
-def encode_tensor(tensor: Any) -> list[Any]:
-    """``[shape, dtype, base64 of its bytes]``: a small tensor as a JSON header holds it, exactly (bfloat16 too)."""
-    import torch
-
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return [list(tensor.shape), str(tensor.dtype), base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode()]
-
-
-def decode_tensor(path: Path, fqn: str, value: Any, device: str) -> Any:
-    """The tensor :func:`encode_tensor` wrote, on ``device``; a malformed one is a line naming package and constant."""
-    import torch
-
-    try:
-        shape, dtype_name, data = value
-        dtype = getattr(torch, str(dtype_name).removeprefix("torch."))
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"not a dtype: {dtype_name}")
-        raw = bytearray(base64.b64decode(data, validate=True))
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape([int(d) for d in shape]).to(device)
-    except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
-        raise CacheError(
-            f"{path}: AOTInductor package's computed constant {fqn} is malformed ({exc}); refusing to load it"
-        ) from None
 
 
 def _model_device(model: Any) -> str:

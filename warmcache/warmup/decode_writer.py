@@ -9,7 +9,7 @@ compiles the same call with ``aot_compile``. Dynamo's guards are dropped: an
 ``ID_MATCH`` guard cannot be serialised (measured, torch 2.13), and the guard
 is warmcache's job anyway. The registry row says which bucket the artifact is
 for, its header says the exact input signature, and the runtime dispatcher
-(:mod:`warmcache.runtime.precompiled`) never runs it on anything else.
+(:mod:`warmcache.runtime.decode_dispatch`) never runs it on anything else.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.precompiled import AOTINDUCTOR_DIR, Fingerprint, Header, write_artifact
+from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, Fingerprint, Header, decode_signature, write_artifact
 from warmcache.errors import UsageError
-from warmcache.manifest import PRECOMPILE_BACKENDS
-from warmcache.runtime.precompiled import decode_signature
+from warmcache.targets import PrecompileRoute
+from warmcache.targets.inductor import PRECOMPILE_BACKENDS
 from warmcache.warmup.phases import NO_PHASES, SpecPhases
 
 if TYPE_CHECKING:
@@ -67,10 +67,11 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
     """``aot_compile`` the decode step for exactly these arguments, guards dropped; returns the compiled function."""
     import torch
 
-    if backend not in PRECOMPILE_BACKENDS:
+    backends = PRECOMPILE_BACKENDS[PrecompileRoute.AOT_COMPILE]
+    if backend not in backends:
         raise UsageError(
             f"precompile: backend {backend!r} cannot be serialised by torch {torch.__version__} (use "
-            f"one of {', '.join(PRECOMPILE_BACKENDS)})"
+            f"one of {', '.join(backends)})"
         )
     compiled: Any = torch.compile(
         type(model).__call__,
@@ -110,7 +111,7 @@ def save_package(
 ) -> str:
     """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns
     ``aotinductor/<sha256>``."""
-    from warmcache.warmup.aotinductor import package_decode
+    from warmcache.warmup.aoti_export import package_decode
 
     payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)

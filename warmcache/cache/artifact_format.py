@@ -1,4 +1,8 @@
-"""What a precompiled decode artifact is on disk, and the checks before anything in it runs.
+"""The precompiled decode artifact's format, the one home its writer (``warmup``) and loader (``runtime``) import.
+
+What it is on disk and the checks before anything in it runs; the decode call's signature both
+sides compare (:func:`decode_signature`); and how an AOTInductor package names and carries
+its constants (:func:`named_tensors`, :func:`encode_tensor`, :func:`decode_tensor`).
 
 A precompiled artifact is one decode graph of one bucket, compiled ahead of time
 with Dynamo's guards dropped (``torch.compile(...).aot_compile``) and saved with
@@ -17,6 +21,7 @@ File layout: ``MAGIC`` line, one JSON header line, then the payload bytes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -24,16 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from warmcache.errors import CacheError, TrustError
+from warmcache.modeling.decode_inputs import state_parts
 
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
 PRECOMPILED_DIR = "precompiled"
 #: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see
-#: ``runtime.aotinductor``).
+#: ``runtime.aoti_loader``).
 AOTINDUCTOR_DIR = "aotinductor"
 #: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor
 #: --fix`` removes them).
 PARTIAL_SUFFIX = ".partial"
 MAGIC = b"warmcache-precompiled-v1\n"
+#: ``((name, shape, dtype), ...)`` of every input of a decode call, a scalar's type and value in its dtype place.
+Signature = tuple[tuple[str, tuple[int, ...], str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +55,8 @@ class Fingerprint:
     dtype: str
     backend: str
     mode: str
-    #: ``[[name, shape, dtype], ...]`` of every tensor the decode call receives (see runtime.precompiled).
-    signature: tuple[tuple[str, tuple[int, ...], str], ...]
+    #: ``[[name, shape, dtype], ...]`` of every tensor the decode call receives (:func:`decode_signature`).
+    signature: Signature
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fingerprint:
@@ -69,7 +77,7 @@ class Header:
     fingerprint: Fingerprint
     #: Dynamo names its module references ``___module_<name>_<id>_c<n>``; a fresh process binds them to these modules.
     module_globals: dict[str, str]
-    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aotinductor.package_decode``); ``None``
+    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aoti_export.package_decode``); ``None``
     #: otherwise.
     aotinductor: dict[str, Any] | None = None
 
@@ -139,3 +147,70 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
             f"{path}: precompiled artifact was compiled for another {'/'.join(differing)}: {shown}; refusing to load it"
         )
     return header, data[end + 1 :]
+
+
+def decode_signature(kwargs: dict[str, Any]) -> Signature:
+    """What a compiled decode graph is specialised on: each tensor's shape and dtype, each scalar's value.
+
+    Covers the arguments generate() passes (``input_ids``, ``position_ids``, the
+    mask dict, the cache's per-layer key/value tensors and recurrent states, ``logits_to_keep``, ...),
+    so batch, cache length, dtype and number of layers all take part.
+    """
+    entries: list[tuple[str, tuple[int, ...], str]] = []
+
+    def add(name: str, value: Any) -> None:
+        shape = getattr(value, "shape", None)
+        if shape is not None and hasattr(value, "dtype"):
+            entries.append((name, tuple(int(d) for d in shape), str(value.dtype)))
+        elif isinstance(value, dict):
+            for key in sorted(value):
+                add(f"{name}.{key}", value[key])
+        elif hasattr(value, "layers"):
+            for i, layer in enumerate(value.layers):
+                add(f"{name}.layers[{i}].keys", getattr(layer, "keys", None))
+                add(f"{name}.layers[{i}].values", getattr(layer, "values", None))
+                for part, tensor in state_parts(layer):
+                    add(f"{name}.layers[{i}].{part}", tensor)
+        else:
+            entries.append((name, (), f"{type(value).__name__}:{value!r}"))
+
+    for key in sorted(kwargs):
+        add(key, kwargs[key])
+    return tuple(entries)
+
+
+def named_tensors(module: Any, prefix: str = "") -> dict[str, Any]:
+    """Every parameter and buffer under every name it has, as a package's constant list names them.
+
+    Not ``state_dict()``: it leaves non-persistent buffers out (a rotary embedding's
+    ``inv_freq`` at real configs), and a package lists whichever of a tied weight's
+    names the export met first.
+    """
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    return {prefix + name: tensor.detach() for name, tensor in tensors.items()}
+
+
+def encode_tensor(tensor: Any) -> list[Any]:
+    """``[shape, dtype, base64 of its bytes]``: a small tensor as a JSON header holds it, exactly (bfloat16 too)."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return [list(tensor.shape), str(tensor.dtype), base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode()]
+
+
+def decode_tensor(path: Path, fqn: str, value: Any, device: str) -> Any:
+    """The tensor :func:`encode_tensor` wrote, on ``device``; a malformed one is a line naming package and constant."""
+    import torch
+
+    try:
+        shape, dtype_name, data = value
+        dtype = getattr(torch, str(dtype_name).removeprefix("torch."))
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"not a dtype: {dtype_name}")
+        raw = bytearray(base64.b64decode(data, validate=True))
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape([int(d) for d in shape]).to(device)
+    except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        raise CacheError(
+            f"{path}: AOTInductor package's computed constant {fqn} is malformed ({exc}); refusing to load it"
+        ) from None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from warmcache.errors import first_line
 from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
-from warmcache.runtime.precompiled import install, precompiled_entries
+from warmcache.runtime.decode_dispatch import install, precompiled_entries
 from warmcache.warmup.verify.agreement import (
     eager_decode_logits,
     eos_token_ids,

@@ -12,11 +12,12 @@ priming, in all, and which compiler modules the process imported.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from measured_run import run_measured
 
 COMPILER_MODULES = (
     "torch._inductor.compile_fx",
@@ -114,9 +115,9 @@ def serve(
         "max_cache_len": max_cache_len,
         "compiler_modules": COMPILER_MODULES,
     }
-    done = subprocess.run([sys.executable, str(script), json.dumps(args)], capture_output=True, text=True, check=False)
+    done = run_measured([sys.executable, str(script), json.dumps(args)])
     assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_rss": done.peak_rss}
 
 
 def assert_served_by_packages(served: dict[str, Any], *, packages: int, min_calls: int) -> None:
