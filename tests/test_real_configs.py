@@ -120,7 +120,13 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
+    from warmcache.warmup.verify.agreement import (
+        eager_decode_logits,
+        eos_token_ids,
+        judge,
+        model_depth,
+        reference_logits,
+    )
 
     root, _ = qwen3_packaged
     other = build_real_model(real_configs()["Qwen__Qwen3-0.6B"], tmp_path / "other", seed=1)
@@ -134,7 +140,9 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
             reference_logits(right, ids, mask, tokens),
             eager_decode_logits(right, ids, mask, tokens, pad_token_id=0),
         )
-        verdicts[name] = judge(reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right))
+        verdicts[name] = judge(
+            reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right), depth=model_depth(right)
+        )
     assert verdicts["right"].agrees, verdicts["right"].describe()
     assert verdicts["right"].steps == MAX_CACHE_LEN - PROMPT + 1
     assert (

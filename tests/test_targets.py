@@ -104,6 +104,21 @@ def test_shards_are_disjoint_and_cover_the_plan(write_manifest) -> None:
             Shard.parse(bad)
 
 
+def test_aten_cpu_capability_is_part_of_an_inductor_cpu_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It picks the vector ISA Inductor generates code for (``default``: none), so a row compiled under another value
+    is stale, never served; the eager backends compile no code and ignore it."""
+    from warmcache.identity.fingerprint import current_toolchain
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    unset = current_toolchain("cpu", "inductor").platform
+    platforms = {unset}
+    for capability in ("default", "avx2", "avx512"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        platforms.add(current_toolchain("cpu", "inductor").platform)
+        assert current_toolchain("cpu", "aot_eager").platform == unset
+    assert len(platforms) == 4, platforms
+
+
 def test_each_target_names_its_own_toolchain_factors(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fingerprint combines what a target names (vLLM's ``compute_hash`` per backend); it never branches on the
     device itself."""

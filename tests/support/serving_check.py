@@ -32,7 +32,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from warmcache.modeling.generation import compile_config
 from warmcache.runtime.guard import ShapeGuard
-from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
+from warmcache.warmup.verify.agreement import (
+    eager_decode_logits, eos_token_ids, judge, model_depth, reference_logits,
+)
 
 args = json.loads(sys.argv[1])
 dtype = getattr(torch, args["dtype"])
@@ -60,7 +62,9 @@ for lengths in args["requests"]:
     generated = out[:, ids.shape[1]:]
     reference = reference_logits(model, ids, mask, generated)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=0)
-    agreement = judge(reference, eager, generated, args["dtype"], forbidden=eos_token_ids(model))
+    agreement = judge(
+        reference, eager, generated, args["dtype"], forbidden=eos_token_ids(model), depth=model_depth(model)
+    )
     results.append({
         "agrees": agreement.agrees,
         "agreement": agreement.describe(),

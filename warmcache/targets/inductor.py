@@ -55,6 +55,19 @@ def _cpu_isa() -> str:
     return "default"
 
 
+#: Picks ATen's CPU kernels and, while Inductor's ``cpp.simdlen`` is unset, the vector ISA Inductor generates CPU code
+#: for (``torch._inductor.cpu_vec_isa.pick_vec_isa``): ``default`` turns vectorisation off, ``avx2`` narrows it.
+CPU_CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+
+
+def _cpu_platform(backend: str) -> str:
+    """``cpu:ARCH:ISA``, and for Inductor the ``ATEN_CPU_CAPABILITY`` it was told, when set (an explicit value equal to
+    the CPU's best still reads as a change, as an explicit compiler variable does)."""
+    chosen = os.environ.get(CPU_CAPABILITY_ENV, "").strip().lower()
+    base = f"cpu:{platform.machine()}:{_cpu_isa()}"
+    return f"{base}:{CPU_CAPABILITY_ENV}={chosen}" if chosen and backend == "inductor" else base
+
+
 def nvidia_driver_version(proc_text: str) -> str:
     """The driver version in ``/proc/driver/nvidia/version``'s first line (both the proprietary and the open module's
     wording)."""
@@ -108,12 +121,13 @@ class InductorTarget(Target):
         os.environ[CACHE_ENV] = str(root)
 
     def toolchain_factors(self) -> ToolchainFactors:
-        """On CPU the ISA Inductor generates code for; on CUDA the compute capability, the driver and Triton."""
+        """On CPU the ISA Inductor generates code for (the CPU's widest, or ``ATEN_CPU_CAPABILITY``'s); on CUDA the
+        compute capability, the driver and Triton."""
         if self.device == "cuda":
             return ToolchainFactors(
                 platform=f"cuda:{_cuda_capability()}", packages=CUDA_PACKAGES, cuda_driver=_cuda_driver()
             )
-        return ToolchainFactors(platform=f"cpu:{platform.machine()}:{_cpu_isa()}")
+        return ToolchainFactors(platform=_cpu_platform(self.backend))
 
     def check_available(self) -> None:
         if self.device != "cuda":

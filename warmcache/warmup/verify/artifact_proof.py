@@ -19,7 +19,13 @@ from warmcache.errors import first_line
 from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.decode_dispatch import install, precompiled_entries
-from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, reference_logits
+from warmcache.warmup.verify.agreement import (
+    eager_decode_logits,
+    eos_token_ids,
+    judge,
+    model_depth,
+    reference_logits,
+)
 from warmcache.warmup.workloads import pad_token_id, token_ids
 
 if TYPE_CHECKING:
@@ -75,6 +81,12 @@ def prove_artifacts(
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
     agreement = judge(
-        reference, eager, generated, str(model.dtype), torch.stack(served.logits, dim=1), forbidden=eos_token_ids(model)
+        reference,
+        eager,
+        generated,
+        str(model.dtype),
+        torch.stack(served.logits, dim=1),
+        forbidden=eos_token_ids(model),
+        depth=model_depth(model),
     )
     return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"

@@ -1,0 +1,124 @@
+"""The agreement criterion's figures on one published config: a right compiled decode, the eager decode, wrong ones.
+
+For ``verify``'s criterion (``warmcache/warmup/verify/agreement.py``) to be chosen from
+measurements: on a real-width model cut to ``--layers``, in ``--dtype``, under whatever
+``ATEN_CPU_CAPABILITY`` this process runs with, greedy-decode to a static cache's end
+through Inductor (``generate()``'s own compiled decode: what a right package computes),
+then measure against the higher-precision one-pass reference on the same tokens:
+
+* the eager decode in the model's dtype (the criterion's calibration);
+* the compiled decode (must pass);
+* the eager decode of the same config with other weights, and with one layer's MLP
+  output scaled by 1.05 (each must fail).
+
+Prints one JSON line (distances are the largest per-step logit RMS distance over the step's RMS).
+
+    ATEN_CPU_CAPABILITY=avx2 python tools/criterion_figures.py Qwen__Qwen3-0.6B --dtype bfloat16 --layers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from real_model import build_real_model, real_configs
+
+BATCH, PROMPT, MAX_CACHE_LEN = 2, 8, 24
+
+
+def _scaled_mlp(model: Any, factor: float) -> None:
+    """Scale the first decoder layer's MLP (or mixture of experts) output by ``factor``: a 5 % wrong layer."""
+    layer = model.model.layers[0]
+    block = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None) or layer.block_sparse_moe
+    block.register_forward_hook(
+        lambda _m, _i, out: tuple(o * factor for o in out) if isinstance(out, tuple) else out * factor
+    )
+
+
+def main() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.shapes.workload_settings import GenerateSettings
+    from warmcache.warmup.verify.agreement import (
+        eager_decode_logits,
+        eos_token_ids,
+        judge,
+        model_depth,
+        reference_logits,
+    )
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "warmcache-criterion-models")
+    parser.add_argument("--no-compile", action="store_true", help="Skip the Inductor decode (eager figures only).")
+    args = parser.parse_args()
+    known = {**{p.stem: p for p in Path("/work/shared/realconfigs").glob("*.json")}, **real_configs()}
+    path = known.get(args.config, Path(args.config))
+    dtype = getattr(torch, args.dtype)
+    started = time.perf_counter()
+    folders = {
+        seed: build_real_model(path, args.models / f"{path.stem}-{args.layers}l-s{seed}", layers=args.layers, seed=seed)
+        for seed in (0, 1)
+    }
+    right, other, scaled = (
+        AutoModelForCausalLM.from_pretrained(folders[seed], dtype=dtype).eval() for seed in (0, 1, 0)
+    )
+    _scaled_mlp(scaled, 1.05)
+    ids = torch.randint(5, 300, (BATCH, PROMPT), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    new = max_new_tokens_that_fit(PROMPT, MAX_CACHE_LEN)
+    config = compile_config("inductor", "default", "cpu")
+
+    def fresh() -> dict[str, Any]:  # a static cache object per call
+        return generate_kwargs(
+            GenerateSettings(MAX_CACHE_LEN), max_new_tokens=new, config=config, model_config=right.config
+        )
+
+    kwargs = fresh()
+    with torch.no_grad():
+        out = right.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            min_new_tokens=new,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **({**kwargs, "disable_compile": True} if args.no_compile else kwargs),
+        )
+    tokens = out.sequences[:, PROMPT:]
+    served = torch.stack(out.logits, dim=1)
+    reference = reference_logits(right, ids, mask, tokens)
+    eager = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **fresh())
+    forbidden = eos_token_ids(right)
+    figures: dict[str, Any] = {
+        "config": path.stem,
+        "dtype": args.dtype,
+        "layers": args.layers,
+        "capability": os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability(),
+        "compiled": not args.no_compile,
+    }
+    for name, logits in {
+        "right": served,
+        "other_weights": eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh()),
+        "mlp_x1.05": eager_decode_logits(scaled, ids, mask, tokens, pad_token_id=0, **fresh()),
+    }.items():
+        verdict = judge(reference, eager, tokens, args.dtype, logits, forbidden=forbidden, depth=model_depth(right))
+        figures[name] = {"error": verdict.logit_error, "agrees": verdict.agrees}
+        figures["eager"] = verdict.eager_logit_error
+        figures["allowed"] = verdict.allowed_logit_error
+        figures["floor"] = verdict.floor
+    figures["seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
