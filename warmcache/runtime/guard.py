@@ -37,7 +37,13 @@ from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guard_rows import RowFilter, select_family
-from warmcache.runtime.guard_sources import RowSource, registry_source, service_source, snapshot_source
+from warmcache.runtime.guard_sources import (
+    RowSource,
+    SnapshotTrust,
+    registry_source,
+    service_source,
+    snapshot_source,
+)
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.settings import RegistryLocation
@@ -143,7 +149,7 @@ class ShapeGuard:
         keys the rows still guard shapes, but :meth:`prime` loads none of the precompiled code they name
         unless ``allow_unsigned`` (see :mod:`warmcache.runtime.artifact_trust`).
         """
-        source = snapshot_source(path, model, workload, trust, allow_unsigned)
+        source = snapshot_source(path, model, workload, SnapshotTrust.of(trust, allow_unsigned))
         return cls._over(source, model, workload, telemetry_url, options)
 
     @classmethod
@@ -164,9 +170,8 @@ class ShapeGuard:
         ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
         ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false. ``trust`` and ``allow_unsigned`` as in
         :meth:`from_snapshot` (the service signs its answers with ``serve --sign``)."""
-        source = service_source(
-            service_url, model, workload, timeout=timeout, trust=trust, allow_unsigned=allow_unsigned
-        )
+        trusted = SnapshotTrust.of(trust, allow_unsigned)
+        source = service_source(service_url, model, workload, trusted, timeout=timeout)
         return cls._over(source, model, workload, service_url if telemetry else None, options)
 
     @classmethod

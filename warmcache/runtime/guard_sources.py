@@ -43,56 +43,50 @@ def registry_source(location: RegistryLocation, model: str, workload: Workload) 
     return RowSource(load, location.display, ArtifactTrust.registry(location.display))
 
 
-def snapshot_source(
-    path: str | Path,
-    model: str,
-    workload: Workload,
-    trust: TrustedKeys | Sequence[str] | str | None,
-    allow_unsigned: bool,
-) -> RowSource:
+@dataclass(frozen=True)
+class SnapshotTrust:
+    """Which keys a snapshot's rows must be signed by, and whether unsigned rows may still prime: one value for the
+    snapshot and service sources alike."""
+
+    keys: TrustedKeys
+    allow_unsigned: bool
+
+    @classmethod
+    def of(cls, trust: TrustedKeys | Sequence[str] | str | None, allow_unsigned: bool) -> SnapshotTrust:
+        """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``,
+        else none."""
+        if isinstance(trust, TrustedKeys):
+            return cls(trust, allow_unsigned)
+        entries = [trust] if isinstance(trust, str) else list(trust or ())
+        keys = TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
+        return cls(keys, allow_unsigned)
+
+    def vouching(self, source: str, folder: Path | None = None) -> ArtifactTrust:
+        """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any
+        other raises)."""
+        keys = self.keys
+        verified_by = f"{keys.source}: {', '.join(k.key_id for k in keys.keys)}" if keys.configured else ""
+        return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=self.allow_unsigned, folder=folder)
+
+
+def snapshot_source(path: str | Path, model: str, workload: Workload, trust: SnapshotTrust) -> RowSource:
     """The rows of an exported snapshot file, or of the ``warmcache-guard.json`` in a folder of cache entries."""
     given = Path(path)
     snapshot = snapshot_file(given)
-    trusted = trusted_keys(trust)
 
     def load() -> list[ShapeRecord]:
-        read = read_snapshot(snapshot, trusted)
+        read = read_snapshot(snapshot, trust.keys)
         return [r for r in read.records if r.model_name == model and r.workload == workload]
 
     folder = given if snapshot != given else None
-    return RowSource(load, str(snapshot), snapshot_trust(str(snapshot), trusted, allow_unsigned, folder))
+    return RowSource(load, str(snapshot), trust.vouching(str(snapshot), folder))
 
 
 def service_source(
-    service_url: str,
-    model: str,
-    workload: Workload,
-    *,
-    timeout: float,
-    trust: TrustedKeys | Sequence[str] | str | None,
-    allow_unsigned: bool,
+    service_url: str, model: str, workload: Workload, trust: SnapshotTrust, *, timeout: float
 ) -> RowSource:
     """The rows ``warmcache serve`` answers for ``model`` (``GET /v1/guard/{model}``, with ETags)."""
     from warmcache.runtime.remote import SnapshotSource
 
-    trusted = trusted_keys(trust)
-    source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trusted)
-    return RowSource(source.load, source.url, snapshot_trust(source.url, trusted, allow_unsigned))
-
-
-def trusted_keys(trust: TrustedKeys | Sequence[str] | str | None) -> TrustedKeys:
-    """``trust=`` as given (keys or ``.pub`` files; one string is one entry), else ``$WARMCACHE_TRUSTED_KEYS``, else
-    none."""
-    if isinstance(trust, TrustedKeys):
-        return trust
-    entries = [trust] if isinstance(trust, str) else list(trust or ())
-    return TrustedKeys.load(entries, "trust=") if entries else TrustedKeys.resolve(())
-
-
-def snapshot_trust(
-    source: str, trusted: TrustedKeys, allow_unsigned: bool, folder: Path | None = None
-) -> ArtifactTrust:
-    """What a snapshot's rows vouch for: every load that returns was verified when keys are configured (any other
-    raises)."""
-    verified_by = f"{trusted.source}: {', '.join(k.key_id for k in trusted.keys)}" if trusted.configured else ""
-    return ArtifactTrust(source, signed_by=verified_by, allow_unsigned=allow_unsigned, folder=folder)
+    source = SnapshotSource(service_url, model, workload, timeout=timeout, trusted=trust.keys)
+    return RowSource(source.load, source.url, trust.vouching(source.url))
