@@ -142,7 +142,7 @@ def reference_logits(
     asked for), positions counted from each row's first unpadded token as ``generate()``
     counts them, so a left-padded row sees what it saw while decoding.
     """
-    return _reference_forward(_precise_copy(model), prompt_ids, prompt_mask, generated)()
+    return _reference_forward(precise_copy(model), prompt_ids, prompt_mask, generated)()
 
 
 def routing_alternatives(
@@ -154,13 +154,14 @@ def routing_alternatives(
 ) -> list[Alternative]:
     """The references of :func:`reference_logits` with the experts swapped at each router near-tie within
     ``tolerance`` (:mod:`.routing`; empty for a dense model or a router it cannot force)."""
-    precise = _precise_copy(model)
+    precise = precise_copy(model)
     forward = _reference_forward(precise, prompt_ids, prompt_mask, generated)
     rows, steps = generated.shape
     return alternative_routings(precise, forward, rows, prompt_ids.shape[1], steps, tolerance)
 
 
-def _precise_copy(model: torch.nn.Module) -> torch.nn.Module:
+def precise_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in its :data:`REFERENCE_DTYPE`."""
     import torch
 
     return _upcast_copy(model, getattr(torch, REFERENCE_DTYPE[str(model.dtype).removeprefix("torch.")]))
@@ -214,6 +215,8 @@ def _upcast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     finally:
         model.__dict__.update(installed)
     precise.config.dtype = dtype
+    if dtype == torch.float64 and getattr(precise.config, "_experts_implementation", None) == "grouped_mm":
+        precise.set_experts_implementation("eager")  # torch._grouped_mm has no float64 kernel: a float32 MoE's
     return precise
 
 

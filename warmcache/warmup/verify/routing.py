@@ -93,7 +93,7 @@ class Alternative:
 
 
 @contextmanager
-def _recording(routers: dict[str, torch.nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
+def recording(routers: dict[str, torch.nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
     """Collect each router's logits ``[tokens, experts]`` of one forward, by router name."""
     recorded: dict[str, torch.Tensor] = {}
 
@@ -112,7 +112,7 @@ def _recording(routers: dict[str, torch.nn.Module]) -> Iterator[dict[str, torch.
 
 
 @contextmanager
-def _forcing(router: torch.nn.Module, token: int, chosen: int, other: int) -> Iterator[None]:
+def forcing(router: torch.nn.Module, token: int, chosen: int, other: int) -> Iterator[None]:
     """Make ``router`` route flat token ``token`` to ``other`` instead of ``chosen``, with the weights its own scores
     give that selection."""
     weights_for = _WEIGHTS[type(router).__name__]
@@ -178,13 +178,13 @@ def alternative_routings(
     routers = forceable_routers(precise)
     if not routers:
         return []
-    with _recording(routers) as recorded:
+    with recording(routers) as recorded:
         forward()
     ties = near_ties(recorded, routers, rows, prompt_length, steps, tolerance)[:MAX_ALTERNATIVES]
     length = prompt_length + steps - 1
     alternatives = []
     for tie in ties:
         token = tie.row * length + prompt_length - 1 + tie.step
-        with _forcing(routers[tie.router], token, tie.chosen, tie.other):
+        with forcing(routers[tie.router], token, tie.chosen, tie.other):
             alternatives.append(Alternative(tie, forward()[tie.row].double()))
     return alternatives
