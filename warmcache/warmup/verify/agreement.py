@@ -216,7 +216,8 @@ def _upcast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         model.__dict__.update(installed)
     precise.config.dtype = dtype
     if dtype == torch.float64 and getattr(precise.config, "_experts_implementation", None) == "grouped_mm":
-        precise.set_experts_implementation("eager")  # torch._grouped_mm has no float64 kernel: a float32 MoE's
+        # torch._grouped_mm has no float64 kernel: a float32 mixture of experts' reference raised.
+        precise.set_experts_implementation("eager")  # type: ignore[operator]
     return precise
 
 
