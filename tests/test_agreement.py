@@ -121,3 +121,15 @@ def test_an_alternative_routing_excuses_neither_a_step_before_its_tie_nor_a_wron
     assert not early.agrees and early.worst_step == 1 and early.rerouted_steps == 1, early.describe()
     wrong = judge(reference, eager, BEST, "bfloat16", _off_by(reference, 0.05, seed=9), alternatives=[alternative])
     assert not wrong.agrees and wrong.rerouted_steps == 0, wrong.describe()
+
+
+def test_the_eager_decode_is_measured_at_the_routing_it_took_so_its_own_reroute_does_not_widen_the_bound() -> None:
+    reference = _reference()
+    alternative = _rerouted_at(reference, 2)
+    eager = _off_by(reference, 0.01, seed=1)
+    eager[0, 2:] = _off_by(alternative.logits[None], 0.01, seed=10)[0, 2:]  # the eager decode took the other expert
+    one_mlp_off = _off_by(reference, 0.05, seed=11)  # 5 % everywhere: a wrong decode
+    assert judge(reference, eager, BEST, "bfloat16", one_mlp_off).agrees  # the eager reroute let it pass
+    verdict = judge(reference, eager, BEST, "bfloat16", one_mlp_off, alternatives=[alternative])
+    assert not verdict.agrees and verdict.eager_logit_error == pytest.approx(0.01, rel=0.05), verdict.describe()
+    assert verdict.eager_rerouted_steps == 1
