@@ -92,7 +92,7 @@ class Agreement:
     rerouted_steps: int = 0
     """Steps (over all rows) that agreed only with the reference routed the other way at a router near-tie."""
     eager_rerouted_steps: int = 0
-    """Steps where the eager decode itself was nearer the other routing (its distance is measured there)."""
+    """Steps where the eager decode itself was beyond the bound of the reference and nearer the other routing."""
 
     @property
     def floor(self) -> float:
@@ -357,7 +357,7 @@ def judge(
         near_ties=int((served_deficit > 0).any(dim=0).sum()),
         worst_step=int(worst.amax(dim=0).argmax()),
         rerouted_steps=int((served_routing > 0).sum()),
-        eager_rerouted_steps=int(((eager_routing > 0) & (stacked["eager"][0] > eager_error)).sum()),
+        eager_rerouted_steps=int(((eager_routing > 0) & (stacked["eager"][0] > bounds.allowed_logit_error)).sum()),
     )
 
 
