@@ -74,19 +74,4 @@ def prove_artifacts(
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
     agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(served.logits, dim=1))
-    import os  # DIAG (not committed)
-
-    if os.environ.get("ROUTING_DIAG_DUMP"):
-        torch.save(
-            {
-                "path": model.name_or_path,
-                "ids": ids,
-                "mask": mask,
-                "generated": generated,
-                "eager": eager,
-                "served": torch.stack(served.logits, dim=1),
-                "verdict": agreement.describe(),
-            },
-            os.environ["ROUTING_DIAG_DUMP"],
-        )
     return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"
