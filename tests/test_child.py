@@ -225,15 +225,27 @@ def test_a_second_interrupt_kills_children_that_ignore_the_first(tmp_path: Path)
 
 
 def test_children_import_the_warmcache_their_parent_runs() -> None:
+    """A child runs the parent's warmcache: an installed one (site-packages) is found by any interpreter of the
+    environment and stays off ``PYTHONPATH``; one run from a source folder is put first on it."""
     import os
+    import site
 
     import warmcache
     from warmcache.warmup.child import _importing_this_warmcache
 
-    first, *rest = _importing_this_warmcache({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].split(os.pathsep)
-    assert Path(first, "warmcache", "__init__.py").resolve() == Path(warmcache.__file__).resolve() and rest == [
-        "/elsewhere"
-    ]
+    package_parent = Path(warmcache.__file__).resolve().parent.parent
+    installed = package_parent in {Path(folder).resolve() for folder in site.getsitepackages()}
+    paths = _importing_this_warmcache({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].split(os.pathsep)
+    assert paths == (["/elsewhere"] if installed else [str(package_parent), "/elsewhere"])
+    probe = subprocess.run(
+        [sys.executable, "-c", "import warmcache; print(warmcache.__file__)"],
+        env=_importing_this_warmcache({"PYTHONPATH": "/elsewhere", "PATH": os.environ.get("PATH", "")}),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(probe.stdout.strip()).resolve() == Path(warmcache.__file__).resolve()
 
 
 #: A parent that starts one child and waits; the child writes the registry URL its request gave it, then waits too.

@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from real_model import build_real_model, real_configs
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also under PYTHONSAFEPATH (the test command)
+from real_model import build_real_model, real_configs  # noqa: E402
 
 BATCH, PROMPT, MAX_CACHE_LEN = 2, 8, 24
 

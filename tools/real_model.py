@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from tiny_model import build_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also under PYTHONSAFEPATH (the test command)
+from tiny_model import build_tokenizer  # noqa: E402
 
 #: Published configs kept in the project (``SOURCES.md`` there says where each came from).
 REAL_CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "realconfigs"

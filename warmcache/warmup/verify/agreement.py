@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from warmcache.modeling.generation import special_token_ids
 from warmcache.warmup.verify.routing import Alternative, alternative_routings, forceable_routers
@@ -217,9 +217,10 @@ def _upcast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     finally:
         model.__dict__.update(installed)
     precise.config.dtype = dtype
-    if dtype == torch.float64 and getattr(precise.config, "_experts_implementation", None) == "grouped_mm":
-        # torch._grouped_mm has no float64 kernel: a float32 mixture of experts' reference raised.
-        precise.set_experts_implementation("eager")  # type: ignore[operator]
+    if dtype == torch.float64 and getattr(precise.config, "_experts_implementation", "eager") not in (None, "eager"):
+        # torch._grouped_mm (transformers' default experts kernel) takes no float64; the reference is one eager pass,
+        # so the per-expert loop, the same sums, serves it.
+        cast(Any, precise).set_experts_implementation("eager")
     return precise
 
 
