@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from warmcache.warmup.verify.agreement import FACTOR, judge
+from warmcache.warmup.verify.routing import Alternative, NearTie
 
 VOCAB = 64
 STEPS = 3
@@ -88,3 +89,47 @@ def test_a_forbidden_best_token_is_skipped() -> None:
     # allowed.
     verdict = judge(reference, reference.clone(), torch.tensor([[1, 1, 2]]), "float32", forbidden=[0])
     assert verdict.agrees and verdict.token_deficit == 0
+
+
+def _rerouted_at(reference: torch.Tensor, step: int) -> Alternative:
+    """The reference with step ``step`` (and after) moved 20 % as one expert more or less moves it."""
+    logits = reference[0].clone()
+    logits[step:] = _off_by(reference, 0.2, seed=7)[0, step:]
+    return Alternative(NearTie("model.layers.0.mlp.gate", 0, step, chosen=3, other=5, margin=1e-3), logits)
+
+
+def test_a_step_that_took_the_other_expert_at_a_router_near_tie_agrees_with_that_routing_and_is_counted() -> None:
+    reference = _reference()
+    eager = _off_by(reference, 0.01, seed=1)
+    alternative = _rerouted_at(reference, 1)
+    served = _off_by(reference, 0.01, seed=2)
+    served[0, 1:] = _off_by(alternative.logits[None], 0.01, seed=8)[0, 1:]
+    assert not judge(reference, eager, BEST, "bfloat16", served).agrees  # 20 % from the reference's routing
+    verdict = judge(reference, eager, BEST, "bfloat16", served, alternatives=[alternative])
+    assert verdict.agrees and verdict.rerouted_steps == 2, verdict.describe()
+    assert "2 steps matched an alternative routing at a router near-tie" in verdict.describe()
+
+
+def test_an_alternative_routing_excuses_neither_a_step_before_its_tie_nor_a_wrong_decode() -> None:
+    reference = _reference()
+    eager = _off_by(reference, 0.01, seed=1)
+    moved = _rerouted_at(reference, 1)  # its logits move from step 1, but its tie is at step 2
+    alternative = Alternative(NearTie("model.layers.0.mlp.gate", 0, 2, 3, 5, 1e-3), moved.logits)
+    rerouted_early = _off_by(reference, 0.01, seed=2)
+    rerouted_early[0, 1:] = _off_by(alternative.logits[None], 0.01, seed=8)[0, 1:]
+    early = judge(reference, eager, BEST, "bfloat16", rerouted_early, alternatives=[alternative])
+    assert not early.agrees and early.worst_step == 1 and early.rerouted_steps == 1, early.describe()
+    wrong = judge(reference, eager, BEST, "bfloat16", _off_by(reference, 0.05, seed=9), alternatives=[alternative])
+    assert not wrong.agrees and wrong.rerouted_steps == 0, wrong.describe()
+
+
+def test_the_eager_decode_is_measured_at_the_routing_it_took_so_its_own_reroute_does_not_widen_the_bound() -> None:
+    reference = _reference()
+    alternative = _rerouted_at(reference, 2)
+    eager = _off_by(reference, 0.01, seed=1)
+    eager[0, 2:] = _off_by(alternative.logits[None], 0.01, seed=10)[0, 2:]  # the eager decode took the other expert
+    one_mlp_off = _off_by(reference, 0.05, seed=11)  # 5 % everywhere: a wrong decode
+    assert judge(reference, eager, BEST, "bfloat16", one_mlp_off).agrees  # the eager reroute let it pass
+    verdict = judge(reference, eager, BEST, "bfloat16", one_mlp_off, alternatives=[alternative])
+    assert not verdict.agrees and verdict.eager_logit_error == pytest.approx(0.01, rel=0.05), verdict.describe()
+    assert verdict.eager_rerouted_steps == 1

@@ -111,6 +111,33 @@ def cut_config(config_path: Path, layers: int, *, widen: bool = True, narrow: in
     return type(config).from_dict(values)
 
 
+def random_model(
+    config_path: Path,
+    *,
+    layers: int = 2,
+    widen: bool = True,
+    narrow: int = 1,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+) -> Any:
+    """The depth-cut model of ``config_path`` with random weights (drawn in float32) in the published dtype, in memory:
+    what :func:`build_real_model` saves, for a test that needs no checkpoint on disk."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = cut_config(Path(config_path), layers, widen=widen, narrow=narrow)
+    published_dtype = config.dtype or torch.float32
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() > 1:  # norms and biases keep the model's own init
+                parameter.normal_(0.0, init_std if "embed" in name else projection_std(init_std, parameter.shape[-1]))
+    if model.generation_config.pad_token_id is None and config.pad_token_id is None:
+        model.generation_config.pad_token_id = 0  # the tokenizer's <pad>
+    return model.to(published_dtype)
+
+
 def build_real_model(
     config_path: Path,
     out_dir: Path,
@@ -122,8 +149,6 @@ def build_real_model(
     init_std: float = DEFAULT_INIT_STD,
 ) -> Path:
     """Write the depth-cut model of ``config_path`` into ``out_dir``; an existing complete folder is left as it is."""
-    import torch
-    from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
     marker = out_dir / "warmcache-real.json"
@@ -137,17 +162,9 @@ def build_real_model(
     }
     if marker.is_file() and json.loads(marker.read_text()) == recipe:
         return out_dir
-    config = cut_config(Path(config_path), layers, widen=widen, narrow=narrow)
-    published_dtype = config.dtype or torch.float32
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() > 1:  # norms and biases keep the model's own init
-                parameter.normal_(0.0, init_std if "embed" in name else projection_std(init_std, parameter.shape[-1]))
-    if model.generation_config.pad_token_id is None and config.pad_token_id is None:
-        model.generation_config.pad_token_id = 0  # the tokenizer's <pad>
-    model.to(published_dtype).save_pretrained(out_dir)
+    random_model(config_path, layers=layers, widen=widen, narrow=narrow, seed=seed, init_std=init_std).save_pretrained(
+        out_dir
+    )
     build_tokenizer(out_dir)
     marker.write_text(json.dumps(recipe))
     return out_dir

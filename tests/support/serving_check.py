@@ -32,9 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from warmcache.modeling.generation import compile_config
 from warmcache.runtime.guard import ShapeGuard
-from warmcache.warmup.verify.agreement import (
-    eager_decode_logits, eos_token_ids, judge, model_depth, reference_logits,
-)
+from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
 
 args = json.loads(sys.argv[1])
 dtype = getattr(torch, args["dtype"])
@@ -60,11 +58,8 @@ for lengths in args["requests"]:
     out = guard.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new)
     seconds.append(time.perf_counter() - begin)
     generated = out[:, ids.shape[1]:]
-    reference = reference_logits(model, ids, mask, generated)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=0)
-    agreement = judge(
-        reference, eager, generated, args["dtype"], forbidden=eos_token_ids(model), depth=model_depth(model)
-    )
+    agreement = judge_decode(model, ids, mask, generated, eager)
     results.append({
         "agrees": agreement.agrees,
         "agreement": agreement.describe(),

@@ -19,13 +19,7 @@ from warmcache.errors import first_line
 from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.decode_dispatch import install, precompiled_entries
-from warmcache.warmup.verify.agreement import (
-    eager_decode_logits,
-    eos_token_ids,
-    judge,
-    model_depth,
-    reference_logits,
-)
+from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
 from warmcache.warmup.workloads import pad_token_id, token_ids
 
 if TYPE_CHECKING:
@@ -77,16 +71,7 @@ def prove_artifacts(
             f"traced, {decoder.calls} artifact calls)"
         )
     generated = served.sequences[:, ids.shape[1] :]
-    reference = reference_logits(model, ids, mask, generated)
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
-    agreement = judge(
-        reference,
-        eager,
-        generated,
-        str(model.dtype),
-        torch.stack(served.logits, dim=1),
-        forbidden=eos_token_ids(model),
-        depth=model_depth(model),
-    )
+    agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(served.logits, dim=1))
     return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"
