@@ -24,13 +24,8 @@ import pytest
 import torch
 from real_model import random_model, real_configs
 
-from warmcache.warmup.verify.agreement import (
-    Agreement,
-    eager_decode_logits,
-    eos_token_ids,
-    judge_decode,
-    precise_copy,
-)
+from warmcache.warmup.verify.agreement import Agreement, eager_decode_logits, eos_token_ids, judge_decode
+from warmcache.warmup.verify.reference import precise_copy
 from warmcache.warmup.verify.routing import forceable_routers, forcing
 
 MOE_CONFIGS = ("Qwen__Qwen3-30B-A3B", "deepseek-ai__DeepSeek-V2-Lite", "openai__gpt-oss-20b")

@@ -120,13 +120,8 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.warmup.verify.agreement import (
-        eager_decode_logits,
-        eos_token_ids,
-        judge,
-        model_depth,
-        reference_logits,
-    )
+    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_depth
+    from warmcache.warmup.verify.reference import reference_logits
 
     root, _ = qwen3_packaged
     other = build_real_model(real_configs()["Qwen__Qwen3-0.6B"], tmp_path / "other", seed=1)

@@ -48,13 +48,8 @@ def main() -> None:
 
     from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.shapes.workload_settings import GenerateSettings
-    from warmcache.warmup.verify.agreement import (
-        eager_decode_logits,
-        eos_token_ids,
-        judge,
-        model_depth,
-        reference_logits,
-    )
+    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_depth
+    from warmcache.warmup.verify.reference import reference_logits
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
