@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from processes import stop
+
 #: What boto3 needs to sign requests; moto accepts any key.
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -55,12 +57,7 @@ def moto_server() -> Iterator[str]:
                 time.sleep(0.1)
         yield endpoint
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:

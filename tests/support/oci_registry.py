@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moto_server import free_port
+from processes import stop
 
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
@@ -76,12 +77,7 @@ def oci_registry(users: dict[str, str] | None = None) -> Iterator[RunningRegistr
             _wait_until_up(host, process)
             yield RunningRegistry(host, root / "data")
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
 
 
 def _wait_until_up(host: str, process: subprocess.Popen[bytes]) -> None:
