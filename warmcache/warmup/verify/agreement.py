@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.modeling.generation import special_token_ids
 from warmcache.warmup.verify.reference import reference_logits, routing_alternatives
-from warmcache.warmup.verify.routing import Alternative, forceable_routers
+from warmcache.warmup.verify.routing import Alternative, router_candidates
 
 if TYPE_CHECKING:
     import torch
@@ -291,7 +291,7 @@ def judge_decode(
     dtype, forbidden, depth = str(model.dtype), eos_token_ids(model), model_depth(model)
     reference = reference_logits(model, prompt_ids, prompt_mask, generated)
     agreement = judge(reference, eager, generated, dtype, served_logits, forbidden=forbidden, depth=depth)
-    if not forceable_routers(model):
+    if not router_candidates(model):
         return agreement
     alternatives = routing_alternatives(model, prompt_ids, prompt_mask, generated, agreement.allowed_logit_error)
     while alternatives:  # the eager distance at the routing it took tightens the bound: keep the ties within it

@@ -8,17 +8,21 @@ near-tie verify also computes the reference with the two experts swapped (the al
 routing, forced: the router's own scores, the other selection) and lets the judge accept a
 step that is within its bound of either routing (:func:`.agreement.judge`).
 
-A near-tie is measured on the router's logits (every family here ranks by them or by their
-softmax, which keeps their order): their gap, over the RMS of that token's router logits, is
-at most the relative distance the served logits may have from the reference, because router
-logits and output logits are both read from hidden states that carry the same relative
-rounding.
+A near-tie is measured on the router's logits: their gap, over the RMS of that token's router
+logits, is at most the relative distance the served logits may have from the reference,
+because router logits and output logits are both read from hidden states that carry the same
+relative rounding.
 
-Routers forced, by class (their ``forward`` returns ``(router_logits, weights, indices)``):
-Qwen3-MoE's, DeepSeek-V2's with ``topk_method="greedy"`` and gpt-oss's, whose weights for a
-chosen selection are recomputed as their own ``forward`` does (:data:`_WEIGHTS`). Any other
-router (DeepSeek-V2's ``group_limited_greedy``, whose group choice may tie as well) is not
-forced: its near-ties are judged as any other step.
+Which routers can be forced is read off their own output, not a list of classes, so a family
+this project never saw is handled as the ones it did: transformers' routers return
+``(router_logits, weights, indices)``, and a router is forced when, over every token of the
+reference's forward, its chosen experts are its logits' top ``k`` and its weights are a softmax
+or a sigmoid of its logits at those experts, renormalised over them or not, times a constant
+(:class:`WeightRule`: Qwen2/3-MoE, OLMoE, Mixtral, gpt-oss, Granite-MoE, DeepSeek-V2's greedy
+router with its ``routed_scaling_factor``...). A router that chooses by something else
+(DeepSeek-V2's ``group_limited_greedy`` and DeepSeek-V3's bias-corrected groups, whose group
+choice may tie as well; Phi-MoE's sparsemixer) is not forced: its near-ties are judged as any
+other step.
 """
 
 from __future__ import annotations
@@ -26,46 +30,150 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 if TYPE_CHECKING:
     import torch
 
 #: At most this many alternative routings are computed (one higher-precision forward each), nearest ties first.
 MAX_ALTERNATIVES = 16
+#: How closely a rule must reproduce a router's own weights (relative) to be taken as the rule it follows.
+_RULE_TOLERANCE = 1e-4
 
 
-def _softmax_then_gather(module: Any, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+class RouterOutput(NamedTuple):
+    """What a router returned for every token of one forward (``[tokens, experts]``, then ``[tokens, k]`` twice)."""
+
+    logits: torch.Tensor
+    weights: torch.Tensor
+    indices: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRule:
+    """How a router weighs the experts it chose, read off its own output (:func:`read_rule`)."""
+
+    activation: str
+    """``softmax`` over every expert's logit, or ``sigmoid`` of each."""
+    renormalised: bool
+    """Whether the chosen experts' scores are divided by their sum."""
+    scale: float
+    """A constant the weights are multiplied by (DeepSeek's ``routed_scaling_factor``; 1 elsewhere)."""
+
+    def weights(self, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The weights of the experts ``indices`` ``[..., k]`` for router ``logits`` ``[..., experts]``, in float64."""
+        import torch
+
+        scores = torch.softmax(logits.double(), dim=-1) if self.activation == "softmax" else logits.double().sigmoid()
+        chosen = scores.gather(-1, indices)
+        if self.renormalised:
+            chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+        return chosen * self.scale
+
+
+def read_rule(output: RouterOutput) -> WeightRule | None:
+    """The :class:`WeightRule` that reproduces a router's weights for its own choices, when it chose its logits' top
+    ``k``; ``None`` when no rule does (it is then not forced)."""
     import torch
 
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).gather(-1, indices)
-    if getattr(module, "norm_topk_prob", False):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return (weights * getattr(module, "routed_scaling_factor", 1.0)).to(logits.dtype)
+    logits, weights, indices = output
+    top = torch.topk(logits.double(), indices.shape[-1], dim=-1).indices
+    if not torch.equal(top.sort(dim=-1).values, indices.sort(dim=-1).values):
+        return None
+    for activation in ("softmax", "sigmoid"):
+        for renormalised in (False, True):
+            ratio = weights.double() / WeightRule(activation, renormalised, 1.0).weights(logits, indices)
+            scale = float(ratio.flatten()[0])
+            if scale > 0 and bool(((ratio - scale).abs() <= _RULE_TOLERANCE * scale).all()):
+                return WeightRule(activation, renormalised, scale)
+    return None
 
 
-def _gather_then_softmax(module: Any, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    import torch
+@dataclass(frozen=True, slots=True)
+class Router:
+    """A router verify can force, with the rule its weights follow."""
 
-    chosen = logits.gather(-1, indices)
-    return torch.softmax(chosen, dim=1, dtype=chosen.dtype)
-
-
-#: The routing weights each router class computes for a chosen selection of experts, as its own ``forward`` does.
-_WEIGHTS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "Qwen3MoeTopKRouter": _softmax_then_gather,
-    "DeepseekV2TopkRouter": _softmax_then_gather,
-    "GptOssTopKRouter": _gather_then_softmax,
-}
+    module: torch.nn.Module
+    rule: WeightRule
+    top_k: int
 
 
-def forceable_routers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The model's routers this module can force, by module name (empty for a dense model)."""
+def router_candidates(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The model's modules that look like a top-k router (a ``Router`` class with ``top_k``), by name: empty for a
+    dense model. Whether each can be forced is read from its output (:func:`forceable`)."""
     return {
         name: module
         for name, module in model.named_modules()
-        if type(module).__name__ in _WEIGHTS and getattr(module, "topk_method", "greedy") == "greedy"
+        if "router" in type(module).__name__.lower()
+        and isinstance(getattr(module, "top_k", None), int)
+        and getattr(module, "topk_method", "greedy") == "greedy"
     }
+
+
+@contextmanager
+def recording(routers: dict[str, torch.nn.Module]) -> Iterator[dict[str, RouterOutput]]:
+    """Collect what each router returned in one forward, by name (routers that return no ``(logits, weights,
+    indices)`` are left out)."""
+    recorded: dict[str, RouterOutput] = {}
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: Any, args: Any, output: Any) -> None:
+            if isinstance(output, tuple) and len(output) == 3:
+                logits, weights, indices = (part.detach() for part in output)
+                if weights.shape == indices.shape and not indices.is_floating_point():
+                    k = indices.shape[-1]
+                    recorded[name] = RouterOutput(
+                        logits.reshape(-1, logits.shape[-1]), weights.reshape(-1, k), indices.reshape(-1, k)
+                    )
+
+        return record
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in routers.items()]
+    try:
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def forceable(recorded: dict[str, RouterOutput], candidates: dict[str, torch.nn.Module]) -> dict[str, Router]:
+    """The recorded routers whose choices and weights follow a :class:`WeightRule`, by name."""
+    routers = {}
+    for name, output in recorded.items():
+        rule = read_rule(output)
+        if rule is not None:
+            routers[name] = Router(candidates[name], rule, int(cast(Any, candidates[name]).top_k))
+    return routers
+
+
+def forceable_routers(model: torch.nn.Module, forward: Callable[[], Any]) -> dict[str, Router]:
+    """The routers of ``model`` verify can force, read from their output in one ``forward`` of it."""
+    candidates = router_candidates(model)
+    with recording(candidates) as recorded:
+        forward()
+    return forceable(recorded, candidates)
+
+
+@contextmanager
+def forcing(router: Router, token: int, chosen: int, other: int) -> Iterator[None]:
+    """Make ``router`` route flat token ``token`` to ``other`` instead of ``chosen``, with the weights its own rule
+    gives that selection."""
+
+    def force(module: Any, args: Any, output: Any) -> Any:
+        logits, weights, indices = output
+        flat = logits.reshape(-1, logits.shape[-1])
+        indices = indices.clone()
+        selection = indices.reshape(-1, indices.shape[-1])[token]
+        selection[selection == chosen] = other
+        weights = weights.clone()
+        weights.reshape(-1, weights.shape[-1])[token] = router.rule.weights(flat[token], selection).to(weights.dtype)
+        return logits, weights, indices
+
+    handle = router.module.register_forward_hook(force)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,51 +200,9 @@ class Alternative:
     """``[steps, vocab]`` in float64: every step of the row (the swap also reaches later steps through attention)."""
 
 
-@contextmanager
-def recording(routers: dict[str, torch.nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
-    """Collect each router's logits ``[tokens, experts]`` of one forward, by router name."""
-    recorded: dict[str, torch.Tensor] = {}
-
-    def hook(name: str) -> Callable[..., None]:
-        def record(module: Any, args: Any, output: Any) -> None:
-            recorded[name] = output[0].detach().reshape(-1, output[0].shape[-1])
-
-        return record
-
-    handles = [module.register_forward_hook(hook(name)) for name, module in routers.items()]
-    try:
-        yield recorded
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextmanager
-def forcing(router: torch.nn.Module, token: int, chosen: int, other: int) -> Iterator[None]:
-    """Make ``router`` route flat token ``token`` to ``other`` instead of ``chosen``, with the weights its own scores
-    give that selection."""
-    weights_for = _WEIGHTS[type(router).__name__]
-
-    def force(module: Any, args: Any, output: Any) -> Any:
-        logits, weights, indices = output
-        flat = logits.reshape(-1, logits.shape[-1])
-        indices = indices.clone()
-        row = indices[token]
-        row[row == chosen] = other
-        weights = weights.clone()
-        weights[token] = weights_for(module, flat[token : token + 1], row[None])[0].to(weights.dtype)
-        return logits, weights, indices
-
-    handle = router.register_forward_hook(force)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def near_ties(
     router_logits: dict[str, torch.Tensor],
-    routers: dict[str, torch.nn.Module],
+    top_k: dict[str, int],
     rows: int,
     prompt_length: int,
     steps: int,
@@ -149,7 +215,7 @@ def near_ties(
     ties = []
     length = prompt_length + steps - 1
     for name, logits in router_logits.items():
-        k = int(getattr(routers[name], "top_k", 0))
+        k = top_k[name]
         if logits.shape[-1] <= k:
             continue
         scores = logits.double().reshape(rows, length, -1)[:, prompt_length - 1 :]
@@ -173,14 +239,17 @@ def alternative_routings(
     reference with the tied experts swapped.
 
     ``forward``: the reference's one forward pass (returns ``[rows, steps, vocab]``); it runs
-    once to find the ties and once per tie with the swap forced.
+    once to find the ties and the routers it can force, and once per tie with the swap forced.
     """
-    routers = forceable_routers(precise)
-    if not routers:
+    candidates = router_candidates(precise)
+    if not candidates:
         return []
-    with recording(routers) as recorded:
+    with recording(candidates) as recorded:
         forward()
-    ties = near_ties(recorded, routers, rows, prompt_length, steps, tolerance)[:MAX_ALTERNATIVES]
+    routers = forceable(recorded, candidates)
+    logits = {name: recorded[name].logits for name in routers}
+    top_k = {name: router.top_k for name, router in routers.items()}
+    ties = near_ties(logits, top_k, rows, prompt_length, steps, tolerance)[:MAX_ALTERNATIVES]
     length = prompt_length + steps - 1
     alternatives = []
     for tie in ties:
