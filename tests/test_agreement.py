@@ -133,3 +133,32 @@ def test_the_eager_decode_is_measured_at_the_routing_it_took_so_its_own_reroute_
     verdict = judge(reference, eager, BEST, "bfloat16", one_mlp_off, alternatives=[alternative])
     assert not verdict.agrees and verdict.eager_logit_error == pytest.approx(0.01, rel=0.05), verdict.describe()
     assert verdict.eager_rerouted_steps == 1
+
+
+def test_a_decode_that_takes_the_other_expert_at_more_near_ties_than_a_right_one_would_differs() -> None:
+    # Six steps, each with a router near-tie at the edge of the bound (eager 1 % off: 2 % allowed), whose other routing
+    # moves that step's logits by 20 %. A right decode, up to twice as far off as the eager one, flips each with
+    # chance Phi(-0.02 / (2 * 0.01 * sqrt(2))) = 0.24: two flips are ordinary, all six have chance 0.24**6 = 2e-4.
+    steps = 6
+    reference = torch.randn(1, steps, VOCAB, generator=torch.Generator().manual_seed(3))
+    tokens = reference.argmax(-1)
+    eager = _off_by(reference, 0.01, seed=1)
+    moved = _off_by(reference, 0.2, seed=7)
+    alternatives = []
+    for step in range(steps):
+        logits = reference[0].clone()
+        logits[step] = moved[0, step]
+        alternatives.append(Alternative(NearTie("model.layers.0.mlp.gate", 0, step, 3, 5, margin=0.02), logits))
+
+    def rerouted_at(flipped: range) -> torch.Tensor:
+        served = _off_by(reference, 0.01, seed=2)
+        for step in flipped:
+            served[0, step] = _off_by(moved, 0.01, seed=8)[0, step]
+        return served
+
+    two = judge(reference, eager, tokens, "bfloat16", rerouted_at(range(2)), alternatives=alternatives)
+    assert two.agrees and (two.rerouted_ties, two.router_ties) == (2, 6), two.describe()
+    assert two.expected_reroutes == pytest.approx(6 * 0.24, rel=0.1)
+    every = judge(reference, eager, tokens, "bfloat16", rerouted_at(range(steps)), alternatives=alternatives)
+    assert every.rerouted_ties == 6 and every.reroute_chance < 1e-3 and not every.agrees, every.describe()
+    assert "the other expert at 6 of 6 near-ties" in every.describe()

@@ -4,7 +4,8 @@ For ``verify``'s criterion (``warmcache/warmup/verify/agreement.py``) to be chos
 measurements: on a real-width model cut to ``--layers``, in ``--dtype``, under whatever
 ``ATEN_CPU_CAPABILITY`` this process runs with, greedy-decode to a static cache's end
 through Inductor (``generate()``'s own compiled decode: what a right package computes),
-then measure against the higher-precision one-pass reference on the same tokens:
+then measure against the higher-precision one-pass reference on the same tokens (as verify does:
+``judge_decode``, router near-ties of a mixture of experts included):
 
 * the eager decode in the model's dtype (the criterion's calibration);
 * the compiled decode (must pass);
@@ -42,13 +43,19 @@ def _scaled_mlp(model: Any, factor: float) -> None:
     )
 
 
+def _distances(logits: Any, reference: Any) -> Any:
+    """Each step's logit RMS distance from ``reference`` over the step's logit RMS, ``[rows, steps]``."""
+    reference = reference.double()
+    return (logits.double() - reference).pow(2).mean(-1).sqrt() / reference.pow(2).mean(-1).sqrt()
+
+
 def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.shapes.workload_settings import GenerateSettings
-    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_depth
+    from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
     from warmcache.warmup.verify.reference import reference_logits
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,7 +102,6 @@ def main() -> None:
     served = torch.stack(out.logits, dim=1)
     reference = reference_logits(right, ids, mask, tokens)
     eager = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **fresh())
-    forbidden = eos_token_ids(right)
     figures: dict[str, Any] = {
         "config": path.stem,
         "dtype": args.dtype,
@@ -108,8 +114,14 @@ def main() -> None:
         "other_weights": eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh()),
         "mlp_x1.05": eager_decode_logits(scaled, ids, mask, tokens, pad_token_id=0, **fresh()),
     }.items():
-        verdict = judge(reference, eager, tokens, args.dtype, logits, forbidden=forbidden, depth=model_depth(right))
-        figures[name] = {"error": verdict.logit_error, "agrees": verdict.agrees}
+        verdict = judge_decode(right, ids, mask, tokens, eager, logits)
+        figures[name] = {
+            "error": verdict.logit_error,
+            "agrees": verdict.agrees,
+            "rerouted": verdict.rerouted_steps,
+            # a statistic the criterion does not use yet, to see whether it separates better than the worst step
+            "mean_ratio": float(_distances(logits, reference).mean() / _distances(eager, reference).mean()),
+        }
         figures["eager"] = verdict.eager_logit_error
         figures["allowed"] = verdict.allowed_logit_error
         figures["floor"] = verdict.floor

@@ -22,7 +22,11 @@ logit RMS:
   eager decode's own reach of the reference's best (among the tokens the decode could
   pick: ``min_new_tokens`` forbids end-of-sequence). The eager reach is the larger of how
   far its own greedy choice fell below the best and twice its largest single-logit
-  distance (a near-tie that close may go either way).
+  distance (a near-tie that close may go either way);
+* **routes** (a mixture of experts): a step may instead agree with the reference computed
+  with the other expert at a router near-tie (:mod:`.routing`); taken at so many near-ties
+  that a right decode would take as many at a chance under :data:`REROUTE_SIGNIFICANCE`
+  (:func:`reroute_chances`), the other expert makes the decode differ.
 
 Why a higher-precision reference: a reference in the model's own dtype is one more
 rounding of the same sums, and on a CPU whose kernels round the one-pass forward and the
@@ -50,6 +54,10 @@ if TYPE_CHECKING:
 #: decode measured 0.8-1.1 times it, one of two layers' MLP scaled by 1.05 2.2-3 times it in bfloat16
 #: (docs/measurements/criterion.md).
 FACTOR = 2.0
+#: A served decode that took the other expert at more router near-ties than a right decode would, at this chance or
+#: less, is held to differ: it routes unlike the model (a router computed in lower precision, a biased gate), though
+#: each rerouted step alone is within the bound of its routing.
+REROUTE_SIGNIFICANCE = 1e-3
 #: Distances below this many machine epsilons of the dtype, times the square root of the model's depth, always pass.
 FLOOR_EPSILONS = 1.0
 _EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
@@ -93,6 +101,14 @@ class Agreement:
     """Steps (over all rows) that agreed only with the reference routed the other way at a router near-tie."""
     eager_rerouted_steps: int = 0
     """Steps where the eager decode itself was beyond the bound of the reference and nearer the other routing."""
+    router_ties: int = 0
+    """Router near-ties whose other routing was computed (:mod:`.routing`)."""
+    rerouted_ties: int = 0
+    """Of those, the ties the served decode took the other way at."""
+    expected_reroutes: float = 0.0
+    """How many of those ties a right decode takes the other way on average (:func:`reroute_chances`)."""
+    reroute_chance: float = 1.0
+    """The chance that a right decode takes the other way at :attr:`rerouted_ties` ties or more."""
 
     @property
     def floor(self) -> float:
@@ -109,7 +125,8 @@ class Agreement:
     @property
     def agrees(self) -> bool:
         logits_agree = self.logit_error is None or self.logit_error <= self.allowed_logit_error
-        return logits_agree and self.token_deficit <= self.allowed_token_deficit
+        routes_agree = self.reroute_chance >= REROUTE_SIGNIFICANCE
+        return logits_agree and routes_agree and self.token_deficit <= self.allowed_token_deficit
 
     def describe(self) -> str:
         """One line: the worst figures against what the eager decode allows, for a verdict or a table cell."""
@@ -121,7 +138,10 @@ class Agreement:
         ties = f", {self.near_ties} near-tie{'s' if self.near_ties != 1 else ''}" if self.near_ties else ""
         rerouted = (
             f"; {self.rerouted_steps} step{'s' if self.rerouted_steps != 1 else ''} matched an alternative routing "
-            f"at a router near-tie (the eager decode: {self.eager_rerouted_steps})"
+            f"at a router near-tie (the eager decode: {self.eager_rerouted_steps}): the other expert at "
+            f"{self.rerouted_ties} of {self.router_ties} near-ties, where a right decode takes it at "
+            f"{self.expected_reroutes:.1f} on average and at as many or more with chance {figure(self.reroute_chance)}"
+            f" (allowed {figure(REROUTE_SIGNIFICANCE)})"
             if self.rerouted_steps or self.eager_rerouted_steps
             else ""
         )
@@ -261,6 +281,8 @@ def judge(
     served_routing = torch.where(matches[0] | ~matches.any(0), 0, matches.int().argmax(0))[None]
     error, served_deficit = (stacked[key].gather(0, served_routing)[0] for key in ("error", "deficit"))
     worst = torch.maximum(error, served_deficit)
+    chances = reroute_chances(alternatives, eager_error, bounds.floor)
+    rerouted_ties = len(set(served_routing[served_routing > 0].tolist()))
     return replace(
         bounds,
         logit_error=float(error.max()) if served_logits is not None else None,
@@ -269,7 +291,43 @@ def judge(
         worst_step=int(worst.amax(dim=0).argmax()),
         rerouted_steps=int((served_routing > 0).sum()),
         eager_rerouted_steps=int(((eager_routing > 0) & (stacked["eager"][0] > bounds.allowed_logit_error)).sum()),
+        router_ties=len(alternatives),
+        rerouted_ties=rerouted_ties,
+        expected_reroutes=sum(chances),
+        reroute_chance=chance_of_at_least(rerouted_ties, chances),
     )
+
+
+def reroute_chances(alternatives: Sequence[Alternative], eager_error: torch.Tensor, floor: float) -> list[float]:
+    """For each router near-tie, the chance that a right decode takes the other expert there.
+
+    A right decode is at most :data:`FACTOR` times as far from the reference as the eager
+    decode (``eager_error`` ``[rows, steps]``), and a router's logits carry the relative
+    rounding its hidden states carry (:mod:`.routing`): the gap between the two tied experts'
+    logits moves by about ``FACTOR * e * sqrt(2)`` (two logits, each off by ``e`` relative),
+    so a tie of relative ``margin`` flips with chance ``Phi(-margin / (FACTOR * e * sqrt(2)))``.
+    Taking the output logits' distance for the router's is generous (rounding grows with depth,
+    and routers sit inside the model): a right decode flips fewer, never more, than this says.
+    """
+    import math
+
+    chances = []
+    for alternative in alternatives:
+        noise = max(float(eager_error[alternative.tie.row, alternative.tie.step]), floor)
+        chances.append(0.5 * math.erfc(alternative.tie.margin / (2 * FACTOR * noise)))
+    return chances
+
+
+def chance_of_at_least(count: int, chances: Sequence[float]) -> float:
+    """The chance that ``count`` or more of independent events with the given ``chances`` happen."""
+    distribution = [1.0]  # distribution[k]: the chance that exactly k of the events so far happened
+    for chance in chances:
+        distribution = [
+            (distribution[k] if k < len(distribution) else 0.0) * (1 - chance)
+            + (distribution[k - 1] * chance if k > 0 else 0.0)
+            for k in range(len(distribution) + 1)
+        ]
+    return sum(distribution[count:])
 
 
 def judge_decode(
