@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,3 +88,14 @@ def test_the_suite_runs_the_installed_package_not_the_source_tree() -> None:
     assert imported == installed and not imported.is_relative_to(PACKAGE), (
         f"the suite imported {imported}, not the installed {installed}: run pytest with PYTHONSAFEPATH=1"
     )
+
+
+def test_python_m_warmcache_in_the_checkout_root_finds_the_migrations(tmp_path: Path) -> None:
+    """``python -m warmcache`` in the checkout's root imports the source folder, which has no ``warmcache._migrations``
+    (the wheel maps ``migrations/`` there): the checkout's own ``migrations/`` serves it."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    db = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    command = [sys.executable, "-m", "warmcache", "db", "upgrade", "--db", db]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "registry.sqlite").is_file()

@@ -24,7 +24,15 @@ _INIT_LOCK_KEY = 0x7761726D
 
 
 def migrations_dir() -> Path:
-    return Path(str(resources.files("warmcache._migrations")))
+    """The migrations: shipped in the wheel as ``warmcache._migrations``; run from a checkout's source folder (``python
+    -m warmcache`` in its root, no install), the checkout's top-level ``migrations/``, which the wheel maps there."""
+    try:
+        return Path(str(resources.files("warmcache._migrations")))
+    except ModuleNotFoundError:
+        checkout = Path(__file__).resolve().parents[2] / "migrations"
+        if (checkout / "env.py").is_file():
+            return checkout
+        raise
 
 
 def alembic_config(engine: Engine) -> Config:
