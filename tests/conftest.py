@@ -22,6 +22,29 @@ from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 POSTGRES_ENV = "WARMCACHE_TEST_POSTGRES_URL"
+#: The suite's expensive session fixtures: under pytest-xdist every test file that uses one runs on the worker that
+#: builds it, so each is built once (see :func:`pytest_collection_modifyitems`).
+SHARED_BUILDS = ("packaged", "inductor_warmup")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests for pytest-xdist (``-n``, ``--dist loadgroup``): a test file stays on one worker, so its module
+    fixtures (the architecture matrix's warmup: minutes) are built once, and files that share an expensive session
+    fixture (:data:`SHARED_BUILDS`) stay together. Without ``-n`` the groups change nothing."""
+    files = {item.nodeid.split("::")[0] for item in items}
+    group = {name: name for name in files}
+
+    def root(name: str) -> str:
+        while group[name] != name:
+            name = group[name]
+        return name
+
+    for shared in SHARED_BUILDS:
+        users = sorted({item.nodeid.split("::")[0] for item in items if shared in getattr(item, "fixturenames", ())})
+        for name in users[1:]:
+            group[root(name)] = root(users[0])
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(root(item.nodeid.split("::")[0])))
 
 
 @pytest.fixture(scope="session")

@@ -165,14 +165,14 @@ def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
 
 
 def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(service: str, tmp_path: Path) -> None:  # noqa: F811
-    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within a second naming the product, and the CLI
-    alike."""
+    """50 models × 299 × 299 (4.5 million shapes from 148 KB): a 400 within seconds naming the product (expanding
+    4.5 million shapes would take far longer; 5 s leaves room for a loaded CI host), and the CLI alike."""
     body = grid_manifest(tmp_path, 50, 299)
     assert len(body) < 150_000  # far inside the 1 MiB a manifest may be
     start = time.monotonic()
     status, answer, _ = call(f"{service}/v1/plan", "POST", body, AUTH)
     seconds = time.monotonic() - start
-    assert status == 400 and seconds < 1.0, (status, seconds)
+    assert status == 400 and seconds < 5.0, (status, seconds)
     message = answer["error"]["message"]
     assert "declares 4,470,050 shapes" in message and "more than the 100,000 a manifest may" in message
     assert "model[0] 'm0' generate[0]: 299 batch sizes × 299 lengths = 89,401" in message and "\n" not in message
