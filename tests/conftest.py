@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The suite runs a worker per core (pytest-xdist) beside CI's other checks, and each torch process has a thread per
+# core: OpenMP threads that spin while they wait burn the cores the others need. Passive waiting changes no result
+# (the thread count is the same); set before torch loads its OpenMP runtime, here and in every process a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT / "tools"))  # tiny_model, real_model and the benchmarks tests run
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # servers, manifests and hosts the tests share
 
@@ -22,29 +28,47 @@ from postgres_schema import temporary_schema  # noqa: E402
 from tiny_model import build_tiny_model  # noqa: E402
 
 POSTGRES_ENV = "WARMCACHE_TEST_POSTGRES_URL"
-#: The suite's expensive session fixtures: under pytest-xdist every test file that uses one runs on the worker that
-#: builds it, so each is built once (see :func:`pytest_collection_modifyitems`).
+#: The suite's expensive session fixtures: under pytest-xdist every test file that names one runs on the worker that
+#: builds it, so each is built once (see :func:`pytest_xdist_make_scheduler`).
 SHARED_BUILDS = ("packaged", "inductor_warmup")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group the tests for pytest-xdist (``-n``, ``--dist loadgroup``): a test file stays on one worker, so its module
-    fixtures (the architecture matrix's warmup: minutes) are built once, and files that share an expensive session
-    fixture (:data:`SHARED_BUILDS`) stay together. Without ``-n`` the groups change nothing."""
-    files = {item.nodeid.split("::")[0] for item in items}
-    group = {name: name for name in files}
+def file_groups(root: Path) -> dict[str, str]:
+    """Each test file (as its node ids begin) by the group it runs in: files that name a fixture of
+    :data:`SHARED_BUILDS` share one group (files naming two join both groups into one); other files are their own."""
+    group: dict[str, str] = {}
 
-    def root(name: str) -> str:
-        while group[name] != name:
+    def find(name: str) -> str:
+        while group.setdefault(name, name) != name:
             name = group[name]
         return name
 
-    for shared in SHARED_BUILDS:
-        users = sorted({item.nodeid.split("::")[0] for item in items if shared in getattr(item, "fixturenames", ())})
-        for name in users[1:]:
-            group[root(name)] = root(users[0])
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(root(item.nodeid.split("::")[0])))
+    for path in sorted((root / "tests").glob("test_*.py")):
+        named = [shared for shared in SHARED_BUILDS if re.search(rf"\b{shared}\b", path.read_text())]
+        file = path.relative_to(root).as_posix()
+        for shared in named:
+            group[find(file)] = find(shared)
+    return {file: find(file) for file in list(group) if file.endswith(".py")}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n``), send tests to workers a file at a time, so that each file's module fixtures (the
+    architecture matrix's warmup: minutes) are built once, and the files sharing a :data:`SHARED_BUILDS` fixture
+    together. xdist's own ``--dist loadgroup`` does not group under pytest 9 (it renames node ids, which pytest 9 no
+    longer lets it), so the grouping is this scheduler's."""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist the developer chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = file_groups(config.rootpath)
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return groups.get(file, file)
+
+    return FileGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
