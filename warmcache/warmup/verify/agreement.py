@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from warmcache.modeling.generation import special_token_ids
-from warmcache.warmup.verify.reference import reference_logits, routing_alternatives
-from warmcache.warmup.verify.routing import Alternative, router_candidates
+from warmcache.warmup.verify.reference import routed_reference
+from warmcache.warmup.verify.routing import Alternative
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +221,7 @@ def judge(
     same tokens; ``forbidden``: token ids the served decode could not pick (:func:`eos_token_ids`
     under ``min_new_tokens``), so the reference's best is taken among the others;
     ``depth``: the model's decoder layers (:func:`model_depth`), for the floor;
-    ``alternatives``: :func:`routing_alternatives`: a step of a row at or after a router
+    ``alternatives``: :meth:`.routing.RoutedReference.alternatives`: a step of a row at or after a router
     near-tie agrees when it is within both bounds of the reference or of the routing with
     the tied experts swapped.
     """
@@ -338,20 +338,19 @@ def judge_decode(
     eager: torch.Tensor,
     served_logits: torch.Tensor | None = None,
 ) -> Agreement:
-    """:func:`judge` a served decode of ``model`` against its :func:`reference_logits`; for a mixture of experts, with
-    the alternative routings at its router near-ties (:func:`routing_alternatives`, within the distance the served
-    logits may have): a higher-precision forward each, at most :data:`.routing.MAX_ALTERNATIVES`.
+    """:func:`judge` a served decode of ``model`` against its :func:`.reference.reference_logits`; for a mixture of
+    experts, with the alternative routings at its router near-ties (:func:`.reference.routed_reference`, within the
+    distance the served logits may have): a higher-precision forward each, at most :data:`.routing.MAX_ALTERNATIVES`.
 
     The eager decode's own distance is then measured at the routing it took, so one expert
     more or less in the eager decode no longer widens the bound every step is held to (gpt-oss
     at one real-width layer: 12.7 % at its one rerouted step, 1 % elsewhere).
     """
     dtype, forbidden, depth = str(model.dtype), eos_token_ids(model), model_depth(model)
-    reference = reference_logits(model, prompt_ids, prompt_mask, generated)
+    routed = routed_reference(model, prompt_ids, prompt_mask, generated)
+    reference = routed.logits
     agreement = judge(reference, eager, generated, dtype, served_logits, forbidden=forbidden, depth=depth)
-    if not router_candidates(model):
-        return agreement
-    alternatives = routing_alternatives(model, prompt_ids, prompt_mask, generated, agreement.allowed_logit_error)
+    alternatives = routed.alternatives(agreement.allowed_logit_error)
     while alternatives:  # the eager distance at the routing it took tightens the bound: keep the ties within it
         agreement = judge(
             reference,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from warmcache.warmup.verify.routing import Alternative, alternative_routings
+from warmcache.warmup.verify.routing import RoutedReference
 
 if TYPE_CHECKING:
     import torch
@@ -33,19 +33,15 @@ def reference_logits(
     return _reference_forward(precise_copy(model), prompt_ids, prompt_mask, generated)()
 
 
-def routing_alternatives(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    generated: torch.Tensor,
-    tolerance: float,
-) -> list[Alternative]:
-    """The references of :func:`reference_logits` with the experts swapped at each router near-tie within
-    ``tolerance`` (:mod:`.routing`; empty for a dense model or a router it cannot force)."""
+def routed_reference(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generated: torch.Tensor
+) -> RoutedReference:
+    """:func:`reference_logits` (its ``logits``) and, from the same copy and forward, the references with the experts
+    swapped at each router near-tie (its ``alternatives(tolerance)``; :mod:`.routing`)."""
     precise = precise_copy(model)
-    forward = _reference_forward(precise, prompt_ids, prompt_mask, generated)
     rows, steps = generated.shape
-    return alternative_routings(precise, forward, rows, prompt_ids.shape[1], steps, tolerance)
+    forward = _reference_forward(precise, prompt_ids, prompt_mask, generated)
+    return RoutedReference(precise, forward, rows, prompt_ids.shape[1], steps)
 
 
 def precise_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -227,33 +227,36 @@ def near_ties(
     return sorted(ties, key=lambda tie: tie.margin)
 
 
-def alternative_routings(
-    precise: torch.nn.Module,
-    forward: Callable[[], torch.Tensor],
-    rows: int,
-    prompt_length: int,
-    steps: int,
-    tolerance: float,
-) -> list[Alternative]:
-    """For each router near-tie of the higher-precision model ``precise`` (nearest :data:`MAX_ALTERNATIVES`), the
-    reference with the tied experts swapped.
+class RoutedReference:
+    """The reference's one forward pass by the higher-precision copy ``precise``, with its routers recorded: its logits,
+    and from them the alternative routing at each router near-tie within whatever tolerance the judge arrives at.
 
-    ``forward``: the reference's one forward pass (returns ``[rows, steps, vocab]``); it runs
-    once to find the ties and the routers it can force, and once per tie with the swap forced.
+    One copy and one forward serve both: the near-ties are read off the routers' logits of the
+    very forward that gave the reference, and each alternative costs one more forward.
     """
-    candidates = router_candidates(precise)
-    if not candidates:
-        return []
-    with recording(candidates) as recorded:
-        forward()
-    routers = forceable(recorded, candidates)
-    logits = {name: recorded[name].logits for name in routers}
-    top_k = {name: router.top_k for name, router in routers.items()}
-    ties = near_ties(logits, top_k, rows, prompt_length, steps, tolerance)[:MAX_ALTERNATIVES]
-    length = prompt_length + steps - 1
-    alternatives = []
-    for tie in ties:
-        token = tie.row * length + prompt_length - 1 + tie.step
-        with forcing(routers[tie.router], token, tie.chosen, tie.other):
-            alternatives.append(Alternative(tie, forward()[tie.row].double()))
-    return alternatives
+
+    def __init__(
+        self, precise: torch.nn.Module, forward: Callable[[], torch.Tensor], rows: int, prompt_length: int, steps: int
+    ) -> None:
+        candidates = router_candidates(precise)
+        with recording(candidates) as recorded:
+            self.logits = forward()  # [rows, steps, vocab] in float64
+        self._routers = forceable(recorded, candidates)
+        self._router_logits = {name: recorded[name].logits for name in self._routers}
+        self._forward = forward if self._routers else None  # a model with no router to force keeps no copy alive
+        self._rows, self._prompt_length, self._steps = rows, prompt_length, steps
+
+    def alternatives(self, tolerance: float) -> list[Alternative]:
+        """For each router near-tie within ``tolerance`` (nearest :data:`MAX_ALTERNATIVES`), the reference with the
+        tied experts swapped (empty for a dense model or routers that cannot be forced)."""
+        if self._forward is None:
+            return []
+        top_k = {name: router.top_k for name, router in self._routers.items()}
+        ties = near_ties(self._router_logits, top_k, self._rows, self._prompt_length, self._steps, tolerance)
+        length = self._prompt_length + self._steps - 1
+        alternatives = []
+        for tie in ties[:MAX_ALTERNATIVES]:
+            token = tie.row * length + self._prompt_length - 1 + tie.step
+            with forcing(self._routers[tie.router], token, tie.chosen, tie.other):
+                alternatives.append(Alternative(tie, self._forward()[tie.row].double()))
+        return alternatives
