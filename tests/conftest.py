@@ -34,21 +34,15 @@ SHARED_BUILDS = ("packaged", "inductor_warmup")
 
 
 def file_groups(root: Path) -> dict[str, str]:
-    """Each test file (as its node ids begin) by the group it runs in: files that name a fixture of
-    :data:`SHARED_BUILDS` share one group (files naming two join both groups into one); other files are their own."""
-    group: dict[str, str] = {}
-
-    def find(name: str) -> str:
-        while group.setdefault(name, name) != name:
-            name = group[name]
-        return name
-
+    """The test files (as their node ids begin) that name a fixture of :data:`SHARED_BUILDS`, by that fixture: the group
+    they run in. A file naming two would join the first's group, and the second fixture be built on its worker too."""
+    groups = {}
     for path in sorted((root / "tests").glob("test_*.py")):
-        named = [shared for shared in SHARED_BUILDS if re.search(rf"\b{shared}\b", path.read_text())]
-        file = path.relative_to(root).as_posix()
-        for shared in named:
-            group[find(file)] = find(shared)
-    return {file: find(file) for file in list(group) if file.endswith(".py")}
+        text = path.read_text()
+        named = [shared for shared in SHARED_BUILDS if re.search(rf"\b{shared}\b", text)]
+        if named:
+            groups[path.relative_to(root).as_posix()] = named[0]
+    return groups
 
 
 @pytest.hookimpl(optionalhook=True)
