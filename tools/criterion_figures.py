@@ -56,7 +56,7 @@ def main() -> None:
     from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.shapes.workload_settings import GenerateSettings
     from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
-    from warmcache.warmup.verify.reference import reference_logits
+    from warmcache.warmup.verify.reference import routed_reference
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
@@ -100,7 +100,8 @@ def main() -> None:
         )
     tokens = out.sequences[:, PROMPT:]
     served = torch.stack(out.logits, dim=1)
-    reference = reference_logits(right, ids, mask, tokens)
+    routed = routed_reference(right, ids, mask, tokens)  # one reference for every decode judged below
+    reference = routed.logits
     eager = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **fresh())
     figures: dict[str, Any] = {
         "config": path.stem,
@@ -114,7 +115,7 @@ def main() -> None:
         "other_weights": eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh()),
         "mlp_x1.05": eager_decode_logits(scaled, ids, mask, tokens, pad_token_id=0, **fresh()),
     }.items():
-        verdict = judge_decode(right, ids, mask, tokens, eager, logits)
+        verdict = judge_decode(right, ids, mask, tokens, eager, logits, routed)
         figures[name] = {
             "error": verdict.logit_error,
             "agrees": verdict.agrees,

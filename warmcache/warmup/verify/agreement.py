@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.modeling.generation import special_token_ids
 from warmcache.warmup.verify.reference import routed_reference
-from warmcache.warmup.verify.routing import Alternative
+from warmcache.warmup.verify.routing import Alternative, RoutedReference
 
 if TYPE_CHECKING:
     import torch
@@ -337,17 +337,21 @@ def judge_decode(
     generated: torch.Tensor,
     eager: torch.Tensor,
     served_logits: torch.Tensor | None = None,
+    routed: RoutedReference | None = None,
 ) -> Agreement:
     """:func:`judge` a served decode of ``model`` against its :func:`.reference.reference_logits`; for a mixture of
     experts, with the alternative routings at its router near-ties (:func:`.reference.routed_reference`, within the
     distance the served logits may have): a higher-precision forward each, at most :data:`.routing.MAX_ALTERNATIVES`.
+
+    ``routed``: the model's :func:`.reference.routed_reference` over these tokens, when the
+    caller judges several decodes of the same tokens (computed here otherwise).
 
     The eager decode's own distance is then measured at the routing it took, so one expert
     more or less in the eager decode no longer widens the bound every step is held to (gpt-oss
     at one real-width layer: 12.7 % at its one rerouted step, 1 % elsewhere).
     """
     dtype, forbidden, depth = str(model.dtype), eos_token_ids(model), model_depth(model)
-    routed = routed_reference(model, prompt_ids, prompt_mask, generated)
+    routed = routed or routed_reference(model, prompt_ids, prompt_mask, generated)
     reference = routed.logits
     agreement = judge(reference, eager, generated, dtype, served_logits, forbidden=forbidden, depth=depth)
     alternatives = routed.alternatives(agreement.allowed_logit_error)
