@@ -15,7 +15,12 @@ from warmcache.registry import Registry
 def mark_all_compiled(
     url: str, planned: Sequence[PlannedShape], *, worker: str = "test", compile_seconds: float = 0.5
 ) -> None:
+    identities = [p.identity for p in planned]
     with Registry.open(url) as registry:
         registry.ensure_pending(planned)
-        while (row := registry.claim([p.identity for p in planned], worker, 60)) is not None:
-            registry.mark_compiled(row.id, worker, compile_seconds=compile_seconds, graphs_compiled=1)
+        # Claimed in batches and recorded in one transaction: a claim at a time, each its own commit, took 28 s for
+        # 1000 shapes (each claim scans the list from its start).
+        with registry.together():
+            while rows := registry.claim_batch(identities, worker, 60, len(identities)):
+                for row in rows:
+                    registry.mark_compiled(row.id, worker, compile_seconds=compile_seconds, graphs_compiled=1)
