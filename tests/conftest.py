@@ -45,22 +45,46 @@ def file_groups(root: Path) -> dict[str, str]:
     return groups
 
 
+def scope_of(nodeid: str, groups: dict[str, str]) -> str:
+    """The unit one xdist worker runs whole: the test's file, or the :data:`SHARED_BUILDS` group its file is in."""
+    file = nodeid.split("::", 1)[0]
+    return groups.get(file, file)
+
+
+#: What a test marked ``slow`` (it compiles: seconds to minutes) weighs against one that is not (milliseconds to a
+#: second), when the work is ordered longest first.
+SLOW_WEIGHT = 20
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests heaviest scope first (by its count of ``slow`` tests): under pytest-xdist a worker takes a
+    scope at a time in this order, so the long ones start at once and the short ones fill the end, where a long one
+    started last would leave the other cores idle until it ends. The order within a scope is kept."""
+    groups = file_groups(config.rootpath)
+    weight: dict[str, int] = {}
+    for item in items:
+        scope = scope_of(item.nodeid, groups)
+        weight[scope] = weight.get(scope, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow") else 1)
+    items.sort(key=lambda item: -weight[scope_of(item.nodeid, groups)])
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (``-n``), send tests to workers a file at a time, so that each file's module fixtures (the
     architecture matrix's warmup: minutes) are built once, and the files sharing a :data:`SHARED_BUILDS` fixture
-    together. xdist's own ``--dist loadgroup`` does not group under pytest 9 (it renames node ids, which pytest 9 no
-    longer lets it), so the grouping is this scheduler's."""
+    together, in the order :func:`pytest_collection_modifyitems` gave them. xdist's own ``--dist loadgroup`` does not
+    group under pytest 9 (it renames node ids, which pytest 9 no longer lets it), so the grouping is this
+    scheduler's."""
     if config.getvalue("dist") != "load":
         return None  # another --dist the developer chose
     from xdist.scheduler import LoadScopeScheduling
 
     groups = file_groups(config.rootpath)
+    config.option.loadscopereorder = False  # xdist would order scopes by their count of tests
 
     class FileGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return groups.get(file, file)
+            return scope_of(nodeid, groups)
 
     return FileGroupScheduling(config, log)
 
