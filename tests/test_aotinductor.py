@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ BATCHES = (1, 4)
 REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
-def warm_packages(root: Path, model_path: Path, device: str) -> Path:
+def warm_packages(root: Path, model_path: Path, device: str, batches: Sequence[int] = BATCHES) -> Path:
     """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify``.
 
     With ``precompile = "aotinductor"``.
@@ -42,7 +43,7 @@ def warm_packages(root: Path, model_path: Path, device: str) -> Path:
         device=device,
         backend="inductor",
         precompile="aotinductor",
-        generate=[generate(BATCHES, [PROMPT], MAX_CACHE_LEN)],
+        generate=[generate(batches, [PROMPT], MAX_CACHE_LEN)],
     )
     manifest.write_text(
         manifest_toml(declared, registry={"url": f"sqlite:///{root}/registry.sqlite"}, cache={"dir": f"{root}/cache"})

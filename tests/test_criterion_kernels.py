@@ -8,6 +8,9 @@ right package (issue 36: a Xeon with AMX, and ``avx2``/``default`` elsewhere). E
 capability runs ``tools/criterion_figures.py`` in its own process (the variable is read
 once, at import): a tiny model's decode compiled by Inductor, judged against the float64
 reference, beside the same tokens through other weights and through one MLP scaled by 1.05.
+And the route that failed there: ``warmcache warmup`` then ``warmcache verify`` of the tiny AOTInductor manifest, under
+each capability. The whole AOTInductor and verify test files under each are ``tools/capability_tests.sh`` (about
+6 min of CPU a capability: too much beside the suite in CI's time).
 """
 
 from __future__ import annotations
@@ -57,3 +60,19 @@ def test_a_right_inductor_decode_passes_and_wrong_ones_fail_under_each_cpu_capab
     assert figures["eager"] > 0, figures  # a float64 reference: the float32 eager decode is never it bitwise
     assert figures["right"]["agrees"], figures
     assert not figures["other_weights"]["agrees"] and not figures["mlp_x1.05"]["agrees"], figures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", _capabilities())
+def test_a_right_aotinductor_package_is_verified_under_each_cpu_capability(
+    capability: str, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_aotinductor import warm_packages
+
+    from warmcache.registry import Registry
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)  # read by the warmup and verify processes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    root = warm_packages(tmp_path, tiny_models["llama"], "cpu", batches=[4])  # fails unless verify exits 0
+    with Registry.open(f"sqlite:///{root}/registry.sqlite") as registry:
+        assert [row.status for row in registry.rows(model="m")] == ["verified"]
