@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The verify criterion on other CPUs' kernels: the AOTInductor and verify tests under each ATEN_CPU_CAPABILITY below
 # this CPU's best (the suite itself runs at the best). Not in .ci/run: the two reruns cost about 12 min on 2 cores
-# beside the suite, past CI's 25; tests/test_criterion_kernels.py runs in the suite under each capability instead.
+# beside the suite, past CI's 25; tests/test_criterion_kernels.py runs in the suite under each capability instead
+# (the Inductor criterion, and warmup then verify of a tiny AOTInductor manifest).
 # Run from the checkout's root with the test command's .venv:  tools/capability_tests.sh
 # A basetemp of their own, so that a suite running beside them keeps its folders.
 set -euo pipefail
