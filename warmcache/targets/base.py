@@ -95,6 +95,11 @@ class Target(ABC):
     def describe(self) -> str:
         return f"{self.device}/{self.backend}"
 
+    def code_platform(self) -> str | None:
+        """The platform the code this target caches is generated for, where the compiler's own cache keys leave it
+        out, so that a cache folder holds one (:mod:`warmcache.cache.platform_mark`); ``None`` where they hold it."""
+        return None
+
     def prepare(self) -> None:
         """Process-wide settings every warmup or replay process needs before compiling."""
         import torch._dynamo.config as dynamo_config

@@ -129,6 +129,11 @@ class InductorTarget(Target):
             )
         return ToolchainFactors(platform=_cpu_platform(self.backend))
 
+    def code_platform(self) -> str | None:
+        """On CPU Inductor's: its FX graph cache key leaves out the vector ISA its kernels are written for (Triton's
+        CUDA kernels are keyed by the GPU)."""
+        return self.toolchain_factors().platform if self.device == "cpu" and self.backend == "inductor" else None
+
     def check_available(self) -> None:
         if self.device != "cuda":
             return
