@@ -35,10 +35,10 @@ from real_model import build_real_model, real_configs  # noqa: E402
 BATCH, PROMPT, MAX_CACHE_LEN = 2, 8, 24
 
 
-def _scaled_mlp(model: Any, factor: float) -> None:
+def _scaled_mlp(model: Any, factor: float) -> Any:
     """Scale what the first decoder layer's MLP (or mixture of experts) adds to the residual by ``factor``: a 5 % wrong
     layer. Where a norm follows the MLP (Gemma 2's ``post_feedforward_layernorm``), its output: a norm would undo a
-    scaled MLP output (gemma-2-2b measured the same distance with and without it)."""
+    scaled MLP output (gemma-2-2b measured the same distance with and without it). Returns the hook's handle."""
     layer = model.model.layers[0]
     block = (
         getattr(layer, "post_feedforward_layernorm", None)
@@ -46,7 +46,7 @@ def _scaled_mlp(model: Any, factor: float) -> None:
         or getattr(layer, "feed_forward", None)
         or layer.block_sparse_moe
     )
-    block.register_forward_hook(
+    return block.register_forward_hook(
         lambda _m, _i, out: tuple(o * factor for o in out) if isinstance(out, tuple) else out * factor
     )
 
@@ -75,10 +75,7 @@ def main() -> None:
         seed: build_real_model(path, args.models / f"{path.stem}-{args.layers}l-s{seed}", layers=args.layers, seed=seed)
         for seed in (0, 1)
     }
-    right, other, scaled = (
-        AutoModelForCausalLM.from_pretrained(folders[seed], dtype=dtype).eval() for seed in (0, 1, 0)
-    )
-    _scaled_mlp(scaled, 1.05)
+    right = AutoModelForCausalLM.from_pretrained(folders[0], dtype=dtype).eval()
     ids = torch.randint(5, 300, (BATCH, PROMPT), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     new = max_new_tokens_that_fit(PROMPT, MAX_CACHE_LEN)
@@ -111,11 +108,15 @@ def main() -> None:
         "capability": os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability(),
         "compiled": not args.no_compile,
     }
-    for name, logits in {
-        "right": served,
-        "other_weights": eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh()),
-        "mlp_x1.05": eager_decode_logits(scaled, ids, mask, tokens, pad_token_id=0, **fresh()),
-    }.items():
+    # One copy of the model at a time beside the right one (a mixture of experts at real width fills a machine):
+    # the 5 % wrong layer is the right model with a hook, the other weights are loaded for their decode alone.
+    hook = _scaled_mlp(right, 1.05)
+    scaled = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **fresh())
+    hook.remove()
+    other = AutoModelForCausalLM.from_pretrained(folders[1], dtype=dtype).eval()
+    other_logits = eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh())
+    del other
+    for name, logits in {"right": served, "other_weights": other_logits, "mlp_x1.05": scaled}.items():
         verdict = judge_decode(right, ids, mask, tokens, eager, logits, routed)
         figures[name] = {
             "error": verdict.logit_error,
