@@ -26,6 +26,7 @@ from warmcache.cache.bundle import BundleFile, sha256_of
 from warmcache.cache.bundle_rows import MergeResult, merge_rows
 from warmcache.cache.layout import STAGING_PREFIX, CacheFlavor, entry_of
 from warmcache.cache.locate import CacheLocation
+from warmcache.cache.platform_mark import MARK, claim_for_rows
 from warmcache.errors import CacheError
 from warmcache.registry import Registry
 from warmcache.trust import SignatureCheck
@@ -93,6 +94,7 @@ def install_staged(
     location: CacheLocation,
     open_registry: Callable[[], AbstractContextManager[Registry]],
     stage: Callable[[Path], None],
+    source: str,
 ) -> UnpackResult:
     """Have ``stage`` write ``meta.files`` (hash-checked) into a staging folder, then install them.
 
@@ -101,7 +103,10 @@ def install_staged(
     are merged only after every entry is in place, so an interruption leaves no
     partial entry and no row naming a missing file. The registry is opened
     (``open_registry``) only once everything is staged and checked: a refused
-    unpack or pull leaves no new, empty registry file behind.
+    unpack or pull leaves no new, empty registry file behind. The folder is claimed
+    for the platform the rows' Inductor CPU code was generated on first
+    (:func:`~warmcache.cache.platform_mark.claim_for_rows`; ``source`` names the
+    bundle or store in the refusal).
     """
     root = location.root
     created = [p for p in (root, *root.parents) if not p.exists()]
@@ -115,6 +120,7 @@ def install_staged(
     staging.mkdir()
     journal: list[_Move] = []
     try:
+        claim_for_rows(root, meta.rows, source)
         stage(staging)
         with open_registry() as registry:
             added, replaced, present = _move_into_place(meta, staging, parked, root, journal)
@@ -124,6 +130,8 @@ def install_staged(
         shutil.rmtree(staging, ignore_errors=True)
         if not any(move.original is not None and os.path.lexists(move.original) for move in journal):
             shutil.rmtree(parked, ignore_errors=True)  # else keep what could not be put back
+        if created:  # the folder is new, so its mark is this install's
+            (root / MARK).unlink(missing_ok=True)
         _remove_if_empty(created)
         raise
     shutil.rmtree(staging, ignore_errors=True)

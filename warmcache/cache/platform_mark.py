@@ -13,20 +13,24 @@ compiling for another is refused before it compiles anything.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from warmcache.cache.layout import WORK_DIR_PREFIX
 from warmcache.errors import CacheError
+from warmcache.targets import target_of
 
 #: The file that names the folder's platform; the prefix keeps it out of entries, scans and bundles.
 MARK = f"{WORK_DIR_PREFIX}cpu-platform"
 
 
-def claim_for_platform(root: Path, platform: str) -> None:
+def claim_for_platform(root: Path, platform: str, claimant: str = "this process generates for") -> None:
     """Name ``platform`` as the one ``root``'s Inductor code is for, or raise :class:`CacheError` if another holds it.
 
     The first writer wins (an exclusive create); a folder that cannot be written (an image
-    volume, mounted read-only) is only checked.
+    volume, mounted read-only) is only checked. ``claimant`` says in the message who brings
+    ``platform``'s code: this process, or a bundle or pull being installed.
     """
     mark = root / MARK
     try:
@@ -41,8 +45,23 @@ def claim_for_platform(root: Path, platform: str) -> None:
     held = mark.read_text(encoding="utf-8").strip()
     if held and held != platform:
         raise CacheError(
-            f"{root}: this Inductor cache holds code generated for {held}, and this process generates for {platform}: "
+            f"{root}: this Inductor cache holds code generated for {held}, and {claimant} {platform}: "
             "torch's FX graph cache key leaves out the CPU's vector ISA, so it would load kernels made for the "
             "other (wrong numbers); give each platform its own cache folder (--cache-dir), or empty this one and "
             f"delete {mark}"
         )
+
+
+def claim_for_rows(root: Path, rows: Iterable[Mapping[str, Any]], source: str) -> None:
+    """Claim ``root`` for the platform the installed rows' Inductor CPU code was generated on (a bundle's or a pull's).
+
+    Their files are that platform's code whatever machine unpacks them (``--force`` lets a bundle of another
+    toolchain in): marked, a later compile here for another platform is refused instead of loading them.
+    """
+    generated_on = {
+        row["toolchain"]["platform"]
+        for row in rows
+        if target_of(row["device"], row["backend"], row["mode"]).code_platform() is not None
+    }
+    for platform in sorted(generated_on):
+        claim_for_platform(root, platform, f"{source} holds code generated for")

@@ -92,7 +92,11 @@ def unpack_bundle(
             check_room(meta.files.values(), location.root, max_bytes, str(bundle))
             _verify_contents(tar, file_members, meta)
             return install_staged(
-                meta, location, open_registry, lambda staging: _extract_all(tar, file_members, meta, staging, progress)
+                meta,
+                location,
+                open_registry,
+                lambda staging: _extract_all(tar, file_members, meta, staging, progress),
+                f"bundle {bundle}",
             )
     except _ARCHIVE_ERRORS as exc:
         raise CacheError(f"{bundle}: not a readable bundle archive ({exc or type(exc).__name__}); refused") from None

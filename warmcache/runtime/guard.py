@@ -27,11 +27,13 @@ called.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from warmcache.cache.platform_mark import claim_for_platform
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
@@ -48,6 +50,7 @@ from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
+from warmcache.targets import target_of
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -340,6 +343,23 @@ class ShapeGuard:
         self.close()
 
     # ------------------------------------------------------------ torch-facing helpers (lazy imports)
+
+    def claim_compile_folder(self) -> None:
+        """Refuse to compile where this process's Inductor cache holds another CPU platform's code.
+
+        torch's FX graph key leaves out the vector ISA (:mod:`warmcache.cache.platform_mark`): tracing a
+        bucket there, or compiling an unseen shape under ``warn``, would load kernels written for another
+        vector width and give wrong numbers, which no policy accepts. The folder is torch's for this
+        process (``$TORCHINDUCTOR_CACHE_DIR`` or its default), claimed as a warmup claims it.
+        """
+        target = target_of(*self.target)
+        platform = target.code_platform()
+        if platform is None:
+            return
+        root = target.default_cache_dir()
+        with contextlib.suppress(OSError):  # a read-only volume is only checked
+            root.mkdir(parents=True, exist_ok=True)
+        claim_for_platform(root, platform)
 
     def fit(self, inputs: Any, pad_token_id: int | None = None) -> FittedBatch:
         """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""

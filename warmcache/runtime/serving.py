@@ -181,6 +181,8 @@ def prime(
     packaged = (
         _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
     )
+    if guard.policy == "warn" or any(batch not in packaged for batch, _ in buckets):
+        guard.claim_compile_folder()  # this process will compile: never from another platform's kernels
     guard.primed = False
     with CompileCounter() as counter, loud_recompile_limit():
         for i, (batch, length) in enumerate(buckets, 1):

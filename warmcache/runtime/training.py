@@ -113,6 +113,7 @@ class GuardCallback(TrainerCallback):
         if model is None:
             raise UsageError("GuardCallback: the Trainer passed no model to on_train_begin")
         self.close()  # a previous train() that raised never reached on_train_end
+        self.guard.claim_compile_folder()
         # Disabled for Dynamo: the check runs eagerly before the compiled forward instead of being traced into it.
         hook = model.register_forward_pre_hook(torch.compiler.disable(self._check_batch), with_kwargs=True)
         self._training.callback(hook.remove)

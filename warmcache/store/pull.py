@@ -204,7 +204,11 @@ def pull_manifest(
     try:
         downloaded, reused = source.fetch_blobs(fetch, folder, progress)
         result = install_staged(
-            meta, location, lambda: Registry.open(registry), lambda staging: _link_files(files, folder, staging)
+            meta,
+            location,
+            lambda: Registry.open(registry),
+            lambda staging: _link_files(files, folder, staging),
+            f"store {source.url}",
         )
     # refused (a blob that is not what its index says): leave nothing; an interruption keeps checked blobs
     except CacheError:
