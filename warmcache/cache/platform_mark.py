@@ -13,16 +13,25 @@ compiling for another is refused before it compiles anything.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from warmcache.cache.layout import WORK_DIR_PREFIX
 from warmcache.errors import CacheError
-from warmcache.targets import target_of
+from warmcache.targets import Target, target_of
 
 #: The file that names the folder's platform; the prefix keeps it out of entries, scans and bundles.
 MARK = f"{WORK_DIR_PREFIX}cpu-platform"
+
+
+def claim_for_target(root: Path, target: Target) -> None:
+    """Claim ``root`` for the platform ``target`` generates code for, where its compiler's cache keys leave it out
+    (Inductor on CPU: :meth:`~warmcache.targets.Target.code_platform`); other targets' folders are left as they are."""
+    platform = target.code_platform()
+    if platform is not None:
+        claim_for_platform(root, platform)
 
 
 def claim_for_platform(root: Path, platform: str, claimant: str = "this process generates for") -> None:
@@ -32,6 +41,8 @@ def claim_for_platform(root: Path, platform: str, claimant: str = "this process 
     volume, mounted read-only) is only checked. ``claimant`` says in the message who brings
     ``platform``'s code: this process, or a bundle or pull being installed.
     """
+    with contextlib.suppress(OSError):  # the mark goes in before the compiler's first file; read-only: checked only
+        root.mkdir(parents=True, exist_ok=True)
     mark = root / MARK
     try:
         with mark.open("x", encoding="utf-8") as out:
@@ -58,10 +69,12 @@ def claim_for_rows(root: Path, rows: Iterable[Mapping[str, Any]], source: str) -
     Their files are that platform's code whatever machine unpacks them (``--force`` lets a bundle of another
     toolchain in): marked, a later compile here for another platform is refused instead of loading them.
     """
+    # One question per target, not per row: code_platform() reads /proc/cpuinfo.
+    by_target = {(row["device"], row["backend"], row["mode"], row["toolchain"]["platform"]) for row in rows}
     generated_on = {
-        row["toolchain"]["platform"]
-        for row in rows
-        if target_of(row["device"], row["backend"], row["mode"]).code_platform() is not None
+        platform
+        for device, backend, mode, platform in by_target
+        if target_of(device, backend, mode).code_platform() is not None
     }
     for platform in sorted(generated_on):
         claim_for_platform(root, platform, f"{source} holds code generated for")

@@ -27,13 +27,12 @@ called.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from warmcache.cache.platform_mark import claim_for_platform
+from warmcache.cache.platform_mark import claim_for_target
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
@@ -353,13 +352,7 @@ class ShapeGuard:
         process (``$TORCHINDUCTOR_CACHE_DIR`` or its default), claimed as a warmup claims it.
         """
         target = target_of(*self.target)
-        platform = target.code_platform()
-        if platform is None:
-            return
-        root = target.default_cache_dir()
-        with contextlib.suppress(OSError):  # a read-only volume is only checked
-            root.mkdir(parents=True, exist_ok=True)
-        claim_for_platform(root, platform)
+        claim_for_target(target.default_cache_dir(), target)
 
     def fit(self, inputs: Any, pad_token_id: int | None = None) -> FittedBatch:
         """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warmcache.cache.layout import LOCK_DIRNAME, entry_size, list_entries
-from warmcache.cache.platform_mark import claim_for_platform
+from warmcache.cache.platform_mark import claim_for_target
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
 from warmcache.identity.plan import PlannedShape
@@ -87,9 +87,7 @@ class Worker:
                 target.point_cache_at(root)
             root.mkdir(parents=True, exist_ok=True)
             target.check_available()
-            platform = target.code_platform()
-            if platform is not None:
-                claim_for_platform(root, platform)
+            claim_for_target(root, target)
             target.prepare()
             self._roots[target] = root
         return root
