@@ -395,6 +395,8 @@ MALFORMED_ROWS: dict[str, tuple[Callable[[dict], None], str]] = {
     "batch size a string": (_set("batch_size", "2"), "rows[1].batch_size is '2', not an integer"),
     "attempts a boolean": (_set("attempts", True), "rows[1].attempts is True, not an integer"),
     "toolchain not an object": (_set("toolchain", []), "rows[1].toolchain is [], not an object"),
+    # the platform its code is for claims the folder (platform_mark); hypothesis found it unread before
+    "toolchain without platform": (_set("toolchain", {}), "rows[1].toolchain.platform is None, not a string"),
     "settings missing": (_set("settings", None), "rows[1].settings is None, not an object"),
     "bad timestamp": (_set("compiled_at", "yesterday"), "rows[1].compiled_at 'yesterday' is not an ISO timestamp"),
 }

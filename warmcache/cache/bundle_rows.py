@@ -62,6 +62,8 @@ _ARTIFACT_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "path": (_STR, False),
     "size_bytes": (_INT, True),
 }
+#: What installing reads of a row's toolchain: the platform its compiled code is for (platform_mark.claim_for_rows).
+_TOOLCHAIN_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {"platform": (_STR, False)}
 #: What each integer column holds (``Integer`` is 32-bit on PostgreSQL): checked before the
 #: first write, or the driver's OverflowError would surface halfway through an install.
 _INT_LIMITS = {"size_bytes": MAX_BYTES}
@@ -81,6 +83,7 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
         if missing:
             raise CacheError(f"{at} lacks {', '.join(missing)}")
         _check_types(row, _TYPES, at)
+        _check_types(row["toolchain"], _TOOLCHAIN_TYPES, f"{at}.toolchain")
         if row["status"] not in DONE_STATUSES:
             raise CacheError(f"{at}.status is {shown(row['status'])}; a bundle carries only compiled or verified rows")
         if not isinstance(row["artifacts"], list) or not all(
