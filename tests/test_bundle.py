@@ -397,6 +397,7 @@ MALFORMED_ROWS: dict[str, tuple[Callable[[dict], None], str]] = {
     "toolchain not an object": (_set("toolchain", []), "rows[1].toolchain is [], not an object"),
     # the platform its code is for claims the folder (platform_mark); hypothesis found it unread before
     "toolchain without platform": (_set("toolchain", {}), "rows[1].toolchain.platform is None, not a string"),
+    "unknown device": (_set("device", "tpu"), "rows[1].device is 'tpu', which no target compiles for"),
     "settings missing": (_set("settings", None), "rows[1].settings is None, not an object"),
     "bad timestamp": (_set("compiled_at", "yesterday"), "rows[1].compiled_at 'yesterday' is not an ISO timestamp"),
 }

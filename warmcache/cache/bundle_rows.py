@@ -24,6 +24,7 @@ from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import Artifact, CompiledShape, utcnow
 from warmcache.registry.records import ADDED_COLUMNS, COLUMNS
 from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.targets import DEVICES
 
 #: Row fields a bundle carries; who claimed it, lease times, its error and cache folder belong to the build machine
 #: only.
@@ -84,6 +85,10 @@ def check_rows(rows: Any, where: str) -> list[dict[str, Any]]:
             raise CacheError(f"{at} lacks {', '.join(missing)}")
         _check_types(row, _TYPES, at)
         _check_types(row["toolchain"], _TOOLCHAIN_TYPES, f"{at}.toolchain")
+        if row["device"] not in DEVICES:  # installing asks the device's target what its code is for
+            raise CacheError(
+                f"{at}.device is {shown(row['device'])}, which no target compiles for ({', '.join(DEVICES)})"
+            )
         if row["status"] not in DONE_STATUSES:
             raise CacheError(f"{at}.status is {shown(row['status'])}; a bundle carries only compiled or verified rows")
         if not isinstance(row["artifacts"], list) or not all(
