@@ -48,6 +48,11 @@ def precompiled_entries(record: ShapeRecord) -> list[str]:
     return [a.path for a in record.artifacts if a.kind in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)]
 
 
+def package_entries(record: ShapeRecord) -> list[str]:
+    """The row's AOTInductor packages: verify proves their graphs (:mod:`warmcache.warmup.verify.package_graph`)."""
+    return [a.path for a in record.artifacts if a.kind == AOTINDUCTOR]
+
+
 def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
     """Check and load one artifact of either route (told apart by its folder, as ``cache scan`` tells them)."""
     from warmcache.cache.layout import entry_of

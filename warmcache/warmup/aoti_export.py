@@ -19,9 +19,11 @@ This module imports the compiler: only warmup processes load it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,16 +81,42 @@ def _step_module(
     return DecodeStep().eval()
 
 
-def package_decode(
-    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
-) -> tuple[bytes, dict[str, Any]]:
-    """Export and package the decode step of exactly these arguments.
+@dataclass(frozen=True)
+class ExportedDecode:
+    """One bucket's decode step as ``torch.export`` traced it from the loaded model."""
 
-    Returns the package bytes and the header fields production checks before
-    loading it: the input signature, the mask layout, the fixed scalars, the
-    constants (``{fqn: [shape, dtype]}``) to bind, and the CPU capability the
-    code was generated for.
-    """
+    names: list[str]
+    tensors: list[torch.Tensor]
+    mask_kinds: list[str] | None
+    fixed: dict[str, Any]
+    step: torch.nn.Module
+    program: torch.export.ExportedProgram
+    #: Tensors the model computes from its config and keeps as attributes (:func:`_constants_as_buffers`).
+    computed: dict[str, torch.Tensor]
+
+    @property
+    def graph_digest(self) -> str:
+        """sha256 of what the package computes, weights aside: every graph's code, which input binds which weight, and
+        the computed constants' values.
+
+        The package runs the graph warmup exported, whatever the model that binds its weights
+        now computes; verify exports the model it is given again and compares digests
+        (:mod:`warmcache.warmup.verify.package_graph`). Names and code only: no object id,
+        path or value that differs between two exports of the same model in two processes.
+        """
+        import torch
+
+        digest = hashlib.sha256(str(self.program.graph_signature).encode())
+        for name, module in self.program.graph_module.named_modules():
+            if isinstance(module, torch.fx.GraphModule):
+                digest.update(f"\0{name}\0{module.code}".encode())
+        for fqn in sorted(self.computed):
+            digest.update(f"\0{fqn}\0{encode_tensor(self.computed[fqn])}".encode())
+        return digest.hexdigest()
+
+
+def export_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int) -> ExportedDecode:
+    """``torch.export`` the decode step of exactly these arguments (no compiler: seconds)."""
     import torch
 
     names, tensors = flatten(decode_kwargs)
@@ -99,32 +127,50 @@ def package_decode(
     # Warmup captured inference tensors (generate() runs under inference_mode); export wants plain ones.
     example = tuple(t.clone() for t in tensors)
     with torch.no_grad():
-        phases.enter(Phase.EXPORTING)
         program = torch.export.export(step, example, strict=False)
-        computed = _constants_as_buffers(program)
-        with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
-            path = Path(work) / "decode.pt2"
-            phases.enter(Phase.PACKAGING)
-            with warnings.catch_warnings():
-                # torch 2.13's Inductor deep-copies every graph it compiles (torch/_dynamo/repro/after_aot.py), and
-                # copying an exported graph rebuilds its pytree LeafSpec, a class torch itself deprecated: its
-                # FutureWarning names no call of ours and nothing we could change.
-                warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
-                )
-            payload = path.read_bytes()
-            # The package's own list: tied weights appear once, folded buffers not at all.
-            listed = open_loader(path).get_constant_fqns()
-    constants = constant_header(step, listed, computed)
+    computed = _constants_as_buffers(program)
+    return ExportedDecode(names, tensors, mask_kinds, fixed, step, program, computed)
+
+
+def package_decode(
+    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
+) -> tuple[bytes, dict[str, Any]]:
+    """Export and package the decode step of exactly these arguments.
+
+    Returns the package bytes and the header fields production checks before
+    loading it: the input signature, the mask layout, the fixed scalars, the
+    constants (``{fqn: [shape, dtype]}``) to bind, and the CPU capability the
+    code was generated for; and the graph's digest, which verify checks.
+    """
+    import torch
+
+    phases.enter(Phase.EXPORTING)
+    exported = export_decode(model, decode_kwargs, max_cache_len)
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
+        path = Path(work) / "decode.pt2"
+        phases.enter(Phase.PACKAGING)
+        with warnings.catch_warnings():
+            # torch 2.13's Inductor deep-copies every graph it compiles (torch/_dynamo/repro/after_aot.py), and
+            # copying an exported graph rebuilds its pytree LeafSpec, a class torch itself deprecated: its
+            # FutureWarning names no call of ours and nothing we could change.
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
+            torch._inductor.aoti_compile_and_package(
+                exported.program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
+            )
+        payload = path.read_bytes()
+        # The package's own list: tied weights appear once, folded buffers not at all.
+        listed = open_loader(path).get_constant_fqns()
+    computed = exported.computed
+    constants = constant_header(exported.step, listed, computed)
     header = {
-        "inputs": input_signature(names, tensors),
-        "mask_kinds": mask_kinds,
-        "scalars": fixed,
+        "inputs": input_signature(exported.names, exported.tensors),
+        "mask_kinds": exported.mask_kinds,
+        "scalars": exported.fixed,
         "constants": constants,
         "computed_constants": {fqn: encode_tensor(computed[fqn]) for fqn in sorted(set(listed) & set(computed))},
-        "device": str(tensors[0].device.type),
+        "device": str(exported.tensors[0].device.type),
         "cpu_capability": cpu_capability(),
+        "graph": exported.graph_digest,
     }
     return payload, header
 

@@ -1,13 +1,14 @@
 """verify's proof of a spec's precompiled artifact, run in verify's fresh replay process.
 
 After the replay ran the spec (through ``torch.compile``, or eagerly for an
-AOTInductor model), the artifact the row recorded is loaded (sha256 and
-fingerprint checked first), installed as the model's compiled call, and the
-spec's ``generate()`` runs through it to the cache's end: it must trace no Dynamo
-frame, and every step's logits and token must be as close to the model's one-pass
-eager logits on the same tokens as the model's own eager decode is, within a factor
-(:mod:`.agreement`: near-ties of bfloat16 may go either way, wrong weights, wrong cache
-writes or a wrong bucket may not).
+AOTInductor model), an AOTInductor package's graph must be the one the model exports
+now (:mod:`.package_graph`: exact, in every dtype). Then the artifact the row recorded
+is loaded (sha256 and fingerprint checked first), installed as the model's compiled
+call, and the spec's ``generate()`` runs through it to the cache's end: it must trace
+no Dynamo frame, and every step's logits and token must be as close to the
+higher-precision reference on the same tokens as the model's own eager decode is,
+within a factor (:mod:`.agreement`: near-ties of bfloat16 may go either way, wrong
+weights, wrong cache writes or a wrong bucket may not).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.decode_dispatch import install, precompiled_entries
 from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
+from warmcache.warmup.verify.package_graph import prove_package_graphs
 from warmcache.warmup.workloads import pad_token_id, token_ids
 
 if TYPE_CHECKING:
@@ -46,17 +48,22 @@ def prove_artifacts(
     device = next(model.parameters()).device
     ids = token_ids(model, spec.batch_size, spec.seq_len).to(device)
     mask = torch.ones_like(ids)
+    call = {"input_ids": ids, "attention_mask": mask, "pad_token_id": pad_token_id(model)}
     try:
+        capture: dict[str, Any] = generate_kwargs(
+            settings, max_new_tokens=new_tokens, config=config, model_config=model.config
+        )
+        unproven = prove_package_graphs(model, record, root, settings.max_cache_len, {**capture, **call})
+        if unproven:
+            return unproven
         decoder, _ = install(model, config, [record], root_override=root, strict=True)
         kwargs: dict[str, Any] = generate_kwargs(
             settings, max_new_tokens=new_tokens, config=config, model_config=model.config
         )
         with CompileCounter() as counter, torch.no_grad():
             served = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                **call,
                 min_new_tokens=new_tokens,
-                pad_token_id=pad_token_id(model),
                 output_logits=True,
                 return_dict_in_generate=True,
                 **kwargs,

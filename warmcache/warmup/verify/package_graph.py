@@ -1,0 +1,71 @@
+"""verify's exact half of an AOTInductor package's proof: the package computes the graph this model exports now.
+
+A package runs the graph warmup exported; production binds the loaded model's weights
+to it and never traces the model again. So a model whose code changed since warmup (a
+patched transformers, a monkeypatched layer, another attention implementation) is
+served the old computation. The numeric half (:mod:`.agreement`) sees that only when the
+change moves the logits more than the dtype's rounding does: a 5 % change in one of
+gemma-2-2b's layers moves its bfloat16 logits 0.55 %, as far as bfloat16 rounding alone
+(docs/measurements/criterion.md). The digest sees any change, in every dtype: verify
+exports the decode step of the model it was given, for the bucket's own call, and
+compares the graph's digest with the one the package recorded
+(:attr:`warmcache.warmup.aoti_export.ExportedDecode.graph_digest`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from warmcache.cache.artifact_format import read_checked
+from warmcache.runtime.decode_dispatch import expected_fingerprint, package_entries
+from warmcache.warmup.aoti_export import export_decode
+from warmcache.warmup.decode_writer import capture_decode_call
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from warmcache.registry import ShapeRecord
+
+
+def prove_package_graphs(
+    model: PreTrainedModel, record: ShapeRecord, root: Path, max_cache_len: int, generate_call: dict[str, Any]
+) -> str | None:
+    """``None`` when every AOTInductor package of the row recorded the digest of the graph this model exports for the
+    bucket; else why not (one line).
+
+    ``generate_call``: the bucket's ``generate()`` arguments (its prompt, a fresh static
+    cache of ``max_cache_len``), run eagerly for one decode step to capture the exact call
+    the package serves.
+    """
+    entries = package_entries(record)
+    if not entries:
+        return None
+    expected = expected_fingerprint(record)
+    recorded = {entry: read_checked(root, entry, expected)[0].aotinductor or {} for entry in entries}
+    missing = [entry for entry, info in recorded.items() if "graph" not in info]
+    if missing:
+        return (
+            f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
+            "nothing proves it computes this model; warm it again (warmup --force)"
+        )
+    digest = _model_graph_digest(model, max_cache_len, generate_call)
+    for entry, info in recorded.items():
+        if info["graph"] != digest:
+            return (
+                f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
+                f"(graph sha256 {info['graph'][:12]}… at warmup, {digest[:12]}… now): the model's code changed "
+                "since warmup (another transformers, a patched or monkeypatched layer); warm it again"
+            )
+    return None
+
+
+def _model_graph_digest(model: PreTrainedModel, max_cache_len: int, generate_call: dict[str, Any]) -> str:
+    """Export the model's decode step for the bucket's first one-token call, as warmup did, and digest it."""
+    import torch
+    from transformers import GenerationMixin
+
+    assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
+    with capture_decode_call(model, eager=True) as decode_kwargs, torch.no_grad():
+        model.generate(**{**generate_call, "max_new_tokens": 2, "min_new_tokens": 2})
+    return export_decode(model, decode_kwargs, max_cache_len).graph_digest
