@@ -7,7 +7,6 @@ a 2-core machine) and shared by every test here; the refusal tests never load on
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from manifests import generate, manifest_toml, model
+from model_patch import mlp_scaled_env
 from serving_check import assert_served_by_packages, serve
 
 from warmcache.cache.layout import AOTINDUCTOR, entry_of
@@ -131,16 +131,6 @@ def test_each_bucket_has_one_verified_package_without_weights(packaged: Path) ->
     assert "model.lm_head.weight" in header["aotinductor"]["constants"]
 
 
-#: Started by every Python process of the test below: the model's MLPs now add 5 % more, as a monkeypatch (a fused
-#: kernel library, a local fix) changes a layer after its packages were exported.
-_PATCHED_MLP = """
-import transformers.models.llama.modeling_llama as llama
-
-_forward = llama.LlamaMLP.forward
-llama.LlamaMLP.forward = lambda self, x: _forward(self, x) * 1.05
-"""
-
-
 @pytest.mark.slow
 def test_verify_fails_a_package_whose_graph_the_model_no_longer_computes(packaged: Path, tmp_path: Path) -> None:
     """The package runs warmup's graph whatever the model's code is now; verify exports the model again and compares
@@ -149,14 +139,12 @@ def test_verify_fails_a_package_whose_graph_the_model_no_longer_computes(package
     shutil.copytree(packaged, copy)
     manifest = copy / "manifest.toml"
     manifest.write_text(manifest.read_text().replace(str(packaged), str(copy)))
-    (tmp_path / "patch").mkdir()
-    (tmp_path / "patch" / "sitecustomize.py").write_text(_PATCHED_MLP)
     done = subprocess.run(
         [sys.executable, "-m", "warmcache", "verify", str(manifest)],
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "patch")},
+        env=mlp_scaled_env(tmp_path / "patch", "llama", "LlamaMLP"),
     )
     assert done.returncode != 0, done.stdout + done.stderr
     said = done.stdout + done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from inductor_host import INDUCTOR_MODEL, InductorWarmup
 from manifests import generate, manifest_toml, model
+from model_patch import mlp_scaled_env
 
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.cli import main
@@ -98,6 +100,25 @@ def test_inductor_warmup_then_verify_in_a_fresh_process_has_zero_cache_misses(
     with Registry.open(db) as registry:
         [row] = registry.rows(identities=[served_verdict["identity"]])
     assert row.status == "failed" and row.error and row.error.startswith("verify: ")
+
+
+@pytest.mark.slow
+def test_verify_fails_a_model_whose_code_changed_since_warmup(inductor_warmup: InductorWarmup, tmp_path: Path) -> None:
+    """Same checkpoint, same config, a layer computing 5 % more (a monkeypatch in verify's processes only): the replay
+    traces another graph, which misses the cache and compiles, so production would too."""
+    build = inductor_warmup.copy(tmp_path / "build")
+    path = tmp_path / "manifest.toml"
+    path.write_text(manifest_toml(build.model(batch_sizes=(2,), prompt_lengths=(8,))))
+    done = subprocess.run(
+        [sys.executable, "-m", "warmcache", "verify", str(path), "--db", build.db, "--cache-dir", str(build.cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=mlp_scaled_env(tmp_path / "patch", "qwen3", "Qwen3MLP"),
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert re.search(rf"^recompiled: {INDUCTOR_MODEL}/generate .* batch=2 seq=8: [1-9]\d* cache miss", said, re.M), said
 
 
 def _frozen_inductor_shapes_are_stale_and_taken_by_warmup(path: str, db: str, cache: Path) -> None:
