@@ -153,6 +153,10 @@ def test_verify_fails_a_package_whose_graph_the_model_no_longer_computes(package
         refused = rf"batch={batch} .*AOTInductor package {entry} computes another graph than this model"
         assert re.search(refused, said), said
     assert "logits" not in said  # refused on the graph, before any decode was judged
+    # Production must not load them: both rows go back to failed, for warmup --retry-failed to build again.
+    with Registry.open(f"sqlite:///{copy}/registry.sqlite") as registry:
+        rows = registry.rows(model="m")
+    assert [(r.status, "computes another graph" in (r.error or "")) for r in rows] == [("failed", True)] * len(BATCHES)
 
 
 @pytest.mark.slow

@@ -282,9 +282,10 @@ def test_verify_fails_a_spec_whose_artifact_was_tampered(warmed: Path, tmp_path:
     result = CliRunner().invoke(main, ["verify", str(copy / "manifest.toml"), "--json"])
     report = json.loads(result.output[result.output.index("{") :])
     verdicts = {spec["spec"]: spec for spec in report["specs"]}
-    failed = [v for v in verdicts.values() if v["verdict"] == "replay-failed"]
+    failed = [v for v in verdicts.values() if v["verdict"] == "disproven"]
     assert result.exit_code == 1 and len(failed) == 1 and "batch=2" in failed[0]["spec"]
     assert "sha256" in failed[0]["reason"] and "\n" not in failed[0]["reason"]
+    assert report["disproven"] == 1 and report["replay_failed"] == 0
     # The untouched batch-1 artifact was loaded, run and matched the traced path's tokens.
     assert [v["verdict"] for v in verdicts.values() if "batch=1" in v["spec"]] == ["replay-only"]
 

@@ -234,7 +234,8 @@ class Registry(ClaimRows, RowQueries, MissLog):
         return self._record_verdict(identities, now, status=Status.VERIFIED, verified_at=now)
 
     def mark_unverified(self, identities: Iterable[str], reason: str) -> int:
-        """Demote compiled rows whose replay compiled: the cache does not hold what the row claims."""
+        """Demote compiled rows whose replay compiled or whose artifact was disproven: the cache does not hold what the
+        row claims."""
         return self._record_verdict(identities, self.clock(), status=Status.FAILED, error=reason, verified_at=None)
 
     def _record_verdict(self, identities: Iterable[str], now: dt.datetime, **values: Any) -> int:

@@ -47,7 +47,7 @@ def prove_package_graphs(
     if missing:
         return (
             f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
-            "nothing proves it computes this model; warm it again (warmup --force)"
+            "nothing proves it computes this model; warm it again (warmup --retry-failed)"
         )
     digest = _model_graph_digest(model, max_cache_len, generate_call)
     for entry, info in recorded.items():
@@ -55,7 +55,8 @@ def prove_package_graphs(
             return (
                 f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
                 f"(graph sha256 {info['graph'][:12]}… at warmup, {digest[:12]}… now): the model's code changed "
-                "since warmup (another transformers, a patched or monkeypatched layer); warm it again"
+                "since warmup (a patched or monkeypatched layer, other modeling code); warm it again (warmup "
+                "--retry-failed)"
             )
     return None
 

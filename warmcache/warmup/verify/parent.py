@@ -81,10 +81,10 @@ def run_verify(
                 verdicts.get(p.identity) or judge(p.identity, p.spec.describe(), None) for p in compiled
             ]
             registry.mark_verified([v.identity for v in summary.verdicts if v.verdict == Verdict.VERIFIED])
-            # Only a replay that compiled proves the cache wrong. A replay that crashed or
-            # never ran (the process died) proves nothing: report it, keep the row.
+            # A replay that compiled proves the cache wrong, a disproven artifact the artifact. A replay
+            # that crashed or never ran (the process died) proves nothing: report it, keep the row.
             for verdict in summary.verdicts:
-                if verdict.verdict == Verdict.RECOMPILED:
+                if verdict.verdict.demotes:
                     registry.mark_unverified([verdict.identity], f"verify: {verdict.reason}")
     summary.seconds = time.perf_counter() - start
     return summary

@@ -20,12 +20,21 @@ class Verdict(StrEnum):
     """The replay compiled: production would too. The row goes back to ``failed``."""
     REPLAY_ONLY = "replay-only"
     """The backend keeps no persistent cache, so there is nothing to prove; the row stays ``compiled``."""
+    DISPROVEN = "disproven"
+    """The row's precompiled artifact cannot serve this model: refused on load, not serving the decode, another
+    graph than the model exports, or decoding farther from the model than eager does. Production must not load it:
+    the row goes back to ``failed`` (``warmup --retry-failed`` builds it again)."""
     REPLAY_FAILED = "replay-failed"
     """The replay raised or never ran: it proves nothing either way; the row is kept."""
 
     @property
     def failed(self) -> bool:
-        return self in (Verdict.RECOMPILED, Verdict.REPLAY_FAILED)
+        return self in (Verdict.RECOMPILED, Verdict.DISPROVEN, Verdict.REPLAY_FAILED)
+
+    @property
+    def demotes(self) -> bool:
+        """Whether the verdict proves the row's cache or artifact wrong, so the row goes back to ``failed``."""
+        return self in (Verdict.RECOMPILED, Verdict.DISPROVEN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +94,7 @@ class VerifySummary:
 
     @property
     def exit_code(self) -> int:
-        """1 if anything recompiled, failed to replay, or was never compiled."""
+        """1 if anything recompiled, was disproven, failed to replay, or was never compiled."""
         bad = sum(1 for v in self.verdicts if v.failed) + len(self.not_compiled)
         return 1 if bad else 0
 
@@ -94,6 +103,7 @@ class VerifySummary:
             "ok": self.exit_code == 0,
             "verified": self.count(Verdict.VERIFIED),
             "recompiled": self.count(Verdict.RECOMPILED),
+            "disproven": self.count(Verdict.DISPROVEN),
             "replay_failed": self.count(Verdict.REPLAY_FAILED),
             "replay_only": self.count(Verdict.REPLAY_ONLY),
             "not_compiled": self.not_compiled,
@@ -111,8 +121,8 @@ class VerifySummary:
             )
         out.append(
             f"verify: {self.count(Verdict.VERIFIED)} verified, {self.count(Verdict.RECOMPILED)} recompiled, "
-            f"{self.count(Verdict.REPLAY_FAILED)} failed to replay, {len(self.not_compiled)} not "
-            f"compiled in {self.seconds:.1f}s"
+            f"{self.count(Verdict.DISPROVEN)} disproven, {self.count(Verdict.REPLAY_FAILED)} failed to replay, "
+            f"{len(self.not_compiled)} not compiled in {self.seconds:.1f}s"
         )
         return out
 
@@ -131,7 +141,7 @@ def judge(identity: str, description: str, result: ReplayResult | None) -> SpecV
     if result.recompiled:
         return SpecVerdict(description, Verdict.RECOMPILED, result, reason=result.recompiled)
     if result.precompiled_error:
-        return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.precompiled_error)
+        return SpecVerdict(description, Verdict.DISPROVEN, result, reason=result.precompiled_error)
     if not result.persistent_cache:
         return SpecVerdict(description, Verdict.REPLAY_ONLY, result, reason="backend keeps no persistent cache")
     if result.cache_misses or result.new_entries:
