@@ -120,7 +120,7 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_depth
+    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_size
     from warmcache.warmup.verify.reference import reference_logits
 
     root, _ = qwen3_packaged
@@ -135,8 +135,9 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
             reference_logits(right, ids, mask, tokens),
             eager_decode_logits(right, ids, mask, tokens, pad_token_id=0),
         )
+        depth, width = model_size(right)
         verdicts[name] = judge(
-            reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right), depth=model_depth(right)
+            reference, eager, tokens, "bfloat16", logits, forbidden=eos_token_ids(right), depth=depth, width=width
         )
     assert verdicts["right"].agrees, verdicts["right"].describe()
     assert verdicts["right"].steps == MAX_CACHE_LEN - PROMPT + 1
