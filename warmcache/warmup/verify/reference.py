@@ -8,7 +8,8 @@ binds the model's own tensors), and forwards the judge may ask for again per rou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from warmcache.warmup.verify.routing import RoutedReference
@@ -63,13 +64,45 @@ def _reference_forward(
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
 
     def forward() -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), _padding_zeroed(precise, mask):
             out = precise(
                 input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=steps, use_cache=False
             )
         return out.logits.double()
 
     return forward
+
+
+@contextlib.contextmanager
+def _padding_zeroed(precise: torch.nn.Module, mask: torch.Tensor) -> Iterator[None]:
+    """While inside, each decoder layer's output is zero at the positions ``mask`` pads.
+
+    A left-padded position sees only padding, and in float64 its attention row is all
+    ``-inf``: transformers' eager attention (Gemma 2's, for its softcapping) softmaxes in
+    float32, where float64's mask minimum overflows, so the row is NaN, and at the next layer
+    its value vector, weighted 0 by every real position, still makes theirs NaN (0 x NaN).
+    Nothing at a padded position reaches a real one otherwise (attention masks it, and
+    recurrent layers zero it themselves), so zeroing it changes no real logit. Measured:
+    gemma-2-2b's float64 reference was NaN for every step of a left-padded row.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    pads = (mask == 0)[..., None]
+    if not bool(pads.any()):
+        yield
+        return
+
+    def zero_padding(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden.masked_fill_(pads, 0)
+
+    layers = [m for m in precise.modules() if isinstance(m, GradientCheckpointingLayer)]
+    handles = [layer.register_forward_hook(zero_padding) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _upcast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
