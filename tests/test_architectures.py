@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from manifests import generate, manifest_toml, model
-from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, SLIDING_WINDOW, Prepared, prepare, serve
+from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, Prepared, prepare, serve
+from tiny_model import SLIDING_WINDOW
 
 from warmcache.cli import main
 from warmcache.registry import Registry

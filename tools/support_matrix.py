@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_matrix import DTYPES, LAYERS, ROUTES, run_matrix  # noqa: E402
 from real_matrix import markdown as real_markdown  # noqa: E402
 from real_model import real_configs  # noqa: E402
-from tiny_model import ARCHITECTURES, SLIDING_WINDOW, build_tiny_model  # noqa: E402
+from tiny_model import ARCHITECTURES, build_tiny_model  # noqa: E402
 
 #: One compiled batch size (the guard pads 1 to 2) and two prompt buckets sharing its decode graph.
 BATCH_SIZES = (2,)
@@ -203,16 +203,17 @@ def _layers(path: Path) -> str:
     from transformers import AutoConfig
     from transformers.cache_utils import get_layer_types_and_kwargs
 
-    config = AutoConfig.from_pretrained(path)
-    kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    config = AutoConfig.from_pretrained(path).get_text_config(decoder=True)
+    kinds, _ = get_layer_types_and_kwargs(config)
     counted = Counter(kinds)
+    window = getattr(config, "sliding_window", None)
     if set(counted) == {"full_attention"}:
         return "full"
     if set(counted) == {"sliding_attention"}:
-        return f"sliding (window {SLIDING_WINDOW})"
+        return f"sliding (window {window})"
     if set(counted) == {"sliding_attention", "full_attention"}:
         sliding, full = counted["sliding_attention"], counted["full_attention"]
-        return f"hybrid ({sliding} sliding + {full} full, window {SLIDING_WINDOW})"
+        return f"hybrid ({sliding} sliding + {full} full, window {window})"
     return " + ".join(f"{count} {kind}" for kind, count in counted.items())
 
 

@@ -110,23 +110,26 @@ def build_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
+#: The sizes every tiny config shares: 64 wide, 4 heads of 16 over 2 KV heads, a 384-token vocabulary.
+TINY_SIZES: dict[str, object] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=True,
+    # Large enough that greedy decoding of random weights varies with the prompt,
+    # so "padded output == unpadded output" is a real check, not a constant.
+    initializer_range=0.5,
+)
+
+
 def build_config(arch: str, layers: int = 2):  # type: ignore[no-untyped-def]
-    common = dict(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=True,
-        # Large enough that greedy decoding of random weights varies with the prompt,
-        # so "padded output == unpadded output" is a real check, not a constant.
-        initializer_range=0.5,
-    )
+    common = {**TINY_SIZES, "num_hidden_layers": layers}
     if arch not in _CONFIGS:
         raise ValueError(f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
     import transformers
