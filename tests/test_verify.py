@@ -190,7 +190,7 @@ def test_judge_needs_zero_misses_and_no_new_entries() -> None:
         "replay-only (ran without error, 1 graph traced in 0.0s; its backend keeps nothing on disk to prove, "
         "so the row stays compiled)"
     )
-    assert judge("i", "d", replace(clean, precompiled_error="artifact rejected")).verdict == Verdict.DISPROVEN
+    assert judge("i", "d", replace(clean, decode_error="artifact rejected")).verdict == Verdict.DISPROVEN
     assert judge("i", "d", ReplayResult("i", error="RuntimeError: boom")).verdict == Verdict.REPLAY_FAILED
     assert judge("i", "d", ReplayResult("i", recompiled="guard failed at step 2")).verdict == Verdict.RECOMPILED
     assert judge("i", "d", None).verdict == Verdict.REPLAY_FAILED

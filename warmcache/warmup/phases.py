@@ -50,7 +50,7 @@ class Phase(StrEnum):
     PACKAGING = "building the package"
     """``aoti_compile_and_package``: lowering and the C++ compile."""
     TRAINING = "training"
-    PROVING = "proving the precompiled artifact"
+    PROVING = "proving the decode"
 
 
 @dataclass(frozen=True, slots=True)

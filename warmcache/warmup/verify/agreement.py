@@ -76,7 +76,8 @@ FLOOR_EPSILONS = 1.0
 #: ``sqrt(depth * width)`` epsilons at one step while the eager decode happened to land near the reference
 #: (200 decodes; docs/measurements/criterion.md).
 ACCUMULATION_EPSILONS = 16.0
-_EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+#: Each dtype's machine epsilon.
+EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def floor(dtype: str, depth: int = 1, width: int = 1) -> float:
@@ -84,8 +85,8 @@ def floor(dtype: str, depth: int = 1, width: int = 1) -> float:
     ``depth`` layers of ``width`` (its hidden size), relative to the logit RMS: the dtype's own rounding and float32
     accumulation's, each as far as it reaches with no fault at all."""
     depth, width = max(depth, 1), max(width, 1)
-    rounding = FLOOR_EPSILONS * _EPSILON[dtype.removeprefix("torch.")] * depth**0.5
-    return rounding + ACCUMULATION_EPSILONS * _EPSILON["float32"] * (depth * width) ** 0.5
+    rounding = FLOOR_EPSILONS * EPSILON[dtype.removeprefix("torch.")] * depth**0.5
+    return rounding + ACCUMULATION_EPSILONS * EPSILON["float32"] * (depth * width) ** 0.5
 
 
 def figure(value: float) -> str:

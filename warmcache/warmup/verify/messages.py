@@ -41,11 +41,11 @@ class ReplayResult:
     """The replay raised: it proves nothing either way."""
     recompiled: str | None = None
     """A decode step after the first compiled again: no cache can make that shape warm."""
-    precompiled_error: str | None = None
+    decode_error: str | None = None
     """The row's precompiled artifact failed its proof."""
 
     @classmethod
-    def of_run(cls, identity: str, seconds: float, run: SpecRun, precompiled_error: str | None) -> ReplayResult:
+    def of_run(cls, identity: str, seconds: float, run: SpecRun, decode_error: str | None) -> ReplayResult:
         """What the worker's run of the spec did to the compiler and its cache, as verify measures it."""
         return cls(
             identity,
@@ -55,5 +55,5 @@ class ReplayResult:
             cache_misses=run.cache_misses,
             new_entries=tuple(sorted(run.new_entries)),
             persistent_cache=run.persistent_cache,
-            precompiled_error=precompiled_error,
+            decode_error=decode_error,
         )

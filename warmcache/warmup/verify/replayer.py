@@ -40,7 +40,7 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
         start = time.perf_counter()
         try:
             run = worker.run(planned)
-            proof = _prove_precompiled(worker, planned, request.registry, SpecPhases(planned.spec.describe(), on_phase))
+            proof = _prove_decode(worker, planned, request.registry, SpecPhases(planned.spec.describe(), on_phase))
         except DecodeRecompileError as exc:
             result = ReplayResult(identity, time.perf_counter() - start, recompiled=exc.message)
         except Exception as exc:  # a replay that fails is a verdict, not a crash of verify
@@ -54,19 +54,29 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
         distributed.shutdown()
 
 
-def _prove_precompiled(
+def _prove_decode(
     worker: Worker, planned: PlannedShape, location: RegistryLocation | None, phases: SpecPhases
 ) -> str | None:
-    """The row's precompiled artifact, proven after the traced replay (see
+    """A generate spec's decode, proven after the traced replay: through warmcache's cache it computes the model (every
+    route, :mod:`warmcache.warmup.verify.cache_proof`), and the row's precompiled artifact serves it (see
     :mod:`warmcache.warmup.verify.artifact_proof`)."""
+    if planned.spec.workload != "generate":
+        return None
+    model, target = worker.model_for(planned)
+    phases.enter(Phase.PROVING)
+    # A sharded model's higher-precision copy would be each rank's shard; a Neuron model's, not a model it runs.
+    if not distributed.in_torchrun() and model.device.type in ("cpu", "cuda"):
+        from warmcache.warmup.verify.cache_proof import prove_cache_decode
+
+        unproven = prove_cache_decode(model, planned.spec, target.compile_config())
+        if unproven:
+            return unproven
     if not (location and planned.model.precompile.applies_to(planned.spec.workload)):
         return None
     from warmcache.warmup.verify.artifact_proof import prove_artifacts
 
     with Registry.open(location) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
-    model, target = worker.model_for(planned)
-    phases.enter(Phase.PROVING)
     return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
 
 
@@ -87,7 +97,5 @@ def merge_ranks(results: list[ReplayResult]) -> ReplayResult:
         cache_misses=sum(r.cache_misses for r in results),
         new_entries=tuple(sorted({e for r in results for e in r.new_entries})),
         persistent_cache=first.persistent_cache,
-        precompiled_error=next(
-            (f"rank {i}: {r.precompiled_error}" for i, r in enumerate(results) if r.precompiled_error), None
-        ),
+        decode_error=next((f"rank {i}: {r.decode_error}" for i, r in enumerate(results) if r.decode_error), None),
     )

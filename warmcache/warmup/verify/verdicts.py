@@ -22,8 +22,9 @@ class Verdict(StrEnum):
     """The backend keeps no persistent cache, so there is nothing to prove; the row stays ``compiled``."""
     DISPROVEN = "disproven"
     """The row's precompiled artifact cannot serve this model: refused on load, not serving the decode, another
-    graph than the model exports, or decoding farther from the model than eager does. Production must not load it:
-    the row goes back to ``failed`` (``warmup --retry-failed`` builds it again)."""
+    graph than the model exports, or decoding farther from the model than eager does; or, on any route, the decode
+    through warmcache's cache is not the model's computation. Production must not load it: the row goes back to
+    ``failed`` (``warmup --retry-failed`` builds an artifact again; a cache the family defeats stays disproven)."""
     REPLAY_FAILED = "replay-failed"
     """The replay raised or never ran: it proves nothing either way; the row is kept."""
 
@@ -140,8 +141,8 @@ def judge(identity: str, description: str, result: ReplayResult | None) -> SpecV
         return SpecVerdict(description, Verdict.REPLAY_FAILED, result, reason=result.error)
     if result.recompiled:
         return SpecVerdict(description, Verdict.RECOMPILED, result, reason=result.recompiled)
-    if result.precompiled_error:
-        return SpecVerdict(description, Verdict.DISPROVEN, result, reason=result.precompiled_error)
+    if result.decode_error:
+        return SpecVerdict(description, Verdict.DISPROVEN, result, reason=result.decode_error)
     if not result.persistent_cache:
         return SpecVerdict(description, Verdict.REPLAY_ONLY, result, reason="backend keeps no persistent cache")
     if result.cache_misses or result.new_entries:
