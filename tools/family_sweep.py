@@ -42,9 +42,11 @@ NOT_DECODERS = frozenset(
     "gemma3n gemma4 gemma4_unified gemma4_unified_assistant gemma4_assistant llama4 qwen3_5 qwen3_5_moe qwen4_exp "
     "dots3_note".split()
 )
-#: Sizes beyond :data:`TINY_SIZES` under the names other families give them: experts, latent attention, GPT-2's.
+#: Sizes beyond :data:`TINY_SIZES` under the names other families give them (experts, latent attention, GPT-2's), and
+#: the tiny sliding window.
 FAMILY_SIZES: dict[str, Any] = dict(
     head_dim=16,
+    sliding_window=SLIDING_WINDOW,  # where a family has sliding layers, a short decode runs past the window
     num_experts=4,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
@@ -89,11 +91,12 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
         _LATENT,
     ),
     "kimi_linear": {**_ONE_OF_EACH, **_LATENT, "mlp_layer_types": ["dense", "sparse"]},
-    "bailing_hybrid": {**_ONE_OF_EACH, "mlp_layer_types": ["dense", "sparse"]},
+    "bailing_hybrid": {**_ONE_OF_EACH, "mlp_layer_types": ["dense", "sparse"], "num_key_value_heads": 4},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1]},
     "zamba2": {"layers_block_type": ["mamba", "hybrid"], "hybrid_layer_ids": [1]},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "inkling_text": {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window_size": SLIDING_WINDOW},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "lfm2_moe": {"num_dense_layers": 1, "layer_types": ["conv", "full_attention"]},
     "lfm3": {"layer_types": ["conv", "sliding_attention"], "sliding_window": SLIDING_WINDOW},
@@ -129,11 +132,13 @@ def build_family_model(family: str, out_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config(family))
-    parameters = sum(p.numel() for p in model.parameters())
+    config = tiny_config(family)
+    with torch.device("meta"):  # counted before any memory is taken: a default left large once took 23 GB
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     if parameters > MAX_TINY_PARAMETERS:
         raise ValueError(f"{parameters / 1e6:.0f} M parameters: a default size was not made tiny")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = 0
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir)
