@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warmcache.errors import DecodeRecompileError
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit, special_token_ids
@@ -52,6 +52,26 @@ def token_ids(model: PreTrainedModel, batch: int, length: int) -> torch.Tensor:
     vocab = torch.tensor([i for i in range(model.config.vocab_size) if i not in special])
     generator = torch.Generator().manual_seed(SEED + 7919 * batch + length)
     return vocab[torch.randint(len(vocab), (batch, length), generator=generator)]
+
+
+class BucketPrompt(NamedTuple):
+    """A generate bucket's own call: its unpadded prompt, and the new tokens that fill its cache."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    new_tokens: int
+
+
+def bucket_prompt(model: PreTrainedModel, spec: ShapeSpec, device: Any = None) -> BucketPrompt:
+    """The prompt warmup decodes a generate spec from (:func:`token_ids`, all unpadded), on ``device`` when given, and
+    how many new tokens run its decode to the cache's end: what warmup runs and what verify proves."""
+    import torch
+
+    ids = token_ids(model, spec.batch_size, spec.seq_len)
+    if device is not None:
+        ids = ids.to(device)
+    new_tokens = max_new_tokens_that_fit(spec.seq_len, spec.family.generate.max_cache_len)
+    return BucketPrompt(ids, torch.ones_like(ids), new_tokens)
 
 
 def pad_token_id(model: PreTrainedModel) -> int:
@@ -95,10 +115,8 @@ def run_generate(
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
     settings = spec.family.generate
-    full_length = max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len)
+    ids, mask, full_length = bucket_prompt(model, spec)
     pad_id = pad_token_id(model)
-    ids = token_ids(model, spec.batch_size, spec.seq_len)
-    mask = torch.ones_like(ids)
 
     def generate(
         input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, streamer: DecodeSteps | None = None

@@ -76,17 +76,28 @@ FLOOR_EPSILONS = 1.0
 #: ``sqrt(depth * width)`` epsilons at one step while the eager decode happened to land near the reference
 #: (200 decodes; docs/measurements/criterion.md).
 ACCUMULATION_EPSILONS = 16.0
-#: Each dtype's machine epsilon.
-EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+_EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def floor(dtype: str, depth: int = 1, width: int = 1) -> float:
     """The smallest distance the criterion allows in ``dtype`` (``torch.bfloat16`` or ``bfloat16``) for a model of
     ``depth`` layers of ``width`` (its hidden size), relative to the logit RMS: the dtype's own rounding and float32
     accumulation's, each as far as it reaches with no fault at all."""
-    depth, width = max(depth, 1), max(width, 1)
-    rounding = FLOOR_EPSILONS * EPSILON[dtype.removeprefix("torch.")] * depth**0.5
-    return rounding + ACCUMULATION_EPSILONS * EPSILON["float32"] * (depth * width) ** 0.5
+    rounding = FLOOR_EPSILONS * _EPSILON[dtype.removeprefix("torch.")] * max(depth, 1) ** 0.5
+    return rounding + accumulation_floor(depth, width)
+
+
+def accumulation_floor(depth: int, width: int) -> float:
+    """How far float32 accumulation alone moves the logits of a model of ``depth`` layers of ``width``, relative to
+    their RMS: :data:`ACCUMULATION_EPSILONS` float32 epsilons per square root of depth × width."""
+    return ACCUMULATION_EPSILONS * _EPSILON["float32"] * (max(depth, 1) * max(width, 1)) ** 0.5
+
+
+def logit_scale(logits: torch.Tensor) -> torch.Tensor:
+    """Each step's logit RMS (over the vocabulary), the scale every distance here is relative to; never 0."""
+    import torch
+
+    return logits.double().pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)
 
 
 def figure(value: float) -> str:
@@ -261,7 +272,7 @@ def judge(
     import torch
 
     reference, eager = reference.double(), eager.double().to(reference.device)
-    scale = reference.pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)
+    scale = logit_scale(reference)
     banned = [i for i in forbidden if i < reference.shape[-1]]
 
     def distance(logits: torch.Tensor, truth: torch.Tensor = reference) -> torch.Tensor:

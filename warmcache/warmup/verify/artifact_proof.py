@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import first_line
 from warmcache.modeling.compile_counter import CompileCounter
-from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.generation import generate_kwargs
 from warmcache.runtime.decode_dispatch import install, precompiled_entries
 from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
 from warmcache.warmup.verify.package_graph import prove_package_graphs
-from warmcache.warmup.workloads import pad_token_id, token_ids
+from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
     from transformers import CompileConfig, PreTrainedModel
@@ -44,10 +44,7 @@ def prove_artifacts(
     if not precompiled_entries(record):
         return None
     settings = spec.family.generate
-    new_tokens = max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len)
-    device = next(model.parameters()).device
-    ids = token_ids(model, spec.batch_size, spec.seq_len).to(device)
-    mask = torch.ones_like(ids)
+    ids, mask, new_tokens = bucket_prompt(model, spec, next(model.parameters()).device)
     call = {"input_ids": ids, "attention_mask": mask, "pad_token_id": pad_token_id(model)}
     try:
         capture: dict[str, Any] = generate_kwargs(

@@ -23,24 +23,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit
-from warmcache.warmup.verify.agreement import (
-    ACCUMULATION_EPSILONS,
-    EPSILON,
-    eager_decode_logits,
-    figure,
-    model_size,
-)
+from warmcache.modeling.generation import generate_kwargs
+from warmcache.warmup.verify.agreement import accumulation_floor, eager_decode_logits, figure, logit_scale, model_size
 from warmcache.warmup.verify.reference import precise_copy
-from warmcache.warmup.workloads import pad_token_id, token_ids
+from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
     from transformers import CompileConfig, PreTrainedModel
 
     from warmcache.shapes import ShapeSpec
 
-#: How many times the float32 accumulation floor (:data:`.agreement.ACCUMULATION_EPSILONS` epsilons per square root
-#: of depth × width: transformers keeps softmax and rotary tables in float32 even in a float64 copy) the two decodes
+#: How many times the float32 accumulation floor (:func:`.agreement.accumulation_floor`: transformers keeps softmax
+#: and rotary tables in float32 even in a float64 copy) the two decodes
 #: may differ by. Measured on 20 tiny families: 0 (the same arithmetic; the caches differ only in which slots hold a
 #: key), against other tokens altogether for the tiny ``inkling_text`` above.
 CACHE_FACTOR = 10.0
@@ -53,10 +47,7 @@ def prove_cache_decode(model: PreTrainedModel, spec: ShapeSpec, config: CompileC
     import torch
 
     settings = spec.family.generate
-    new_tokens = max_new_tokens_that_fit(spec.seq_len, settings.max_cache_len)
-    device = next(model.parameters()).device
-    ids = token_ids(model, spec.batch_size, spec.seq_len).to(device)
-    mask = torch.ones_like(ids)
+    ids, mask, new_tokens = bucket_prompt(model, spec, next(model.parameters()).device)
     precise = precise_copy(model)
     dtype = str(next(precise.parameters()).dtype).removeprefix("torch.")
     kwargs: dict[str, Any] = {
@@ -82,14 +73,10 @@ def prove_cache_decode(model: PreTrainedModel, spec: ShapeSpec, config: CompileC
     transformers_decode = eager_decode_logits(
         precise, ids, mask, generated, pad_token_id=pad_token_id(model), **own_cache
     )
-    scale = transformers_decode.double().pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)
     difference = (through_cache.double() - transformers_decode.double()).pow(2).mean(-1).sqrt()
-    distance = (difference / scale).nan_to_num(nan=float("inf"))
+    distance = (difference / logit_scale(transformers_decode)).nan_to_num(nan=float("inf"))
     worst = float(distance.max())
-    size = model_size(model)
-    allowed = (
-        CACHE_FACTOR * ACCUMULATION_EPSILONS * EPSILON["float32"] * (max(size.depth, 1) * max(size.width, 1)) ** 0.5
-    )
+    allowed = CACHE_FACTOR * accumulation_floor(*model_size(model))
     if worst <= allowed:
         return None
     row, step = divmod(int(distance.argmax()), distance.shape[1])

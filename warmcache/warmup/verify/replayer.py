@@ -63,19 +63,24 @@ def _prove_decode(
     if planned.spec.workload != "generate":
         return None
     model, target = worker.model_for(planned)
-    phases.enter(Phase.PROVING)
     # A sharded model's higher-precision copy would be each rank's shard; a Neuron model's, not a model it runs.
-    if not distributed.in_torchrun() and model.device.type in ("cpu", "cuda"):
+    cache_provable = not distributed.in_torchrun() and model.device.type in ("cpu", "cuda")
+    # The registry that lists the row's precompiled artifacts, when its route saves any.
+    artifacts_in = location if planned.model.precompile.applies_to(planned.spec.workload) else None
+    if not cache_provable and artifacts_in is None:
+        return None
+    phases.enter(Phase.PROVING)
+    if cache_provable:
         from warmcache.warmup.verify.cache_proof import prove_cache_decode
 
         unproven = prove_cache_decode(model, planned.spec, target.compile_config())
         if unproven:
             return unproven
-    if not (location and planned.model.precompile.applies_to(planned.spec.workload)):
+    if artifacts_in is None:
         return None
     from warmcache.warmup.verify.artifact_proof import prove_artifacts
 
-    with Registry.open(location) as registry:
+    with Registry.open(artifacts_in) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)
     return prove_artifacts(model, record, planned.spec, target.compile_config(), worker.cache_root(target))
 
