@@ -17,14 +17,23 @@ never unpickled before two checks pass:
   loaded for.
 
 File layout: ``MAGIC`` line, one JSON header line, then the payload bytes.
+
+An AOTInductor package's shared library is also written on its own, unpacked, as
+``aotinductor-lib/<sha256 of the .so>``, and the package's header names that digest
+(``"library"``): the header is covered by the package's sha256, which the signed row names,
+so a start checks the library against it and ``dlopen``-s it where it lies (a read-only
+mount included) instead of unpacking the package into a writable temporary folder
+(:mod:`warmcache.runtime.mapped_library`).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
-from dataclasses import asdict, dataclass, fields
+import zipfile
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,9 @@ PRECOMPILED_DIR = "precompiled"
 #: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see
 #: ``runtime.aoti_loader``).
 AOTINDUCTOR_DIR = "aotinductor"
+#: Folder of AOTInductor packages' shared libraries, unpacked at warmup and named by their own sha256
+#: (:func:`unpack_library`).
+AOTINDUCTOR_LIBRARY_DIR = "aotinductor-lib"
 #: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor
 #: --fix`` removes them).
 PARTIAL_SUFFIX = ".partial"
@@ -92,10 +104,21 @@ def encode(header: Header, payload: bytes) -> bytes:
 
 
 def write_artifact(root: Path, header: Header, payload: bytes, folder: str = PRECOMPILED_DIR) -> str:
-    """Write atomically under ``root``; returns the entry path (content-addressed, so rewriting is harmless)."""
+    """Write atomically under ``root``; returns the entry path (content-addressed, so rewriting is harmless).
+
+    An AOTInductor package's library is written first (:func:`unpack_library`), and its header names it.
+    """
+    if folder == AOTINDUCTOR_DIR and header.aotinductor is not None:
+        library = unpack_library(root, payload, header.aotinductor.get("device"))
+        if library is not None:
+            header = replace(header, aotinductor={**header.aotinductor, "library": library})
     data = encode(header, payload)
     path = artifact_path(hashlib.sha256(data).hexdigest(), folder)
-    target = root / path
+    _write_atomically(root / path, data)
+    return path
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.parent / f".{target.name}{PARTIAL_SUFFIX}"
     try:
@@ -104,7 +127,56 @@ def write_artifact(root: Path, header: Header, payload: bytes, folder: str = PRE
     except BaseException:  # a full disk must not leave a 1 MB half-file nobody removes
         partial.unlink(missing_ok=True)
         raise
-    return path
+
+
+#: Members of a ``.pt2`` archive that only describe it (``<archive>/<name>``): nothing a runner reads.
+_ARCHIVE_RECORDS = frozenset(
+    {"archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id"}
+)
+#: Files of the package's model folder that a runner does not read: the sources and the loader's metadata.
+_UNREAD_SUFFIXES = (".cpp", "_metadata.json")
+
+
+def unpack_library(root: Path, payload: bytes, device: object) -> str | None:
+    """Write the package's ``.so`` under ``root`` as ``aotinductor-lib/<sha256>`` and return that sha256; ``None``
+    (nothing written) when the ``.so`` alone cannot run it.
+
+    Only a CPU package whose model folder holds one ``.so`` and nothing else a runner reads
+    (no weights, no kernel binaries, no proxy-executor ``.json``, which the runner looks up by
+    the ``.so``'s own file name) is loaded from its library alone; every other package loads
+    through the package loader as before.
+    """
+    if device != "cpu":
+        return None
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(payload))
+        names = archive.namelist()
+    except (zipfile.BadZipFile, ValueError):
+        return None
+    libraries = [n for n in names if n.endswith(".so") and "/data/aotinductor/" in n]
+    described = [n for n in names if n.split("/", 1)[-1] in _ARCHIVE_RECORDS or n.endswith(_UNREAD_SUFFIXES)]
+    if len(libraries) != 1 or len(libraries) + len(described) != len(names):
+        return None
+    data = archive.read(libraries[0])
+    digest = hashlib.sha256(data).hexdigest()
+    _write_atomically(root / library_path(digest), data)
+    return digest
+
+
+def library_path(sha256: str) -> str:
+    """The entry path (relative to the cache root) of the unpacked library with this content hash."""
+    return artifact_path(sha256, AOTINDUCTOR_LIBRARY_DIR)
+
+
+def library_of(root: Path, entry: str) -> str | None:
+    """The entry of the library a package written under ``root`` names (its header alone is read), or ``None``: for
+    warmup, which records the library on every row that records the package."""
+    with (root / entry).open("rb") as file:
+        if file.read(len(MAGIC)) != MAGIC:
+            return None
+        raw = json.loads(file.readline())
+    library = (raw.get("aotinductor") or {}).get("library")
+    return library_path(library) if isinstance(library, str) else None
 
 
 def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Header, bytes]:

@@ -13,6 +13,8 @@ Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
                                     graph (warmcache's own, see ``cache.artifact_format``)
     aotinductor/<sha256>            a bucket's AOTInductor decode   kind aotinductor
                                     package (same file format)
+    aotinductor-lib/<sha256>        a package's .so, unpacked at    kind aotinductor-library
+                                    warmup (``artifact_format.unpack_library``)
     locks/                          transient locks                 (not an entry)
 
 Neuron persistent cache (torch-xla era; ``--cache_dir``)::
@@ -31,7 +33,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, PRECOMPILED_DIR
+from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR, PRECOMPILED_DIR
 from warmcache.targets.flavors import CacheFlavor
 from warmcache.targets.routes import PrecompileRoute
 
@@ -41,6 +43,8 @@ INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
 INDUCTOR_PRECOMPILED = PrecompileRoute.AOT_COMPILE.artifact_kind
 AOTINDUCTOR = PrecompileRoute.AOTINDUCTOR.artifact_kind
+#: A package's shared library, recorded on every row that records the package: a start maps it where it lies.
+AOTINDUCTOR_LIBRARY = "aotinductor-library"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 
@@ -90,7 +94,9 @@ def _inductor_entry(parts: list[str]) -> tuple[str, str] | None:
         return INDUCTOR_PRECOMPILED, "/".join(parts)
     if head == AOTINDUCTOR_DIR and len(parts) == 2:
         return AOTINDUCTOR, "/".join(parts)
-    if head in ("locks", "fxgraph", "aotautograd", "triton", PRECOMPILED_DIR, AOTINDUCTOR_DIR):
+    if head == AOTINDUCTOR_LIBRARY_DIR and len(parts) == 2:
+        return AOTINDUCTOR_LIBRARY, "/".join(parts)
+    if head in ("locks", "fxgraph", "aotautograd", "triton", PRECOMPILED_DIR, AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR):
         return None
     if len(parts) == 2:
         return INDUCTOR_CODE, "/".join(parts)
