@@ -70,7 +70,8 @@ def test_decide_pads_to_the_smallest_fitting_bucket(compiled: str) -> None:
             "refuse",
             3,
             20,
-            "request batch=3 seq=20 is not compiled exactly (policy refuse); nearest compiled: batch=2 seq=16",
+            # nearest first: what the request would pad to (batch=2 seq=16 is smaller on both sizes)
+            "request batch=3 seq=20 is not compiled exactly (policy refuse); nearest compiled: batch=4 seq=32",
         ),
     ],
 )

@@ -132,7 +132,8 @@ def _frozen_inductor_shapes_are_stale_and_taken_by_warmup(path: str, db: str, ca
         result = CliRunner().invoke(
             main, [*args, "--db", db, "--json"], env={"TORCHINDUCTOR_FREEZING": "1" if frozen else None}
         )
-        assert result.exit_code == 0, result.output
+        # explain says no with 1 when any shape it explains is not usable here
+        assert result.exit_code == (1 if args[0] == "explain" and frozen else 0), result.output
         return json.loads(result.stdout)
 
     before = run("plan", path)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -23,12 +23,16 @@ from warmcache.identity.plan import plan_manifest
 from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry.statuses import PLAN_STATUSES, Status
-from warmcache.reports.explain import explain_plan
+from warmcache.reports.explain import explain_plan, warmed_models
 from warmcache.reports.query import CheckRequest, check_request, effective_status, plan_json, shape_json, shapes_summary
+from warmcache.reports.request import explain_request, require_known_model
+from warmcache.settings import REGISTRY
 from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.command("plan")
@@ -39,8 +43,9 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     planned = plan_manifest(parsed, model_name)  # first: a model path that is not there is named by its key
     with open_registry(db_url, parsed, create=False) as registry:
         explained = explain_plan(registry, planned)
+        warmed = warmed_models(registry, planned)
     statuses = [e.status for e in explained]
-    _check_unwarmed_supported(parsed, statuses)
+    _check_unwarmed_supported(parsed, statuses, warmed)
     if as_json:
         print_json([plan_json(e.status, e.reason) for e in explained])
         return
@@ -62,34 +67,116 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     click.echo(f"{len(statuses)} shapes: {summary or 'none'}")
 
 
+def request_options(*, required: bool) -> Callable[[F], F]:
+    """``--model --workload --batch --seq --dtype --max-cache-len --exact``: one request, as ``check`` and
+    ``explain`` take it."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(
+            (
+                click.option("--model", "model_name", required=required, help=MODEL_HELP),
+                click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True),
+                count_option("--batch", "batch_size", required=required, help="Request batch size."),
+                count_option(
+                    "--seq", "seq_len", required=required, help="Prompt (generate) or sequence (train) length."
+                ),
+                click.option(
+                    "--dtype",
+                    type=click.Choice(sorted(set(DTYPE_ALIASES.values()))),
+                    default=None,
+                    help="Only shapes of this dtype.",
+                ),
+                count_option("--max-cache-len", default=None, help="Only shapes compiled for this cache length."),
+                click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled."),
+            )
+        ):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+#: check and shapes take no manifest: their ``--db`` help must not send the reader looking for one.
+registry_option = click.option(
+    "--db",
+    "db_url",
+    metavar="URL",
+    default=None,
+    help=f"Registry database URL (default: ${REGISTRY.env}, then {REGISTRY.default}).",
+)
+
+MODEL_HELP = "Model name as in the manifest (and the registry's rows)."
+
+
 @click.command("explain")
-@manifest_query_options
-def explain(manifest: str, model_name: str | None, db_url: str | None, as_json: bool) -> None:
-    """Say why each shape MANIFEST declares is not usable here (missing, stale, failed, pending), naming what
-    differs."""
+@click.argument("manifest", required=False, type=click.Path(dir_okay=False, path_type=str))
+@request_options(required=False)
+@db_option
+@json_option
+def explain(
+    manifest: str | None,
+    model_name: str | None,
+    workload: str,
+    batch_size: int | None,
+    seq_len: int | None,
+    dtype: str | None,
+    max_cache_len: int | None,
+    exact: bool,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Say why a shape is not usable here (missing, stale, failed, pending), naming what differs: each shape MANIFEST
+    declares (--model: of one model), or one request as check takes it (--model --batch --seq).
+
+    Exits 1 when anything it explains is not usable here, as check does for "not compiled".
+    """
+    if manifest is None:
+        if model_name is None or batch_size is None or seq_len is None:
+            raise click.UsageError("give a MANIFEST, or --model, --batch and --seq (one request, as check takes it)")
+        request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+        _explain_request(db_url, model_name, workload, request, as_json)
+        return
+    if batch_size is not None or seq_len is not None:
+        raise click.UsageError("--batch and --seq ask about one request: give them without a MANIFEST")
     parsed = load_manifest(manifest)
     planned = plan_manifest(parsed, model_name)
     with open_registry(db_url, parsed, create=False) as registry:
         explained = explain_plan(registry, planned)
-    _check_unwarmed_supported(parsed, [e.status for e in explained])
+        warmed = warmed_models(registry, planned)
+    _check_unwarmed_supported(parsed, [e.status for e in explained], warmed)
     unusable = [e for e in explained if e.reason is not None]
     if as_json:
         print_json([e.as_json() for e in unusable])
-        return
-    for e in unusable:
-        click.echo(f"{e.status.planned.spec.describe()}: {e.reason}")
-    click.echo(f"{len(unusable)} of {len(planned)} shapes not usable here")
+    else:
+        for e in unusable:
+            click.echo(f"{e.status.planned.spec.describe()}: {e.reason}")
+        click.echo(f"{len(unusable)} of {len(planned)} shapes not usable here")
+    raise SystemExit(1 if unusable else 0)
 
 
-def _check_unwarmed_supported(parsed: Manifest, statuses: Sequence[PlanStatus]) -> None:
+def _explain_request(db_url: str | None, model: str, workload: str, request: CheckRequest, as_json: bool) -> None:
+    """``explain --model --batch --seq``: check's decision, and why the request is not usable from the registry's rows
+    of its shape (no manifest: nothing reads a model config, nothing imports torch)."""
+    with open_registry(db_url, create=False) as registry:
+        require_known_model(registry, model)
+        result, unusable = explain_request(registry.rows(model=model, workload=workload), model, workload, request)
+    if as_json:
+        print_json([e.as_json(model) for e in unusable])
+    else:
+        click.echo(result.message() if result.ok else "\n".join(e.line() for e in unusable))
+        click.echo(f"{min(len(unusable), 1)} of 1 shapes not usable here")
+    raise SystemExit(1 if unusable else 0)
+
+
+def _check_unwarmed_supported(parsed: Manifest, statuses: Sequence[PlanStatus], warmed: set[str]) -> None:
     """Refuse, naming why, each model with a shape not compiled under its config and toolchain that warmcache cannot
     serve.
 
-    A model with a row for every shape passed this check when it was warmed; checking it
-    again would import transformers and the model's code (torch: 15 s on 2 cores) to
-    answer about a warm manifest from one registry query.
+    A model with a compiled row under its config and toolchain (``warmed``) passed this
+    check when it was warmed; checking it again would import transformers and the model's
+    code (torch: 10 s on 2 cores) to explain a missing bucket from one registry query.
     """
-    unwarmed = {s.planned.model.name for s in statuses if s.status in (Status.MISSING, Status.STALE)}
+    unwarmed = {s.planned.model.name for s in statuses if s.status in (Status.MISSING, Status.STALE)} - warmed
     check_supported(parsed, [m for m in parsed.models if m.name in unwarmed])
 
 
@@ -103,7 +190,7 @@ def _check_unwarmed_supported(parsed: Manifest, statuses: Sequence[PlanStatus]) 
     default=None,
     help="Only rows with this (effective) status.",
 )
-@db_option
+@registry_option
 @json_option
 def shapes(model_name: str | None, workload: str | None, status: str | None, db_url: str | None, as_json: bool) -> None:
     """List the shapes in the registry (rows of another toolchain show as stale)."""
@@ -142,16 +229,8 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
 
 
 @click.command("check")
-@click.option("--model", "model_name", required=True, help="Model name as in the manifest.")
-@click.option("--workload", type=click.Choice(WORKLOADS), default="generate", show_default=True)
-@count_option("--batch", "batch_size", required=True, help="Request batch size.")
-@count_option("--seq", "seq_len", required=True, help="Prompt (generate) or sequence (train) length.")
-@click.option(
-    "--dtype", type=click.Choice(sorted(set(DTYPE_ALIASES.values()))), default=None, help="Only shapes of this dtype."
-)
-@count_option("--max-cache-len", default=None, help="Only shapes compiled for this cache length.")
-@click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled.")
-@db_option
+@request_options(required=True)
+@registry_option
 @json_option
 def check(
     model_name: str,
@@ -164,8 +243,10 @@ def check(
     db_url: str | None,
     as_json: bool,
 ) -> None:
-    """Exit 0 if a request can run without compiling (exactly or padded), 1 if not."""
+    """Exit 0 if a request can run without compiling (exactly or padded), 1 if not, 2 for a model the registry has
+    no row of (naming the nearest known names)."""
     with open_registry(db_url, create=False) as registry:
+        require_known_model(registry, model_name)
         request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
         result = check_request(registry, model_name, workload, request)
     print_result(result, as_json, result.message)

@@ -71,6 +71,12 @@ class RowQueries(Transactional):
                     )
             return out
 
+    def model_names(self) -> list[str]:
+        """Every model name the registry has rows of, sorted: what a mistyped ``--model`` is matched against."""
+        with self.session() as session:
+            names = session.scalars(select(CompiledShape.model_name).distinct().order_by(CompiledShape.model_name))
+            return list(names)
+
     def iter_rows(self, *, model: str | None = None, workload: str | None = None) -> Iterator[ShapeRecord]:
         """:meth:`rows` one at a time, fetched in batches: a 100,000-row registry is listed without holding it all."""
         with self.session() as session:

@@ -134,6 +134,22 @@ def explain_plan(registry: Registry, planned: Sequence[PlannedShape]) -> list[Ex
     return [_explain(s, compiled.get(s.planned.model.name, [])) for s in statuses]
 
 
+def warmed_models(registry: Registry, planned: Sequence[PlannedShape]) -> set[str]:
+    """The planned models with a compiled row under the config and toolchain planned now.
+
+    Warmup refused any model warmcache cannot serve before compiling it, so these passed
+    that check under this very config and toolchain: checking them again would import
+    transformers and torch (10 s on 2 cores) to explain one missing bucket.
+    """
+    wanted = {(p.model.name, p.config_hash, p.toolchain.hash) for p in planned}
+    return {
+        r.model_name
+        for name in sorted({name for name, _, _ in wanted})
+        for r in registry.rows(model=name, statuses=list(DONE_STATUSES))
+        if (r.model_name, r.config_hash, r.toolchain_hash) in wanted
+    }
+
+
 def _explain(status: PlanStatus, compiled: list[ShapeRecord]) -> Explanation:
     planned, record = status.planned, status.record
     if status.status in DONE_STATUSES:

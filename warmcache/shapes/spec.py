@@ -209,11 +209,17 @@ class BucketTable:
         return Decision("refuse", batch_size, seq_len, nearest=self.nearest(batch_size, seq_len))
 
     def nearest(self, batch_size: int, seq_len: int, count: int = 3) -> tuple[tuple[int, int], ...]:
-        """The compiled pairs closest to a request, for error messages (not the hot path)."""
+        """The compiled pairs closest to a request, for error messages (not the hot path).
 
-        def distance(pair: tuple[int, int]) -> tuple[float, tuple[int, int]]:
+        Ranked first by how many of the request's sizes a pair is smaller than (a larger size
+        is what the request would pad to; a smaller one it cannot use), then by relative
+        distance: for batch 8 seq 12, ``seq=16`` buckets come before ``seq=8`` ones.
+        """
+
+        def distance(pair: tuple[int, int]) -> tuple[int, float, tuple[int, int]]:
             b, length = pair
-            return (abs(b - batch_size) / max(batch_size, 1) + abs(length - seq_len) / max(seq_len, 1), pair)
+            too_small = (b < batch_size) + (length < seq_len)
+            return (too_small, abs(b - batch_size) / max(batch_size, 1) + abs(length - seq_len) / max(seq_len, 1), pair)
 
         return tuple(sorted(self.pairs(), key=distance)[:count])
 
