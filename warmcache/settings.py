@@ -10,15 +10,18 @@ edits a URL as text. The precedence of every setting is the one table
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
+import pwd
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmcache.anchor import Anchor
 from warmcache.bounds import path_problem
-from warmcache.errors import UsageError, shown
+from warmcache.errors import RegistryError, UsageError, shown
 
 DEFAULT = "default"
 
@@ -253,6 +256,9 @@ def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocati
 PROJECT_REGISTRY = Path(".warmcache") / "registry.sqlite"
 #: The source of a registry found that way, as messages and ``--debug`` name it.
 FOUND = "found from the working folder upward"
+#: Project folders whose found registry is used whoever owns it (``os.pathsep``-separated; ``*``: any), as git's
+#: ``safe.directory`` lists repositories of other owners.
+SAFE_DIRECTORIES_ENV = "WARMCACHE_SAFE_DIRECTORIES"
 
 
 def find_project_registry(start: Path | None = None) -> Path | None:
@@ -261,16 +267,110 @@ def find_project_registry(start: Path | None = None) -> Path | None:
 
     It only looks: a folder without one is passed over, never given one, so a read that
     finds nothing falls through to the default (and is refused there if that is missing).
+    Whether the one found may be used is :func:`require_trusted_registry`'s question.
     """
-    try:
-        here = (start or Path.cwd()).resolve()
-    except OSError:  # the working folder was removed under us: there is nothing to find from it
+    here = _working_folder(start)
+    if here is None:
         return None
     for folder in (here, *here.parents):
         candidate = folder / PROJECT_REGISTRY
         if os.path.isfile(candidate):  # False, not an error, for a folder it may not read
             return candidate
     return None
+
+
+def _working_folder(start: Path | None) -> Path | None:
+    try:
+        return (start or Path.cwd()).resolve()
+    except OSError:  # the working folder was removed under us: there is nothing to find from it
+        return None
+
+
+def require_trusted_registry(found: Path, start: Path | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a found registry that someone else put there or can change: git's ``safe.directory`` rule
+    (CVE-2022-24765), since nobody named it.
+
+    The file, its folder and every folder from the project's down to the working folder
+    must belong to this user or root and be writable by no one else (a group of this
+    user alone, as a user-private-group umask of 002 makes, counts as no one else).
+    Otherwise a user who can write in a parent folder (a shared ``/tmp``, a checkout's
+    parent) decides the rows every command below it reads, which ``cache prune`` deletes
+    by and ``warmup`` writes this host's paths into. A project listed in
+    ``$WARMCACHE_SAFE_DIRECTORIES`` is used whoever owns it. Raises :class:`RegistryError`
+    naming the path, its owner and the three ways to name the registry deliberately.
+    """
+    environ = os.environ if environ is None else environ
+    project = found.parent.parent
+    if _is_allowed(project, environ.get(SAFE_DIRECTORIES_ENV, "")):
+        return
+    here = _working_folder(start) or project
+    below = [here, *here.parents]
+    chain = [found, found.parent, *below[: below.index(project) + 1 if project in below else 0]]
+    real = Path(os.path.realpath(found))
+    for path in dict.fromkeys([*chain, real, real.parent]):  # in order, each once
+        problem = _ownership_problem(path)
+        if problem:
+            raise RegistryError(
+                f"registry {found} ({FOUND}) refused: {path} {problem}, so another user decides what it says "
+                f"(as git refuses a repository of dubious ownership); name it deliberately with --db {found} or "
+                f"${REGISTRY.env}, or list {project} in ${SAFE_DIRECTORIES_ENV}"
+            )
+
+
+def _is_allowed(project: Path, listed: str) -> bool:
+    entries = [entry for entry in listed.split(os.pathsep) if entry.strip()]
+    return "*" in entries or any(_same_folder(Path(entry).expanduser(), project) for entry in entries)
+
+
+def _same_folder(entry: Path, project: Path) -> bool:
+    try:
+        return entry.resolve() == project.resolve()
+    except OSError:
+        return False
+
+
+def _ownership_problem(path: Path) -> str | None:
+    """What makes ``path`` another user's to change, in words; ``None`` when it is this user's (or root's) alone."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror})"
+    me = os.geteuid()
+    if info.st_uid not in (me, 0):
+        return (
+            f"is owned by uid {info.st_uid} ({_user_name(info.st_uid)}), not by you (uid {me}, {_user_name(me)}) "
+            "nor root"
+        )
+    if info.st_mode & stat.S_IWOTH:
+        return f"is writable by every user (mode {stat.S_IMODE(info.st_mode):04o})"
+    if info.st_mode & stat.S_IWGRP and not _is_private_group(info.st_gid, me):
+        return (
+            f"is writable by group {info.st_gid} ({_group_name(info.st_gid)}) (mode {stat.S_IMODE(info.st_mode):04o})"
+        )
+    return None
+
+
+def _is_private_group(gid: int, uid: int) -> bool:
+    """``gid`` is ``uid``'s user-private group (its own primary group, of its name, with no other member)."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return "no such group"
 
 
 def resolve_registry(
@@ -280,8 +380,8 @@ def resolve_registry(
     start: Path | None = None,
 ) -> RegistryLocation:
     """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url`` (parsed when the manifest was), then
-    the nearest project registry from ``start`` (the working folder) upward, then the default; logged with its
-    source."""
+    the nearest project registry from ``start`` (the working folder) upward, if this user owns it, then the default;
+    logged with its source."""
     chosen = choose(REGISTRY, flag, environ=environ)
     if chosen is not None:
         location = RegistryLocation.parse(chosen.text, chosen.source)
@@ -289,6 +389,8 @@ def resolve_registry(
         location = manifest_location
     else:
         found = find_project_registry(start)
+        if found is not None:
+            require_trusted_registry(found, start, environ)
         location = RegistryLocation.parse(str(found), FOUND) if found else default_registry(environ)
     log.debug("registry %s (%s)", location.display, location.source)
     return location

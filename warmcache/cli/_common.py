@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import FOUND, REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
@@ -65,15 +66,26 @@ def max_unpack_size_option(help: str) -> Callable[[F], F]:
     return click.option("--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None, help=help)
 
 
-def registry_location(db_url: str | None, manifest: Manifest | None = None) -> RegistryLocation:
-    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the nearest project registry,
-    then the default (:func:`warmcache.settings.resolve_registry`).
+def registry_location(
+    db_url: str | None, manifest: Manifest | None = None, *, named_for: str | None = None
+) -> RegistryLocation:
+    """``--db``, then ``$WARMCACHE_DB``, then the manifest's ``[registry] url``, then the nearest project registry
+    (if this user owns it), then the default (:func:`warmcache.settings.resolve_registry`).
 
     A registry found from the working folder was named by no one, so the command says which
-    one it used (on stderr: ``--json`` output stays clean).
+    one it used (on stderr: ``--json`` output stays clean). A command that deletes by what the
+    registry says or signs what it holds (``named_for`` says which, e.g. ``cache prune``)
+    refuses a found one outright: a parent project's registry, or one left there by mistake,
+    would decide what is deleted or signed, and the user named neither.
     """
     location = resolve_registry(db_url, manifest.registry if manifest else None)
     if location.source == FOUND:
+        if named_for is not None:
+            raise UsageError(
+                f"{named_for} acts only on a registry named deliberately, and {location.sqlite_file} was {FOUND}: "
+                f"name it with --db {location.sqlite_file} (or ${REGISTRY.env}, or the manifest's "
+                f"{REGISTRY.manifest_key})"
+            )
         click.echo(f"registry: {location.sqlite_file} ({FOUND}; --db names another)", err=True)
     return location
 
@@ -95,10 +107,23 @@ def sign_option(help: str) -> Callable[[F], F]:
     return click.option("--sign", "signing_key", metavar="KEY", default=None, callback=load_signing_key, help=help)
 
 
-def open_registry(db_url: str | None, manifest: Manifest | None = None, *, create: bool) -> Registry:
-    """The registry the command names; ``create=False`` for a command that only reads: a missing registry (or schema)
-    is then one line naming the command that makes one, never a new file, folder or schema."""
-    return Registry.open(registry_location(db_url, manifest), create=create)
+def open_registry(
+    db_url: str | None,
+    manifest: Manifest | None = None,
+    *,
+    create: bool,
+    writes: bool = False,
+    named_for: str | None = None,
+) -> Registry:
+    """The registry the command names (``named_for``: see :func:`registry_location`).
+
+    ``create=False`` for a command that does not make a registry: a missing one (or one
+    without warmcache's schema) is then one line naming the command that makes one, never
+    a new file, folder or schema, and the file is left as it was. Such a command that also
+    never writes (``writes=False``: a query) opens a SQLite file read-only throughout.
+    """
+    location = registry_location(db_url, manifest, named_for=named_for)
+    return Registry.open(location, create=create, read_only=not (create or writes))
 
 
 def print_json(data: Any) -> None:

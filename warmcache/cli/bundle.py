@@ -50,7 +50,7 @@ def bundle_group() -> None:
 @json_option
 def pack(shipment: Shipment, output: Path, verified_only: bool, signing_key: SigningKey | None, as_json: bool) -> None:
     """Pack the cache entries MANIFEST's compiled shapes need, their rows and sha256 sums."""
-    with shipment.opened("packing") as (registry, progress):
+    with shipment.opened("packing", "bundle pack --sign" if signing_key else None) as (registry, progress):
         result = pack_bundle(
             shipment.scope, registry, output, verified_only=verified_only, signing_key=signing_key, progress=progress
         )

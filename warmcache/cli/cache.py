@@ -49,13 +49,17 @@ class CacheScope:
     as_json: bool
 
     @contextmanager
-    def scanned(self) -> Iterator[tuple[Registry, list[CacheInfo]]]:
+    def scanned(self, deleting: str | None = None) -> Iterator[tuple[Registry, list[CacheInfo]]]:
         """The registry and each cache folder scanned, its entries looked up in it.
 
         The registry must exist (scan, doctor and prune never create one): judged against a new,
         empty registry every entry would be an orphan, and ``prune --orphans`` would delete them all.
+        A command about to delete (``deleting`` names it) needs that registry named, not found
+        (:func:`~warmcache.cli._common.registry_location`); the others only read it.
         """
-        with open_registry(self.db_url, self.manifest, create=False) as registry:
+        with open_registry(
+            self.db_url, self.manifest, create=False, writes=deleting is not None, named_for=deleting
+        ) as registry:
             records = registry.rows(with_artifacts=True)
             locations = locate_caches(self.cache_dir, self.manifest, self.flavor)
             yield registry, [scan_cache(location, records) for location in locations]
@@ -219,7 +223,7 @@ def doctor(scope: CacheScope, grace: str, fix: bool, any_host: bool) -> None:
     remote = scope.remote_neuron()
     if remote and not scope.as_json:
         click.echo(_describe_remote(remote, doctor=True))
-    with scope.scanned() as (registry, infos):
+    with scope.scanned(deleting="cache doctor --fix" if fix else None) as (registry, infos):
         plans = [diagnose(info, grace_seconds, any_host=any_host) for info in infos]
         extra = [{**remote.as_json(), "applied": False}] if remote else []
         _report(plans, registry, apply=fix, as_json=scope.as_json, how_to_apply="--fix", extra=extra)
@@ -267,7 +271,7 @@ def prune(
         grace_seconds=parse_age(grace, option="--grace"),
     )
     rules.check()
-    with scope.scanned() as (registry, infos):
+    with scope.scanned(deleting=None if dry_run else "cache prune") as (registry, infos):
         _report(
             [plan_prune(info, rules) for info in infos],
             registry,

@@ -37,8 +37,8 @@ def current(db_url: str | None, as_json: bool) -> None:
     """Show the registry's schema revision and whether it is up to date."""
     location = registry_location(db_url)
     with Registry.open(
-        location, check_schema=False, create=False
-    ) as registry:  # a read: a missing registry is an error, not a new file
+        location, check_schema=False, read_only=True
+    ) as registry:  # a read: a missing registry is an error, not a new file, and the file is left as it was
         revision = schema.current_revision(registry.engine)
         head = schema.head_revision(registry.engine)
     if as_json:

@@ -81,7 +81,7 @@ def export(
     Rows of every toolchain are exported: the production process, not this one,
     decides which are stale for its own torch and compiler.
     """
-    with open_registry(db_url, create=False) as registry:
+    with open_registry(db_url, create=False, named_for="guard export --sign" if signing_key else None) as registry:
         records = registry.rows(model=model_name, workload=workload, statuses=DONE_STATUSES, with_artifacts=True)
         source = registry.location.display
     if not records:

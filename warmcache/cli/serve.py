@@ -65,7 +65,9 @@ def serve(
         from warmcache.service.server import server_config
     except ImportError as exc:
         raise UsageError(f"warmcache serve needs the 'serve' extra (pip install 'warmcache[serve]'): {exc}") from None
-    location = registry_location(db_url, load_manifest(manifest) if manifest else None)
+    location = registry_location(
+        db_url, load_manifest(manifest) if manifest else None, named_for="serve --sign" if signing_key else None
+    )
     token = load_token(token_file)
     app = create_app(
         ServiceConfig(

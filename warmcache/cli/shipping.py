@@ -44,12 +44,12 @@ class Shipment:
         return self.scope.manifest
 
     @contextmanager
-    def opened(self, label: str) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
+    def opened(self, label: str, signing: str | None = None) -> Iterator[tuple[Registry, Callable[[int, int], None]]]:
         """The registry (``--db``, ``$WARMCACHE_DB``, the manifest's, the default) and a byte progress named
-        ``label``."""
+        ``label``; a command that signs what it ships (``signing`` names it) needs that registry named, not found."""
         # pack and push only read rows
         with (
-            open_registry(self.db_url, self.manifest, create=False) as registry,
+            open_registry(self.db_url, self.manifest, create=False, named_for=signing) as registry,
             byte_progress(label) as progress,
         ):
             yield registry, progress

@@ -135,7 +135,7 @@ def push(
             )
         validity_seconds(expires)  # checked before anything is read or sent
         store.tag_expires = expires
-    with shipment.opened("pushing") as (registry, progress):
+    with shipment.opened("pushing", "push --sign" if key else None) as (registry, progress):
         result = push_manifest(
             shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
         )

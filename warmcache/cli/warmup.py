@@ -148,8 +148,10 @@ def warmup(
     from warmcache.warmup.summary import Shard, WarmupOptions
 
     parsed = load_manifest(manifest)
+    publish = (parsed.store.push if push is None else push) and not dry_run
+    key = signing_key(sign_key, parsed) if publish else None
     options = WarmupOptions(
-        registry=registry_location(db_url, parsed),
+        registry=registry_location(db_url, parsed, named_for="warmup --push --sign" if key else None),
         cache_dir=str(cache_dir) if cache_dir else None,
         lease_seconds=lease_seconds,
         jobs=jobs,
@@ -157,11 +159,10 @@ def warmup(
         retry_failed=retry_failed,
         dry_run=dry_run,
     )
-    publish = parsed.store.push if push is None else push
     publisher = None
-    if publish and not dry_run:
+    if publish:
         store = resolve_store(store_url, endpoint_url, parsed)
-        publisher = ShapePublisher(parsed, options.registry, store, cache_dir, signing_key(sign_key, parsed))
+        publisher = ShapePublisher(parsed, options.registry, store, cache_dir, key)
     summary = run_warmup(parsed, options, display.progress("warmup"), publisher)
     if not is_registry_writer():
         raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group

@@ -19,8 +19,11 @@ from warmcache.settings import RegistryLocation
 BUSY_TIMEOUT_MS = 30_000
 
 
-def create_registry_engine(location: RegistryLocation, *, hold_connections: bool = True) -> Engine:
-    """An engine for ``location``; ``hold_connections=False`` pools at most one PostgreSQL connection.
+def create_registry_engine(
+    location: RegistryLocation, *, hold_connections: bool = True, read_only: bool = False
+) -> Engine:
+    """An engine for ``location``; ``hold_connections=False`` pools at most one PostgreSQL connection, ``read_only``
+    opens a SQLite file so that nothing is written to it (:mod:`warmcache.registry.readonly`).
 
     The location was checked where it was given (:meth:`RegistryLocation.parse`, at the
     command's or the library's edge) and is not checked again here.
@@ -36,12 +39,12 @@ def create_registry_engine(location: RegistryLocation, *, hold_connections: bool
         if not hold_connections:
             return create_engine(location.url, pool_size=1, max_overflow=1)
         return create_engine(location.url, pool_pre_ping=True, pool_size=2, max_overflow=4)
-    return _sqlite_engine(location)
+    return _sqlite_engine(location, read_only)
 
 
-def _sqlite_engine(location: RegistryLocation) -> Engine:
+def _sqlite_engine(location: RegistryLocation, read_only: bool) -> Engine:
     database = location.sqlite_file
-    if database is not None and in_read_only_folder(str(database)):
+    if database is not None and (read_only or in_read_only_folder(str(database))):
         return read_only_sqlite_engine(str(database), BUSY_TIMEOUT_MS / 1000)
     if database is not None:
         try:

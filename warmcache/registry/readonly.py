@@ -1,12 +1,17 @@
-"""A SQLite registry in a folder this process cannot write: opened read-only, so reads still work.
+"""A SQLite registry opened read-only: by a command that only reads, and wherever this process cannot write.
+
+A query opens the file with SQLite's ``mode=ro``: the usual engine's first act on a
+connection is ``PRAGMA journal_mode=WAL``, which turns an empty file into a database and
+rewrites another application's file header, so a read given the wrong file would change
+it. Read-only, SQLite reads the file as it is and any write fails with its own
+"readonly database" error.
 
 A WAL database needs its ``-shm`` file beside it even to read, and SQLite creates
 that file on first open: in a read-only folder (a baked image, a read-only mount,
 another user's registry) every read then fails with "unable to open database file".
-Opened as ``immutable`` instead, SQLite reads the file as it is, without locks or a
-``-shm`` file: right for a folder nobody here can write into, wrong anywhere else,
-so it is chosen only then. Writes through such an engine fail with SQLite's own
-"readonly database" error.
+Opened as ``immutable`` as well, SQLite reads the file without locks or a ``-shm``
+file: right for a folder nobody here can write into, wrong anywhere else (a writer
+there would go unseen), so it is chosen only then.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ def in_read_only_folder(database: str) -> bool:
 
 
 def read_only_sqlite_engine(database: str, timeout_s: float) -> Engine:
-    uri = f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro&immutable=1"
+    """An engine that reads ``database`` and can write nothing to it (``immutable`` too in a read-only folder)."""
+    immutable = "&immutable=1" if in_read_only_folder(database) else ""
+    uri = f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro{immutable}"
     engine = create_engine(
         "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False)
     )

@@ -66,38 +66,37 @@ class Registry(ClaimRows, RowQueries, MissLog):
         check_schema: bool = True,
         create: bool = True,
         hold_connections: bool = True,
+        read_only: bool = False,
     ) -> Registry:
         """Open a registry (a location resolved at the edge, or a library caller's URL); an empty database is
         initialised, an out-of-date one refused.
 
         ``create=False`` is for read paths (a guard, its telemetry): a missing or
-        empty database is refused instead of created, and no schema is ever migrated.
-        ``hold_connections=False`` (warmup workers) holds a PostgreSQL connection
-        only while a transaction runs.
+        empty database is refused instead of created, and no schema is ever migrated;
+        a SQLite file is checked through a read-only connection first, so one that is
+        not a warmcache registry (an empty file, another application's database) is
+        refused as it was, before the engine's ``PRAGMA journal_mode=WAL`` rewrites it.
+        ``read_only=True`` (a query; implies ``create=False``) keeps reading a SQLite file
+        that way to the end. ``hold_connections=False`` (warmup workers) holds a
+        PostgreSQL connection only while a transaction runs.
         """
         location = RegistryLocation.of(location)  # the library's edge: a command's location arrives parsed
-        shown = location.display
-        log.debug("opening registry %s (%s; create=%s, check_schema=%s)", shown, location.source, create, check_schema)
+        create = create and not read_only
+        log.debug(
+            "opening registry %s (%s; create=%s, check_schema=%s, read_only=%s)",
+            location.display,
+            location.source,
+            create,
+            check_schema,
+            read_only,
+        )
+        checked_read_only = not create and location.sqlite_file is not None
         if not create:
             _refuse_missing_sqlite_file(location)
-        engine = create_registry_engine(location, hold_connections=hold_connections)
-        try:
-            if location.is_postgresql:
-                schema.require_search_path(engine, shown)
-            if check_schema and not create and schema.is_empty(engine):
-                raise RegistryError(
-                    f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); "
-                    f"{_how_to_create(location)}"
-                )
-            if check_schema:
-                schema.ensure_current(engine, shown)
-        except DBAPIError as exc:
+        engine = _checked_engine(location, hold_connections, read_only or checked_read_only, check_schema, create)
+        if checked_read_only and not read_only:  # a registry, checked without writing: now the writing engine
             engine.dispose()
-            kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
-            raise kind(f"registry {shown}: cannot open: {first_line(exc.orig or exc)}") from None
-        except BaseException:
-            engine.dispose()
-            raise
+            engine = create_registry_engine(location, hold_connections=hold_connections)
         registry = cls(engine, location)
         registry.holds_connections = hold_connections
         # the schema check's connection: a fleet's worker may wait a while before its first claim
@@ -284,6 +283,33 @@ class Registry(ClaimRows, RowQueries, MissLog):
                 .values(claimed_by=None, lease_expires_at=None, updated_at=utcnow(), **values),
             )
         )
+
+
+def _checked_engine(
+    location: RegistryLocation, hold_connections: bool, read_only: bool, check_schema: bool, create: bool
+) -> Engine:
+    """An engine for ``location`` whose schema is checked (and, with ``create``, initialised): see
+    :meth:`Registry.open`."""
+    shown = location.display
+    engine = create_registry_engine(location, hold_connections=hold_connections, read_only=read_only)
+    try:
+        if location.is_postgresql:
+            schema.require_search_path(engine, shown)
+        if check_schema and not create and schema.is_empty(engine):
+            raise RegistryError(
+                f"registry {shown} holds no warmcache schema (nothing was ever compiled into it); "
+                f"{_how_to_create(location)}"
+            )
+        if check_schema:
+            schema.ensure_current(engine, shown)
+    except DBAPIError as exc:
+        engine.dispose()
+        kind = RegistryUnavailableError if _unavailable(exc) else RegistryError
+        raise kind(f"registry {shown}: cannot open: {first_line(exc.orig or exc)}") from None
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
 
 
 def _refuse_missing_sqlite_file(location: RegistryLocation) -> None:
