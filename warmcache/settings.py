@@ -48,7 +48,7 @@ REGISTRY = Setting(
     "--db",
     "WARMCACHE_DB",
     "[registry] url",
-    "the nearest .warmcache/registry.sqlite in the working folder or above it, "
+    "the nearest .warmcache/registry.sqlite in the working folder or above it (if only you or root can change it), "
     "else $XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
 )
 CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
@@ -337,10 +337,8 @@ def _ownership_problem(path: Path) -> str | None:
         return f"cannot be checked ({exc.strerror})"
     me = os.geteuid()
     if info.st_uid not in (me, 0):
-        return (
-            f"is owned by uid {info.st_uid} ({_user_name(info.st_uid)}), not by you (uid {me}, {_user_name(me)}) "
-            "nor root"
-        )
+        allowed = f"you (uid {me}, {_user_name(me)})" + ("" if me == 0 else " or root")
+        return f"is owned by uid {info.st_uid} ({_user_name(info.st_uid)}), not by {allowed}"
     if info.st_mode & stat.S_IWOTH:
         return f"is writable by every user (mode {stat.S_IMODE(info.st_mode):04o})"
     if info.st_mode & stat.S_IWGRP and not _is_private_group(info.st_gid, me):
