@@ -19,8 +19,10 @@ from oci_registry import RunningRegistry, oci_registry, skopeo_copy
 from test_bundle import Built
 from test_store import error_lines, run
 
+from warmcache.store.oci.image import GUARD_MEMBER, INDEX_MEMBER, TAG_MEMBER
+from warmcache.store.oci.layers import read_members, write_layer
 from warmcache.store.oci.store import OciStore
-from warmcache.trust import generate_key
+from warmcache.trust import SigningKey, canonical_bytes, generate_key, sign_document
 
 built = test_bundle.built
 
@@ -135,3 +137,210 @@ def test_an_expired_signed_tag_is_refused_naming_tag_and_date_and_a_push_renews_
     push(built, url, tmp_path / "key")  # past half its validity: a push that changes nothing renews it
     code, pulled, err = pull(built, url, tmp_path / "key", tmp_path / "c")
     assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2, err
+
+
+# ------------------------------------------------------------------ what a signer builds on, and what memory holds
+
+
+def put_tag_document(url: str, document: dict, tmp_path: Path) -> str:
+    """Rewrite the tag's ``tag.json`` (as anyone with push rights can: the metadata layer, the config naming it and the
+    manifest are rebuilt around it); the new manifest's digest."""
+    store = OciStore.open(url)
+    found = store.client.manifest(store.reference.tag)
+    assert found is not None
+    manifest = json.loads(found[1])
+    metadata = manifest["layers"][-1]
+    data = store.client.read_blob(metadata["digest"], metadata["size"], 1 << 24)
+    members = read_members(data, (INDEX_MEMBER, TAG_MEMBER, GUARD_MEMBER), url)
+    members[TAG_MEMBER] = canonical_bytes(document)
+    digest, size = write_layer(tmp_path / "metadata.tar", sorted(members.items()))
+    store.client.upload(tmp_path / "metadata.tar", digest, size)
+    config = json.loads(store.client.read_blob(manifest["config"]["digest"], manifest["config"]["size"], 1 << 20))
+    config["rootfs"]["diff_ids"][-1] = digest
+    config_data = canonical_bytes(config)
+    manifest["config"] = {
+        **manifest["config"],
+        "digest": store.client.upload_bytes(config_data),
+        "size": len(config_data),
+    }
+    manifest["layers"][-1] = {**metadata, "digest": digest, "size": size}
+    return store.client.put_manifest(store.reference.tag, canonical_bytes(manifest))
+
+
+def tag_document(url: str) -> dict:
+    document = OciStore.open(url).image().tag_document
+    assert document is not None
+    return document
+
+
+def recompile(built: Built, entry: int = 1) -> None:
+    """Another shape compiled on the build machine: what the next push sends."""
+    neff = built.root / built.entries[entry] / "model.neff"
+    neff.write_bytes(b"again" + neff.read_bytes())
+
+
+def test_a_signer_builds_no_push_on_an_older_signed_one_put_back_under_the_tag(
+    built: Built, two_pushes: tuple[str, str, str, Path], tmp_path: Path
+) -> None:
+    """The laundering sequence: v1, v2, a host pulls v2, v1 is put back, CI pushes another shape with --sign."""
+    url, first, second, key = two_pushes
+    code, _, err = pull(built, url, key, tmp_path / "host", "--state-dir", str(tmp_path / "host-state"))
+    assert code == 1, err
+    retag(url, first)
+    recompile(built)
+    code, _, err = run(
+        "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url,
+        "--sign", str(key),
+    )  # fmt: skip
+    (line,) = error_lines(err)
+    assert code == 5 and f"{url}: version 1" in line and "older than version 2" in line and "--fresh" in line, err
+    assert OciStore.open(url).client.manifest("prod")[0] == first  # nothing pushed  # type: ignore[index]
+    fresh = push(built, url, key, "--fresh")  # this registry's shapes alone, above what hosts remember
+    assert tag_document(url)["version"] == 3
+    code, pulled, err = pull(built, url, key, tmp_path / "host2", "--state-dir", str(tmp_path / "host-state"))
+    assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2, err
+    memory = json.loads((tmp_path / "host-state" / "oci-tags.json").read_text())
+    assert memory["tags"][url] == {**memory["tags"][url], "version": 3, "digest": fresh}
+
+
+def test_a_signer_builds_only_on_a_tag_its_keys_verify(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """An unsigned tag.json claiming version 10**15 is not signed as 10**15+1 (every host would then refuse every
+    later honest push); a tag signed by another key is refused unless --trust names it."""
+    generate_key(tmp_path / "key")
+    generate_key(tmp_path / "other")
+    url = registry_host.url(f"team/u-{uuid.uuid4().hex[:8]}", "prod")
+    code, _, err = run("push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url)
+    assert code == 0, err
+    put_tag_document(url, {**tag_document(url), "version": 10**15}, tmp_path)
+    args = ["push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url]
+    code, _, err = run(*args, "--sign", str(tmp_path / "key"))
+    (line,) = error_lines(err)
+    assert code == 5 and f"{url}: tag document: unsigned" in line and "push --fresh" in line, err
+    assert tag_document(url)["version"] == 10**15  # nothing signed
+    push(built, url, tmp_path / "key", "--fresh")
+    assert tag_document(url)["version"] == 1  # never taken from an unsigned document
+    recompile(built)
+    code, _, err = run(*args, "--sign", str(tmp_path / "other"))
+    (line,) = error_lines(err)
+    assert code == 5 and "which is not trusted" in line and "--fresh" in line, err
+    push(built, url, tmp_path / "other", "--trust", f"{tmp_path / 'key'}.pub")  # a key rotation
+    assert tag_document(url)["version"] == 2
+
+
+def test_versions_stay_below_2_to_the_53(built: Built, registry_host: RunningRegistry, tmp_path: Path) -> None:
+    """The signer refuses to write 2**53 (a JSON reader rounds it), and a puller refuses a signed 2**53 in one line."""
+    generate_key(tmp_path / "key")
+    signer = SigningKey.load(tmp_path / "key")
+    url = registry_host.url(f"team/v-{uuid.uuid4().hex[:8]}", "prod")
+    push(built, url, tmp_path / "key")
+    put_tag_document(url, sign_document({**tag_document(url), "version": 2**53 - 1}, signer), tmp_path)
+    recompile(built)
+    for extra in ((), ("--fresh",)):
+        code, _, err = run(
+            "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url,
+            "--sign", str(tmp_path / "key"), *extra,
+        )  # fmt: skip
+        (line,) = error_lines(err)
+        assert code == 5 and "the next version would be 9007199254740992" in line and "2**53-1" in line, err
+    assert tag_document(url)["version"] == 2**53 - 1
+    put_tag_document(url, sign_document({**tag_document(url), "version": 2**53}, signer), tmp_path)
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "a")
+    (line,) = error_lines(err)
+    assert code == 5 and "signed tag version 9007199254740992 is at or above 2**53" in line, err
+
+
+def test_a_pull_refuses_the_version_it_remembers_with_another_manifest(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """The manifest's annotations are not signed: one changed under the tag is the same version, another digest."""
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/e-{uuid.uuid4().hex[:8]}", "prod")
+    signed = push(built, url, tmp_path / "key")
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "a")
+    assert code == 1, err
+    store = OciStore.open(url)
+    manifest = json.loads(store.client.manifest("prod")[1])  # type: ignore[index]
+    other = store.client.put_manifest("prod", canonical_bytes({**manifest, "annotations": {"x": "y"}}))
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "b")
+    (line,) = error_lines(err)
+    assert code == 5 and "version 1 (pushed" in line and other[:19] in line and signed[:19] in line, err
+    assert "another manifest" in line and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("version", [3.0, "3", 2**60, -5, True, None])
+def test_a_malformed_memory_entry_is_refused_and_left_as_it_was(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path, version: object
+) -> None:
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/m-{uuid.uuid4().hex[:8]}", "prod")
+    push(built, url, tmp_path / "key")
+    state = tmp_path / "host"
+    state.mkdir()
+    entry = {"version": version, "pushed_at": 1.0, "digest": "sha256:" + "0" * 64}
+    (state / "oci-tags.json").write_text(json.dumps({"format": 1, "tags": {url: entry}}))
+    before = (state / "oci-tags.json").read_bytes()
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "a", "--state-dir", str(state))
+    (line,) = error_lines(err)
+    assert code == 2 and str(state / "oci-tags.json") in line and f"has version {version!r}" in line, err
+    assert (state / "oci-tags.json").read_bytes() == before and not (tmp_path / "a").exists()
+
+
+def test_a_readable_memory_is_consulted_when_it_cannot_be_written(
+    built: Built, two_pushes: tuple[str, str, str, Path], tmp_path: Path
+) -> None:
+    """A pin below what the host remembers does not override the memory."""
+    url, first, _, key = two_pushes
+    state = tmp_path / "read-only"
+    code, _, err = pull(built, url, key, tmp_path / "a", "--state-dir", str(state))  # remembers version 2
+    assert code == 1, err
+    (state / "oci-tags.json.lock").unlink(missing_ok=True)
+    (state / "oci-tags.json.lock").mkdir()  # no lock can be taken there, even by root (who ignores folder modes)
+    state.chmod(0o555)
+    try:
+        retag(url, first)
+        code, _, err = pull(built, url, key, tmp_path / "b", "--state-dir", str(state), "--min-tag-version", "1")
+        (line,) = error_lines(err)
+        assert code == 5 and "version 1" in line and "older than version 2" in line, err
+        assert not (tmp_path / "b").exists()
+        assert json.loads((state / "oci-tags.json").read_text())["tags"][url]["version"] == 2
+    finally:
+        state.chmod(0o755)
+
+
+def test_an_empty_state_dir_is_refused(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/s-{uuid.uuid4().hex[:8]}", "prod")
+    push(built, url, tmp_path / "key")
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "a", "--state-dir", "")
+    (line,) = error_lines(err)
+    assert code == 2 and "--state-dir: empty" in line, err
+    monkeypatch.setenv("WARMCACHE_STATE_DIR", "")
+    code, _, err = pull(built, url, tmp_path / "key", tmp_path / "a")
+    (line,) = error_lines(err)
+    assert code == 2 and "$WARMCACHE_STATE_DIR is set but empty" in line, err
+
+
+def test_a_signed_tag_valid_past_the_ceiling_is_refused(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """A tag that never expires would switch freeze protection off: a year unless --max-expires says more."""
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/c-{uuid.uuid4().hex[:8]}", "prod")
+    args = ["push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url]
+    for expires, extra, words in (
+        ("999999999999d", (), "longer than the 365 days"),
+        ("10000000000000000000000s", (), "longer than the 365 days"),
+        ("366d", (), "raise the ceiling explicitly with --max-expires"),
+        ("400d", ("--max-expires", "99999d"), "--max-expires: '99999d' is not a ceiling"),
+    ):
+        code, _, err = run(*args, "--sign", str(tmp_path / "key"), "--expires", expires, *extra)
+        (line,) = error_lines(err)
+        assert code == 2 and words in line, (expires, err)
+    assert OciStore.open(url).client.manifest("prod") is None  # nothing pushed
+    push(built, url, tmp_path / "key", "--expires", "400d", "--max-expires", "400d")
+    document = tag_document(url)
+    assert document["expires"] - document["pushed_at"] == 400 * 86400

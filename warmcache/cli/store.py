@@ -25,19 +25,21 @@ from warmcache.cli._common import (
 )
 from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
-from warmcache.errors import UsageError, shown
+from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.store import resolve_store
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
 from warmcache.store.oci.freshness import (
+    DEFAULT_MAX_VALIDITY_S,
     EXPIRES_ENV,
+    LONGEST_VALIDITY_S,
     MIN_VERSION_ENV,
     STATE_ENV,
+    PushPolicy,
     TagMemory,
     parse_pin,
-    validity_seconds,
 )
 from warmcache.store.oci.store import OciStore
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
@@ -103,6 +105,28 @@ def store_options(func: F) -> F:
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 
 
+def state_dir_option(func: F) -> F:
+    """Where this host remembers signed tag versions: shared by push, pull and store promote."""
+    return click.option(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help=f"Where this host remembers the newest version of each signed oci:// tag it pulled or pushed, refusing "
+        f"older ones (default: ${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
+    )(func)
+
+
+def max_expires_option(func: F) -> F:
+    """The ceiling on a signed tag's validity: shared by push and store promote."""
+    return click.option(
+        "--max-expires",
+        metavar="AGE",
+        default=None,
+        help=f"Raise the ceiling on --expires (default {DEFAULT_MAX_VALIDITY_S // 86400}d, at most "
+        f"{LONGEST_VALIDITY_S // 86400}d): a tag valid for longer is refused.",
+    )(func)
+
+
 @click.command("push")
 @shipment_arguments
 @verified_only_option
@@ -111,9 +135,24 @@ def store_options(func: F) -> F:
     "--expires",
     metavar="AGE",
     default=None,
-    help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d). "
-    "A push renews it once half is gone.",
+    help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; at "
+    "most --max-expires). A push renews it once half is gone.",
 )
+@max_expires_option
+@click.option(
+    "--trust",
+    "trust",
+    metavar="KEY",
+    multiple=True,
+    help="A public key besides --sign's whose signed oci:// tag this push may build on (a key rotation); repeatable.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Build the oci:// tag from this registry's shapes alone, at a version above the tag's verified one and "
+    "this host's memory (when the tag holds an unsigned, foreign or older push: a signed push builds on no other).",
+)
+@state_dir_option
 @store_options
 @json_option
 def push(
@@ -121,20 +160,28 @@ def push(
     verified_only: bool,
     sign_key: str | None,
     expires: str | None,
+    max_expires: str | None,
+    trust: tuple[str, ...],
+    fresh: bool,
+    state_dir: str | None,
     store_url: str | None,
     endpoint_url: str | None,
     as_json: bool,
 ) -> None:
     """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
     key = signing_key(sign_key, shipment.manifest)
-    store = resolve_store(store_url, endpoint_url, shipment.manifest)
-    if expires is not None:
-        if not isinstance(store, OciStore) or key is None:
-            raise UsageError(
-                f"--expires {shown(expires)}: only a signed push (--sign) to an oci:// store has an expiry"
-            )
-        validity_seconds(expires)  # checked before anything is read or sent
-        store.tag_expires = expires
+    store = resolve_store(store_url, endpoint_url, shipment.manifest, TagMemory.resolve(state_dir))
+    oci_only = {"--expires": expires, "--max-expires": max_expires, "--trust": trust or None}
+    given = [name for name, value in oci_only.items() if value is not None]
+    if given and (not isinstance(store, OciStore) or key is None):
+        raise UsageError(
+            f"{given[0]}: only a signed push (--sign) to an oci:// store has an expiry and a base to verify"
+        )
+    if fresh and not isinstance(store, OciStore):
+        raise UsageError("--fresh: only an oci:// tag is built on what it held; this store's pushes add objects")
+    if isinstance(store, OciStore):
+        store.push_policy = PushPolicy(expires, max_expires, TrustedKeys.load(trust, "--trust"), fresh)
+        store.push_policy.validity()  # checked before anything is read or sent
     with shipment.opened("pushing", "push --sign" if key else None) as (registry, progress):
         result = push_manifest(
             shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
@@ -150,13 +197,7 @@ def push(
 )
 @trust_option
 @allow_unsigned_option
-@click.option(
-    "--state-dir",
-    metavar="DIR",
-    default=None,
-    help=f"Where this host remembers the version of each signed oci:// tag it pulled, refusing older ones (default: "
-    f"${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
-)
+@state_dir_option
 @click.option(
     "--min-tag-version",
     metavar="N",

@@ -32,19 +32,20 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from filelock import FileLock, Timeout
 
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.store.index import index_bytes
 from warmcache.store.oci.reference import OciReference
-from warmcache.trust import SIGNATURE_MEMBER, SigningKey, TrustedKeys, sign_document
+from warmcache.trust import NOT_CONFIGURED, SIGNATURE_MEMBER, SigningKey, TrustedKeys, sign_document
 from warmcache.units import parse_age
 
 TAG_FORMAT = 1
@@ -54,6 +55,11 @@ EXPIRES_ENV = "WARMCACHE_TAG_EXPIRES"
 #: How long a signed tag is valid when neither ``--expires`` nor ``$WARMCACHE_TAG_EXPIRES`` says: the longest a
 #: registry can hide newer pushes from a host by serving it the last version it saw.
 DEFAULT_VALIDITY_S = 30 * 86400
+#: The longest a push signs a tag for unless ``--max-expires`` raises it: a year, as TUF's own timestamp and snapshot
+#: roles expire within days and its root within a year (a tag valid for ever disables freeze protection).
+DEFAULT_MAX_VALIDITY_S = 365 * 86400
+#: What ``--max-expires`` itself may not exceed: ten years (dates stay representable everywhere they are shown).
+LONGEST_VALIDITY_S = 10 * 365 * 86400
 MEMORY_FILE = "oci-tags.json"
 #: Versions are JSON integers every reader holds exactly.
 MAX_VERSION = 2**53
@@ -72,16 +78,45 @@ class TagVersion:
         return f"version {self.version} (pushed {_when(self.pushed_at)}, {self.digest[:19]})"
 
 
+@dataclass(frozen=True, slots=True)
+class PushPolicy:
+    """What a push to an ``oci://`` tag is told beyond its shapes: its validity (``--expires``, ``None``:
+    ``$WARMCACHE_TAG_EXPIRES``, else 30 days) and ceiling (``--max-expires``, ``None``: a year), the keys besides its
+    own whose tags it may build on (``--trust``), and whether it builds from the local registry alone (``--fresh``)."""
+
+    expires: str | None = None
+    max_expires: str | None = None
+    trusted: TrustedKeys = NOT_CONFIGURED
+    fresh: bool = False
+
+    def validity(self) -> float:
+        """Seconds a signed push's tag document is valid: checked before anything is read or sent."""
+        return validity_seconds(self.expires, self.max_expires)
+
+
 def _when(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def validity_seconds(flag: str | None = None) -> float:
-    """How long a push's tag document is valid: ``--expires``, else ``$WARMCACHE_TAG_EXPIRES``, else 30 days."""
+def validity_seconds(flag: str | None = None, ceiling_flag: str | None = None) -> float:
+    """How long a push's tag document is valid: ``--expires``, else ``$WARMCACHE_TAG_EXPIRES``, else 30 days; refused
+    above the ceiling (``--max-expires``, else a year): a tag that never expires switches freeze protection off."""
     text, source = (flag, "--expires") if flag is not None else (os.environ.get(EXPIRES_ENV), f"${EXPIRES_ENV}")
     seconds = parse_age(text, option=source) if text else DEFAULT_VALIDITY_S
     if seconds <= 0:
         raise UsageError(f"{source}: {shown(text or '')} is no time at all; a tag must be valid for a while")
+    ceiling = DEFAULT_MAX_VALIDITY_S if ceiling_flag is None else parse_age(ceiling_flag, option="--max-expires")
+    if not 0 < ceiling <= LONGEST_VALIDITY_S:
+        raise UsageError(
+            f"--max-expires: {shown(ceiling_flag or '')} is not a ceiling warmcache signs under (more than nothing, at "
+            f"most {LONGEST_VALIDITY_S // 86400}d)"
+        )
+    if seconds > ceiling:
+        raise UsageError(
+            f"{source}: {shown(text or '')} is longer than the {ceiling / 86400:g} days a signed tag may stay valid "
+            "(the longest a registry could hide newer pushes); refused: give a shorter one, or raise the ceiling "
+            "explicitly with --max-expires AGE"
+        )
     return seconds
 
 
@@ -103,7 +138,12 @@ def tag_document(
     validity: float = DEFAULT_VALIDITY_S,
 ) -> dict[str, Any]:
     """What a push states about the tag it writes (signed with ``signing_key``, as its indexes are), valid for
-    ``validity`` seconds from ``pushed_at``."""
+    ``validity`` seconds from ``pushed_at``; refused at a version a JSON reader would not keep exact."""
+    if not 0 < version < MAX_VERSION:
+        raise TrustError(
+            f"{reference.url}: the next version would be {version}, not a tag version (a whole number from 1 to "
+            "2**53-1, what every JSON reader keeps exact); refused, nothing pushed"
+        )
     document = {
         "format": TAG_FORMAT,
         "repository": reference.repository,
@@ -117,9 +157,13 @@ def tag_document(
 
 
 def version_of(document: dict[str, Any] | None) -> int:
-    """The version a tag document carries (0 for none or a malformed one): a push writes one more."""
+    """The version a tag document carries (0 for none or a malformed one): an unsigned push writes one more."""
     version = document.get("version") if isinstance(document, dict) else None
-    return version if isinstance(version, int) and not isinstance(version, bool) and 0 <= version < MAX_VERSION else 0
+    return version if _is_version(version) else 0
+
+
+def _is_version(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_VERSION
 
 
 def check_tag(
@@ -129,43 +173,67 @@ def check_tag(
     digest: str,
     trusted: TrustedKeys,
     now: float | None = None,
+    *,
+    check_expiry: bool = True,
+    advice: str | None = None,
 ) -> TagVersion:
     """The verified version of the tag ``reference`` names, or :class:`TrustError` (one line): unsigned for its tag,
-    signed for another repository or tag, expired (at ``now``), or holding an index the signed list does not name."""
+    signed for another repository or tag, at or above 2**53, expired (at ``now``, unless ``check_expiry`` is off), or
+    holding an index the signed list does not name. ``advice`` replaces what each refusal tells a puller to do."""
     where = reference.url
+
+    def refused(default: str) -> str:
+        return f"refused: {advice or default}"
+
     if document is None:
         raise TrustError(
             f"{where}: no signed tag document (.warmcache-image/tag.json), so nothing binds its shapes to this tag "
-            "or says how new they are; refused: push it again with --sign"
+            f"or says how new they are; {refused('push it again with --sign')}"
         )
-    trusted.check_document(document, f"{where}: tag document")
+    try:
+        trusted.check_document(document, f"{where}: tag document")
+    except TrustError as exc:
+        raise TrustError(f"{exc}: {advice}" if advice else str(exc)) from None
     named = f"{document.get('repository')}:{document.get('tag')}"
     if named != f"{reference.repository}:{reference.tag}":
         raise TrustError(
             f"{where}: signed for {shown(named)}, not {reference.repository}:{reference.tag} (moved or copied under "
-            "another name); refused: push it to this tag with --sign"
+            f"another name); {refused('push it to this tag with --sign, or warmcache store promote it there')}"
         )
     version, pushed_at, listed = document.get("version"), document.get("pushed_at"), document.get("indexes")
-    if version_of(document) != version or not isinstance(pushed_at, (int, float)) or not isinstance(listed, dict):
-        raise TrustError(f"{where}: tag document has no version, push time or index list; refused")
+    if isinstance(version, int) and not isinstance(version, bool) and version >= MAX_VERSION:
+        raise TrustError(
+            f"{where}: signed tag version {version} is at or above 2**53, past what every JSON reader keeps exact; "
+            f"{refused('push it again with --sign --fresh')}"
+        )
+    if not _is_version(version) or not isinstance(pushed_at, (int, float)) or not isinstance(listed, dict):
+        raise TrustError(f"{where}: tag document has no version, push time or index list; {refused('nothing read')}")
     expires = document.get("expires")
     if not isinstance(expires, (int, float)) or isinstance(expires, bool):
         raise TrustError(
-            f"{where}: signed tag version {version} has no expiry date; refused: push it again with --sign"
+            f"{where}: signed tag version {version} has no expiry date; {refused('push it again with --sign')}"
         )
-    if (time.time() if now is None else now) >= expires:
+    if check_expiry and (time.time() if now is None else now) >= expires:
         raise TrustError(
-            f"{where}: signed tag version {version} (pushed {_when(pushed_at)}) expired {_when(expires)}; refused: "
-            "the registry may be hiding newer pushes (push it again with --sign to renew it)"
+            f"{where}: signed tag version {version} (pushed {_when(pushed_at)}) expired {_when(expires)}; "
+            + refused("the registry may be hiding newer pushes (push it again with --sign to renew it)")
         )
     for key, index in indexes.items():
         if listed.get(key) != hashlib.sha256(index_bytes(index)).hexdigest():
-            raise TrustError(f"{where}: shape index {key} is not the one its tag document lists; refused")
+            raise TrustError(
+                f"{where}: shape index {key} is not the one its tag document lists; {refused('nothing read')}"
+            )
     return TagVersion(version, float(pushed_at), digest)
 
 
 class TagMemory:
-    """The highest verified version this host pulled of each tag (by URL), and the deployment's pinned minimum."""
+    """The newest verified version this host pulled or pushed of each tag (by URL), and the deployment's pinned
+    minimum.
+
+    It only moves forward: an entry that is not one warmcache writes (a version of ``3.0``, ``"3"``, ``2**60``, ``-5``)
+    is refused like a malformed file, never rewritten with an older version; a memory that can be read is consulted
+    whether or not it can be written.
+    """
 
     def __init__(self, folder: Path, minimum: int = 0, minimum_source: str = "--min-tag-version") -> None:
         self.file = folder / MEMORY_FILE
@@ -174,8 +242,13 @@ class TagMemory:
     @classmethod
     def resolve(cls, flag: str | None = None, minimum: int | None = None, minimum_source: str = "") -> TagMemory:
         """``--state-dir``, else ``$WARMCACHE_STATE_DIR``, else ``$XDG_STATE_HOME/warmcache`` (``~/.local/state``);
-        the pin from ``--min-tag-version``, else ``$WARMCACHE_MIN_TAG_VERSION``, else none."""
+        the pin from ``--min-tag-version``, else ``$WARMCACHE_MIN_TAG_VERSION``, else none. An empty ``--state-dir``
+        or variable is refused: falling back would read and write another memory than the one named."""
+        if flag == "":
+            raise UsageError("--state-dir: empty; name the folder where this host remembers tag versions")
         folder = flag or os.environ.get(STATE_ENV)
+        if folder == "":
+            raise UsageError(f"${STATE_ENV} is set but empty; unset it or name the folder (the default would be used)")
         if not folder:
             base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
             folder = str(Path(base) / "warmcache")
@@ -186,40 +259,82 @@ class TagMemory:
             )
         return cls(Path(folder).expanduser(), minimum, minimum_source or "--min-tag-version")
 
+    def known(self, url: str) -> TagVersion | None:
+        """The newest version of ``url`` this host verified before (``None``: none); :class:`UsageError` for a memory
+        that is not one warmcache writes, :class:`OSError` for one that cannot be read."""
+        return self._read().get(url)
+
     def admit(self, url: str, seen: TagVersion) -> None:
-        """Refuse ``seen`` if older than the pin or than what this host pulled of ``url`` before; else remember it."""
+        """A pull: refuse ``seen`` if older than the pin or than what this host verified of ``url`` before, or of the
+        same version with another manifest; else remember it."""
         if seen.version < self.minimum:
             raise TrustError(
                 f"{url}: {seen.describe()} is older than version {self.minimum}, the least the deployment accepts "
                 f"({self.minimum_source}); refused: a rolled-back tag"
             )
         try:
-            self._admit(url, seen)
+            known = self.known(url)
+        except OSError:
+            known = None  # nothing to read here (a read-only root file system): writing fails too, below
+        self.refuse_older(url, seen, known, same_version_ok=False)
+        if known == seen:
+            return
+        try:
+            self._remember(url, seen, same_version_ok=False)
         except (OSError, Timeout) as exc:
-            if self.minimum:
-                return  # no memory here (a read-only root file system): the pin is the floor
+            if self.minimum or known is not None:
+                return  # cannot write: the pin, or the memory read above, was the floor
             raise UsageError(
                 f"{self.file}: cannot remember the tag versions this host pulled "
                 f"({getattr(exc, 'strerror', None) or exc}); give a writable --state-dir (${STATE_ENV}), or pin "
                 f"--min-tag-version (${MIN_VERSION_ENV})"
             ) from None
 
-    def _admit(self, url: str, seen: TagVersion) -> None:
+    def refuse_older(
+        self, url: str, seen: TagVersion, known: TagVersion | None, *, same_version_ok: bool, advice: str = ""
+    ) -> None:
+        """:class:`TrustError` when ``seen`` is older than ``known`` (what this host verified before), or (unless
+        ``same_version_ok``: a pusher meeting a concurrent push) of its version but another manifest."""
+        suffix = f" ({advice})" if advice else ""
+        if known is not None and known.version > seen.version:
+            raise TrustError(
+                f"{url}: {seen.describe()} is older than {known.describe()}, which this host pulled or pushed before "
+                f"({self.file}); refused: a rolled-back tag{suffix}"
+            )
+        if known is not None and not same_version_ok and known.version == seen.version and known.digest != seen.digest:
+            raise TrustError(
+                f"{url}: {seen.describe()} is another manifest than {known.describe()}, which this host pulled or "
+                f"pushed before ({self.file}); refused: one version, two contents{suffix}"
+            )
+
+    def check_writable(self) -> None:
+        """Before a signed push sends anything: :class:`UsageError` unless this host can remember what it pushes."""
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{self.file}.lock", timeout=_LOCK_SECONDS):
+                self._read()
+        except (OSError, Timeout) as exc:
+            raise UsageError(
+                f"{self.file}: cannot remember the tag versions this host pushes "
+                f"({getattr(exc, 'strerror', None) or exc}); a signed push needs it (so that it never signs a tag "
+                f"older than its own last push): give a writable --state-dir (${STATE_ENV})"
+            ) from None
+
+    def remember_push(self, url: str, pushed: TagVersion) -> None:
+        """After a signed push: remember it as the newest version of ``url`` (unless a newer one is known already)."""
+        self._remember(url, pushed, same_version_ok=True)
+
+    def _remember(self, url: str, seen: TagVersion, *, same_version_ok: bool) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{self.file}.lock", timeout=_LOCK_SECONDS):
             tags = self._read()
             known = tags.get(url)
-            if isinstance(known, dict) and version_of(known) > seen.version:
-                before = TagVersion(version_of(known), float(known.get("pushed_at") or 0), str(known.get("digest")))
-                raise TrustError(
-                    f"{url}: {seen.describe()} is older than {before.describe()}, which this host pulled before "
-                    f"({self.file}); refused: a rolled-back tag"
-                )
-            if not isinstance(known, dict) or version_of(known) < seen.version:
-                tags[url] = {"version": seen.version, "pushed_at": seen.pushed_at, "digest": seen.digest}
+            self.refuse_older(url, seen, known, same_version_ok=same_version_ok)
+            if known != seen:
+                tags[url] = seen
                 self._write(tags)
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> dict[str, TagVersion]:
         try:
             document = json.loads(self.file.read_bytes())
         except FileNotFoundError:
@@ -229,13 +344,30 @@ class TagMemory:
         tags = document.get("tags") if isinstance(document, dict) else None
         if not isinstance(tags, dict):
             raise UsageError(f"{self.file}: not the tag memory warmcache writes (no 'tags' table); refused")
-        return tags
+        return {url: self._entry(url, entry) for url, entry in tags.items()}
 
-    def _write(self, tags: dict[str, Any]) -> None:
+    def _entry(self, url: str, entry: Any) -> TagVersion:
+        """One remembered tag, or :class:`UsageError`: a malformed entry is never read as "nothing known" (which a
+        pull would then overwrite with an older version)."""
+        fields = entry if isinstance(entry, dict) else {}
+        version, pushed_at, digest = fields.get("version"), fields.get("pushed_at"), fields.get("digest")
+        if not _is_version(version):
+            raise UsageError(
+                f"{self.file}: tag {shown(url)} has version {shown(version)}, not a whole number from 0 to 2**53-1; "
+                "refused (the memory only moves forward: fix or remove the entry by hand)"
+            )
+        if not isinstance(pushed_at, (int, float)) or isinstance(pushed_at, bool) or not math.isfinite(pushed_at):
+            raise UsageError(f"{self.file}: tag {shown(url)} has push time {shown(pushed_at)}, not a number; refused")
+        if not isinstance(digest, str):
+            raise UsageError(f"{self.file}: tag {shown(url)} has digest {shown(digest)}, not a string; refused")
+        return TagVersion(version, float(pushed_at), digest)
+
+    def _write(self, tags: dict[str, TagVersion]) -> None:
+        entries = {url: {"version": t.version, "pushed_at": t.pushed_at, "digest": t.digest} for url, t in tags.items()}
         handle, temporary = tempfile.mkstemp(dir=self.file.parent, prefix=f".{self.file.name}.")
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump({"format": TAG_FORMAT, "tags": tags}, out, indent=1, sort_keys=True)
+                json.dump({"format": TAG_FORMAT, "tags": entries}, out, indent=1, sort_keys=True)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temporary, self.file)

@@ -53,7 +53,7 @@ from warmcache.runtime.snapshot import (
 )
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
 from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
-from warmcache.store.oci.freshness import tag_document, version_of
+from warmcache.store.oci.freshness import tag_document
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_members
 from warmcache.store.oci.reference import OciReference, is_digest
 from warmcache.store.oci.transport import MAX_ANSWER_BYTES
@@ -227,24 +227,30 @@ def layer_blocks(client: RegistryClient, descriptor: Descriptor, max_bytes: int)
     yield inflate.flush()
 
 
+@dataclass(frozen=True, slots=True)
+class TagStatement:
+    """What a push states in its tag document: the version, when, for how long (seconds), and the key that signs it."""
+
+    version: int
+    pushed_at: float
+    validity: float
+    signing_key: SigningKey | None
+
+
 def metadata_members(
     reference: OciReference,
     flavor: CacheFlavor,
     indexes: dict[str, dict[str, Any]],
     layers: list[Layer],
-    base: StoredImage | None,
-    pushed_at: float,
-    signing_key: SigningKey | None,
-    validity: float,
+    superseded: list[Superseded],
+    tag: TagStatement,
 ) -> list[tuple[str, bytes]]:
-    """The metadata layer's files: ``index.json``, the tag document (one version past ``base``'s, valid for
-    ``validity`` seconds) and the ``guard export`` snapshot of the same rows."""
-    superseded = [*base.superseded, Superseded(base.digest, pushed_at)] if base is not None else []
-    version = version_of(base.tag_document if base is not None else None) + 1
+    """The metadata layer's files: ``index.json`` (with the manifests this push replaces, for gc), the tag document
+    and the ``guard export`` snapshot of the same rows."""
     document = {
         "format": IMAGE_FORMAT,
         "flavor": flavor,
-        "pushed_at": pushed_at,
+        "pushed_at": tag.pushed_at,
         "indexes": indexes,
         "layers": [
             {"digest": layer.digest, "size": layer.size, "files": [[f.path, f.sha256, f.size] for f in layer.files]}
@@ -252,10 +258,11 @@ def metadata_members(
         ],
         "superseded": [[s.digest, s.at] for s in superseded[-MAX_SUPERSEDED:]],
     }
+    statement = tag_document(reference, tag.version, tag.pushed_at, indexes, tag.signing_key, tag.validity)
     return [
         (INDEX_MEMBER, canonical_bytes(document)),
-        (TAG_MEMBER, canonical_bytes(tag_document(reference, version, pushed_at, indexes, signing_key, validity))),
-        (GUARD_MEMBER, guard_snapshot(indexes, reference.url, signing_key)),
+        (TAG_MEMBER, canonical_bytes(statement)),
+        (GUARD_MEMBER, guard_snapshot(indexes, reference.url, tag.signing_key)),
     ]
 
 

@@ -39,16 +39,19 @@ from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.store.index import build_index, index_key
 from warmcache.store.oci.annotations import summary
-from warmcache.store.oci.freshness import needs_renewal, validity_seconds
+from warmcache.store.oci.freshness import TagVersion, needs_renewal
 from warmcache.store.oci.image import (
     Descriptor,
     StoredImage,
+    Superseded,
+    TagStatement,
     config_bytes,
     manifest_bytes,
     metadata_members,
     read_image,
 )
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
+from warmcache.store.oci.lineage import Basis, push_basis
 from warmcache.store.oci.store import OciStore, layers_for
 from warmcache.store.push import PushResult, files_per_shape
 from warmcache.trust import SigningKey, canonical_bytes, sign_document
@@ -82,12 +85,16 @@ def push_image(
             sign_document(index, signing_key) if signing_key else index
         )
     local = {f.path: f for files in shapes.values() for f in files}
-    validity = validity_seconds(store.tag_expires)  # checked before anything is uploaded
+    policy = store.push_policy
+    validity = policy.validity()  # checked before anything is read or sent
+    if signing_key:
+        store.memory.check_writable()
     with tempfile.TemporaryDirectory(prefix="warmcache-oci-push-") as work:
         builder = _Layers(store, location, local, Path(work), progress)
         for _ in range(MERGE_ATTEMPTS):
             started = time.monotonic()
-            base = read_image(store.client, store.reference.tag)
+            basis = push_basis(store, signing_key, policy.trusted, policy.fresh)
+            base = basis.base
             merged = _merge(base, ours, location.flavor, store.url)
             if (
                 base is not None
@@ -95,10 +102,13 @@ def push_image(
                 and not (signing_key and needs_renewal(base.tag_document, validity, time.time()))
             ):
                 return builder.result(len(records), 0, not_compiled)
-            manifest = _image(store, builder, base, merged, location.flavor, signing_key, validity)
+            pushed_at = time.time()
+            manifest = _image(store, builder, basis, merged, location.flavor, signing_key, validity, pushed_at)
             if time.monotonic() - started > MERGE_WINDOW_SECONDS:
                 continue  # the layers are built and sent now: read the tag again and merge quickly
-            store.client.put_manifest(store.reference.tag, manifest)
+            digest = store.client.put_manifest(store.reference.tag, manifest)
+            if signing_key:
+                store.memory.remember_push(store.url, TagVersion(basis.version, pushed_at, digest))
             time.sleep(SETTLE_SECONDS)
             now = read_image(store.client, store.reference.tag)
             if now is not None and all(now.indexes.get(key) == index for key, index in ours.items()):
@@ -141,20 +151,29 @@ def _merge(
 def _image(
     store: OciStore,
     builder: _Layers,
-    base: StoredImage | None,
+    basis: Basis,
     indexes: dict[str, dict[str, Any]],
     flavor: CacheFlavor,
     signing_key: SigningKey | None,
     validity: float,
+    pushed_at: float,
 ) -> bytes:
-    """Build and upload every blob of the image holding ``indexes``; its manifest's bytes."""
+    """Build and upload every blob of the image holding ``indexes`` (version ``basis.version``); its manifest's
+    bytes."""
+    base = basis.base
     files = {
         file["path"]: BundleFile(file["path"], file["sha256"], file["size"])
         for index in indexes.values()
         for file in index["files"]
     }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
-    members = metadata_members(store.reference, flavor, indexes, layers, base, time.time(), signing_key, validity)
+    replaced = basis.found
+    superseded = [
+        *(base.superseded if base is not None else ()),
+        *((Superseded(replaced.digest, pushed_at),) if replaced else ()),
+    ]
+    tag = TagStatement(basis.version, pushed_at, validity, signing_key)
+    members = metadata_members(store.reference, flavor, indexes, layers, superseded, tag)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
     config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)

@@ -21,7 +21,7 @@ from warmcache.errors import CacheError, StoreError
 from warmcache.identity.plan import PlannedShape
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
-from warmcache.store.oci.freshness import TagMemory, check_tag
+from warmcache.store.oci.freshness import PushPolicy, TagMemory, check_tag
 from warmcache.store.oci.image import StoredImage, read_image
 from warmcache.store.oci.layers import Layer, extract_files, member_bound
 from warmcache.store.oci.reference import OciReference, parse_oci_url
@@ -38,9 +38,9 @@ class OciStore:
         self.client = RegistryClient(reference)
         #: What this host remembers of the tags it pulled: a signed tag older than that is refused.
         self.memory = memory or TagMemory.resolve()
-        #: How long a signed push's tag document is valid (``push --expires``; ``None``: ``$WARMCACHE_TAG_EXPIRES``,
-        #: else 30 days): see :mod:`.freshness`.
-        self.tag_expires: str | None = None
+        #: How a push to this tag signs and what it builds on (``push --expires``, ``--max-expires``, ``--trust``,
+        #: ``--fresh``): see :mod:`.freshness` and :mod:`.lineage`.
+        self.push_policy = PushPolicy()
         self._image: StoredImage | None = None
 
     @classmethod
