@@ -85,7 +85,7 @@ def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -
     # to the cache's end.
     for command, then in (
         ("warmup", ["exporting the decode step", "building the package"]),
-        ("verify", ["proving the decode"]),
+        ("verify", ["proving the decode through warmcache's cache", "proving the precompiled artifact"]),
     ):
         said = (packaged / f"{command}.stderr").read_text()
         loads = 0

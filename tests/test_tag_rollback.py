@@ -344,3 +344,30 @@ def test_a_signed_tag_valid_past_the_ceiling_is_refused(
     push(built, url, tmp_path / "key", "--expires", "400d", "--max-expires", "400d")
     document = tag_document(url)
     assert document["expires"] - document["pushed_at"] == 400 * 86400
+
+
+def test_promote_copies_a_verified_tag_signed_for_its_new_name(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """A pipeline's promotion step: a plain copy is refused at pull (signed for its old name); promote keeps both the
+    binding and the version floor, and refuses a source it cannot verify."""
+    generate_key(tmp_path / "key")
+    source = registry_host.url(f"team/p-{uuid.uuid4().hex[:8]}", "candidate")
+    target = registry_host.url(f"prod/p-{uuid.uuid4().hex[:8]}", "release")
+    push(built, source, tmp_path / "key")
+    for version in (1, 2):
+        code, promoted, err = run("store", "promote", source, target, "--sign", str(tmp_path / "key"))
+        assert code == 0 and promoted is not None and promoted["version"] == version, err
+        assert promoted["shapes"] == 2 and promoted["blobs_copied"] == (2 if version == 1 else 0), promoted
+    document = tag_document(target)
+    assert (f"{document['repository']}:{document['tag']}", document["version"]) == (target.split("/", 3)[3], 2)
+    code, pulled, err = pull(built, target, tmp_path / "key", tmp_path / "a")
+    assert code == 1 and pulled is not None and pulled["shapes_pulled"] == 2, err
+    unsigned = registry_host.url(f"team/q-{uuid.uuid4().hex[:8]}", "candidate")
+    code, _, err = run(
+        "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", unsigned
+    )
+    assert code == 0, err
+    code, _, err = run("store", "promote", unsigned, target, "--sign", str(tmp_path / "key"))
+    (line,) = error_lines(err)
+    assert code == 5 and f"{unsigned}: tag document: unsigned" in line and tag_document(target)["version"] == 2, err

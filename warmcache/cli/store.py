@@ -41,6 +41,7 @@ from warmcache.store.oci.freshness import (
     TagMemory,
     parse_pin,
 )
+from warmcache.store.oci.promote import promote_image
 from warmcache.store.oci.store import OciStore
 from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
@@ -88,10 +89,9 @@ def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | Non
     set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
-def store_options(func: F) -> F:
-    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
-    --push."""
-    func = click.option(
+def timeout_option(func: F) -> F:
+    """How long a command's network operations may take in all: shared by every command that speaks to a store."""
+    return click.option(
         "--timeout",
         metavar="AGE",
         default=None,
@@ -101,6 +101,12 @@ def store_options(func: F) -> F:
         help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
         f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
     )(func)
+
+
+def store_options(func: F) -> F:
+    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
+    --push."""
+    func = timeout_option(func)
     func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 
@@ -113,6 +119,17 @@ def state_dir_option(func: F) -> F:
         default=None,
         help=f"Where this host remembers the newest version of each signed oci:// tag it pulled or pushed, refusing "
         f"older ones (default: ${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
+    )(func)
+
+
+def expires_option(func: F) -> F:
+    """How long a signed tag stays valid: shared by push and store promote."""
+    return click.option(
+        "--expires",
+        metavar="AGE",
+        default=None,
+        help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; "
+        "at most --max-expires). A push renews it once half is gone.",
     )(func)
 
 
@@ -131,13 +148,7 @@ def max_expires_option(func: F) -> F:
 @shipment_arguments
 @verified_only_option
 @sign_option
-@click.option(
-    "--expires",
-    metavar="AGE",
-    default=None,
-    help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; at "
-    "most --max-expires). A push renews it once half is gone.",
-)
+@expires_option
 @max_expires_option
 @click.option(
     "--trust",
@@ -260,7 +271,7 @@ def pull(
 
 @click.group("store")
 def store_group() -> None:
-    """What an artifact store holds; remove blobs no index references."""
+    """What an artifact store holds; remove blobs no index references; promote a signed tag to another name."""
 
 
 _manifest_option = manifest_option("Take the store from this manifest's [store] table.")
@@ -390,3 +401,41 @@ def repair_root(cache_dir: CacheFolder | None, manifest: Manifest | None) -> Pat
     if manifest is not None and manifest.cache_dir is not None:
         return manifest.cache_dir
     raise UsageError("store check --repair: name the cache that holds the entries (--cache-dir DIR)")
+
+
+@store_group.command("promote")
+@click.argument("source", metavar="SRC")
+@click.argument("target", metavar="DST")
+@click.option("--sign", "sign_key", metavar="KEY", required=True, help="The private key that signs the tag for DST.")
+@trust_option
+@expires_option
+@max_expires_option
+@state_dir_option
+@timeout_option
+@json_option
+def promote(
+    source: str,
+    target: str,
+    sign_key: str,
+    trust: tuple[str, ...],
+    expires: str | None,
+    max_expires: str | None,
+    state_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Copy the signed oci:// tag SRC to DST (another repository or registry), verified first and signed for DST at a
+    version above DST's; a plain copy is refused at pull, since the tag is signed for its own name."""
+    key = SigningKey.load(sign_key)
+    trusted = TrustedKeys.resolve(trust)
+    memory = TagMemory.resolve(state_dir)
+    stores = [resolve_store(url, None, None, memory) for url in (source, target)]
+    for url, store in zip((source, target), stores):
+        if not isinstance(store, OciStore):
+            raise UsageError(f"{url}: promote copies oci:// tags; other stores are not signed per tag")
+    from_store, to_store = stores
+    assert isinstance(from_store, OciStore) and isinstance(to_store, OciStore)
+    to_store.push_policy = PushPolicy(expires, max_expires, trusted)
+    to_store.push_policy.validity()  # checked before anything is read or sent
+    with byte_progress("promoting") as progress:
+        result = promote_image(from_store, to_store, key, trusted, progress)
+    print_result(result, as_json, result.message)

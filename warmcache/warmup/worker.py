@@ -73,6 +73,8 @@ class Worker:
     precompile: bool = True
     #: Told each spec's phases as it runs (the CLI's renderer, or a child's report file).
     on_phase: PhaseListener | None = None
+    #: verify's replay: the decode step's phase says "replaying", not "compiling" (it loads what warmup compiled).
+    replaying: bool = False
     _roots: dict[Target, Path] = field(default_factory=dict)
     #: Precompiled artifact per decode graph already written by this process (rows of one batch share it).
     _precompiled: dict[tuple[Any, ...], str] = field(default_factory=dict)
@@ -109,7 +111,7 @@ class Worker:
         before = list_entries(root, flavor) if flavor else {}
         start = time.perf_counter()
         precompile = self.precompile and model_spec.precompile.applies_to(spec.workload)
-        measured = _run_workload(model, planned, target, phases, capture_decode=precompile)
+        measured = _run_workload(model, planned, target, phases, capture_decode=precompile, replaying=self.replaying)
         if precompile:
             entry = self._precompile(planned, model, root, measured.decode_kwargs, phases)
         seconds = time.perf_counter() - start
@@ -220,9 +222,16 @@ def _forget_compiled_graphs() -> None:
 
 
 def _run_workload(
-    model: PreTrainedModel, planned: PlannedShape, target: Target, phases: SpecPhases, *, capture_decode: bool
+    model: PreTrainedModel,
+    planned: PlannedShape,
+    target: Target,
+    phases: SpecPhases,
+    *,
+    capture_decode: bool,
+    replaying: bool = False,
 ) -> _Measured:
-    """The spec's real workload, once, counting compiles and cache lookups; ``capture_decode`` keeps the decode call."""
+    """The spec's real workload, once, counting compiles and cache lookups; ``capture_decode`` keeps the decode call,
+    ``replaying`` (verify) names the decode step's phase for what a replay does."""
     from warmcache.modeling.compile_counter import CompileCounter
 
     model_spec, spec = planned.model, planned.spec
@@ -237,7 +246,13 @@ def _run_workload(
                 else contextlib.nullcontext({})
             )
             with capturing as decode_kwargs:
-                phases.enter(Phase.FIRST_STEPS if eager_decode else Phase.COMPILING)
+                if eager_decode:
+                    phases.enter(Phase.FIRST_STEPS)
+                elif replaying:
+                    kept = "from the compile cache" if target.cache_flavor else "its backend keeps no compile cache"
+                    phases.enter(Phase.REPLAYING, detail=kept)
+                else:
+                    phases.enter(Phase.COMPILING)
                 result = run_generate(
                     model, spec, target.compile_config(), target.input_device(), phases, capture_only=eager_decode
                 )
