@@ -41,16 +41,24 @@ class Phase(StrEnum):
     COMPILING = "compiling the decode step"
     """The first short ``generate()`` calls: Dynamo traces the decode step and the backend compiles it (or loads it
     from the cache)."""
+    REPLAYING = "replaying the decode step"
+    """verify's replay of the same calls: the decode step loads from the compile cache warmup wrote, or, on a backend
+    that keeps none, is traced again; "compiling" here read as if verify had compiled what it then reported verified
+    with 0 cache misses."""
     FIRST_STEPS = "eager first decode steps"
     """The same calls on the AOTInductor route, whose reference decode is eager: nothing compiles here."""
     DECODING = "decoding"
     """``generate()`` to the cache's end, step by step, under ``fail_on_recompile``."""
     PRECOMPILING = "precompiling the decode step"
     EXPORTING = "exporting the decode step"
+    EXPORTING_PREFILL = "exporting the prefill"
     PACKAGING = "building the package"
     """``aoti_compile_and_package``: lowering and the C++ compile."""
     TRAINING = "training"
-    PROVING = "proving the decode"
+    PROVING = "proving the decode through warmcache's cache"
+    """verify: the decode through warmcache's static cache against the model's own, in a higher-precision copy."""
+    PROVING_ARTIFACT = "proving the precompiled artifact"
+    """verify: the row's precompiled artifact serves the model's decode."""
 
 
 @dataclass(frozen=True, slots=True)

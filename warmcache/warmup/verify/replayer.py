@@ -31,7 +31,7 @@ def replay(request: ReplayRequest, report: Callable[[ReplayResult], None], on_ph
 
     manifest = load_manifest(request.manifest)
     by_identity = {p.identity: p for p in plan_manifest(manifest)}
-    worker = Worker(manifest, request.cache_dir, precompile=False, on_phase=on_phase)
+    worker = Worker(manifest, request.cache_dir, precompile=False, on_phase=on_phase, replaying=True)
     ranks = distributed.in_torchrun()
     if ranks:
         distributed.init_process_group(by_identity[request.identities[0]].model.device)
@@ -67,18 +67,18 @@ def _prove_decode(
     cache_provable = not distributed.in_torchrun() and model.device.type in ("cpu", "cuda")
     # The registry that lists the row's precompiled artifacts, when its route saves any.
     artifacts_in = location if planned.model.precompile.applies_to(planned.spec.workload) else None
-    if not cache_provable and artifacts_in is None:
-        return None
-    phases.enter(Phase.PROVING)
     if cache_provable:
         from warmcache.warmup.verify.cache_proof import prove_cache_decode
 
+        phases.enter(Phase.PROVING)
         unproven = prove_cache_decode(model, planned.spec, target.compile_config())
         if unproven:
             return unproven
     if artifacts_in is None:
         return None
     from warmcache.warmup.verify.artifact_proof import prove_artifacts
+
+    phases.enter(Phase.PROVING_ARTIFACT)
 
     with Registry.open(artifacts_in) as registry:
         (record,) = registry.rows(identities=[planned.identity], with_artifacts=True)

@@ -64,7 +64,7 @@ class SpecVerdict:
             # Said where it is printed: "replay-only" alone reads like a mode the user chose, or a half failure.
             return (
                 f"{self.verdict} (ran without error, {format_count(m.graphs, 'graph')} traced in {m.seconds:.1f}s; "
-                "its backend keeps nothing on disk to prove, so the row stays compiled)"
+                "its backend keeps no compile cache on disk, so no cache hit can be proven and the row stays compiled)"
             )
         return (
             f"{self.verdict} ({m.cache_misses} cache misses, {m.cache_hits} hits, "
