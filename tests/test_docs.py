@@ -6,10 +6,19 @@ hook in mkdocs.yml); this test runs it over README.md too, and without MkDocs in
 
 from __future__ import annotations
 
+import functools
+import http.server
 import logging
+import os
 import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from mkdocs_hooks import (
@@ -137,3 +146,105 @@ def test_every_page_is_in_the_navigation() -> None:
     names = [page.relative_to(ROOT / "docs").as_posix() for page in PAGES]
     left_out = [name for name in names if f": {name}\n" not in nav]
     assert not left_out, f"pages missing from mkdocs.yml's nav: {left_out}"
+
+
+MERMAID = ROOT / "docs" / "assets" / "javascripts" / "mermaid.min.js"
+# Every host name resolves to nothing but 127.0.0.1, and no proxy: the browser reaches no network (unpkg.com, where
+# Material fetches Mermaid from when the page defines none, included).
+OFFLINE_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-gpu",
+    "--window-size=1100,900",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    "--no-proxy-server",
+)
+
+
+def _rendered_diagrams(driver: Any) -> list[str]:
+    """The text of each SVG Mermaid drew into a ``div.mermaid``: Material puts it in a *closed* shadow root, which page
+    scripts cannot read, so the DevTools DOM (which pierces it) is walked."""
+    document = driver.execute_cdp_cmd("DOM.getDocument", {"depth": -1, "pierce": True})["root"]
+
+    def children(node: dict) -> list[dict]:
+        return [*node.get("children", []), *node.get("shadowRoots", []), *filter(None, [node.get("contentDocument")])]
+
+    def text(node: dict) -> str:
+        return (node.get("nodeValue", "") if node.get("nodeType") == 3 else "") + "".join(map(text, children(node)))
+
+    def find(node: dict, match: Callable[[dict], bool]) -> list[dict]:
+        return ([node] if match(node) else []) + [m for child in children(node) for m in find(child, match)]
+
+    def is_diagram(node: dict) -> bool:
+        attributes = node.get("attributes", [])
+        classes = dict(zip(attributes[::2], attributes[1::2], strict=True)).get("class", "").split()
+        return node.get("localName") == "div" and "mermaid" in classes
+
+    return [
+        text(svg) for block in find(document, is_diagram) for svg in find(block, lambda n: n.get("localName") == "svg")
+    ]
+
+
+def test_the_home_page_diagram_renders_with_no_network(tmp_path: Path) -> None:
+    """The loop diagram rendered as raw ``flowchart LR`` text wherever the browser could not reach the CDN Material
+    loads Mermaid from (an air-gapped cluster's docs mirror): the site now carries its own copy."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.skip("chromium or chromedriver is not on PATH (.ci/run installs Debian's chromium and chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    site = tmp_path / "site"
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert (site / "assets" / "javascripts" / "mermaid.min.js").stat().st_size == MERMAID.stat().st_size
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        options = webdriver.ChromeOptions()
+        options.binary_location = chromium
+        for flag in OFFLINE_FLAGS:
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+        try:
+            driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
+            (diagram,) = WebDriverWait(driver, 60).until(_rendered_diagrams)
+            fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+            raw = driver.execute_script("return document.body.innerText")
+            # The first screen (900 px) holds the one command to start.
+            first_screen = driver.execute_script(
+                "return Array.from(document.querySelectorAll('article code')).filter(c => "
+                "c.getBoundingClientRect().bottom < window.innerHeight).map(c => c.textContent)"
+            )
+        finally:
+            driver.quit()
+            server.shutdown()
+    assert "warmcache warmup" in diagram and "flowchart LR" not in raw, diagram
+    assert [url for url in fetched if not url.startswith("http://127.0.0.1:")] == [], fetched
+    assert any(START in c for c in first_screen), first_screen
+
+
+#: What the home page's first screen holds: the quickstart's first steps, the README's own calls.
+START = ".venv/bin/warmcache warmup examples/tiny-cpu.toml"
+
+
+def test_the_home_pages_start_command_is_the_readmes_quickstart_begun() -> None:
+    """The home page's first screen had no command ("Where to start" sat below 1,600 px): its one command must be the
+    README quickstart's first calls, in order."""
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    first = _bash_blocks(home.split("\n## ", 1)[0])
+    assert len(first) == 1 and START in first[0], first
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quickstart = _invocations(_bash_blocks(readme.split("\n## Quickstart", 1)[1])[0])
+    started = _invocations(first[0])
+    assert started == quickstart[: len(started)], (started, quickstart)
+    assert _invocations(first[0], "pip") == _invocations(_bash_blocks(readme.split("\n## Quickstart", 1)[1])[0], "pip")
