@@ -15,7 +15,7 @@ import logging
 import os
 import pwd
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,16 +335,14 @@ def _ownership_problem(path: Path) -> str | None:
         info = os.stat(path)
     except OSError as exc:
         return f"cannot be checked ({exc.strerror})"
-    me = os.geteuid()
+    me, mode = os.geteuid(), stat.S_IMODE(info.st_mode)
     if info.st_uid not in (me, 0):
-        allowed = f"you (uid {me}, {_user_name(me)})" + ("" if me == 0 else " or root")
-        return f"is owned by uid {info.st_uid} ({_user_name(info.st_uid)}), not by {allowed}"
-    if info.st_mode & stat.S_IWOTH:
-        return f"is writable by every user (mode {stat.S_IMODE(info.st_mode):04o})"
-    if info.st_mode & stat.S_IWGRP and not _is_private_group(info.st_gid, me):
-        return (
-            f"is writable by group {info.st_gid} ({_group_name(info.st_gid)}) (mode {stat.S_IMODE(info.st_mode):04o})"
-        )
+        allowed = f"you (uid {me}, {_name_of(pwd.getpwuid, me)})" + ("" if me == 0 else " or root")
+        return f"is owned by uid {info.st_uid} ({_name_of(pwd.getpwuid, info.st_uid)}), not by {allowed}"
+    if mode & stat.S_IWOTH:
+        return f"is writable by every user (mode {mode:04o})"
+    if mode & stat.S_IWGRP and not _is_private_group(info.st_gid, me):
+        return f"is writable by group {info.st_gid} ({_name_of(grp.getgrgid, info.st_gid)}) (mode {mode:04o})"
     return None
 
 
@@ -357,18 +355,12 @@ def _is_private_group(gid: int, uid: int) -> bool:
     return user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
-def _user_name(uid: int) -> str:
+def _name_of(lookup: Callable[[int], tuple[object, ...]], number: int) -> str:
+    """The name ``lookup`` (``pwd.getpwuid``, ``grp.getgrgid``) gives a user or group id; one with no entry says so."""
     try:
-        return pwd.getpwuid(uid).pw_name
+        return str(lookup(number)[0])
     except KeyError:
-        return "no such user"
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return "no such group"
+        return "no name"
 
 
 def resolve_registry(
