@@ -21,6 +21,7 @@ from pathlib import Path
 
 from warmcache.anchor import Anchor
 from warmcache.bounds import path_problem
+from warmcache.database_url import control_character_problem, printable_url
 from warmcache.errors import RegistryError, UsageError, shown
 
 DEFAULT = "default"
@@ -117,15 +118,18 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     """
     if not url.strip():
         raise UsageError(f"{source} is empty; give {ACCEPTED_FORMS}")
+    problem = control_character_problem(url)
+    if problem:  # before any parser: a newline would split this line, and libpq reads %00 as the value's end
+        raise UsageError(f"{source} {shown(printable_url(url))}: {problem}")
     if "://" not in url:
         if "/" not in url and not url.endswith(_SQLITE_SUFFIXES):
             raise UsageError(
-                f"{source} {shown(_redacted(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}"
+                f"{source} {shown(printable_url(url))} is neither a database URL nor a file path; give {ACCEPTED_FORMS}"
             )
         return f"sqlite:///{_checked_file(url, source, base)}"
     scheme, rest = url.split("://", 1)
     if scheme.split("+", 1)[0] not in _SCHEMES:
-        raise UsageError(f"{source} {shown(_redacted(url))}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
+        raise UsageError(f"{source} {shown(printable_url(url))}: unknown scheme {shown(scheme)}; give {ACCEPTED_FORMS}")
     if scheme.split("+", 1)[0] in ("postgresql", "postgres"):
         _require_database(url, rest, source)
         return "postgresql+psycopg://" + rest
@@ -133,20 +137,10 @@ def normalise_url(url: str, source: str = "registry URL", base: Path | None = No
     if not rest.startswith("/") or path in ("", ":memory:"):
         # sqlite:// and sqlite:///:memory: are in-memory: every command would see an empty registry and keep nothing.
         raise UsageError(
-            f"{source} {shown(_redacted(url))} names no database file (an in-memory SQLite registry keeps "
+            f"{source} {shown(printable_url(url))} names no database file (an in-memory SQLite registry keeps "
             f"nothing between commands); give {ACCEPTED_FORMS}"
         )
     return f"sqlite:///{_checked_file(path, source, base)}{mark}{query}"
-
-
-def _redacted(url: str) -> str:
-    """``url`` with the password of its user part hidden, as an error line may show it: a value refused at
-    validation is not yet a URL any parser vouches for, so this reads the text (everything before the last ``@``)."""
-    scheme, separator, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not separator or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _require_database(url: str, rest: str, source: str) -> None:
@@ -155,7 +149,7 @@ def _require_database(url: str, rest: str, source: str) -> None:
     database = location.partition("/")[2]
     if not database and "dbname=" not in query:
         raise UsageError(
-            f"{source} {shown(_redacted(url))} names no database (libpq would fall back to a database named "
+            f"{source} {shown(printable_url(url))} names no database (libpq would fall back to a database named "
             "after the user, on the local socket "
             f"unless a host is given); give {ACCEPTED_FORMS}"
         )
@@ -191,7 +185,7 @@ class RegistryLocation:
             make_url(url)  # so that every later reading of it (display, file, bounds) succeeds
         except (ArgumentError, ValueError) as exc:  # neither quotes the URL (the port's text at most)
             raise UsageError(
-                f"{source} {shown(_redacted(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}"
+                f"{source} {shown(printable_url(text))} is not a database URL ({exc}); give {ACCEPTED_FORMS}"
             ) from None
         return cls(url, source)
 
@@ -215,10 +209,8 @@ class RegistryLocation:
 
     @property
     def display(self) -> str:
-        """The URL with any password hidden, for messages."""
-        from sqlalchemy.engine import make_url
-
-        return make_url(self.url).render_as_string(hide_password=True)
+        """The URL with every secret hidden (:func:`~warmcache.database_url.printable_url`), for messages."""
+        return printable_url(self.url)
 
     def bounded(self, connect_timeout_s: int, statement_timeout_ms: int | None = None) -> RegistryLocation:
         """This PostgreSQL location with a connect timeout and, if given, a statement timeout (libpq waits forever by
