@@ -106,8 +106,10 @@ def read_bounded(response: requests.Response, limit: int, where: str) -> bytes:
             raise StoreError(
                 f"{where}: the registry's answer to {response.request.method} runs past {limit} bytes; refused"
             )
-    response._content, response._content_consumed = bytes(body), True
-    return bytes(body)
+    content = bytes(body)  # one copy, kept by the response too: the peak is twice the answer, not three times
+    del body
+    response._content, response._content_consumed = content, True
+    return content
 
 
 class ChallengeAuth(oras.auth.TokenAuth):
