@@ -37,6 +37,7 @@ from warmcache.service.metrics import metrics_registry
 from warmcache.service.misses import parse_misses
 from warmcache.service.openapi import openapi_document
 from warmcache.service.plan_request import plan_request
+from warmcache.service.reader_text import known_paths, reader_error, without_paths
 from warmcache.service.view import RegistryView, guard_document
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import WORKLOADS
@@ -71,8 +72,11 @@ SERVER_PATHS = ("cache_root", "model_path")
 
 
 def reader_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A row as any reader may see it: ``warmcache shapes --json`` without :data:`SERVER_PATHS`."""
-    return {key: value for key, value in row.items() if key not in SERVER_PATHS}
+    """A row as any reader may see it: ``warmcache shapes --json`` without :data:`SERVER_PATHS`, and its error with
+    every path named by role (:mod:`~warmcache.service.reader_text`)."""
+    shown = {key: value for key, value in row.items() if key not in SERVER_PATHS}
+    shown["error"] = reader_error(row.get("error"), row.get("model_path"), row.get("cache_root"))
+    return shown
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -165,11 +169,14 @@ class Handlers:
             if abandoned.is_set():
                 raise ApiError(503, "plan abandoned")
 
+        served = self.served_models()
         try:
             # The manifest front door with all its bounds, off the event loop, in bounded time; paths on the server's
-            # disk are never disclosed.
+            # disk are never disclosed, and only the models this service's own manifest names are read.
             planned = await asyncio.wait_for(
-                run_in_threadpool(lambda: plan_request(manifests.loads(body, "request-body.toml"), model, checkpoint)),
+                run_in_threadpool(
+                    lambda: plan_request(manifests.loads(body, "request-body.toml"), model, served, checkpoint)
+                ),
                 PLAN_TIMEOUT_S,
             )
         except UsageError as exc:
@@ -180,15 +187,33 @@ class Handlers:
         explained = await self.in_registry(lambda registry: explain_plan(registry, planned))
         return json_response([plan_json(e.status, e.reason) for e in explained])
 
-    async def status(self, request: Request) -> Response:
+    def served_models(self) -> frozenset[tuple[str, str | None]]:
+        """``(path, revision)`` of each model this service's manifest names: the only model folders ``POST /v1/plan``
+        reads (none without ``--manifest``); another would let a token holder probe the server's disk."""
         if self.config.manifest is None:
+            return frozenset()
+        try:
+            return frozenset((m.path, m.revision) for m in load_manifest(self.config.manifest).models)
+        except UsageError:
+            return frozenset()  # /v1/status says what is wrong with it
+
+    async def status(self, request: Request) -> Response:
+        manifest = self.config.manifest
+        if manifest is None:
             raise ApiError(404, "no manifest configured: start the server with --manifest PATH", "manifest")
         try:
-            planned = plan_manifest(load_manifest(self.config.manifest), request.query_params.get("model"))
-        except UsageError as exc:
-            raise ApiError(400, str(exc), "model") from None
-        report = await self.in_registry(lambda registry: warmup_status(registry, planned))
-        return json_response(report.as_json())
+            planned = plan_manifest(load_manifest(manifest), request.query_params.get("model"))
+        except UsageError as exc:  # any reader asks: the manifest's and its models' paths are named by role
+            raise ApiError(400, without_paths(str(exc), {str(manifest): "<manifest>"}), "model") from None
+        report = (await self.in_registry(lambda registry: warmup_status(registry, planned))).as_json()
+        state = self.view.state
+        known = known_paths(
+            [p.model.path for p in planned], [r.cache_root for r in state.records] if state is not None else []
+        )
+        for group in report["groups"]:
+            for failure in group["failures"]:
+                failure["error"] = without_paths(failure["error"], known)
+        return json_response(report)
 
     async def misses(self, request: Request) -> Response:
         if request.method == "GET":

@@ -15,6 +15,7 @@ from warmcache.errors import first_line
 from warmcache.registry import ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, PLAN_STATUSES, Status
 from warmcache.reports.query import effective_status
+from warmcache.service.reader_text import reader_error
 from warmcache.service.view import RegistryState
 
 #: When several rows share a cell (families, toolchains), the cell shows the most useful status.
@@ -121,7 +122,7 @@ def _panel(panel: Panel) -> str:
         headers = "".join(f"<th>{name}</th>" for name in ("workload", "batch", "length", "attempts", "error"))
         html.append(f'<table class="failures"><tr>{headers}</tr>')
         for r in panel.failures:
-            error = escape(first_line(r.error) or "(no error text recorded)")
+            error = escape(first_line(reader_error(r.error, r.model_path, r.cache_root)) or "(no error text recorded)")
             html.append(
                 f"<tr><td>{escape(r.workload)}</td><td>{r.batch_size}</td><td>{r.seq_len}</td><td>{r.attempts}</td><td>{error}</td></tr>"
             )
