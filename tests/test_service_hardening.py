@@ -9,16 +9,20 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from moto_server import free_port
-from test_service import TOKEN, call, compiled, manifest, service  # noqa: F401 - fixtures
+from test_service import TOKEN, call, compiled, manifest, service, wait_ready  # noqa: F401 - fixtures
 
 from warmcache.bounds import MAX_COUNT
 from warmcache.registry import Registry
+from warmcache.service import ServiceConfig
 from warmcache.service.http import ApiError
 from warmcache.service.misses import parse_misses
+from warmcache.service.server import running_server
+from warmcache.settings import RegistryLocation
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -150,6 +154,23 @@ def test_serve_names_its_url_and_warns_when_bound_beyond_loopback(
     assert any("reachable beyond this machine" in line for line in lines) is warned, lines
 
 
+@pytest.fixture
+def planning(compiled: str, tmp_path: Path) -> Iterator[str]:  # noqa: F811 - the fixture of that name
+    """A service whose manifest names the model folders these tests post: ``POST /v1/plan`` reads no other."""
+    served = tmp_path / "served.toml"
+    served.write_text(
+        "".join(
+            f'[[model]]\nname = "{name}"\npath = "{tmp_path / name}"\n[[model.generate]]\nbatch_sizes = [1]\n'
+            "prompt_lengths = [8]\nmax_cache_len = 16\n"
+            for name in ("config-only", "deep")
+        )
+    )
+    config = ServiceConfig(RegistryLocation.parse(compiled), token=TOKEN, manifest=served, refresh_interval=0.2)
+    with running_server(config) as base:
+        wait_ready(base)
+        yield base
+
+
 def grid_manifest(tmp_path: Path, models: int, side: int) -> bytes:
     """``models`` models of one ``side`` × ``side`` generate grid each, on a config the server holds (a plan reads no
     weights)."""
@@ -189,7 +210,7 @@ def test_a_manifest_that_expands_past_the_limit_is_refused_before_planning(servi
 
 
 def test_a_plan_that_outlives_its_answer_stops_using_cpu(
-    service: str,  # noqa: F811 - the fixture of that name
+    planning: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -198,17 +219,17 @@ def test_a_plan_that_outlives_its_answer_stops_using_cpu(
     from warmcache.service import app
 
     monkeypatch.setattr(app, "PLAN_TIMEOUT_S", 0.3)
-    status, answer, _ = call(f"{service}/v1/plan", "POST", grid_manifest(tmp_path, 3, 180), AUTH)
+    status, answer, _ = call(f"{planning}/v1/plan", "POST", grid_manifest(tmp_path, 3, 180), AUTH)
     assert status == 503 and "took more than 0.3s" in answer["error"]["message"], answer
     time.sleep(1.0)
     cpu, wall = time.process_time(), time.monotonic()
     time.sleep(1.0)
     busy = (time.process_time() - cpu) / (time.monotonic() - wall)
     assert busy < 0.3, f"the server process used {busy:.0%} of a core a second after answering 503"
-    assert call(f"{service}/healthz")[0] == 200
+    assert call(f"{planning}/healthz")[0] == 200
 
 
-def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_path: Path) -> None:  # noqa: F811
+def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(planning: str, tmp_path: Path) -> None:
     folder = tmp_path / "deep"
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
@@ -216,7 +237,7 @@ def test_a_model_config_nested_100000_deep_is_a_400_not_a_500(service: str, tmp_
         f'[[model]]\nname = "m"\npath = "{folder}"\n[[model.generate]]\nbatch_sizes = '
         "[1]\nprompt_lengths = [8]\nmax_cache_len = 16\n".encode()
     )
-    status, answer, headers = call(f"{service}/v1/plan", "POST", body, AUTH)
+    status, answer, headers = call(f"{planning}/v1/plan", "POST", body, AUTH)
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, answer)
     # the server's disk is not described
     assert answer["error"]["field"] == "model[0].path" and str(folder) not in answer["error"]["message"]
