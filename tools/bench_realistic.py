@@ -288,6 +288,12 @@ def versus_cold(cold: dict[str, Any], r: dict[str, Any], clock: str = "") -> str
     return f"{overhead(cold, clock) / mine:.0f}x" if mine > noise else f"≥{overhead(cold, clock) / noise:.0f}x"
 
 
+def shown_route(route: str, backend: str) -> str:
+    """A route as the report's rows name it: the plain ``torch.compile`` route (``--routes inductor``) by the backend
+    it ran (the header said ``aot_eager`` and its row ``inductor``)."""
+    return backend if route == "inductor" else route
+
+
 def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dict[str, Any]], params_m: float) -> None:
     print(
         f"{args.label}: {params_m:.0f}M parameters, {args.dtype}, backend {args.backend}, CPU "
@@ -298,7 +304,7 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
     print(f"{'route':<12} {'warmup':>8} {'peak RSS':>9} {'written':>10} {'verify':>8}")
     for w in warmed:
         print(
-            f"{w.route:<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB "
+            f"{shown_route(w.route, args.backend):<12} {w.warmup_s:7.1f}s {w.peak_rss_gib:7.2f}GiB "
             f"{w.bytes_written / 2**20:8.1f}MiB "
             f"{w.verify_s:7.1f}s{'' if w.verified else '  NOT VERIFIED'}"
         )
@@ -313,7 +319,7 @@ def report(args: argparse.Namespace, warmed: list[Warmed], starts: dict[str, dic
         modules = ", ".join(r["compiler_modules"]) or "none"
         compiled = f"{r['graphs']} graphs, {r['frames']} Dynamo frames, compiler modules: {modules}"
         print(
-            f"{name:<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s "
+            f"{shown_route(name, args.backend):<12} {r['start_s']:7.2f}s {r['first_s']:7.2f}s {r['steady_s']:7.2f}s "
             f"{overhead(r):8.2f}s {versus:>8} {overhead(r, 'cpu'):12.2f}s {versus_cpu:>8}  {compiled}"
         )
     by_route = {w.route: w for w in warmed}

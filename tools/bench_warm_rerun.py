@@ -7,6 +7,10 @@ The registry is filled through its real claim -> mark_compiled path, then
 ``warmcache warmup`` runs in fresh processes (imports included, as in a pipeline
 step). The target is well under 2 s for 1,000 specs, and neither torch nor
 transformers may be imported: the whole run is one registry query.
+
+A full run exits 1 above the target. ``--quick`` judges only the imports: its time is
+one rerun of 100 specs on CI's loaded 2-core machine, which says nothing of the target
+(it printed "ABOVE TARGET" and passed).
 """
 
 from __future__ import annotations
@@ -86,14 +90,22 @@ def main() -> None:
         runs = [rerun(manifest, url) for _ in range(args.repeats)]
     seconds = statistics.median(float(str(r["seconds"])) for r in runs)
     heavy = sorted(name for name in ("torch", "transformers") if any(r[name] for r in runs))
-    verdict = "ok" if seconds < TARGET_SECONDS else "ABOVE TARGET"
     print(
         f"warm rerun of {specs} compiled specs, fresh process, imports included: median "
-        f"{seconds:.2f} s of {len(runs)} (target < {TARGET_SECONDS:.0f} s: {verdict})"
+        f"{seconds:.2f} s of {len(runs)} ({verdict(seconds, judged=not args.quick)})"
     )
     print(f"heavy imports: {', '.join(heavy) if heavy else 'none (torch and transformers stay unloaded)'}")
     if heavy:
         raise SystemExit("a warm rerun imported " + ", ".join(heavy))
+    if not args.quick and seconds >= TARGET_SECONDS:
+        raise SystemExit(f"above target: a warm rerun took {seconds:.2f} s, the target is < {TARGET_SECONDS:.0f} s")
+
+
+def verdict(seconds: float, *, judged: bool) -> str:
+    """The figure against the target; a --quick run's is not judged (one rerun of 100 specs on a loaded machine)."""
+    if not judged:
+        return f"target < {TARGET_SECONDS:.0f} s for 1,000 specs, judged in full runs only"
+    return f"target < {TARGET_SECONDS:.0f} s: {'ok' if seconds < TARGET_SECONDS else 'ABOVE TARGET'}"
 
 
 if __name__ == "__main__":

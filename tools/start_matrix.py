@@ -12,8 +12,10 @@ what the prime reported and ``warmcache explain`` run in that start's own enviro
     python tools/start_matrix.py --work /tmp/starts --starts 200 --python /other/venv/bin/python
     python tools/start_matrix.py --quick     # 6 starts over a one-bucket warmup: that it runs (about 2 min)
 
-Exit 0 only when every start hit. ``--python`` adds interpreters (each with warmcache and the same pins); a venv
-linked to this one's packages, at another prefix, is always one of them.
+Exit 0 only when every start hit, 1 when any missed, 2 when none missed but some could not run: a start whose
+interpreter cannot import torch, transformers and warmcache as its uid (a folder unreadable to it) is the tool's
+failure, reported apart ("COULD NOT RUN") and left out of the hit rate. ``--python`` adds interpreters (each with
+warmcache and the same pins); a venv linked to this one's packages, at another prefix, is always one of them.
 """
 
 from __future__ import annotations
@@ -261,12 +263,33 @@ def run_start(start: Start, i: int, snapshot: Path, scratch: Scratch) -> dict[st
         and not report["compiler_modules"]
     )
     if not report["hit"]:
-        report["cause"] = explain(start, i, scratch, env, cwd)
+        unable = None if "buckets" in report else cannot_run(start, env, cwd)
+        if unable:
+            report["could_not_run"] = unable
+        else:
+            report["cause"] = explain(start, i, scratch, env, cwd)
     shutil.rmtree(scratch.root / f"start-{i}", ignore_errors=True)
     for leftover in (f"copy-{i}", f"moved-{i}"):
         shutil.rmtree(scratch.root / leftover, ignore_errors=True)
     (scratch.root / f"link-{i}").unlink(missing_ok=True)
     return report
+
+
+#: What a replica's process imports before warmcache does anything: a start whose interpreter cannot is not a start.
+IMPORTS_PROBE = "import torch, transformers, warmcache"
+
+
+def cannot_run(start: Start, env: dict[str, str], cwd: Path) -> str | None:
+    """Why the start's interpreter, as its uid and in its environment, cannot even import what a replica imports (a
+    folder of the tool's own unreadable to that uid, say): the tool failed to set the start up, warmcache did not
+    miss. ``None`` when it can, so a start that failed is warmcache's miss."""
+    done = subprocess.run(
+        wrapped(start, [start.python, "-c", IMPORTS_PROBE]), env=env, cwd=cwd, capture_output=True, text=True
+    )
+    if done.returncode == 0:
+        return None
+    said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    return f"{start.python} as uid {start.uid if start.uid is not None else os.getuid()}: {said}"
 
 
 def explain(start: Start, i: int, scratch: Scratch, env: dict[str, str], cwd: Path) -> str:
@@ -290,7 +313,8 @@ def run_matrix(snapshot: Path, scratch: Scratch, starts: list[Start], echo: bool
             if report["hit"]:
                 print(".", end="", flush=True)
             else:
-                print(f"\nMISS start {i} ({start.describe()}): {json.dumps(report)}", flush=True)
+                label = "COULD NOT RUN" if "could_not_run" in report else "MISS"
+                print(f"\n{label} start {i} ({start.describe()}): {json.dumps(report)}", flush=True)
     if echo:
         print()
     return reports
@@ -315,27 +339,44 @@ def main() -> int:
         manifest = warm(work, model_path, [1] if args.quick else [1, 4])
         print(f"warmup: {time.perf_counter() - began:.0f} s")
     snapshot, public_key = export_snapshot(work)
-    pythons = [sys.executable, linked_venv(work / "second-venv"), *args.python]
-    starts = plan_starts(6 if args.quick else args.starts, pythons)
     scratch = Scratch(work, model_path, public_key, manifest)
     try:
+        # In the world-readable scratch folder, not --work (a mkdtemp folder, mode 700): as uid 65534 a second venv
+        # there found no site-packages, and those starts read as misses ("No module named warmcache").
+        pythons = [sys.executable, linked_venv(scratch.root / "second-venv"), *args.python]
+        starts = plan_starts(6 if args.quick else args.starts, pythons)
         reports = run_matrix(snapshot, scratch, starts)
     finally:
         scratch.close()
-    hits = sum(r["hit"] for r in reports)
-    seconds = sorted(r["seconds"] for r in reports)
-    print(
-        f"{len(reports)} fresh starts over {len(pythons)} interpreters: {hits} primed every bucket from its package "
-        f"with 0 compiles (hit rate {100 * hits / len(reports):.1f} %); "
-        f"start-to-served median {seconds[len(seconds) // 2]:.1f} s"
-    )
+    print(summary(reports, len(pythons)))
     for dimension in ("python", "home", "xdg_cache", "tmpdir", "cwd", "snapshot", "uid"):
         values = sorted({str(getattr(s, dimension)) for s in starts})
         counts = {v: sum(1 for s in starts if str(getattr(s, dimension)) == v) for v in values}
         print(f"  {dimension}: {', '.join(f'{v} x{n}' for v, n in counts.items())}")
     named = sum(1 for s in starts if s.hostname)
     print(f"  hostname: own UTS namespace x{named}, the machine's x{len(starts) - named}")
-    return 0 if hits == len(reports) else 1
+    return exit_code(reports)
+
+
+def summary(reports: list[dict[str, Any]], interpreters: int) -> str:
+    """The hit rate over the starts that ran; those the tool could not set up are counted apart, never as misses."""
+    ran = [r for r in reports if "could_not_run" not in r]
+    hits = sum(r["hit"] for r in ran)
+    seconds = sorted(r["seconds"] for r in ran) or [0.0]
+    rate = f"hit rate {100 * hits / len(ran):.1f} %" if ran else "no start ran"
+    unable = len(reports) - len(ran)
+    apart = f"; {unable} could not run (the tool's setup, not warmcache: see COULD NOT RUN above)" if unable else ""
+    return (
+        f"{len(ran)} fresh starts over {interpreters} interpreters: {hits} primed every bucket from its package with 0 "
+        f"compiles ({rate}); start-to-served median {seconds[len(seconds) // 2]:.1f} s{apart}"
+    )
+
+
+def exit_code(reports: list[dict[str, Any]]) -> int:
+    """0 when every start hit, 1 when any missed, 2 when none missed but the tool could not run some."""
+    if any(not r["hit"] and "could_not_run" not in r for r in reports):
+        return 1
+    return 2 if any("could_not_run" in r for r in reports) else 0
 
 
 if __name__ == "__main__":
