@@ -9,7 +9,10 @@ by their owner only, and that every file the Dockerfile copies exists.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +43,13 @@ def mounted(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
     return [m["mountPath"] for m in container.get("volumeMounts", [])]
 
 
-@pytest.mark.parametrize("name", ["warmup-job.yaml", "serve-deployment.yaml"])
+#: The serving Deployments: Trainium, and CPU (what tools/container_pipeline.sh runs in podman).
+SERVING = ("serve-deployment.yaml", "serve-deployment-cpu.yaml")
+
+
+@pytest.mark.parametrize("name", ["warmup-job.yaml", *SERVING])
 def test_every_document_validates_strictly(name: str) -> None:
-    since = IMAGE_VOLUME_SINCE if name == "serve-deployment.yaml" else 28
+    since = IMAGE_VOLUME_SINCE if name in SERVING else 28
     for version in VERSIONS:
         if int(version.split(".")[1]) < since:
             continue
@@ -64,8 +71,19 @@ def test_the_serving_deployment_mounts_the_tag_warmup_pushes_read_only() -> None
     assert cache_mount["readOnly"] and container["command"][2] == cache_mount["mountPath"]
 
 
+@pytest.mark.parametrize("name", SERVING)
+def test_a_serving_pod_can_write_nowhere(name: str) -> None:
+    """A read-only root and no writable volume, /tmp included: the packages' .so files are mapped from the mount."""
+    (deployment,) = documents(name)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not [v for v in pod["volumes"] if "emptyDir" in v], "no emptyDir, not even for /tmp"
+    assert all(m["readOnly"] for m in container["volumeMounts"]), container["volumeMounts"]
+
+
 def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
-    docs = documents("warmup-job.yaml") + documents("serve-deployment.yaml")
+    docs = documents("warmup-job.yaml") + [doc for name in SERVING for doc in documents(name)]
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     pod_root = tmp_path / "pod"  # the pod's /etc/warmcache, with the key files its secrets hold
     (pod_root / "etc/warmcache/signing").mkdir(parents=True)
@@ -109,7 +127,7 @@ def test_commands_name_files_the_pods_mount(tmp_path: Path) -> None:
                     "warmcache refuses a private key others can read"
                 )
     # The kubectl lines in the headers: each warmcache command names a file its pod mounts.
-    for name in ("warmup-job.yaml", "serve-deployment.yaml"):
+    for name in ("warmup-job.yaml", *SERVING):
         for line in (EXAMPLES / name).read_text().splitlines():
             if line.startswith("#") and "kubectl exec" in line:
                 for path in re.findall(r"(/etc/warmcache/[\w./-]+|/cache\b)", line):
@@ -131,15 +149,31 @@ def test_every_file_the_dockerfile_copies_exists_and_reaches_the_builder() -> No
     assert "USER 1000" in lines, "the cpu image runs as a non-root user"
 
 
+def test_the_cpu_image_silences_only_inductors_python_h_warning() -> None:
+    """Container warmups printed "Can't find Python.h" about 20 times (Debian's python3 has no headers, and Inductor's
+    default wrapper needs none): the image's filter hides that warning, and no other."""
+    (setting,) = re.findall(r'^ENV PYTHONWARNINGS="([^"]+)"$', (EXAMPLES / "Dockerfile").read_text(), flags=re.M)
+    probe = "import warnings; warnings.warn(\"Can't find Python.h in /usr/include/python3.11\"); warnings.warn('kept')"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env={**os.environ, "PYTHONWARNINGS": setting}, capture_output=True, text=True
+    )
+    assert "Python.h" not in done.stderr and "UserWarning: kept" in done.stderr, done.stderr
+
+
 def test_the_container_pipeline_runs_what_the_deployment_runs() -> None:
-    """tools/container_pipeline.sh (CI) builds this Dockerfile and starts serve.py as the Deployment does: the same
-    command on the tag mounted at the Deployment's cache path; a drift here would leave CI testing another pod."""
+    """tools/container_pipeline.sh (CI) builds this Dockerfile and starts serve.py as the CPU Deployment does: the same
+    command on the tag mounted at the Deployment's cache path, with nothing writable (``--read-only``, no tmpfs, as
+    ``readOnlyRootFilesystem`` with no emptyDir); a drift here would leave CI testing another pod."""
     pipeline = (ROOT / "tools" / "container_pipeline.sh").read_text()
-    (deployment,) = documents("serve-deployment.yaml")
+    (deployment,) = documents("serve-deployment-cpu.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     python, script, cache = container["command"][:3]
     assert "-f examples/k8s/Dockerfile" in pipeline and "--target cpu" in pipeline
     assert f"destination={cache}" in pipeline and f"{python} {script} {cache} " in pipeline
     assert "--model-path" in container["command"] and "--model-path" in pipeline
+    pod_user = deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert container["image"].endswith(":cpu") and pod_user == 1000, "the cpu image's own user"
+    serving = re.search(r"^serve_args\(\) \{.*?^\}", pipeline, re.MULTILINE | re.DOTALL)
+    assert serving and "--read-only " in serving.group() and "--tmpfs" not in serving.group(), "nothing writable"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^  (timed )?tools/container_pipeline\.sh$", ci, re.MULTILINE), "CI runs the pipeline"
