@@ -297,7 +297,8 @@ def require_trusted_registry(found: Path, start: Path | None = None, environ: Ma
         return
     here = _working_folder(start) or project
     below = [here, *here.parents]
-    chain = [found, found.parent, *below[: below.index(project) + 1 if project in below else 0]]
+    between = below[: below.index(project) + 1] if project in below else []  # the working folder up to the project
+    chain = [found, found.parent, *between]
     real = Path(os.path.realpath(found))
     for path in dict.fromkeys([*chain, real, real.parent]):  # in order, each once
         problem = _ownership_problem(path)
@@ -310,6 +311,8 @@ def require_trusted_registry(found: Path, start: Path | None = None, environ: Ma
 
 
 def _is_allowed(project: Path, listed: str) -> bool:
+    """``project`` is among the ``os.pathsep``-separated folders of ``$WARMCACHE_SAFE_DIRECTORIES``, or that says
+    ``*``."""
     entries = [entry for entry in listed.split(os.pathsep) if entry.strip()]
     return "*" in entries or any(_same_folder(Path(entry).expanduser(), project) for entry in entries)
 
