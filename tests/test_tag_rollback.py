@@ -371,3 +371,21 @@ def test_promote_copies_a_verified_tag_signed_for_its_new_name(
     code, _, err = run("store", "promote", unsigned, target, "--sign", str(tmp_path / "key"))
     (line,) = error_lines(err)
     assert code == 5 and f"{unsigned}: tag document: unsigned" in line and tag_document(target)["version"] == 2, err
+
+
+def test_a_signer_builds_on_an_expired_tag_only_where_it_is_its_own_last_push(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path
+) -> None:
+    """An expired push put back under the tag would be renewed by a signer that does not know it is stale."""
+    generate_key(tmp_path / "key")
+    url = registry_host.url(f"team/x-{uuid.uuid4().hex[:8]}", "prod")
+    push(built, url, tmp_path / "key", "--expires", "2s", "--state-dir", str(tmp_path / "a"))
+    time.sleep(max(0.0, tag_document(url)["expires"] - time.time()) + 0.2)
+    code, _, err = run(
+        "push", str(built.manifest), "--cache-dir", str(built.root), "--db", built.url, "--store", url,
+        "--sign", str(tmp_path / "key"), "--state-dir", str(tmp_path / "b"),
+    )  # fmt: skip
+    (line,) = error_lines(err)
+    assert code == 5 and "signed tag version 1" in line and "expired" in line and "--fresh" in line, err
+    push(built, url, tmp_path / "key", "--state-dir", str(tmp_path / "a"))  # its own last push: renewed
+    assert tag_document(url)["version"] == 2

@@ -320,9 +320,10 @@ class TagMemory:
                 f"older than its own last push): give a writable --state-dir (${STATE_ENV})"
             ) from None
 
-    def remember_push(self, url: str, pushed: TagVersion) -> None:
-        """After a signed push: remember it as the newest version of ``url`` (unless a newer one is known already)."""
-        self._remember(url, pushed, same_version_ok=True)
+    def remember(self, url: str, verified: TagVersion) -> None:
+        """A pusher's: remember a version of ``url`` it verified or wrote (unless a newer one is known already; one of
+        the same version is a concurrent push, not a rollback)."""
+        self._remember(url, verified, same_version_ok=True)
 
     def _remember(self, url: str, seen: TagVersion, *, same_version_ok: bool) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)

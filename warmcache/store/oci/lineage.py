@@ -77,6 +77,7 @@ def push_basis(store: OciStore, signing_key: SigningKey | None, trusted: Trusted
         advice=FRESH_ADVICE,
     )
     store.memory.refuse_older(store.url, seen, known, same_version_ok=True, advice=FRESH_ADVICE)
+    store.memory.remember(store.url, seen)  # the floor rises with what this host verified, pushed or not
     return Basis(found, found, max(seen.version, floor) + 1)
 
 

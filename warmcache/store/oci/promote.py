@@ -92,7 +92,7 @@ def promote_image(
         (target.client.upload_bytes(config), len(config)), stored, Descriptor(LAYER_MEDIA_TYPE, digest, size), labels
     )
     written = target.client.put_manifest(target.reference.tag, manifest)
-    target.memory.remember_push(target.url, TagVersion(basis.version, pushed_at, written))
+    target.memory.remember(target.url, TagVersion(basis.version, pushed_at, written))
     return PromoteResult(
         source.url, target.url, basis.version, written, len(image.indexes), len(copied), present, sum(copied)
     )

@@ -108,7 +108,7 @@ def push_image(
                 continue  # the layers are built and sent now: read the tag again and merge quickly
             digest = store.client.put_manifest(store.reference.tag, manifest)
             if signing_key:
-                store.memory.remember_push(store.url, TagVersion(basis.version, pushed_at, digest))
+                store.memory.remember(store.url, TagVersion(basis.version, pushed_at, digest))
             time.sleep(SETTLE_SECONDS)
             now = read_image(store.client, store.reference.tag)
             if now is not None and all(now.indexes.get(key) == index for key, index in ours.items()):
