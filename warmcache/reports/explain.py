@@ -159,15 +159,21 @@ def _explain(status: PlanStatus, compiled: list[ShapeRecord]) -> Explanation:
             record, planned.config_hash, planned.model.attn_implementation, planned.toolchain.as_dict()
         )
         return Explanation(status, f"stale: {describe(differences)}", tuple(differences))
-    if status.status == Status.FAILED and record is not None:
-        return Explanation(
-            status, f"failed: {first_line(record.error) or 'no error recorded'} (attempts {record.attempts})"
-        )
-    if status.status == Status.COMPILING and record is not None:
-        return Explanation(status, f"compiling: claimed by {record.claimed_by}")
-    if status.status == Status.PENDING:
-        return Explanation(status, "pending: not compiled yet (run warmcache warmup)")
+    unfinished = unfinished_reason(status.status, record)
+    if unfinished is not None:
+        return Explanation(status, unfinished)
     return Explanation(status, _missing_reason(planned.spec, [r for r in compiled if _same_identity_parts(r, planned)]))
+
+
+def unfinished_reason(status: str, record: ShapeRecord | None) -> str | None:
+    """Why a row that is failed, compiling or pending is not usable yet (``None`` for any other status)."""
+    if status == Status.FAILED and record is not None:
+        return f"failed: {first_line(record.error) or 'no error recorded'} (attempts {record.attempts})"
+    if status == Status.COMPILING and record is not None:
+        return f"compiling: claimed by {record.claimed_by}"
+    if status == Status.PENDING:
+        return "pending: not compiled yet (run warmcache warmup)"
+    return None
 
 
 def _same_identity_parts(record: ShapeRecord, planned: PlannedShape) -> bool:

@@ -10,16 +10,16 @@ compiled shapes. No manifest, so no model config is read and nothing imports tor
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import UsageError, first_line
+from warmcache.errors import UsageError
 from warmcache.identity.fingerprint import current_toolchain
+from warmcache.manifest.checker import close_match
 from warmcache.registry.records import ShapeRecord
 from warmcache.registry.statuses import Status
-from warmcache.reports.explain import Difference, describe, toolchain_differences
+from warmcache.reports.explain import Difference, describe, toolchain_differences, unfinished_reason
 from warmcache.reports.query import CheckRequest, CheckResult, RequestChecker, effective_status
 from warmcache.shapes import format_pairs
 
@@ -40,12 +40,12 @@ def require_known_model(registry: Registry, model: str) -> None:
         raise UsageError(
             f"--model {model!r}: registry {registry.location.display} has no rows yet (run warmcache warmup MANIFEST)"
         )
-    close = difflib.get_close_matches(model, names, n=3)
-    hint = f"did you mean {' or '.join(repr(n) for n in close)}?" if close else "known models:"
+    close = close_match(model, tuple(names))
+    hint = f"did you mean {close!r}? " if close else ""
     shown = names[:KNOWN_NAMES_SHOWN]
     more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
     raise UsageError(
-        f"--model {model!r}: no rows of this model in registry {registry.location.display}; {hint} "
+        f"--model {model!r}: no rows of this model in registry {registry.location.display}; {hint}"
         f"(models there: {', '.join(shown)}{more})"
     )
 
@@ -85,13 +85,7 @@ def _row_reason(record: ShapeRecord) -> tuple[str, tuple[Difference, ...]]:
         here = current_toolchain(record.device, record.backend, record.mode).as_dict()
         differences = toolchain_differences(record.toolchain, here)
         return f"stale: {describe(differences)}", tuple(differences)
-    if status == Status.FAILED:
-        return f"failed: {first_line(record.error) or 'no error recorded'} (attempts {record.attempts})", ()
-    if status == Status.COMPILING:
-        return f"compiling: claimed by {record.claimed_by}", ()
-    if status == Status.PENDING:
-        return "pending: not compiled yet (run warmcache warmup)", ()
-    return "", ()
+    return unfinished_reason(status, record) or "", ()
 
 
 def _in_request(record: ShapeRecord, request: CheckRequest) -> bool:
