@@ -7,13 +7,14 @@ signed with the same key, modelled on TUF's timestamp and snapshot roles (as pyt
 ``TrustedMetadataSet`` applies them):
 
 - it names the **repository and tag** it was pushed to (a mirror on another host keeps
-  both; a copy under another name is refused: push it there again with ``--sign``);
-- it carries a **version**, one more than the tag's before (and the push time);
+  both; a copy under another name is refused: ``store promote`` it there, :mod:`.promote`);
+- it carries a **version** (below 2**53, which every JSON reader keeps exact), one more than
+  the tag's verified one or this host's memory of it (:mod:`.lineage`), and the push time;
 - it **expires** (TUF's timestamp role does, against a freeze: a registry that keeps serving
   the last version a host saw, hiding newer pushes): ``push --expires AGE``, else
-  ``$WARMCACHE_TAG_EXPIRES``, else 30 days; a pull refuses it once past, naming tag and date,
-  and a push renews it (a new version, nothing else changed) once half its validity is gone
-  (or when it shortens it);
+  ``$WARMCACHE_TAG_EXPIRES``, else 30 days, at most ``--max-expires`` (a year); a pull
+  refuses it once past, naming tag and date, and a push renews it (a new version, nothing
+  else changed) once half its validity is gone (or when it shortens it);
 - it lists the sha256 of **every shape index** the image holds (TUF's snapshot: an index
   from another push cannot be slipped into this one).
 
@@ -21,8 +22,9 @@ With trusted keys a pull verifies it before believing any index, then compares t
 with what this host remembers for that tag at that location (:class:`TagMemory`, a JSON
 file in the state folder: ``--state-dir``, ``$WARMCACHE_STATE_DIR``, then
 ``$XDG_STATE_HOME/warmcache``) and with the deployment's pin (``--min-tag-version``): an
-older version is refused, one line naming both; an equal one is the same push, a newer one
-is remembered. As in TUF, the memory is written (atomically, under a lock) only after the
+older version is refused, one line naming both, and so is the remembered version with
+another manifest; a newer one is remembered (a signed push keeps the same memory, and builds
+on nothing older). As in TUF, the memory is written (atomically, under a lock) only after the
 document verified. Where no state folder can be written (a read-only root file system) a
 pin must take its place: a pull that can neither remember nor compare with a pin is refused.
 """

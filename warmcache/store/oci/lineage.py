@@ -56,9 +56,8 @@ def push_basis(store: OciStore, signing_key: SigningKey | None, trusted: Trusted
     tag a signed push may not build on."""
     found = _read_tag(store, fresh)
     if signing_key is None:
-        return Basis(
-            None if fresh else found, found, (0 if fresh or found is None else version_of(found.tag_document)) + 1
-        )
+        unsigned = 0 if fresh or found is None else version_of(found.tag_document)
+        return Basis(None if fresh else found, found, unsigned + 1)
     keys = signer_keys(signing_key, trusted)
     known = store.memory.known(store.url)
     floor = known.version if known is not None else 0
@@ -66,8 +65,9 @@ def push_basis(store: OciStore, signing_key: SigningKey | None, trusted: Trusted
         return Basis(None, found, max(_verified_version(store, found, keys), floor) + 1)
     if found is None:
         return Basis(None, None, floor + 1)
-    own = known is not None and known.digest == found.digest  # this host's own last push (or pull): current as far
-    seen = check_tag(  # as it knows, even once expired
+    # The very manifest this host verified or wrote last is current as far as it knows, even once expired.
+    own = known is not None and known.digest == found.digest
+    seen = check_tag(
         found.tag_document,
         found.indexes,
         store.reference,

@@ -8,7 +8,9 @@ prefix. Layers whose files did not change keep their digest and are not sent aga
 a changed layer is rebuilt from the local cache, taking any file this host lacks from
 the tag's own layer (checked against its index). A push that changes nothing writes
 nothing, unless it signs and the tag's signed document is half-way to expiry: then it
-writes the same shapes under a new version (:func:`.freshness.needs_renewal`).
+writes the same shapes under a new version (:func:`.freshness.needs_renewal`). A signed push
+builds only on a tag its keys verify, no older than this host remembers; ``--fresh`` builds
+from the local registry alone (:mod:`.lineage`).
 
 **Concurrent pushes to one tag.** A registry has no compare-and-swap on tags: two hosts
 that read the tag, merge and write it back at once would each drop the other's shapes.
@@ -167,11 +169,9 @@ def _image(
         for file in index["files"]
     }
     layers = builder.layers(by_bucket(flavor, files.values()), base)
-    replaced = basis.found
-    superseded = [
-        *(base.superseded if base is not None else ()),
-        *((Superseded(replaced.digest, pushed_at),) if replaced else ()),
-    ]
+    superseded = list(base.superseded) if base is not None else []
+    if basis.found is not None:
+        superseded.append(Superseded(basis.found.digest, pushed_at))  # gc removes it once past its grace
     tag = TagStatement(basis.version, pushed_at, validity, signing_key)
     members = metadata_members(store.reference, flavor, indexes, layers, superseded, tag)
     metadata = builder.upload(sorted(members), None)
