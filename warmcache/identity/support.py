@@ -9,7 +9,8 @@ in production. What is checked, from the config alone (no weights are read):
   ``linear_attention``: LFM2, Granite-4.0-H, Bamba, Qwen3-Next), both side by side
   (``hybrid``: Falcon-H1), or no cache at all; chunked, indexed, sliding-hybrid and other
   layer kinds keep state it does not model. The model class must take a ``Cache`` object
-  at all (pure Mamba models keep their own cache class and do not).
+  at all (pure Mamba models keep their own cache class and do not), and its code must
+  decode one token from that cache in one graph per shape (:mod:`warmcache.identity.model_code`).
 * both workloads: transformers maps the config to a causal-LM class (warmup loads
   it with ``AutoModelForCausalLM``).
 
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from warmcache.errors import ManifestError
+from warmcache.identity.model_code import code_problems
 from warmcache.manifest import Manifest, ModelSpec
 
 
@@ -63,7 +65,23 @@ def model_problems(model: ModelSpec) -> list[str]:
                     f"{where}: generate: {model_class.__name__} takes no Cache object, so its decode step "
                     "cannot run on a static cache"
                 )
+            else:
+                generation_config = _generation_config(model, config)
+                problems += [
+                    f"{where}: generate: {problem}" for problem in code_problems(config, model_class, generation_config)
+                ]
     return problems
+
+
+def _generation_config(model: ModelSpec, config: Any) -> Any:
+    """The generation config ``from_pretrained`` gives the model: its generation_config.json, else one derived from
+    the model config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model.path, revision=model.revision or "main")
+    except OSError:  # no generation_config.json: transformers derives it from config.json
+        return GenerationConfig.from_model_config(config)
 
 
 def check_supported(manifest: Manifest, models: Iterable[ModelSpec] | None = None) -> None:
