@@ -7,11 +7,12 @@
 #                   warmcache push --sign to a local OCI registry (Debian's docker-registry)
 #   serving         a container from the same image, as its own non-root user, --read-only, the tag mounted
 #                   as an image volume at /cache (podman's --mount type=image, what a Kubernetes image volume
-#                   is), key and model read-only: primes every bucket from the signed packages, answers
-#                   ragged requests, refuses a shape no bucket serves (422), compiles nothing, imports no
-#                   compiler and writes nothing
+#                   is), key and model read-only, no tmpfs: primes every bucket from the signed packages (each
+#                   .so mapped from the mount), answers ragged requests, refuses a shape no bucket serves (422),
+#                   compiles nothing, imports no compiler and writes nothing
 #   refusals        the same serving container stops before serving, one line in its log, on a tag signed by
-#                   another key, a tag compiled under another Inductor setting, and a tag with an altered layer
+#                   another key, a tag compiled under another Inductor setting, a tag with an altered package
+#                   and a tag with an altered .so
 #
 # Exits 0 only if all of that holds; prints each phase's wall time. Needs root (rootful podman), podman with
 # runc, mmdebstrap (only while the base is missing), docker-registry, skopeo, psql, curl, and the
@@ -167,19 +168,25 @@ other_toolchain="$run_id-other-setting"
 warm "$other_toolchain" "[1]" -e "$other_setting"
 phase "warmup container, another Inductor setting"
 
-# An altered layer, pushed by someone without the key: every digest consistent, one package byte flipped.
+# An altered layer, pushed by someone without the key: every digest consistent, one byte flipped in a package, and
+# in another tag in a package's unpacked .so (aotinductor-lib/), which the serving container maps where it lies.
+tamper() { # TAG FOLDER
+  skopeo copy --quiet --src-tls-verify=false "docker://$registry/$REPOSITORY:$good" "oci:$work/layout-$1:$good"
+  "$PYTHON" tools/oci_tamper.py "$work/layout-$1" "$good" "$2"
+  skopeo copy --quiet --dest-tls-verify=false "oci:$work/layout-$1:$good" "docker://$registry/$REPOSITORY:$1"
+  podman pull --quiet --tls-verify=false "$registry/$REPOSITORY:$1" >/dev/null
+}
 tampered="$run_id-tampered"
-skopeo copy --quiet --src-tls-verify=false "docker://$registry/$REPOSITORY:$good" "oci:$work/layout:$good"
-"$PYTHON" tools/oci_tamper.py "$work/layout" "$good" aotinductor/
-skopeo copy --quiet --dest-tls-verify=false "oci:$work/layout:$good" "docker://$registry/$REPOSITORY:$tampered"
-podman pull --quiet --tls-verify=false "$registry/$REPOSITORY:$tampered" >/dev/null
-phase "tampered tag"
+tamper "$tampered" aotinductor/
+tampered_library="$run_id-tampered-library"
+tamper "$tampered_library" aotinductor-lib/
+phase "tampered tags"
 
-# The serving container as the Deployment runs it: the image's own user, read-only, the tag as an image volume.
-# The one writable place is a tmpfs at /tmp (the Deployment's emptyDir): the C++ package loader unpacks each
-# package's .so there to dlopen it and removes it; /tmp and /dev/shm are checked empty after serving.
+# The serving container as the Deployment runs it: the image's own user, the tag as an image volume, and nothing
+# writable: --read-only with no tmpfs, so /tmp is the image's own, read-only (each package's .so is dlopen-ed from
+# the mount where it lies, see warmcache/runtime/mapped_library.py); /dev/shm is checked empty after serving.
 serve_args() { # TAG KEY
-  echo --read-only --read-only-tmpfs=false --tmpfs /tmp:rw,size=256m,mode=1777 --network host \
+  echo --read-only --read-only-tmpfs=false --network host \
     --mount "type=image,source=$registry/$REPOSITORY:$1,destination=/cache" \
     -v "$work/keys/$2.pub:/etc/warmcache/trust/$2.pub:ro" -v "$work/models:/models:ro" "$IMAGE" \
     python /app/serve.py /cache "$MODEL" "/etc/warmcache/trust/$2.pub" --model-path /models/tiny-llama
@@ -219,11 +226,13 @@ stats=$(curl -fs "http://127.0.0.1:$serve_port/stats")
 [ "$(podman exec "$serving" id -u)" = 1000 ] && pass "serving as uid 1000" || fail "serving as root"
 written=$(podman exec "$serving" find /tmp /dev/shm -mindepth 1)
 if [ -z "$written" ] && ! podman exec "$serving" touch /home/warmcache/probe 2>/dev/null \
-  && ! podman exec "$serving" touch /cache/probe 2>/dev/null; then
-  pass "nothing written (root and /cache read-only, /tmp and /dev/shm empty)"
+  && ! podman exec "$serving" touch /tmp/probe 2>/dev/null && ! podman exec "$serving" touch /cache/probe 2>/dev/null; then
+  pass "nothing written, nothing writable (root, /tmp and /cache read-only; /dev/shm empty)"
 else
-  fail "written to /tmp or /dev/shm ($written), or the root or /cache is writable"
+  fail "written to /tmp or /dev/shm ($written), or the root, /tmp or /cache is writable"
 fi
+podman exec "$serving" grep -q ' /cache/aotinductor-lib/' /proc/1/maps \
+  && pass "each package's .so mapped from the mount where it lies" || fail "no .so mapped from /cache/aotinductor-lib"
 podman rm -f "$serving" >/dev/null
 phase "requests"
 
@@ -241,7 +250,8 @@ refused() { # WHAT TAG KEY EXPECTED
 refused "a tag signed by another key" "$good" other-key "not trusted"
 refused "a tag compiled under $other_setting" "$other_toolchain" build-key "stale"
 refused "a tag with an altered layer" "$tampered" build-key "sha256"
-phase "three refusals"
+refused "a tag with an altered .so" "$tampered_library" build-key "AOTInductor library sha256"
+phase "four refusals"
 
 echo "--- container pipeline: wall time per phase"
 printf '%s\n' "${phases[@]}"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from warmcache.cache.artifact_format import decode_tensor, named_tensors, read_c
 from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.modeling.decode_inputs import flatten, scalars
+from warmcache.runtime.mapped_library import checked_library
 
 if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord
@@ -123,19 +124,15 @@ def load_package(
     }
     constants.update(computed)
     try:
-        with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
-            # The checked bytes, not the file again: what runs is what was hashed.
-            package = Path(work) / "decode.pt2"
-            package.write_bytes(payload)
-            loader = open_loader(package)
-        listed = set(loader.get_constant_fqns())
+        with checked_library(root, info["library"], path) if info.get("library") else nullcontext() as library:
+            opened = _open_library(library) if library and device == "cpu" else _unpack_and_open(payload)
+        listed = set(opened.fqns)
         if listed != set(constants):
             raise CacheError(
                 f"{path}: AOTInductor package lists constants {sorted(listed ^ set(constants))[:3]} its "
                 "header does not; refusing to run it"
             )
-        # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
-        loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
+        opened.bind(constants)
     except CacheError:
         raise
     except Exception as exc:  # a foreign torch, a broken archive: one line, never a half-bound package
@@ -143,8 +140,48 @@ def load_package(
             f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})"
         ) from None
     inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
-    step = PackagedDecodeStep(loader, inputs, dict(info["scalars"]), device, str(path), tuple(computed.values()))
+    step = PackagedDecodeStep(opened.runner, inputs, dict(info["scalars"]), device, str(path), tuple(computed.values()))
     return header.fingerprint.signature, step
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A loaded package: what runs it, the constants it lists, and how every one of them is bound at once."""
+
+    runner: Any
+    fqns: Collection[str]
+    bind: Callable[[dict[str, Any]], None]
+
+
+def _open_library(library: str) -> _Opened:
+    """The checked library loaded where it lies (:mod:`warmcache.runtime.mapped_library`): nothing is written."""
+    import torch
+
+    num_models = 1
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, num_models)
+    # What the package loader's load_constants does: its constants by the names the library gives them.
+    name_of = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items()}
+
+    def bind(constants: dict[str, Any]) -> None:
+        by_name = {name_of[fqn]: tensor for fqn, tensor in constants.items()}
+        runner.update_constant_buffer(by_name, use_inactive=False, validate_full_updates=True, user_managed=True)
+
+    return _Opened(runner, name_of.keys(), bind)
+
+
+def _unpack_and_open(payload: bytes) -> _Opened:
+    """A package with no library to map (written before libraries were, or one others may write): its checked bytes,
+    not the file again, are unpacked into a private temporary folder and loaded from there."""
+    with tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
+        package = Path(work) / "decode.pt2"
+        package.write_bytes(payload)
+        loader = open_loader(package)
+
+    def bind(constants: dict[str, Any]) -> None:
+        # Every listed constant at once (check_full_update), the caller's tensors without a copy (user_managed).
+        loader.load_constants(constants, use_inactive=False, check_full_update=True, user_managed=True)
+
+    return _Opened(loader, loader.get_constant_fqns(), bind)
 
 
 def open_loader(package: Path) -> Any:

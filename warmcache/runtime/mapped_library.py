@@ -6,12 +6,16 @@ signed row names, covers that header. Loading the library where it lies, instead
 unpacking the package into a writable temporary folder, is only as safe as the
 gap between the check and the load:
 
-* the file is opened once; its bytes are hashed through that descriptor and
-  ``dlopen`` maps the same descriptor's file (``/proc/self/fd/N``), so renaming
-  another file into its place (a writable folder) changes nothing;
-* what is left is a write into the file itself, so the library is used only where
-  nobody else can write it: a read-only mount (an image volume, ``--read-only``), or
-  a file owned by this user or root with no group, other or ACL write permission.
+* the folder is opened once and the library through it; its bytes are hashed through
+  that descriptor, and ``dlopen`` is given ``/proc/self/fd/<folder>/<sha256>``, resolved in
+  the same folder whatever is renamed above it. The name holds the digest because
+  ``dlopen`` knows a loaded library by the name it was given: a bare descriptor number,
+  reused once closed, handed a later package the first one's library (measured: the
+  batch-4 package ran the batch-1 code);
+* what is left is a change of the folder's entry or a write into the file, so the library
+  is used only where nobody else can make either: a read-only mount (an image volume,
+  ``--read-only``), or a folder and file owned by this user or root with no group, other
+  or ACL write permission.
 
 Elsewhere (a file others may write, no ``/proc``) it is not used, and the package loads as
 before, through a private temporary folder; a library whose bytes differ from the
@@ -48,18 +52,17 @@ def checked_library(root: Path, sha256: str, package: Path) -> Iterator[str | No
     if len(sha256) != 64 or not set(sha256) <= _HEX:
         raise CacheError(f"{package}: AOTInductor package names library {sha256[:80]!r}, not a sha256")
     path = root / library_path(sha256)
+    folder = _open(path.parent, os.O_DIRECTORY)
+    fd = None if folder is None else _open(path, os.O_NOFOLLOW, folder)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        log.debug("%s: no unpacked library %s; the package is unpacked instead", package, path)
-        yield None
-        return
-    except OSError as exc:
-        raise CacheError(f"{path}: AOTInductor library unreadable ({exc.strerror or exc})") from None
-    try:
-        mapped = f"/proc/self/fd/{fd}"
-        why_not = _why_changeable(fd) or (None if os.path.exists(mapped) else "no /proc/self/fd")
-        if why_not:
+        # By the folder's descriptor and the library's own name: dlopen knows a loaded library by the name it was
+        # given, so a descriptor's number alone, reused after close, would hand back another library.
+        mapped = f"/proc/self/fd/{folder}/{sha256}"
+        if folder is None or fd is None:
+            why_not: str | None = "absent"
+        else:
+            why_not = _why_changeable(folder) or _why_changeable(fd) or (None if os.path.exists(mapped) else "no /proc")
+        if why_not or fd is None:
             log.debug("%s: not loaded where it lies (%s); the package is unpacked instead", path, why_not)
             yield None
             return
@@ -67,18 +70,33 @@ def checked_library(root: Path, sha256: str, package: Path) -> Iterator[str | No
             digest = hashlib.file_digest(file, "sha256").hexdigest()
         if digest != sha256:
             raise TrustError(
-                f"{path}: AOTInductor library sha256 {digest[:16]}… differs from the {sha256[:16]}… its package "
-                f"{package.name[:16]}… names; refusing to load it"
+                f"{path}: AOTInductor library sha256 {digest[:16]}… differs from the {sha256[:16]}… its "
+                f"package {package.name[:16]}… names; refusing to load it"
             )
         yield mapped
     finally:
-        os.close(fd)
+        for opened in (fd, folder):
+            if opened is not None:
+                os.close(opened)
+
+
+def _open(path: Path, flags: int, folder: int | None = None) -> int | None:
+    """A read-only descriptor of ``path`` (by its name in ``folder`` when given), ``None`` when it is absent."""
+    try:
+        if folder is None:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
+        return os.open(path.name, os.O_RDONLY | os.O_CLOEXEC | flags, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CacheError(f"{path}: AOTInductor library unreadable ({exc.strerror or exc})") from None
 
 
 def _why_changeable(fd: int) -> str | None:
-    """Why the open file's bytes could change between the check and ``dlopen`` (``None``: they cannot)."""
+    """Why the open file's bytes (a folder's entries) could change between the check and ``dlopen`` (``None``: they
+    cannot)."""
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
         return "not a regular file"
     if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
         return None

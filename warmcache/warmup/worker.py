@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from warmcache.cache.layout import LOCK_DIRNAME, entry_size, list_entries
+from warmcache.cache.artifact_format import library_of
+from warmcache.cache.layout import AOTINDUCTOR_LIBRARY, LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.platform_mark import claim_for_target
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
@@ -118,6 +119,9 @@ class Worker:
         new, reused = _entries_needed(root, flavor, before, measured.lookups)
         if precompile:
             (new if entry not in before else reused)[entry] = model_spec.precompile.artifact_kind
+            library = library_of(root, entry)  # a package's unpacked .so, which a start maps where it lies
+            if library is not None:
+                (new if library not in before else reused)[library] = AOTINDUCTOR_LIBRARY
         return SpecRun(
             seconds=seconds,
             graphs=measured.counter.graphs,
