@@ -18,7 +18,7 @@ from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_
 
 import warmcache.cache.bundle as bundle_module
 from warmcache.registry import Registry
-from warmcache.reports.query import local_toolchain_hash
+from warmcache.registry.usability import local_toolchain_hash
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.registry.records import ArtifactRef
-from warmcache.reports.query import local_toolchain_hash
+from warmcache.registry.usability import local_toolchain_hash
 
 VERSION = "2.15.128.0+56dc5a86"
 HOUR = 3600.0

@@ -24,9 +24,9 @@ from warmcache.identity.compile_env import EXCLUDED_ENV, GRAPH_ENV, NEURON_GRAPH
 from warmcache.identity.fingerprint import current_toolchain
 from warmcache.identity.plan import PlannedShape, plan_manifest
 from warmcache.manifest import load_manifest, loads
+from warmcache.registry.differences import toolchain_differences
 from warmcache.registry.registry import pending_row_values
-from warmcache.reports.explain import toolchain_differences
-from warmcache.reports.query import local_toolchain_hash
+from warmcache.registry.usability import local_toolchain_hash
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.targets.inductor import nvidia_driver_version
 

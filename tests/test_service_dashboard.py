@@ -17,7 +17,7 @@ from test_service import TOKEN, seed_registry, wait_ready
 
 from warmcache.registry import Registry
 from warmcache.registry.records import MissEvent
-from warmcache.reports.query import effective_status
+from warmcache.registry.usability import effective_status
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.settings import RegistryLocation

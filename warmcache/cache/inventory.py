@@ -43,7 +43,7 @@ from warmcache.cache.neuron import (
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.registry import ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, Status
-from warmcache.reports.query import effective_status
+from warmcache.registry.usability import effective_status
 
 
 @dataclass(frozen=True, slots=True)

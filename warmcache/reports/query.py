@@ -1,48 +1,25 @@
-"""Read-side questions about the registry: what is usable here, and can a request run.
+"""Read-side questions about the registry: what ``warmcache shapes`` lists, and can a request run.
 
-A row is usable on this machine only if its toolchain fingerprint equals the one
-this machine would compile with; rows of any other toolchain read as ``stale``.
+Which rows are usable on this machine is the registry's rule
+(:mod:`warmcache.registry.usability`); this module words and decides with it.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warmcache.identity.fingerprint import current_toolchain
+from warmcache.registry.differences import describe, stale_differences
 from warmcache.registry.records import ShapeRecord
-from warmcache.registry.statuses import DONE_STATUSES, Status
-from warmcache.reports.explain import describe, stale_differences
+from warmcache.registry.statuses import Status
+from warmcache.registry.usability import bucket_tables, effective_status, stale_records, usable_records
 from warmcache.shapes import BucketTable, Decision, ShapeFamily, format_pairs
 from warmcache.targets import target_of
 
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus, Registry
-
-
-@functools.cache
-def local_toolchain_hash(device: str, backend: str, mode: str) -> str:
-    return current_toolchain(device, backend, mode).hash
-
-
-def effective_status(record: ShapeRecord) -> str:
-    """The row's status, or ``stale`` when this machine's toolchain differs from the row's."""
-    if record.toolchain_hash != local_toolchain_hash(record.device, record.backend, record.mode):
-        return Status.STALE
-    return record.status
-
-
-def stale_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
-    """Rows compiled (or verified) for another toolchain: what ``warmcache explain`` compares against this one."""
-    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) == Status.STALE]
-
-
-def usable_records(records: Sequence[ShapeRecord]) -> list[ShapeRecord]:
-    """Rows compiled (or verified) for this machine's toolchain."""
-    return [r for r in records if r.status in DONE_STATUSES and effective_status(r) != Status.STALE]
 
 
 def shapes_summary(listed: Sequence[tuple[ShapeRecord, str]]) -> list[str]:
@@ -71,13 +48,6 @@ def shapes_summary(listed: Sequence[tuple[ShapeRecord, str]]) -> list[str]:
             "fresh process and marks them verified"
         )
     return lines
-
-
-def bucket_tables(records: Sequence[ShapeRecord]) -> dict[ShapeFamily, BucketTable]:
-    pairs: dict[ShapeFamily, set[tuple[int, int]]] = {}
-    for record in records:
-        pairs.setdefault(record.family, set()).add((record.batch_size, record.seq_len))
-    return {family: BucketTable.from_pairs(p) for family, p in pairs.items()}
 
 
 @dataclass(frozen=True, slots=True)

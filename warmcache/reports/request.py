@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from warmcache.errors import UsageError
 from warmcache.identity.fingerprint import current_toolchain
 from warmcache.manifest.checker import close_match
+from warmcache.registry.differences import Difference, describe, toolchain_differences
 from warmcache.registry.records import ShapeRecord
 from warmcache.registry.statuses import Status
-from warmcache.reports.explain import Difference, describe, toolchain_differences, unfinished_reason
-from warmcache.reports.query import CheckRequest, CheckResult, RequestChecker, effective_status
+from warmcache.registry.usability import effective_status
+from warmcache.reports.explain import unfinished_reason
+from warmcache.reports.query import CheckRequest, CheckResult, RequestChecker
 from warmcache.shapes import format_pairs
 
 if TYPE_CHECKING:

@@ -261,7 +261,7 @@ class ShapeGuard:
             }
         )
         if declared and attn_implementation not in declared:
-            from warmcache.reports.explain import UNSET  # the error path alone needs it
+            from warmcache.registry.differences import UNSET  # the error path alone needs it
 
             raise UsageError(
                 f"{self.source}: model {self.model_name!r}: attn_implementation "

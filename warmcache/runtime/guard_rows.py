@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from warmcache.errors import UsageError
 from warmcache.registry.records import ShapeRecord
-from warmcache.reports.query import bucket_tables, stale_records, usable_records
+from warmcache.registry.usability import bucket_tables, stale_records, usable_records
 from warmcache.shapes import BucketTable, ShapeFamily
 
 
@@ -80,7 +80,7 @@ def select_family(
 def _why_stale(kept: list[ShapeRecord], rows: list[ShapeRecord]) -> str:
     """``; its compiled rows are stale here: ...`` when stale rows are all there is, else nothing."""
     # Imported here: the explanation is only needed on this error path, not at every guard's start.
-    from warmcache.reports.explain import describe, stale_differences
+    from warmcache.registry.differences import describe, stale_differences
 
     stale = stale_records(kept)
     return f"; its compiled rows are stale here: {describe(stale_differences(stale))}" if stale and not rows else ""

@@ -26,8 +26,9 @@ from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.registry.statuses import PLAN_STATUSES
+from warmcache.registry.usability import effective_status
 from warmcache.reports.explain import explain_plan
-from warmcache.reports.query import effective_status, plan_json, shape_json
+from warmcache.reports.query import plan_json, shape_json
 from warmcache.reports.status import warmup_status
 from warmcache.service import dashboard
 from warmcache.service.auth import WriteAuthorisation

@@ -14,7 +14,7 @@ from html import escape
 from warmcache.errors import first_line
 from warmcache.registry import ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, PLAN_STATUSES, Status
-from warmcache.reports.query import effective_status
+from warmcache.registry.usability import effective_status
 from warmcache.service.reader_text import reader_error
 from warmcache.service.view import RegistryState
 

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from warmcache.registry.models import utcnow
 from warmcache.registry.statuses import DONE_STATUSES, Status
-from warmcache.reports.query import effective_status
+from warmcache.registry.usability import effective_status
 from warmcache.service.view import RegistryView
 
 #: Compile-time histogram bucket bounds, seconds (Neuron compiles run to an hour).
