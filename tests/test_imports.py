@@ -1,4 +1,4 @@
-"""warmcache imports only downwards: no file imports itself back through others, and no package does.
+"""warmcache imports only downwards, along one declared order of layers; no file imports itself back through others.
 
 Every import counts, including those inside functions and under ``TYPE_CHECKING``:
 an import deferred to break a cycle still couples the two files both ways.
@@ -7,10 +7,45 @@ an import deferred to break a cycle still couples the two files both ways.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "warmcache"
+LAYOUT_DOC = PACKAGE.parent / "docs" / "development.md"
+
+#: warmcache's packages (``shapes/``) and root modules (``errors.py``) from the bottom up. A file may import
+#: files of its own package or root module and of any lower layer; never of its own layer's other members, never
+#: of a higher one. A new package or root module is declared here, and in the code-layout table of
+#: docs/development.md, which lists these layers in this order.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # Root leaf modules: they import nothing of warmcache.
+    ("anchor.py", "bounds.py", "database_url.py", "errors.py", "jsonable.py"),
+    # Root modules on the leaves: the table of every WARMCACHE_ variable, a store's URL, sizes and durations.
+    ("settings_table.py", "store_location.py", "units.py"),
+    # The settings read at the edge, and the --debug switch, through that table.
+    ("diagnostics.py", "settings.py"),
+    # Which keys and signatures are trusted.
+    ("trust.py",),
+    ("shapes/",),
+    ("modeling/",),
+    # The manifest asks the targets which devices, backends and precompile routes exist; a target never reads the
+    # manifest, so adding a device means adding a target.
+    ("buckets/", "targets/"),
+    ("manifest/",),
+    ("identity/",),
+    # The registry's rows with their rules: a row's status, which rows are usable here and why others are not.
+    ("registry/",),
+    ("cache/",),
+    ("runtime/",),
+    ("store/", "warmup/"),
+    # How the registry's answers are worded for commands and the service: nothing below shows, so the runtime and
+    # the cache apply the registry's rules themselves.
+    ("reports/",),
+    ("__init__.py", "service/"),
+    ("cli/",),
+    ("__main__.py",),
+)
 
 
 def module_name(path: Path) -> str:
@@ -86,9 +121,56 @@ def describe(graph: dict[str, set[str]], component: list[str]) -> str:
     return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
 
 
+def unit(module: str) -> str:
+    """The package (``shapes/``) or root module (``errors.py``, ``__init__.py``) a module belongs to."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__.py"
+    return f"{parts[1]}/" if (PACKAGE / parts[1]).is_dir() else f"{parts[1]}.py"
+
+
+def misplaced_imports(
+    graph: Mapping[str, set[str]], layers: Sequence[Sequence[str]], unit_of: Callable[[str], str] = unit
+) -> list[str]:
+    """Each import between two packages or root modules that does not point to a lower layer, as one line."""
+    layer = {name: number for number, names in enumerate(layers, 1) for name in names}
+    found = []
+    for module in sorted(graph):
+        source = unit_of(module)
+        for target in sorted(graph[module]):
+            if unit_of(target) == source:
+                continue
+            destination = unit_of(target)
+            if source not in layer or destination not in layer:
+                continue  # an undeclared package or module: the declared-layer test names it
+            low, high = layer[source], layer[destination]
+            if high >= low:
+                way = "up to" if high > low else "across"
+                found.append(f"{module} (layer {low}, {source}) imports {way} {target} (layer {high}, {destination})")
+    return found
+
+
+def documented_layers() -> list[tuple[str, ...]]:
+    """The code-layout table of docs/development.md: each row's packages and root modules, in the table's order."""
+    text = LAYOUT_DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Code layout") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    return [tuple(re.findall(r"`([^`]+)`", row.split("|")[2])) for row in rows]
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_layer_check_finds_imports_up_and_across() -> None:
+    graph = {"low.x": {"high.y", "low.z"}, "high.y": {"low.x", "side.w"}, "side.w": {"low.x"}, "low.z": set()}
+    layers = [("low",), ("high", "side")]
+    assert misplaced_imports(graph, layers, lambda m: m.split(".")[0]) == [
+        "high.y (layer 2, high) imports across side.w (layer 2, side)",
+        "low.x (layer 1, low) imports up to high.y (layer 2, high)",
+    ]
 
 
 def test_no_file_imports_itself_back() -> None:
@@ -97,29 +179,18 @@ def test_no_file_imports_itself_back() -> None:
     assert [describe(graph, c) for c in cycles(graph)] == []
 
 
-def test_no_package_imports_itself_back() -> None:
-    """``warmcache.cache`` may use ``warmcache.targets`` or the reverse, never both."""
+def test_every_package_and_root_module_has_one_declared_layer() -> None:
+    declared = [name for names in LAYERS for name in names]
+    assert len(declared) == len(set(declared)), "a package or module is declared on two layers"
+    assert sorted({unit(module) for module in import_graph()}) == sorted(declared)
+
+
+def test_imports_point_down_the_declared_layers() -> None:
     graph = import_graph()
-
-    def package(module: str) -> str:
-        return ".".join(module.split(".")[:2])
-
-    packages: dict[str, set[str]] = {}
-    for module, targets in graph.items():
-        packages.setdefault(package(module), set()).update(package(t) for t in targets if package(t) != package(module))
-    assert [describe(packages, c) for c in cycles(packages)] == []
+    assert "warmcache.targets" in graph["warmcache.manifest.parse"], "the import parser missed an import"
+    assert misplaced_imports(graph, LAYERS) == []
 
 
-def test_the_targets_sit_below_the_manifest() -> None:
-    """The manifest asks the targets which devices, backends and precompile routes exist; a target never reads the
-    manifest, so adding a device means adding a target."""
-    graph = import_graph()
-    upward = [
-        f"{module} -> {target}"
-        for module, targets in graph.items()
-        if module.startswith("warmcache.targets")
-        for target in sorted(targets)
-        if target.startswith("warmcache.manifest")
-    ]
-    assert upward == []
-    assert any(target.startswith("warmcache.targets") for target in graph["warmcache.manifest.parse"])
+def test_the_code_layout_table_lists_the_declared_layers() -> None:
+    """docs/development.md shows a newcomer the same order this test holds the code to."""
+    assert documented_layers() == list(LAYERS)
