@@ -70,8 +70,19 @@ def _rows(root: Path) -> dict[int, Any]:
         return {row.batch_size: row for row in registry.rows(model="m", with_artifacts=True)}
 
 
-def _package(row: Any) -> str:
-    (entry,) = [a.path for a in row.artifacts if a.kind == AOTINDUCTOR]
+def _package(row: Any, step: str = "decode") -> str:
+    """The row's decode package (or its packaged prefill), told apart by the step its header names."""
+    from warmcache.runtime.package_steps import package_step
+
+    root = Path(row.cache_root) if getattr(row, "cache_root", None) else None
+    found = []
+    for artifact in row.artifacts:
+        if artifact.kind != AOTINDUCTOR:
+            continue
+        header = json.loads((root / artifact.path).read_bytes().split(b"\n")[1]) if root else {}
+        if package_step(header.get("aotinductor") or {}) == step:
+            found.append(artifact.path)
+    (entry,) = found
     return str(entry)
 
 
@@ -84,7 +95,10 @@ def test_warmup_and_verify_say_each_phase_of_the_package_route(packaged: Path) -
     # The reference decode is eager and runs only the short call the package is exported from; verify proves the package
     # to the cache's end.
     for command, then in (
-        ("warmup", ["exporting the decode step", "building the package"]),
+        (
+            "warmup",
+            ["exporting the decode step", "building the package", "exporting the prefill", "building the package"],
+        ),
         ("verify", ["proving the decode through warmcache's cache", "proving the precompiled artifact"]),
     ):
         said = (packaged / f"{command}.stderr").read_text()

@@ -51,6 +51,8 @@ _LAZY: dict[str, str] = {
     "run_warmup": "warmcache.warmup.runner",
     "run_verify": "warmcache.warmup.verify",
     "ShapeGuard": "warmcache.runtime.guard",
+    "serve_from_mount": "warmcache.runtime.mounted",
+    "MountedModel": "warmcache.runtime.mounted",
     "locate_caches": "warmcache.cache.locate",
     "scan_cache": "warmcache.cache.inventory",
     "pack_bundle": "warmcache.cache.bundle",

@@ -5,9 +5,17 @@
 
 The mount is a guard snapshot folder: ``CACHE/warmcache-guard.json`` (signed) beside the cache
 entries its rows name. The guard refuses a snapshot that key did not sign or that another
-toolchain compiled, loads every bucket once (``prime``), and then keeps each request on a
-compiled bucket: POST ``{"input_ids": [[...]], "max_new_tokens": N}`` to ``/generate`` (a shape no bucket
-serves: 422). ``GET /stats`` says what the process compiled since start (Dynamo graphs and frames) and which
+toolchain compiled. A snapshot of AOTInductor packages starts with
+``warmcache.serve_from_mount``: the checkpoint's weights memory-mapped, every bucket's packaged
+prefill and decode loaded, no transformers and no model code imported. Any other snapshot
+(Neuron, the Inductor cache) loads the model with transformers and primes the guard. Then each
+request is kept on a compiled bucket: POST ``{"input_ids": [[...]], "max_new_tokens": N}`` to
+``/generate`` (a shape no bucket serves: 422).
+
+``GET /healthz`` answers 200 as soon as the process listens (liveness); ``GET /readyz`` answers 503
+until every bucket is loaded and primed, then 200 (readiness: send no traffic before). A refusal
+while loading (a package whose bytes are not the ones signed) ends the process with one line.
+``GET /stats`` says what the process compiled since start (Dynamo graphs and frames) and which
 Inductor compiler modules it imported: none, when it serves from the packages.
 """
 
@@ -18,11 +26,14 @@ import json
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from warmcache.errors import WarmcacheError
 from warmcache.runtime.guard import ShapeGuard
+from warmcache.runtime.mounted import MountedModel, serve_from_mount
 
 #: Inductor's compiler: a process that serves from AOTInductor packages never imports these.
 COMPILER_MODULES = (
@@ -31,6 +42,9 @@ COMPILER_MODULES = (
     "torch._inductor.graph",
     "torch._inductor.codecache",
 )
+
+#: ``(input_ids, max_new_tokens) -> output ids``: how this process answers /generate, once ready.
+Generate = Callable[[Any, int], Any]
 
 
 def main() -> None:
@@ -42,43 +56,92 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--check", action="store_true", help="only verify the mount's signature and toolchain")
     args = parser.parse_args()
-    try:
-        guard = ShapeGuard.from_snapshot(args.cache, args.model_name, trust=[args.trusted_key], telemetry_url=None)
-    except WarmcacheError as exc:
-        sys.exit(f"serve: {exc}")  # one line: another key, another toolchain, no compiled shapes
-    if args.check:
-        print(f"{args.cache}: {len(guard.buckets)} compiled buckets for {guard.family.describe()}, signature verified")
-        return
     # Importing torch._dynamo creates Inductor's cache folder (an empty /tmp/torchinductor_<user>): name the mounted
-    # cache, which exists, so serving leaves nothing behind (the package loader's scratch in $TMPDIR is removed).
+    # cache, which exists, so serving leaves nothing behind.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(args.cache))
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a refusal stays one line in the log
+    try:
+        if args.check:
+            guard = ShapeGuard.from_snapshot(args.cache, args.model_name, trust=[args.trusted_key], telemetry_url=None)
+            print(
+                f"{args.cache}: {len(guard.buckets)} compiled buckets for {guard.family.describe()}, signature verified"
+            )
+            return
+        served = serve_from_mount(
+            args.cache,
+            args.model_name,
+            trust=[args.trusted_key],
+            weights=args.model_path or args.model_name,
+            load=False,
+        )
+    except WarmcacheError as exc:
+        sys.exit(f"serve: {exc}")  # one line: another key, another toolchain, no compiled shapes
+    ready: list[Generate] = []  # empty until every bucket is primed
+    server = ThreadingHTTPServer(("0.0.0.0", args.port), handler(ready))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # As a container's PID 1 the process has no default SIGTERM action: without this, every rollout waits out the
+    # grace period and kills it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        generate = start(served, args) if served.servable() is None else start_with_transformers(served.guard, args)
+    except WarmcacheError as exc:
+        sys.exit(f"serve: {exc}")  # one line: a package whose bytes are not the ones signed
+    ready.append(generate)
+    threading.Event().wait()
+
+
+def start(served: MountedModel, args: argparse.Namespace) -> Generate:
+    """The start from the mount: packages and mapped weights, no transformers."""
+    import torch
+
+    served.load()  # checks each package's bytes against its signed sha256 before loading it
+    print(
+        f"primed {len(served.steps)} buckets ({len(served.steps)} precompiled) from {args.cache} in "
+        f"{served.map_seconds + served.load_seconds:.1f}s, no model code",
+        flush=True,
+    )
+    return lambda ids, new: served.generate(ids, torch.ones_like(ids), max_new_tokens=new)
+
+
+def start_with_transformers(guard: ShapeGuard, args: argparse.Namespace) -> Generate:
+    """A snapshot the mount cannot serve alone (Neuron, the Inductor cache): the model loaded with transformers."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model_path or args.model_name, dtype=getattr(torch, guard.family.dtype)).eval()
-    try:
-        report = guard.prime(model)  # checks each package's bytes against its signed sha256 before loading it
-    except WarmcacheError as exc:
-        sys.exit(f"serve: {exc}")  # one line: a package whose bytes are not the ones signed
-    from torch._dynamo.utils import counters
+    dtype = getattr(torch, guard.family.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path or args.model_name, dtype=dtype).eval()
+    report = guard.prime(model)  # checks each package's bytes against its signed sha256 before loading it
+    print(
+        f"primed {len(report.buckets)} buckets ({report.artifacts_loaded} precompiled) from {args.cache} in "
+        f"{report.seconds:.1f}s",
+        flush=True,
+    )
+    return lambda ids, new: guard.generate(
+        model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new
+    )
 
-    print(f"primed {len(report.buckets)} buckets ({report.artifacts_loaded} precompiled) from {args.cache} in {report.seconds:.1f}s", flush=True)
+
+def handler(ready: list[Generate]) -> type[BaseHTTPRequestHandler]:
+    """The HTTP API: /healthz (alive), /readyz (every bucket primed), /stats and /generate."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/stats":
-                compiler = sorted(m for m in COMPILER_MODULES if m in sys.modules)
-                graphs, frames = int(counters["stats"]["unique_graphs"]), sum(counters["frames"].values())
-                self._answer(200, {"graphs": graphs, "frames": frames, "compiler_modules": compiler})
-                return
-            self._answer(200 if self.path == "/healthz" else 404, {"ok": self.path == "/healthz"})
+                self._answer(200, stats())
+            elif self.path == "/readyz":
+                self._answer(200 if ready else 503, {"ready": bool(ready)})
+            else:
+                self._answer(200 if self.path == "/healthz" else 404, {"ok": self.path == "/healthz"})
 
         def do_POST(self) -> None:
+            import torch
+
+            if not ready:
+                self._answer(503, {"error": "not ready: the buckets are still loading"})
+                return
             request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            ids = torch.tensor(request["input_ids"])
             try:
-                out = guard.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(request.get("max_new_tokens", 32)))
+                out = ready[0](torch.tensor(request["input_ids"]), int(request.get("max_new_tokens", 32)))
             except WarmcacheError as exc:  # a shape no bucket serves: refused, never compiled
                 self._answer(422, {"error": str(exc)})
                 return
@@ -92,10 +155,22 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-    # As a container's PID 1 the process has no default SIGTERM action: without this, every rollout waits out the
-    # grace period and kills it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # probes every few seconds would drown the log
+
+    return Handler
+
+
+def stats() -> dict[str, Any]:
+    """Dynamo graphs and frames since start (0 without importing Dynamo, when it was never imported) and the compiler
+    modules imported."""
+    graphs = frames = 0
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo.utils import counters
+
+        graphs, frames = int(counters["stats"]["unique_graphs"]), sum(counters["frames"].values())
+    compiler = sorted(m for m in COMPILER_MODULES if m in sys.modules)
+    return {"graphs": graphs, "frames": frames, "compiler_modules": compiler}
 
 
 if __name__ == "__main__":

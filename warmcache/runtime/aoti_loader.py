@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.artifact_format import decode_tensor, named_tensors, read_checked
+from warmcache.cache.artifact_format import Signature, decode_tensor, named_tensors, read_checked
 from warmcache.cache.layout import AOTINDUCTOR
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.modeling.decode_inputs import flatten, scalars
 from warmcache.runtime.mapped_library import checked_library
+from warmcache.runtime.package_steps import DECODE_STEP, package_step
 
 if TYPE_CHECKING:
     from warmcache.registry import ShapeRecord
@@ -59,14 +60,20 @@ class PackagedDecodeStep:
     where: str
     computed: tuple[Any, ...] = ()
     """The constants the package carries (:func:`decode_tensor`): bound without a copy, so kept as long as the step."""
+    step: str = DECODE_STEP
+    """What the package computes (``decode`` or ``prefill``, :func:`package_step`)."""
 
     def __call__(self, model: Any, /, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         names, tensors = flatten(kwargs)
-        self._check(names, tensors, scalars(kwargs))
+        return CausalLMOutputWithPast(logits=self.run(names, tensors, scalars(kwargs)), cache=kwargs["cache"])
+
+    def run(self, names: list[str], tensors: list[Any], fixed: dict[str, Any]) -> Any:
+        """The logits of one call of flat inputs (:func:`flatten`'s names and order), each input checked first."""
+        self._check(names, tensors, fixed)
         (logits,) = self.loader.run(tensors)
-        return CausalLMOutputWithPast(logits=logits, cache=kwargs["cache"])
+        return logits
 
     def _check(self, names: list[str], tensors: list[Any], fixed: dict[str, Any]) -> None:
         if fixed != self.fixed or len(names) != len(self.inputs):
@@ -91,13 +98,33 @@ class PackagedDecodeStep:
 
 def load_package(
     root: Path, entry: str, expected: dict[str, Any], model: Any
-) -> tuple[tuple[tuple[str, tuple[int, ...], str], ...], PackagedDecodeStep]:
-    """Check, load and bind one package; returns its dispatch signature and the step (model first, like an unbound
-    method).
+) -> tuple[Signature, PackagedDecodeStep | None]:
+    """Check, load and bind one decode package to the model's own tensors; returns its dispatch signature and the step
+    (model first, like an unbound method), or no step for a prefill package (generate() runs its own prefill)."""
+    return load_bound(
+        root, entry, expected, lambda _path, _info: named_tensors(model, prefix="model."), _model_device(model)
+    )
+
+
+#: ``(package path, package header) -> {fqn: tensor}``: the tensors a package's constants bind to, by the step's names
+#: (``model.`` + the model's own).
+TensorsFor = Callable[[Path, dict[str, Any]], dict[str, Any]]
+
+
+def load_bound(
+    root: Path,
+    entry: str,
+    expected: dict[str, Any],
+    own: TensorsFor,
+    device: str,
+    steps: tuple[str, ...] = (DECODE_STEP,),
+) -> tuple[Signature, PackagedDecodeStep | None]:
+    """Check, load and bind one package to the tensors ``own`` gives for it; returns its signature and the step, or no
+    step when the package computes none of ``steps`` (not loaded).
 
     Every check that can be made before the package's code is loaded is made first:
     sha256 and header (``read_checked``), device, CPU capability, and each constant's
-    presence, shape and dtype in the model.
+    presence, shape and dtype in ``own``.
     """
     import torch
 
@@ -106,7 +133,8 @@ def load_package(
     info = header.aotinductor
     if info is None:
         raise CacheError(f"{path}: not an AOTInductor package (no package header)")
-    device = _model_device(model)
+    if package_step(info) not in steps:
+        return header.fingerprint.signature, None
     if info["device"] != device:
         raise CacheError(
             f"{path}: AOTInductor package was built for device {info['device']!r}, the model is on "
@@ -118,7 +146,7 @@ def load_package(
             f"{path}: AOTInductor package was built for CPU capability {info['cpu_capability']}, this "
             f"CPU offers {here}; refusing to load it"
         )
-    constants = _constants_to_bind(path, model, info["constants"])
+    constants = _constants_to_bind(path, own(path, info), info["constants"])
     computed = {
         fqn: decode_tensor(path, fqn, value, device) for fqn, value in info.get("computed_constants", {}).items()
     }
@@ -140,7 +168,9 @@ def load_package(
             f"{path}: AOTInductor package does not load ({type(exc).__name__}: {first_line(exc)})"
         ) from None
     inputs = [(str(n), tuple(int(d) for d in s), str(t)) for n, s, t in info["inputs"]]
-    step = PackagedDecodeStep(opened.runner, inputs, dict(info["scalars"]), device, str(path), tuple(computed.values()))
+    fixed = dict(info["scalars"])
+    computed_values = tuple(computed.values())
+    step = PackagedDecodeStep(opened.runner, inputs, fixed, device, str(path), computed_values, package_step(info))
     return header.fingerprint.signature, step
 
 
@@ -221,9 +251,8 @@ def _model_device(model: Any) -> str:
     return str(next(model.parameters()).device.type)
 
 
-def _constants_to_bind(path: Path, model: Any, listed: dict[str, Any]) -> dict[str, Any]:
-    """``{fqn: tensor}`` of the model's own tensors for every constant the header lists, each checked."""
-    own = named_tensors(model, prefix="model.")
+def _constants_to_bind(path: Path, own: dict[str, Any], listed: dict[str, Any]) -> dict[str, Any]:
+    """``{fqn: tensor}`` of ``own``'s tensors for every constant the header lists, each checked."""
     bound: dict[str, Any] = {}
     for fqn, (shape, dtype) in listed.items():
         tensor = own.get(fqn)

@@ -53,8 +53,9 @@ def package_entries(record: ShapeRecord) -> list[str]:
     return [a.path for a in record.artifacts if a.kind == AOTINDUCTOR]
 
 
-def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
-    """Check and load one artifact of either route (told apart by its folder, as ``cache scan`` tells them)."""
+def load_any(root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any] | None]:
+    """Check and load one artifact of either route (told apart by its folder, as ``cache scan`` tells them); ``None``
+    for an AOTInductor prefill package, which generate() does not call (:mod:`warmcache.runtime.mounted` does)."""
     from warmcache.cache.layout import entry_of
 
     found = entry_of("inductor", entry)
@@ -156,7 +157,7 @@ def install(
                         "cache_dir="
                     )
                 trust.confined(root, entry)
-                signature, function = load_any(root, entry, record, model)
+                signature, loaded = load_any(root, entry, record, model)
             except TrustError:
                 raise  # a forged or altered artifact is never a bucket to fall back from
             except CacheError as exc:
@@ -165,6 +166,9 @@ def install(
                 log.warning("%s (serving batch=%d from the compile cache instead)", exc, record.batch_size)
                 report.errors.append(str(exc))
                 continue
+            if loaded is None:  # a prefill package: generate() runs its own prefill, the mounted path runs this one
+                continue
+            function = loaded
             decoder.by_signature[signature] = function
             report.loaded[entry] = signature
             if isinstance(function, PackagedDecodeStep):

@@ -49,7 +49,7 @@ def guarded_generate(guard: Guard, model: Any, /, **kwargs: Any) -> Any:
     fitted = fit_generate_inputs(guard, inputs, _pad_token_id(model))
     batch, length = fitted.shape
     _refuse_padding_the_model_would_keep(guard, model, fitted)
-    max_new_tokens = _fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
+    max_new_tokens = fit_max_new_tokens(guard, fitted, requested, settings.max_cache_len)
     device, backend, mode = guard.target
     call = generate_kwargs(
         settings, max_new_tokens=max_new_tokens, config=compile_config(backend, mode, device), model_config=model.config
@@ -100,7 +100,7 @@ def _pad_token_id(model: Any) -> int | None:
     return None
 
 
-def _fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_cache_len: int) -> int:
+def fit_max_new_tokens(guard: Guard, fitted: Any, requested: int | None, max_cache_len: int) -> int:
     """The requested ``max_new_tokens`` if it fits the compiled cache; clipped (pad/warn) or refused (refuse) if not."""
     batch, length = fitted.shape
     room = max_new_tokens_that_fit(length, max_cache_len)

@@ -32,7 +32,9 @@ from warmcache.errors import CacheError
 from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
 from warmcache.modeling.kv_cache import PositionTensorCache, hold
 from warmcache.runtime.aoti_loader import open_loader
+from warmcache.runtime.package_steps import DECODE_STEP, PREFILL_STEP
 from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
+from warmcache.warmup.prefill_inputs import prefill_example
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +85,7 @@ def _step_module(
 
 @dataclass(frozen=True)
 class ExportedDecode:
-    """One bucket's decode step as ``torch.export`` traced it from the loaded model."""
+    """One bucket's decode (or prefill) step as ``torch.export`` traced it from the loaded model."""
 
     names: list[str]
     tensors: list[torch.Tensor]
@@ -117,35 +119,78 @@ class ExportedDecode:
 
 def export_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int) -> ExportedDecode:
     """``torch.export`` the decode step of exactly these arguments (no compiler: seconds)."""
-    import torch
-
     names, tensors = flatten(decode_kwargs)
     mask = decode_kwargs.get("attention_mask")
     mask_kinds = sorted(mask) if isinstance(mask, dict) else None
-    fixed = scalars(decode_kwargs)
-    step = _step_module(model, names, mask_kinds, fixed, max_cache_len)
     # Warmup captured inference tensors (generate() runs under inference_mode); export wants plain ones.
-    example = tuple(t.clone() for t in tensors)
+    example = [t.clone() for t in tensors]
+    return _export_step(model, names, example, mask_kinds, scalars(decode_kwargs), max_cache_len)
+
+
+def export_prefill(
+    model: PreTrainedModel, decode_kwargs: dict[str, Any], seq_len: int, max_cache_len: int
+) -> ExportedDecode:
+    """``torch.export`` the bucket's prefill: the decode step's inputs with a ``seq_len`` prompt and an empty cache.
+
+    See :func:`warmcache.warmup.prefill_inputs.prefill_example`: the first token then comes from compiled code too,
+    and a start needs no modeling code at all (:mod:`warmcache.runtime.mounted`).
+    """
+    names, tensors = flatten(decode_kwargs)
+    mask = decode_kwargs.get("attention_mask")
+    mask_kinds = sorted(mask) if isinstance(mask, dict) else None
+    example, fixed = prefill_example(names, tensors, scalars(decode_kwargs), seq_len)
+    return _export_step(model, names, example, mask_kinds, fixed, max_cache_len)
+
+
+def _export_step(
+    model: PreTrainedModel,
+    names: list[str],
+    example: list[torch.Tensor],
+    mask_kinds: list[str] | None,
+    fixed: dict[str, Any],
+    max_cache_len: int,
+) -> ExportedDecode:
+    import torch
+
+    step = _step_module(model, names, mask_kinds, fixed, max_cache_len)
     with torch.no_grad():
-        program = torch.export.export(step, example, strict=False)
+        program = torch.export.export(step, tuple(t.clone() for t in example), strict=False)
     computed = _constants_as_buffers(program)
-    return ExportedDecode(names, tensors, mask_kinds, fixed, step, program, computed)
+    return ExportedDecode(names, example, mask_kinds, fixed, step, program, computed)
 
 
 def package_decode(
     model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
 ) -> tuple[bytes, dict[str, Any]]:
-    """Export and package the decode step of exactly these arguments.
+    """Export and package the decode step of exactly these arguments (see :func:`package_exported`)."""
+    phases.enter(Phase.EXPORTING)
+    return package_exported(export_decode(model, decode_kwargs, max_cache_len), DECODE_STEP, phases)
+
+
+def package_prefill(
+    model: PreTrainedModel,
+    decode_kwargs: dict[str, Any],
+    seq_len: int,
+    max_cache_len: int,
+    phases: SpecPhases = NO_PHASES,
+) -> tuple[bytes, dict[str, Any]]:
+    """Export and package the bucket's prefill (see :func:`export_prefill` and :func:`package_exported`)."""
+    phases.enter(Phase.EXPORTING_PREFILL)
+    return package_exported(export_prefill(model, decode_kwargs, seq_len, max_cache_len), PREFILL_STEP, phases)
+
+
+def package_exported(exported: ExportedDecode, step_kind: str, phases: SpecPhases) -> tuple[bytes, dict[str, Any]]:
+    """Compile an exported step into a weights-less package.
 
     Returns the package bytes and the header fields production checks before
     loading it: the input signature, the mask layout, the fixed scalars, the
     constants (``{fqn: [shape, dtype]}``) to bind, and the CPU capability the
-    code was generated for; and the graph's digest, which verify checks.
+    code was generated for; the graph's digest, which verify checks; which step it is
+    (``decode`` or ``prefill``); and what a process without the model object needs to bind
+    the constants from the checkpoint's files (:func:`checkpoint_bindings`).
     """
     import torch
 
-    phases.enter(Phase.EXPORTING)
-    exported = export_decode(model, decode_kwargs, max_cache_len)
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
         path = Path(work) / "decode.pt2"
         phases.enter(Phase.PACKAGING)
@@ -163,6 +208,7 @@ def package_decode(
     computed = exported.computed
     constants = constant_header(exported.step, listed, computed)
     header = {
+        "step": step_kind,
         "inputs": input_signature(exported.names, exported.tensors),
         "mask_kinds": exported.mask_kinds,
         "scalars": exported.fixed,
@@ -171,6 +217,7 @@ def package_decode(
         "device": str(exported.tensors[0].device.type),
         "cpu_capability": cpu_capability(),
         "graph": exported.graph_digest,
+        **checkpoint_bindings(exported.step, constants),
     }
     return payload, header
 
@@ -218,6 +265,42 @@ def constant_header(
             f"parameters or buffers (first: {carried[0]}); a package carries at most {MAX_COMPUTED_CONSTANT_BYTES}"
         )
     return {fqn: [list(own[fqn].shape), str(own[fqn].dtype)] for fqn in sorted(set(listed) - set(carried))}
+
+
+def checkpoint_bindings(step: torch.nn.Module, constants: dict[str, list[Any]]) -> dict[str, Any]:
+    """What binds each constant in a process that has the checkpoint's files but no model object.
+
+    ``checkpoint_names``: ``{fqn: [state_dict names]}``, every name the tensor has in the model (a tied
+    ``lm_head.weight`` is saved once, as ``model.embed_tokens.weight``); ``buffers``: the values of the
+    non-persistent buffers among the constants (a rotary embedding's ``inv_freq``), which no checkpoint holds
+    and the model computes from its config: small, carried by value like the computed constants.
+    """
+    model = step.get_submodule("model")
+    persistent = set(model.state_dict())
+    names_of: dict[tuple[Any, ...], list[str]] = {}
+    for name, tensor in named_tensors(model).items():
+        names_of.setdefault(_same_tensor(tensor), []).append(name)
+    own = named_tensors(step)
+    checkpoint_names: dict[str, list[str]] = {}
+    buffers: dict[str, list[Any]] = {}
+    for fqn in constants:
+        names = [n for n in names_of.get(_same_tensor(own[fqn]), []) if n in persistent]
+        if names:
+            checkpoint_names[fqn] = names
+        else:
+            buffers[fqn] = encode_tensor(own[fqn])
+    size = sum(len(value[2]) for value in buffers.values()) * 3 // 4
+    if size > MAX_COMPUTED_CONSTANT_BYTES:
+        raise CacheError(
+            f"aotinductor package: {size} bytes of non-persistent buffers (first: {sorted(buffers)[0]}); a package "
+            f"carries at most {MAX_COMPUTED_CONSTANT_BYTES}"
+        )
+    return {"checkpoint_names": checkpoint_names, "buffers": buffers}
+
+
+def _same_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What two names of one tensor (tied weights) have in common: the memory they view, and how."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
 
 
 def cpu_capability() -> str:

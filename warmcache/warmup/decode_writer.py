@@ -116,3 +116,29 @@ def save_package(
     payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)
+
+
+def save_prefill_package(
+    root: Path,
+    model: PreTrainedModel,
+    decode_kwargs: dict[str, Any],
+    seq_len: int,
+    fingerprint_fields: dict[str, Any],
+    phases: SpecPhases = NO_PHASES,
+) -> str | None:
+    """Export and package the bucket's prefill (:func:`warmcache.warmup.aoti_export.export_prefill`) under ``root``;
+    returns ``aotinductor/<sha256>``, or ``None`` when the decode's inputs need the model's code
+    (:func:`warmcache.warmup.prefill_inputs.prefill_unsupported`)."""
+    from warmcache.modeling.decode_inputs import flatten
+    from warmcache.warmup.aoti_export import package_prefill
+    from warmcache.warmup.prefill_inputs import prefill_example, prefill_unsupported
+
+    names, tensors = flatten(decode_kwargs)
+    if prefill_unsupported(names):
+        return None
+    payload, package_header = package_prefill(
+        model, decode_kwargs, seq_len, fingerprint_fields["max_cache_len"], phases
+    )
+    example, _ = prefill_example(names, tensors, {}, seq_len)
+    fingerprint = Fingerprint(signature=decode_signature(dict(zip(names, example))), **fingerprint_fields)
+    return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -27,7 +28,13 @@ from warmcache.manifest import Manifest, ModelSpec
 from warmcache.registry.records import ArtifactRef
 from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
 from warmcache.targets import PrecompileRoute, Target, resolve_cache_dir, target_for
-from warmcache.warmup.decode_writer import capture_decode_call, precompile_decode, save_package, save_precompiled
+from warmcache.warmup.decode_writer import (
+    capture_decode_call,
+    precompile_decode,
+    save_package,
+    save_precompiled,
+    save_prefill_package,
+)
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import WorkloadResult, run_generate, run_train
@@ -113,11 +120,10 @@ class Worker:
         start = time.perf_counter()
         precompile = self.precompile and model_spec.precompile.applies_to(spec.workload)
         measured = _run_workload(model, planned, target, phases, capture_decode=precompile, replaying=self.replaying)
-        if precompile:
-            entry = self._precompile(planned, model, root, measured.decode_kwargs, phases)
+        entries = self._precompile(planned, model, root, measured.decode_kwargs, phases) if precompile else []
         seconds = time.perf_counter() - start
         new, reused = _entries_needed(root, flavor, before, measured.lookups)
-        if precompile:
+        for entry in entries:
             (new if entry not in before else reused)[entry] = model_spec.precompile.artifact_kind
             library = library_of(root, entry)  # a package's unpacked .so, which a start maps where it lies
             if library is not None:
@@ -141,35 +147,44 @@ class Worker:
         root: Path,
         decode_kwargs: dict[str, Any],
         phases: SpecPhases,
-    ) -> str:
-        """The spec's decode graph as a precompiled artifact: written once per graph, reused by rows that share it."""
+    ) -> list[str]:
+        """The spec's decode graph as a precompiled artifact, written once per graph and reused by rows that share it;
+        on the AOTInductor route, its prompt's packaged prefill too (none when the decode's inputs need the model's
+        code, see :mod:`warmcache.warmup.prefill_inputs`), with which a process serves the bucket without
+        transformers' modeling code (:mod:`warmcache.runtime.mounted`)."""
         spec, model_spec = planned.spec, planned.model
-        key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
-        entry = self._precompiled.get(key)
-        if entry is not None and (root / entry).is_file():
-            return entry
         if not decode_kwargs:
             raise UsageError(
                 f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)"
             )
-        fields = {
-            "config_hash": planned.config_hash,
-            "toolchain_hash": planned.toolchain.hash,
-            "batch_size": spec.batch_size,
-            "max_cache_len": spec.family.generate.max_cache_len,
-            "dtype": spec.family.dtype,
-            "backend": model_spec.backend,
-            "mode": model_spec.mode,
-        }
-        if model_spec.precompile is PrecompileRoute.AOTINDUCTOR:
-            entry = save_package(root, model, decode_kwargs, fields, phases)
-        else:
-            phases.enter(Phase.PRECOMPILING)
-            entry = save_precompiled(
-                root, precompile_decode(model, decode_kwargs, model_spec.backend), decode_kwargs, fields
-            )
-        self._precompiled[key] = entry
-        return entry
+        fields = _fingerprint_fields(planned)
+        key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
+        if model_spec.precompile is not PrecompileRoute.AOTINDUCTOR:
+
+            def precompiled() -> str | None:
+                phases.enter(Phase.PRECOMPILING)
+                compiled = precompile_decode(model, decode_kwargs, model_spec.backend)
+                return save_precompiled(root, compiled, decode_kwargs, fields)
+
+            return self._written(root, key, precompiled)
+        decode = self._written(root, key, lambda: save_package(root, model, decode_kwargs, fields, phases))
+        prefill = self._written(
+            root,
+            (*key, spec.seq_len),
+            lambda: save_prefill_package(root, model, decode_kwargs, spec.seq_len, fields, phases),
+        )
+        return decode + prefill
+
+    def _written(self, root: Path, key: tuple[Any, ...], write: Callable[[], str | None]) -> list[str]:
+        """The artifact this process wrote for ``key`` if it is still there, else what ``write`` writes now (``[]``:
+        nothing to write)."""
+        entry = self._precompiled.get(key)
+        if entry is None or not (root / entry).is_file():
+            written = write()
+            if written is None:
+                return []
+            entry = self._precompiled[key] = written
+        return [entry]
 
     def model_for(self, planned: PlannedShape) -> tuple[PreTrainedModel, Target]:
         """The loaded model a spec runs on, and its target (verify proves artifacts on the replay's model)."""
@@ -189,6 +204,20 @@ class Worker:
             phases.enter(Phase.LOADING)
             model = self._models[key] = load_model(model_spec, target, train=settings.workload == "train")
         return model
+
+
+def _fingerprint_fields(planned: PlannedShape) -> dict[str, Any]:
+    """The header fingerprint of the spec's precompiled artifacts: every row field they are valid for."""
+    spec, model_spec = planned.spec, planned.model
+    return {
+        "config_hash": planned.config_hash,
+        "toolchain_hash": planned.toolchain.hash,
+        "batch_size": spec.batch_size,
+        "max_cache_len": spec.family.generate.max_cache_len,
+        "dtype": spec.family.dtype,
+        "backend": model_spec.backend,
+        "mode": model_spec.mode,
+    }
 
 
 def load_model(model_spec: ModelSpec, target: Target, *, train: bool) -> PreTrainedModel:

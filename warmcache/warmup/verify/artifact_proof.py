@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from warmcache.registry import ShapeRecord
     from warmcache.shapes import ShapeSpec
+    from warmcache.shapes.workload_settings import GenerateSettings
 
 
 def prove_artifacts(
@@ -78,4 +79,42 @@ def prove_artifacts(
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
     agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(served.logits, dim=1))
-    return None if agreement.agrees else f"precompiled artifact {agreement.describe()}"
+    if not agreement.agrees:
+        return f"precompiled artifact {agreement.describe()}"
+    return prove_packaged_prefill(model, record, root, ids, mask, new_tokens, settings, config)
+
+
+def prove_packaged_prefill(
+    model: PreTrainedModel,
+    record: ShapeRecord,
+    root: Path,
+    ids: Any,
+    mask: Any,
+    new_tokens: int,
+    settings: GenerateSettings,
+    config: CompileConfig,
+) -> str | None:
+    """``None`` when the row has no packaged prefill, or when its prefill and decode packages, bound as a start from the
+    mount binds them (:mod:`warmcache.runtime.mounted`: by the checkpoint names their headers record, buffers carried
+    by value), decode the bucket's prompt to the cache's end as the model does; else why not (one line)."""
+    import torch
+
+    from warmcache.runtime.decode_loop import PackagedSteps
+    from warmcache.runtime.mounted import bind_package_steps
+
+    try:
+        steps = bind_package_steps(root, record, model.state_dict(), str(next(model.parameters()).device.type))
+        if steps is None:
+            return None
+        logits: list[torch.Tensor] = []
+        out = PackagedSteps(*steps).generate(
+            ids, mask, new_tokens, pad_token_id=pad_token_id(model) or 0, on_logits=logits.append
+        )
+    except Exception as exc:
+        return f"packaged prefill: {type(exc).__name__}: {first_line(exc)}"
+    generated = out[:, ids.shape[1] :]
+    # A fresh cache: the served call's own is full.
+    eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
+    eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_token_id(model), **eager_kwargs)
+    agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(logits, dim=1))
+    return None if agreement.agrees else f"packaged prefill and decode {agreement.describe()}"

@@ -9,7 +9,8 @@ gemma-2-2b's layers moves its bfloat16 logits 0.55 %, as far as bfloat16 roundin
 (docs/measurements/criterion.md). The digest sees any change, in every dtype: verify
 exports the decode step of the model it was given, for the bucket's own call, and
 compares the graph's digest with the one the package recorded
-(:attr:`warmcache.warmup.aoti_export.ExportedDecode.graph_digest`).
+(:attr:`warmcache.warmup.aoti_export.ExportedDecode.graph_digest`). A packaged prefill is proven the
+same way: the prefill warmup would export for the bucket's prompt (:func:`.aoti_export.export_prefill`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.cache.artifact_format import read_checked
 from warmcache.runtime.decode_dispatch import expected_fingerprint, package_entries
-from warmcache.warmup.aoti_export import export_decode
+from warmcache.runtime.package_steps import PREFILL_STEP, package_step
+from warmcache.warmup.aoti_export import export_decode, export_prefill
 from warmcache.warmup.decode_writer import capture_decode_call
 
 if TYPE_CHECKING:
@@ -49,8 +51,9 @@ def prove_package_graphs(
             f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
             "nothing proves it computes this model; warm it again (warmup --retry-failed)"
         )
-    digest = _model_graph_digest(model, max_cache_len, generate_call)
+    digests = _model_graph_digests(model, max_cache_len, generate_call, {package_step(i) for i in recorded.values()})
     for entry, info in recorded.items():
+        digest = digests[package_step(info)]
         if info["graph"] != digest:
             return (
                 f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
@@ -61,12 +64,19 @@ def prove_package_graphs(
     return None
 
 
-def _model_graph_digest(model: PreTrainedModel, max_cache_len: int, generate_call: dict[str, Any]) -> str:
-    """Export the model's decode step for the bucket's first one-token call, as warmup did, and digest it."""
+def _model_graph_digests(
+    model: PreTrainedModel, max_cache_len: int, generate_call: dict[str, Any], steps: set[str]
+) -> dict[str, str]:
+    """Export the model's decode step for the bucket's first one-token call (and its prefill for the bucket's prompt,
+    if asked), as warmup did; ``{step: digest}``."""
     import torch
     from transformers import GenerationMixin
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
     with capture_decode_call(model, eager=True) as decode_kwargs, torch.no_grad():
         model.generate(**{**generate_call, "max_new_tokens": 2, "min_new_tokens": 2})
-    return export_decode(model, decode_kwargs, max_cache_len).graph_digest
+    digests = {step: export_decode(model, decode_kwargs, max_cache_len).graph_digest for step in steps - {PREFILL_STEP}}
+    if PREFILL_STEP in steps:
+        seq_len = int(generate_call["input_ids"].shape[1])
+        digests[PREFILL_STEP] = export_prefill(model, decode_kwargs, seq_len, max_cache_len).graph_digest
+    return digests
