@@ -198,11 +198,11 @@ containers+=("$serving")
 # shellcheck disable=SC2046
 podman run -d --name "$serving" $(serve_args "$good" build-key) --port "$serve_port" >/dev/null
 for _ in $(seq 1 600); do
-  curl -fs "http://127.0.0.1:$serve_port/healthz" >/dev/null && break
+  curl -fs "http://127.0.0.1:$serve_port/readyz" >/dev/null && break
   [ "$(podman inspect --format '{{.State.Running}}' "$serving")" = true ] || break
   sleep 0.1
 done
-phase "serving container start to /healthz"
+phase "serving container start to /readyz (every bucket primed)"
 log=$(podman logs "$serving" 2>&1)
 echo "serving log: $log"
 grep -q "^primed 2 buckets (2 precompiled) from /cache" <<<"$log" && pass "primed both buckets from the packages" \
