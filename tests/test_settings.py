@@ -33,7 +33,7 @@ from warmcache.settings import (
 PACKAGE = Path(warmcache.__file__).parent
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.flag and s.manifest_key], ids=lambda s: s.name)
 def test_each_setting_takes_flag_then_environment_then_manifest_then_default(setting: Setting, tmp_path: Path) -> None:
     manifest = tmp_path / "m.toml"
     flag, env, from_manifest, default = setting.sources(manifest)
@@ -82,7 +82,7 @@ def test_the_table_is_what_the_commands_resolve(tmp_path: Path) -> None:
     assert folder is not None and (folder.path, folder.source) == (tmp_path / "env-cache", "$WARMCACHE_CACHE_DIR")
     # then the manifest's [cache] dir, then the target's own (resolve_cache_dir)
     assert resolve_cache_folder(None, {}) is None
-    assert {s.env for s in SETTINGS} == {REGISTRY.env, CACHE_DIR.env, STORE.env, TRUSTED_KEYS.env}
+    assert {s.env for s in SETTINGS if s.manifest_key} == {REGISTRY.env, CACHE_DIR.env, STORE.env, TRUSTED_KEYS.env}
 
 
 def test_errors_name_the_source_of_the_bad_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

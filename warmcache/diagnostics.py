@@ -17,16 +17,18 @@ stderr.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Mapping
 from types import TracebackType
 
+from warmcache.settings_table import DEBUG, switch
+
 #: The logger every warmcache module's logger descends from.
 ROOT = logging.getLogger("warmcache")
-#: Set (to ``1``, ``true``, ``yes`` or ``on``) to log every decision, as ``--debug`` does; inherited by child processes.
-DEBUG_ENV = "WARMCACHE_DEBUG"
+#: Set to a true value (``1``, ``true``, ``yes``, ``on``) to log every decision, as ``--debug`` does; inherited by child
+#: processes.
+DEBUG_ENV = DEBUG.env
 
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
@@ -76,9 +78,9 @@ def configure(debug: bool) -> None:
 
 
 def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``$WARMCACHE_DEBUG`` asks for the decisions (as click reads a flag: 1, true, yes, on)."""
-    value = (os.environ if environ is None else environ).get(DEBUG_ENV, "")
-    return value.strip().lower() in ("1", "true", "t", "yes", "y", "on")
+    """Whether ``$WARMCACHE_DEBUG`` asks for the decisions (:func:`~warmcache.settings_table.parse_switch`: a value
+    that is neither true nor false is refused, naming the variable)."""
+    return switch(DEBUG, environ)
 
 
 def log_exception(log: logging.Logger) -> None:

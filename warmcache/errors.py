@@ -9,9 +9,34 @@ traceback for these.
 from __future__ import annotations
 
 import reprlib
+from enum import IntEnum
 
 #: How much of a value an error line echoes; a hostile input can be megabytes long.
 MAX_SHOWN_CHARS = 200
+
+
+class ExitCode(IntEnum):
+    """What a ``warmcache`` command's exit status means (``docs/reference/exit-codes.md``); each error class below
+    carries one, and a command returns one."""
+
+    OK = 0
+    #: The work is not done: a shape failed, would compile, or is missing from the store.
+    NOT_DONE = 1
+    #: The invocation or its input is malformed (:class:`UsageError`, :class:`ManifestError`).
+    USAGE = 2
+    #: The registry cannot be used (:class:`RegistryError`).
+    REGISTRY = 3
+    #: The compile target cannot run here (:class:`TargetUnavailableError`).
+    TARGET_UNAVAILABLE = 4
+    #: A cache, bundle, snapshot or store content is refused (:class:`CacheError`, :class:`TrustError`).
+    CACHE = 5
+    #: The artifact store failed (:class:`StoreError`).
+    STORE = 6
+    #: An error warmcache did not expect (a bug, or one it should explain): one line naming ``--debug``; the value is
+    #: sysexits' ``EX_SOFTWARE``.
+    UNEXPECTED = 70
+    #: Interrupted (Ctrl-C, SIGINT): the shell's 128 + 2.
+    INTERRUPTED = 130
 
 
 def first_line(error: BaseException | str | None) -> str:
@@ -59,7 +84,7 @@ def error_line(exc: BaseException) -> str:
 class WarmcacheError(Exception):
     """Base class: a clear, single-line, user-facing failure."""
 
-    exit_code: int = 1
+    exit_code: int = ExitCode.NOT_DONE
 
     def __init__(self, message: str) -> None:
         # Keep messages on one line so they survive log scrapers and CI annotations.
@@ -73,7 +98,7 @@ class WarmcacheError(Exception):
 class UsageError(WarmcacheError):
     """The caller asked for something malformed (bad flag value, unknown model)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class SpecFailure(WarmcacheError):
@@ -95,13 +120,13 @@ class ManifestError(UsageError):
 class SchemaOutOfDateError(WarmcacheError):
     """The registry database was written by another schema revision."""
 
-    exit_code = 3
+    exit_code = ExitCode.REGISTRY
 
 
 class RegistryError(WarmcacheError):
     """The registry database cannot be opened or written."""
 
-    exit_code = 3
+    exit_code = ExitCode.REGISTRY
 
 
 class RegistryUnavailableError(RegistryError):
@@ -115,13 +140,13 @@ class RegistryUnavailableError(RegistryError):
 class TargetUnavailableError(WarmcacheError):
     """A compile target (neuron, cuda) was requested where it cannot run."""
 
-    exit_code = 4
+    exit_code = ExitCode.TARGET_UNAVAILABLE
 
 
 class UnseenShapeError(WarmcacheError):
     """A request's shape was never compiled and the policy forbids compiling it."""
 
-    exit_code = 1
+    exit_code = ExitCode.NOT_DONE
 
 
 class DecodeRecompileError(WarmcacheError):
@@ -130,13 +155,13 @@ class DecodeRecompileError(WarmcacheError):
     The message names the Dynamo guard that failed (what changed between steps).
     """
 
-    exit_code = 1
+    exit_code = ExitCode.NOT_DONE
 
 
 class CacheError(WarmcacheError):
     """A compile-cache directory or bundle is unusable (bad hash, unsafe member)."""
 
-    exit_code = 5
+    exit_code = ExitCode.CACHE
 
 
 class TrustError(CacheError):
@@ -146,4 +171,4 @@ class TrustError(CacheError):
 class StoreError(WarmcacheError):
     """The artifact store is unreachable, refuses us, or holds something unusable."""
 
-    exit_code = 6
+    exit_code = ExitCode.STORE

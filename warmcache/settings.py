@@ -4,7 +4,8 @@ The commands (``cli/``) and the service take a setting from its flag, then its
 environment variable, then the manifest, then the default, in this one module;
 the code below them is handed the result and never reads the environment or
 edits a URL as text. The precedence of every setting is the one table
-:data:`SETTINGS`, and an error about a value names its source (``--db``,
+:data:`~warmcache.settings_table.SETTINGS` (every ``WARMCACHE_*`` variable, with its flag
+and manifest key where it has them), and an error about a value names its source (``--db``,
 ``$WARMCACHE_DB``, ``m.toml [registry] url``), so the user knows which to fix.
 """
 
@@ -23,77 +24,18 @@ from warmcache.anchor import Anchor
 from warmcache.bounds import path_problem
 from warmcache.database_url import control_character_problem, printable_url
 from warmcache.errors import RegistryError, UsageError, shown
-
-DEFAULT = "default"
+from warmcache.settings_table import CACHE_DIR as CACHE_DIR
+from warmcache.settings_table import DEFAULT as DEFAULT
+from warmcache.settings_table import REGISTRY as REGISTRY
+from warmcache.settings_table import SAFE_DIRECTORIES, environment_value
+from warmcache.settings_table import SETTINGS as SETTINGS
+from warmcache.settings_table import STORE as STORE
+from warmcache.settings_table import TRUSTED_KEYS as TRUSTED_KEYS
+from warmcache.settings_table import Chosen as Chosen
+from warmcache.settings_table import Setting as Setting
+from warmcache.settings_table import choose as choose  # the table lives below every reader of the environment
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One row of the precedence table: where a value may come from, first to last."""
-
-    name: str
-    flag: str
-    env: str
-    manifest_key: str  # the manifest's table and key, e.g. "[registry] url"
-    default: str  # what applies when none is given, in words
-
-    def sources(self, manifest_path: Path | str | None = None) -> tuple[str, str, str, str]:
-        """The four sources in precedence order, named as errors name them."""
-        return (self.flag, f"${self.env}", f"{manifest_path or 'manifest'} {self.manifest_key}", DEFAULT)
-
-
-REGISTRY = Setting(
-    "registry",
-    "--db",
-    "WARMCACHE_DB",
-    "[registry] url",
-    "the nearest .warmcache/registry.sqlite in the working folder or above it (if only you or root can change it), "
-    "else $XDG_CACHE_HOME/warmcache/registry.sqlite (~/.cache when unset)",
-)
-CACHE_DIR = Setting("cache folder", "--cache-dir", "WARMCACHE_CACHE_DIR", "[cache] dir", "the compiler's own folder")
-STORE = Setting("store", "--store", "WARMCACHE_STORE", "[store] url", "none: push and pull need one")
-TRUSTED_KEYS = Setting(
-    "trusted keys", "--trust", "WARMCACHE_TRUSTED_KEYS", "[trust] keys", "none: signatures are not checked"
-)
-
-#: Every setting warmcache resolves from flag, environment, manifest and default, in that order.
-SETTINGS = (REGISTRY, CACHE_DIR, STORE, TRUSTED_KEYS)
-
-
-@dataclass(frozen=True, slots=True)
-class Chosen:
-    """A setting's raw text and the source it came from (``--db``, ``$WARMCACHE_DB``, ``m.toml [registry] url``)."""
-
-    text: str
-    source: str
-
-
-def choose(
-    setting: Setting,
-    flag: str | None,
-    manifest_value: str | None = None,
-    manifest_path: Path | str | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Chosen | None:
-    """The first of ``setting``'s flag, environment variable and manifest value that is given; ``None`` means the
-    default.
-
-    A flag or variable that is given but empty is chosen all the same (and refused by
-    the setting's parser, naming it), not a reason to fall back: ``--db
-    "$UNSET_VARIABLE"`` must not quietly mean the default registry.
-    """
-    environ = os.environ if environ is None else environ
-    flag_source, env_source, manifest_source, _ = setting.sources(manifest_path)
-    for text, source in (
-        (flag, flag_source),
-        (environ.get(setting.env), env_source),
-        (manifest_value, manifest_source),
-    ):
-        if text is not None:
-            return Chosen(text, source)
-    return None
 
 
 # Registry locations: what ``--db``, ``$WARMCACHE_DB`` and a manifest's ``[registry] url`` may be. Checked
@@ -250,7 +192,7 @@ PROJECT_REGISTRY = Path(".warmcache") / "registry.sqlite"
 FOUND = "found from the working folder upward"
 #: Project folders whose found registry is used whoever owns it (``os.pathsep``-separated; ``*``: any), as git's
 #: ``safe.directory`` lists repositories of other owners.
-SAFE_DIRECTORIES_ENV = "WARMCACHE_SAFE_DIRECTORIES"
+SAFE_DIRECTORIES_ENV = SAFE_DIRECTORIES.env
 
 
 def find_project_registry(start: Path | None = None) -> Path | None:
@@ -293,7 +235,8 @@ def require_trusted_registry(found: Path, start: Path | None = None, environ: Ma
     """
     environ = os.environ if environ is None else environ
     project = found.parent.parent
-    if _is_allowed(project, environ.get(SAFE_DIRECTORIES_ENV, "")):
+    listed = environment_value(SAFE_DIRECTORIES, environ)
+    if listed is not None and _is_allowed(project, listed.text):
         return
     here = _working_folder(start) or project
     below = [here, *here.parents]

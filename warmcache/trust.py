@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from warmcache.anchor import Anchor
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.jsonable import fields_json
-from warmcache.settings import TRUSTED_KEYS, choose
+from warmcache.settings_table import ALLOW_UNSIGNED, TRUSTED_KEYS, choose, switch
 
 KEY_PREFIX = "ed25519:"
 SIGNATURE_MEMBER = "signature"
@@ -196,7 +196,7 @@ class TrustedKeys:
         A variable that is set but empty is an error: it would silently turn checking off.
         """
         if flag_values:
-            return cls.load(flag_values, TRUSTED_KEYS.flag)
+            return cls.load(flag_values, TRUSTED_KEYS.sources()[0])
         from_env = choose(TRUSTED_KEYS, None)
         if from_env is not None:
             entries = [e for e in from_env.text.split(",") if e.strip()]
@@ -248,13 +248,14 @@ class TrustedKeys:
 
 #: No trusted keys: signatures are not checked (readers that only need a document's structure: gc, store check).
 NOT_CONFIGURED = TrustedKeys()
-ALLOW_UNSIGNED_ENV = "WARMCACHE_ALLOW_UNSIGNED"
+ALLOW_UNSIGNED_ENV = ALLOW_UNSIGNED.env
 
 
 def unsigned_allowed_by_environment() -> bool:
-    """``$WARMCACHE_ALLOW_UNSIGNED`` set to a true value (``1``, ``true``, ``yes``, ``on``), as ``--allow-unsigned``'s
-    flag reads it: what a library caller (a guard) honours too."""
-    return os.environ.get(ALLOW_UNSIGNED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """``$WARMCACHE_ALLOW_UNSIGNED`` set to a true value (the one reading,
+    :func:`~warmcache.settings_table.parse_switch`), as ``--allow-unsigned`` reads it: what a library caller (a guard)
+    honours too. A value that is neither true nor false is refused, naming the variable."""
+    return switch(ALLOW_UNSIGNED)
 
 
 def require_trust(trusted: TrustedKeys, allow_unsigned: bool, what: str) -> None:

@@ -1,9 +1,13 @@
 """The ``warmcache`` command line: a click group of thin commands over the library.
 
-Every :class:`~warmcache.errors.WarmcacheError` becomes ``warmcache: error: ...``
-on stderr (one line per problem) and its exit code; no traceback reaches users
-unless they ask for it: ``warmcache --debug`` (or ``WARMCACHE_DEBUG=1``) prints each
-decision warmcache logs and the traceback behind the error (:mod:`warmcache.diagnostics`).
+The group is the one exit-code boundary, as pip's ``base_command`` is. A command returns
+its :class:`~warmcache.errors.ExitCode` (``None`` is 0); every
+:class:`~warmcache.errors.WarmcacheError` becomes ``warmcache: error: ...`` on stderr
+(one line per problem) and its exit code; Ctrl-C one line saying what was left, exit
+130; any other exception, a bug, one line naming ``--debug``, exit 70. No traceback
+reaches users unless they ask for it: ``warmcache --debug`` (or ``WARMCACHE_DEBUG=1``)
+prints each decision warmcache logs and the traceback behind the error
+(:mod:`warmcache.diagnostics`).
 """
 
 from __future__ import annotations
@@ -20,40 +24,71 @@ from warmcache.cli.bundle import bundle_group
 from warmcache.cli.cache import cache_group
 from warmcache.cli.db import db_group
 from warmcache.cli.guard import guard_group, misses
+from warmcache.cli.interrupted import interrupted_line
 from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, explain, plan, shapes
 from warmcache.cli.serve import serve
 from warmcache.cli.status import status
 from warmcache.cli.store import pull, push, store_group
 from warmcache.cli.warmup import verify, warmup
-from warmcache.diagnostics import DEBUG_ENV, configure, log_exception
-from warmcache.errors import RegistryError, WarmcacheError, first_line
+from warmcache.diagnostics import DEBUG_ENV, configure, debug_requested, log_exception
+from warmcache.errors import ExitCode, RegistryError, WarmcacheError, first_line
 from warmcache.identity.fingerprint import package_version
 
 log = logging.getLogger(__name__)
 
 
 class _Group(click.Group):
-    """The one exit-code boundary: a warmcache error becomes its one-line message and exit code."""
+    """The one exit-code boundary: a command's returned code, or what ended it, as one line and its exit code."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:  # --debug's callback reads $WARMCACHE_DEBUG, which may hold neither true nor false
+            return super().make_context(info_name, args, parent, **extra)
+        except WarmcacheError as exc:
+            _report(exc)
+            raise click.exceptions.Exit(exc.exit_code) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            code = super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click's own: --help, a usage error, an exit a command asked for
         except WarmcacheError as exc:
             log_exception(log)
-            _fail(ctx, exc)
+            _report(exc)
+            ctx.exit(exc.exit_code)
         except DBAPIError as exc:
             log_exception(log)
-            _fail(ctx, RegistryError(f"registry: {first_line(exc.orig or exc)}"))
+            error = RegistryError(f"registry: {first_line(exc.orig or exc)}")
+            _report(error)
+            ctx.exit(error.exit_code)
+        except KeyboardInterrupt:
+            log_exception(log)
+            click.echo(interrupted_line(ctx), err=True)
+            ctx.exit(ExitCode.INTERRUPTED)
+        except Exception as exc:  # noqa: BLE001 - the boundary: a bug is one line, its traceback behind --debug
+            log_exception(log)
+            click.echo(
+                f"warmcache: error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug in warmcache; "
+                "run again with --debug for the traceback)",
+                err=True,
+            )
+            ctx.exit(ExitCode.UNEXPECTED)
+        if isinstance(code, int) and not isinstance(code, bool) and code:  # a command returns its ExitCode; None is 0
+            ctx.exit(code)
+        return code
 
 
-def _fail(ctx: click.Context, exc: WarmcacheError) -> None:
+def _report(exc: WarmcacheError) -> None:
     for line in str(exc).splitlines():
         click.echo(f"warmcache: error: {line}", err=True)
-    ctx.exit(exc.exit_code)
 
 
 def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) -> None:
+    """``--debug``, else ``$WARMCACHE_DEBUG`` read as every true/false variable is (one that is neither is refused)."""
+    value = value or debug_requested()
     configure(debug=value)
     if value:
         os.environ[DEBUG_ENV] = "1"  # the processes this command starts log their decisions too
@@ -64,7 +99,6 @@ def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) ->
 @click.option(
     "--debug",
     is_flag=True,
-    envvar="WARMCACHE_DEBUG",
     is_eager=True,
     expose_value=False,
     callback=_debug,

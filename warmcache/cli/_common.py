@@ -15,6 +15,7 @@ from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import FOUND, REGISTRY, CacheFolder, RegistryLocation, resolve_cache_folder, resolve_registry
+from warmcache.settings_table import MAX_UNPACK_SIZE
 from warmcache.trust import SigningKey
 from warmcache.units import format_size
 
@@ -63,7 +64,7 @@ def cache_dir_option(help: str) -> Callable[[F], F]:
 
 def max_unpack_size_option(help: str) -> Callable[[F], F]:
     """``--max-size SIZE`` (or ``$WARMCACHE_MAX_UNPACK_SIZE``): the most a bundle unpack or a pull may write."""
-    return click.option("--max-size", metavar="SIZE", envvar="WARMCACHE_MAX_UNPACK_SIZE", default=None, help=help)
+    return click.option("--max-size", metavar="SIZE", envvar=MAX_UNPACK_SIZE.env, default=None, help=help)
 
 
 def registry_location(

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import click
 from tqdm import tqdm
 
+from warmcache.cli.interrupted import note_left
 from warmcache.cli.running import PHASE_LINE_SECONDS, Heartbeat, RunningPhases
 from warmcache.warmup.phases import PhaseReport
 from warmcache.warmup.progress import Finished, Progress
@@ -65,6 +66,8 @@ class BarProgress:
     """A bar naming the running specs' phases (or the last finished spec); failures are written above it."""
 
     def __init__(self, total: int, label: str) -> None:
+        self.total = total
+        self.done = 0
         self._bar = tqdm(total=total, desc=label, unit="spec", file=sys.stderr, dynamic_ncols=True)
         self._running = RunningPhases()
         self._heartbeat = Heartbeat(self._show_running, lambda: BAR_REFRESH_SECONDS)
@@ -74,6 +77,7 @@ class BarProgress:
         if finished.failed:
             self._bar.write(f"{finished.description}: {finished.message()}", file=sys.stderr)
         self._bar.set_postfix_str(f"{finished.description}: {finished.message()}", refresh=False)
+        self.done += 1
         self._bar.update(1)
 
     def phase(self, report: PhaseReport) -> None:
@@ -92,8 +96,15 @@ class BarProgress:
 
 def spec_progress(total: int, *, terminal: bool, label: str, every: float = PHASE_LINE_SECONDS) -> Progress[Finished]:
     """What a warmup or verify reports each running spec's phases and each finished spec to (``every``: plain
-    output's repeat)."""
-    return BarProgress(total, label) if terminal else LineProgress(total, every)
+    output's repeat); an interruption meanwhile says how many specs it left (:func:`note_left`)."""
+    shown = BarProgress(total, label) if terminal else LineProgress(total, every)
+    note_left(
+        lambda: (
+            f"{shown.done} of {shown.total} specs finished and recorded, {shown.total - shown.done} left; "
+            "run it again to go on"
+        )
+    )
+    return shown
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from warmcache.cli._common import (
     print_json_array,
     print_result,
 )
+from warmcache.errors import ExitCode
 from warmcache.identity.plan import plan_manifest
 from warmcache.identity.support import check_supported
 from warmcache.manifest import Manifest, load_manifest
@@ -125,7 +126,7 @@ def explain(
     exact: bool,
     db_url: str | None,
     as_json: bool,
-) -> None:
+) -> ExitCode:
     """Say why a shape is not usable here (missing, stale, failed, pending), naming what differs: each shape MANIFEST
     declares (--model: of one model), or one request as check takes it (--model --batch --seq).
 
@@ -135,8 +136,7 @@ def explain(
         if model_name is None or batch_size is None or seq_len is None:
             raise click.UsageError("give a MANIFEST, or --model, --batch and --seq (one request, as check takes it)")
         request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
-        _explain_request(db_url, model_name, workload, request, as_json)
-        return
+        return _explain_request(db_url, model_name, workload, request, as_json)
     if batch_size is not None or seq_len is not None:
         raise click.UsageError("--batch and --seq ask about one request: give them without a MANIFEST")
     parsed = load_manifest(manifest)
@@ -152,10 +152,10 @@ def explain(
         for e in unusable:
             click.echo(f"{e.status.planned.spec.describe()}: {e.reason}")
         click.echo(f"{len(unusable)} of {len(planned)} shapes not usable here")
-    raise SystemExit(1 if unusable else 0)
+    return ExitCode.NOT_DONE if unusable else ExitCode.OK
 
 
-def _explain_request(db_url: str | None, model: str, workload: str, request: CheckRequest, as_json: bool) -> None:
+def _explain_request(db_url: str | None, model: str, workload: str, request: CheckRequest, as_json: bool) -> ExitCode:
     """``explain --model --batch --seq``: check's decision, and why the request is not usable from the registry's rows
     of its shape (no manifest: nothing reads a model config, nothing imports torch)."""
     with open_registry(db_url, create=False) as registry:
@@ -166,7 +166,7 @@ def _explain_request(db_url: str | None, model: str, workload: str, request: Che
     else:
         click.echo(result.message() if result.ok else "\n".join(e.line() for e in unusable))
         click.echo(f"{min(len(unusable), 1)} of 1 shapes not usable here")
-    raise SystemExit(1 if unusable else 0)
+    return ExitCode.NOT_DONE if unusable else ExitCode.OK
 
 
 def _check_unwarmed_supported(parsed: Manifest, statuses: Sequence[PlanStatus], warmed: set[str]) -> None:
@@ -243,7 +243,7 @@ def check(
     exact: bool,
     db_url: str | None,
     as_json: bool,
-) -> None:
+) -> ExitCode:
     """Exit 0 if a request can run without compiling (exactly or padded), 1 if not, 2 for a model the registry has
     no row of (naming the nearest known names)."""
     with open_registry(db_url, create=False) as registry:
@@ -251,4 +251,4 @@ def check(
         request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
         result = check_request(registry, model_name, workload, request)
     print_result(result, as_json, result.message)
-    raise SystemExit(0 if result.ok else 1)
+    return ExitCode.OK if result.ok else ExitCode.NOT_DONE

@@ -55,7 +55,7 @@ class Shipment:
             yield registry, progress
 
 
-def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
+def shipment_arguments(command: Callable[..., int | None]) -> Callable[..., int | None]:
     """MANIFEST, ``--model``, ``--cache-dir`` and ``--db``, handed to ``command`` as one prepared :class:`Shipment` (its
     ``shipment`` argument).
 
@@ -66,8 +66,8 @@ def shipment_arguments(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def prepared(
         manifest: str, model_name: str | None, cache_dir: CacheFolder | None, db_url: str | None, **options: Any
-    ) -> None:
-        command(shipment=Shipment.prepare(manifest, cache_dir, model_name, db_url), **options)
+    ) -> int | None:
+        return command(shipment=Shipment.prepare(manifest, cache_dir, model_name, db_url), **options)
 
     prepared = cache_dir_option(CACHE_DIR_HELP)(db_option(prepared))
     prepared = click.option("--model", "model_name", default=None, help="Only this model's shapes.")(prepared)

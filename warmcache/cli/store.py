@@ -4,6 +4,7 @@ print)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
+from warmcache.settings_table import STORE_TIMEOUT
 from warmcache.store import resolve_store
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
@@ -51,12 +53,14 @@ from warmcache.units import format_size, parse_age, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+log = logging.getLogger(__name__)
+
 STORE_HELP = f"Store: {ACCEPTED_FORMS} (default: $WARMCACHE_STORE, then the manifest's [store] url)."
 ENDPOINT_HELP = (
     "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
     "then AWS_ENDPOINT_URL_S3/AWS)."
 )
-STORE_TIMEOUT_ENV = "WARMCACHE_STORE_TIMEOUT"
+STORE_TIMEOUT_ENV = STORE_TIMEOUT.env
 NOT_CHECKED = (
     f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
     "or the manifest's [trust] keys)"
@@ -86,6 +90,7 @@ def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | Non
     it."""
     from_env = param.name is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
     source = f"${STORE_TIMEOUT_ENV}" if from_env else "--timeout"
+    log.debug("%s: from %s", STORE_TIMEOUT.name, source if value is not None else "default")
     set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
@@ -228,7 +233,7 @@ def pull(
     store_url: str | None,
     endpoint_url: str | None,
     as_json: bool,
-) -> None:
+) -> int:
     """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
     trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
     memory = TagMemory.resolve(state_dir, parse_pin(min_tag_version, "--min-tag-version"), "--min-tag-version")
@@ -266,7 +271,7 @@ def pull(
         click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
         for line in result.missing:
             click.echo(f"  not in the store: {line}")
-    raise SystemExit(result.exit_code)
+    return result.exit_code
 
 
 @click.group("store")
@@ -366,7 +371,7 @@ def check(
     repair: bool,
     cache_dir: CacheFolder | None,
     as_json: bool,
-) -> None:
+) -> int:
     """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with
     --trust); exit 5 while anything is wrong."""
     parsed = _manifest(manifest_path)
@@ -390,7 +395,7 @@ def check(
             + ("" if repair else "; run again with --repair --cache-dir DIR on a host that has the entries")
         )
         click.echo(f"{report.url}: {report.indexes} indexes, {report.blobs} blobs checked; {state}")
-    raise SystemExit(report.exit_code)
+    return report.exit_code
 
 
 def repair_root(cache_dir: CacheFolder | None, manifest: Manifest | None) -> Path:

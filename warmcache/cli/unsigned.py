@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.trust import ALLOW_UNSIGNED_ENV, TrustedKeys
+from warmcache.trust import ALLOW_UNSIGNED_ENV, TrustedKeys, unsigned_allowed_by_environment
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -17,10 +17,15 @@ def allow_unsigned_option(func: F) -> F:
     return click.option(
         "--allow-unsigned",
         is_flag=True,
-        envvar=ALLOW_UNSIGNED_ENV,
+        callback=_flag_or_environment,
         help="Install even though no trusted key checks who built it (a compile cache is code; "
         f"default: refuse without --trust). Env: ${ALLOW_UNSIGNED_ENV}=1.",
     )(func)
+
+
+def _flag_or_environment(_context: click.Context, _parameter: click.Parameter, value: bool) -> bool:
+    """The flag, else ``$WARMCACHE_ALLOW_UNSIGNED`` read as every true/false variable is (neither is refused)."""
+    return value or unsigned_allowed_by_environment()
 
 
 def warn_if_unverified(allow_unsigned: bool, trusted: TrustedKeys) -> None:

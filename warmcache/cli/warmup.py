@@ -22,8 +22,10 @@ from warmcache.cli._common import (
 from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.running import PHASE_LINE_SECONDS
 from warmcache.cli.store import sign_option, signing_key, store_options
+from warmcache.errors import ExitCode
 from warmcache.manifest import load_manifest
 from warmcache.settings import CacheFolder
+from warmcache.settings_table import PROGRESS_EVERY
 from warmcache.store import resolve_store
 from warmcache.store.publish import ShapePublisher
 
@@ -56,26 +58,26 @@ class RunDisplay:
         return lambda total: spec_progress(total, terminal=terminal, label=label, every=self.progress_every)
 
 
-def run_display_options(func: Callable[..., None]) -> Callable[..., None]:
+def run_display_options(func: Callable[..., int]) -> Callable[..., int]:
     """``--progress-every``, ``--json`` and ``--verbose``, handed to the command as one :class:`RunDisplay`
     (``display``), the libraries quieted before the command body imports any of them."""
 
     @functools.wraps(func)
-    def command(*args: Any, progress_every: float, as_json: bool, verbose: bool, **kwargs: Any) -> None:
+    def command(*args: Any, progress_every: float, as_json: bool, verbose: bool, **kwargs: Any) -> int:
         quiet_libraries(verbose)
-        func(*args, display=RunDisplay(progress_every, as_json, verbose), **kwargs)
+        return func(*args, display=RunDisplay(progress_every, as_json, verbose), **kwargs)
 
     return progress_every_option(json_option(verbose_option(command)))
 
 
-def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None = None) -> None:
-    """Print a run's summary (text or JSON), and what it pushed, and exit with its code."""
+def _finish(summary: _Summary, as_json: bool, publisher: ShapePublisher | None = None) -> int:
+    """Print a run's summary (text or JSON), and what it pushed; the command's exit code."""
     if as_json:
         print_json({**summary.as_json(), **({"push": publisher.as_json()} if publisher else {})})
     else:
         for line in summary.lines() + (publisher.lines() if publisher else []):
             click.echo(line)
-    raise SystemExit(summary.exit_code or (publisher.exit_code if publisher else 0))
+    return summary.exit_code or (publisher.exit_code if publisher else ExitCode.OK)
 
 
 CACHE_HELP = (
@@ -90,7 +92,7 @@ def progress_every_option(func: F) -> F:
         "progress_every",
         metavar="SECONDS",
         type=click.FloatRange(min=0, min_open=True),
-        envvar="WARMCACHE_PROGRESS_EVERY",
+        envvar=PROGRESS_EVERY.env,
         default=PHASE_LINE_SECONDS,
         show_default=True,
         help="In plain output (CI logs), repeat each running spec's phase after this many silent "
@@ -141,7 +143,7 @@ def warmup(
     endpoint_url: str | None,
     db_url: str | None,
     display: RunDisplay,
-) -> None:
+) -> int:
     """Compile every shape MANIFEST declares that is not yet compiled for this toolchain."""
     from warmcache.warmup.distributed import is_registry_writer
     from warmcache.warmup.runner import run_warmup
@@ -165,8 +167,8 @@ def warmup(
         publisher = ShapePublisher(parsed, options.registry, store, cache_dir, key)
     summary = run_warmup(parsed, options, display.progress("warmup"), publisher)
     if not is_registry_writer():
-        raise SystemExit(summary.exit_code)  # under torchrun, rank 0 reports for the group
-    _finish(summary, display.as_json, publisher)
+        return summary.exit_code  # under torchrun, rank 0 reports for the group
+    return _finish(summary, display.as_json, publisher)
 
 
 @click.command("verify")
@@ -174,7 +176,7 @@ def warmup(
 @cache_dir_option(CACHE_HELP)
 @db_option
 @run_display_options
-def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, display: RunDisplay) -> None:
+def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, display: RunDisplay) -> int:
     """Replay every compiled shape of MANIFEST in a fresh process; exit 1 if anything compiled."""
     from warmcache.warmup.verify import run_verify
 
@@ -185,4 +187,4 @@ def verify(manifest: str, cache_dir: CacheFolder | None, db_url: str | None, dis
         str(cache_dir) if cache_dir else None,
         display.progress("verify"),
     )
-    _finish(summary, display.as_json)
+    return _finish(summary, display.as_json)

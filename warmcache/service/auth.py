@@ -8,14 +8,14 @@ writes instead of accepting anonymous ones.
 from __future__ import annotations
 
 import hmac
-import os
 from pathlib import Path
 
 from warmcache.errors import UsageError
 from warmcache.service.http import ApiError
+from warmcache.settings_table import TOKEN, environment_value
 from warmcache.trust import refuse_readable_by_others
 
-TOKEN_ENV = "WARMCACHE_TOKEN"
+TOKEN_ENV = TOKEN.env
 
 
 #: A bearer token shorter than this is guessable by a client that may try as often as it likes.
@@ -38,7 +38,8 @@ def load_token(token_file: Path | None = None) -> str | None:
         if not token:
             raise UsageError(f"{token_file}: token file is empty")
     else:
-        token, source = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+        from_env = environment_value(TOKEN)
+        token, source = (from_env.text.strip(), from_env.source) if from_env else ("", f"${TOKEN_ENV}")
     if token and len(token) < MIN_TOKEN_CHARS:
         raise UsageError(
             f"{source}: the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; refused "

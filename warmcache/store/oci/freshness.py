@@ -45,15 +45,16 @@ from typing import Any, TypeGuard
 from filelock import FileLock, Timeout
 
 from warmcache.errors import TrustError, UsageError, shown
+from warmcache.settings_table import MIN_TAG_VERSION, STATE_DIR, TAG_EXPIRES, choose, environment_value
 from warmcache.store.index import index_bytes
 from warmcache.store.oci.reference import OciReference
 from warmcache.trust import NOT_CONFIGURED, SIGNATURE_MEMBER, SigningKey, TrustedKeys, sign_document
 from warmcache.units import parse_age
 
 TAG_FORMAT = 1
-STATE_ENV = "WARMCACHE_STATE_DIR"
-MIN_VERSION_ENV = "WARMCACHE_MIN_TAG_VERSION"
-EXPIRES_ENV = "WARMCACHE_TAG_EXPIRES"
+STATE_ENV = STATE_DIR.env
+MIN_VERSION_ENV = MIN_TAG_VERSION.env
+EXPIRES_ENV = TAG_EXPIRES.env
 #: How long a signed tag is valid when neither ``--expires`` nor ``$WARMCACHE_TAG_EXPIRES`` says: the longest a
 #: registry can hide newer pushes from a host by serving it the last version it saw.
 DEFAULT_VALIDITY_S = 30 * 86400
@@ -103,7 +104,8 @@ def _when(seconds: float) -> str:
 def validity_seconds(flag: str | None = None, ceiling_flag: str | None = None) -> float:
     """How long a push's tag document is valid: ``--expires``, else ``$WARMCACHE_TAG_EXPIRES``, else 30 days; refused
     above the ceiling (``--max-expires``, else a year): a tag that never expires switches freeze protection off."""
-    text, source = (flag, "--expires") if flag is not None else (os.environ.get(EXPIRES_ENV), f"${EXPIRES_ENV}")
+    chosen = choose(TAG_EXPIRES, flag)
+    text, source = (chosen.text, chosen.source) if chosen else (None, f"${EXPIRES_ENV}")
     seconds = parse_age(text, option=source) if text else DEFAULT_VALIDITY_S
     if seconds <= 0:
         raise UsageError(f"{source}: {shown(text or '')} is no time at all; a tag must be valid for a while")
@@ -248,17 +250,16 @@ class TagMemory:
         or variable is refused: falling back would read and write another memory than the one named."""
         if flag == "":
             raise UsageError("--state-dir: empty; name the folder where this host remembers tag versions")
-        folder = flag or os.environ.get(STATE_ENV)
+        chosen = choose(STATE_DIR, flag)
+        folder = chosen.text if chosen else None
         if folder == "":
             raise UsageError(f"${STATE_ENV} is set but empty; unset it or name the folder (the default would be used)")
         if not folder:
             base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
             folder = str(Path(base) / "warmcache")
         if minimum is None:
-            text = os.environ.get(MIN_VERSION_ENV)
-            minimum, minimum_source = (
-                (_parse_pin(text, f"${MIN_VERSION_ENV}"), f"${MIN_VERSION_ENV}") if text else (0, "")
-            )
+            pin = environment_value(MIN_TAG_VERSION)
+            minimum, minimum_source = (_parse_pin(pin.text, pin.source), pin.source) if pin and pin.text else (0, "")
         return cls(Path(folder).expanduser(), minimum, minimum_source or "--min-tag-version")
 
     def known(self, url: str) -> TagVersion | None:

@@ -1,0 +1,174 @@
+"""The command line's one boundary (warmcache/cli/__init__.py) and the settings table (warmcache/settings_table.py).
+
+Ctrl-C is one line saying what was left and exit 130; a bug is one line naming --debug and exit 70, its traceback
+behind --debug; every WARMCACHE_* variable the package reads is a row of the table, listed in
+docs/reference/settings.md, and every true/false one is read by one parser that refuses what it does not understand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import warmcache
+from warmcache.cli import main
+from warmcache.diagnostics import debug_requested
+from warmcache.errors import ExitCode, UsageError
+from warmcache.settings_table import SETTINGS, Setting, parse_switch
+from warmcache.trust import unsigned_allowed_by_environment
+
+PACKAGE = Path(warmcache.__file__).parent
+DOCS_PAGE = PACKAGE.parent / "docs" / "reference" / "settings.md"
+
+
+# The one reader of true/false values.
+
+
+@pytest.mark.parametrize("word", ["1", "true", "T", "yes", "Y", " on "])
+def test_a_true_word_is_true_for_every_switch(word: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMCACHE_DEBUG", word)
+    monkeypatch.setenv("WARMCACHE_ALLOW_UNSIGNED", word)
+    assert parse_switch(word, "x") and debug_requested() and unsigned_allowed_by_environment()
+
+
+@pytest.mark.parametrize("word", ["0", "false", "F", "no", "N", "off", ""])
+def test_a_false_word_is_false_for_every_switch(word: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMCACHE_DEBUG", word)
+    monkeypatch.setenv("WARMCACHE_ALLOW_UNSIGNED", word)
+    assert not (parse_switch(word, "x") or debug_requested() or unsigned_allowed_by_environment())
+
+
+@pytest.mark.parametrize("word", ["ture", "2", "enabled", "yes please"])
+def test_a_word_that_is_neither_is_refused_naming_the_variable(word: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMCACHE_ALLOW_UNSIGNED", word)
+    with pytest.raises(UsageError, match=r"^\$WARMCACHE_ALLOW_UNSIGNED: .* is neither true nor false"):
+        unsigned_allowed_by_environment()
+    monkeypatch.setenv("WARMCACHE_DEBUG", word)
+    with pytest.raises(UsageError, match=r"^\$WARMCACHE_DEBUG: "):
+        debug_requested()
+
+
+def test_the_command_line_refuses_an_unreadable_debug_variable_in_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["status", str(tmp_path / "m.toml")], env={"WARMCACHE_DEBUG": "maybe"})
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr.splitlines() == [
+        "warmcache: error: $WARMCACHE_DEBUG: 'maybe' is neither true nor false; give one of 1, true, t, yes, y, on "
+        "or 0, false, f, no, n, off"
+    ]
+
+
+# The settings table: every variable, in the docs.
+
+
+def test_every_warmcache_variable_in_the_source_is_a_row_of_the_table() -> None:
+    named = {
+        name
+        for path in PACKAGE.rglob("*.py")
+        for name in re.findall(r"WARMCACHE_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))
+    }
+    assert len(named) >= 14, "the search found too few names to be searching the package"
+    assert named - {s.env for s in SETTINGS} == set()
+    assert len({s.env for s in SETTINGS}) == len(SETTINGS)
+
+
+def _cell(value: str | None) -> str:
+    return f"`{value}`" if value else "none"
+
+
+def settings_rows(settings: tuple[Setting, ...] = SETTINGS) -> str:
+    """The table docs/reference/settings.md holds, as :data:`SETTINGS` says it."""
+    lines = ["| variable | flag | manifest key | default | what it sets |", "| --- | --- | --- | --- | --- |"]
+    for s in settings:
+        lines.append(f"| `{s.env}` | {_cell(s.flag)} | {_cell(s.manifest_key)} | {s.default} | {s.meaning} |")
+    return "\n".join(lines)
+
+
+def test_the_settings_page_is_the_table() -> None:
+    expected = settings_rows()
+    assert expected in DOCS_PAGE.read_text(encoding="utf-8"), (
+        f"{DOCS_PAGE} does not hold the settings table as warmcache/settings_table.py says it; put this there:\n"
+        f"{expected}"
+    )
+
+
+# Commands return codes; the boundary alone exits.
+
+
+def test_no_command_exits_by_itself() -> None:
+    raising = [
+        f"{path.name}:{number}"
+        for path in sorted((PACKAGE / "cli").glob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"SystemExit\(|sys\.exit\(", line)
+    ]
+    assert raising == []
+
+
+def test_a_bug_is_one_line_naming_debug_and_its_own_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("the list index went wrong\nand a second line nobody needs")
+
+    monkeypatch.setattr(importlib.import_module("warmcache.cli.status"), "load_manifest", broken)
+    runner = CliRunner()
+    plain = runner.invoke(main, ["status", str(tmp_path / "m.toml")])
+    assert plain.exit_code == ExitCode.UNEXPECTED == 70
+    assert plain.stderr.splitlines() == [
+        "warmcache: error: unexpected RuntimeError: the list index went wrong (a bug in warmcache; run again with "
+        "--debug for the traceback)"
+    ]
+    debug = runner.invoke(main, ["--debug", "status", str(tmp_path / "m.toml")])
+    assert debug.exit_code == ExitCode.UNEXPECTED
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert 'raise RuntimeError("the list index went wrong' in debug.stderr
+    assert debug.stderr.rstrip().endswith("run again with --debug for the traceback)")
+
+
+def test_a_returned_code_is_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a command returns is the process's status; ``None`` is success."""
+    monkeypatch.setitem(main.commands, "five", click.Command("five", callback=lambda: ExitCode.CACHE))
+    monkeypatch.setitem(main.commands, "nothing", click.Command("nothing", callback=lambda: None))
+    assert CliRunner().invoke(main, ["five"]).exit_code == 5
+    assert CliRunner().invoke(main, ["nothing"]).exit_code == 0
+
+
+# Ctrl-C.
+
+
+def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) -> None:
+    """A store listing blocked on a registry that accepts and never answers, interrupted as a terminal's Ctrl-C does."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(60)
+        port = listener.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMCACHE_")}
+        env["DOCKER_CONFIG"] = str(tmp_path)  # no credentials of the machine's
+        command = subprocess.Popen(
+            [sys.executable, "-m", "warmcache", "store", "ls", "--store", f"oci+http://127.0.0.1:{port}/repo"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        try:
+            connection, _ = listener.accept()  # the command now waits for an answer
+            with connection:
+                command.send_signal(signal.SIGINT)
+                out, err = command.communicate(timeout=60)
+        finally:
+            if command.poll() is None:
+                command.kill()
+    assert command.returncode == ExitCode.INTERRUPTED == 130
+    assert err.splitlines() == ["warmcache: interrupted: store stopped: what it finished is kept"], err
+    assert out == ""
