@@ -172,3 +172,19 @@ def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) ->
     assert command.returncode == ExitCode.INTERRUPTED == 130
     assert err.splitlines() == ["warmcache: interrupted: store stopped: what it finished is kept"], err
     assert out == ""
+
+
+def test_debug_shows_each_store_retry_and_where_a_setting_came_from(tmp_path: Path) -> None:
+    """A registry that refuses connections: each of the five attempts but the last is a DEBUG line with its wait."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        result = CliRunner().invoke(
+            main,
+            ["--debug", "store", "ls"],
+            env={"WARMCACHE_STORE": f"oci+http://127.0.0.1:{port}/repo", "DOCKER_CONFIG": str(tmp_path)},
+        )
+    assert result.exit_code == ExitCode.STORE, result.stderr
+    assert "debug: settings_table: store: from $WARMCACHE_STORE" in result.stderr
+    waits = re.findall(r"attempt (\d) of 5 failed \(.*\); trying again in ([\d.]+) s", result.stderr)
+    assert waits == [("1", "0.2"), ("2", "0.4"), ("3", "0.8"), ("4", "1.6")], result.stderr

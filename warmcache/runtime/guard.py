@@ -218,6 +218,15 @@ class ShapeGuard:
             )
         # Swap whole objects so a concurrent decide() sees either the old table or the new one.
         self._records, self._table = rows, table
+        log.debug(
+            "guard %r %s: %d usable rows of %s %s from %s",
+            self.model_name,
+            self.workload,
+            len(rows),
+            family.describe(),
+            "kept" if reuse else "reloaded" if expect is not None else "loaded",
+            self.source,
+        )
         return family
 
     # ------------------------------------------------------------ facts

@@ -6,7 +6,6 @@ Standard library only (``urllib``), so a serving process needs no HTTP client pa
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,6 +15,7 @@ from warmcache.errors import UsageError
 from warmcache.registry import ShapeRecord
 from warmcache.registry.records import MissEvent
 from warmcache.runtime.snapshot import decode_snapshot
+from warmcache.settings_table import TOKEN, environment_value
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
@@ -87,10 +87,8 @@ class ServiceMisses:
 
     def record_misses(self, events: Sequence[MissEvent]) -> None:
         body = json.dumps({"misses": [_miss_json(e) for e in events]}).encode()
-        headers = {
-            "Content-Type": "application/json",
-            "Authorization": f"Bearer {os.environ.get('WARMCACHE_TOKEN', '')}",
-        }
+        token = environment_value(TOKEN)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token.text if token else ''}"}
         request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout):

@@ -181,6 +181,12 @@ def prime(
     packaged = (
         _install_precompiled(guard, model, report, Path(cache_dir) if cache_dir else None) if precompiled else set()
     )
+    log.debug(
+        "priming %d buckets of %s: %d bound from precompiled packages (not run), the others run once",
+        len(buckets),
+        guard.family.describe(),
+        sum(1 for batch, _ in buckets if batch in packaged),
+    )
     if guard.policy == "warn" or any(batch not in packaged for batch, _ in buckets):
         guard.claim_compile_folder()  # this process will compile: never from another platform's kernels
     guard.primed = False

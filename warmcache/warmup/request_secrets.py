@@ -17,8 +17,9 @@ import os
 from typing import TypeVar
 
 from warmcache.settings import RegistryLocation
+from warmcache.settings_table import CHILD_REGISTRY_URLS
 
-SECRETS_ENV = "WARMCACHE_CHILD_REGISTRY_URLS"
+SECRETS_ENV = CHILD_REGISTRY_URLS.env
 
 R = TypeVar("R")
 

@@ -58,6 +58,8 @@ MAX_ERROR_BYTES = 64 * 1024
 logging.getLogger("oras.logger").addHandler(logging.NullHandler())
 logging.getLogger("oras.logger").propagate = False
 
+log = logging.getLogger(__name__)
+
 
 class RegistryClient:
     """One repository on one registry, as the store needs it; every failure is one :class:`StoreError` naming
@@ -292,7 +294,17 @@ class RegistryClient:
                         f"{self.where}: {what}: {reason} at {self._base}{self.reference.host} after {ATTEMPTS} "
                         f"attempts ({first_line(str(exc))})"
                     ) from None
-                time.sleep(FIRST_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                wait = FIRST_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                log.debug(
+                    "%s: %s: attempt %d of %d failed (%s); trying again in %.1f s",
+                    self.where,
+                    what,
+                    attempt,
+                    ATTEMPTS,
+                    first_line(str(exc)),
+                    wait,
+                )
+                time.sleep(wait)
             except requests.RequestException as exc:
                 raise StoreError(f"{self.where}: {what}: {type(exc).__name__}: {first_line(exc)}") from None
         raise AssertionError("unreachable")

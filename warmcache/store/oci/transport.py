@@ -22,6 +22,7 @@ registry to these rules:
 
 from __future__ import annotations
 
+import logging
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 from urllib.parse import urljoin, urlparse
@@ -41,6 +42,8 @@ MAX_ANSWER_BYTES = 4 * 1024 * 1024
 #: Redirects followed for one read (a registry sends a blob read to its storage once).
 MAX_REDIRECTS = 5
 _READ_METHODS = ("GET", "HEAD")
+
+log = logging.getLogger(__name__)
 
 
 class BoundedSession(requests.Session):
@@ -66,8 +69,17 @@ class BoundedSession(requests.Session):
                 break
             response.close()  # its body is never read: a redirect may carry gigabytes
             following = self.checked_redirect(target, response.headers.get("location", ""))
-            if urlparse(following).netloc != urlparse(target).netloc:
+            crossed = urlparse(following).netloc != urlparse(target).netloc
+            if crossed:
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            log.debug(
+                "%s: %s redirected (HTTP %d) to %s%s",
+                self.reference.repository_url,
+                str(method).upper(),
+                response.status_code,
+                _without_query(following),  # a storage URL's query may be a presigned secret
+                "; credentials not sent there" if crossed else "",
+            )
             target = following
         else:
             raise StoreError(f"{self.reference.repository_url}: more than {MAX_REDIRECTS} redirects; refused")
@@ -86,6 +98,12 @@ class BoundedSession(requests.Session):
             f"{self.reference.repository_url}: the registry redirects a read to {parsed.scheme}://{parsed.netloc}, "
             f"neither HTTPS nor the registry's own address; refused"
         )
+
+
+def _without_query(url: str) -> str:
+    """``scheme://host/path`` of ``url``: what a log line may show of it."""
+    parsed = urlparse(url)
+    return f"{parsed.scheme}://{parsed.netloc}{parsed.path}"
 
 
 def read_bounded(response: requests.Response, limit: int, where: str) -> bytes:
