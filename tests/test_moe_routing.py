@@ -25,7 +25,8 @@ import pytest
 import torch
 from real_model import random_model, real_configs
 
-from warmcache.warmup.verify.agreement import Agreement, eager_decode_logits, eos_token_ids, judge_decode
+from warmcache.warmup.verify.agreement import Agreement, eager_decode_logits, judge_decode
+from warmcache.warmup.verify.model_traits import eos_token_ids
 from warmcache.warmup.verify.reference import precise_copy
 from warmcache.warmup.verify.routing import Router, WeightRule, forceable_routers, forcing
 

@@ -120,7 +120,8 @@ def test_bfloat16_criterion_passes_the_right_package_and_fails_one_bound_to_othe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.warmup.verify.agreement import eager_decode_logits, eos_token_ids, judge, model_size
+    from warmcache.warmup.verify.agreement import eager_decode_logits, judge
+    from warmcache.warmup.verify.model_traits import eos_token_ids, model_size
     from warmcache.warmup.verify.reference import reference_logits
 
     root, _ = qwen3_packaged

@@ -5,8 +5,9 @@ a guarded ``generate()``) is compared with two things computed on the same token
 prompt and everything the served decode generated):
 
 * the **reference**: one forward over all of them by a copy of the model in higher
-  precision (:data:`REFERENCE_DTYPE`: float64 for a float32 model, float32 for bfloat16
-  and float16; :func:`reference_logits`), as near the exact result as the model lets it be;
+  precision (:data:`.reference.REFERENCE_DTYPE`: float64 for a float32 model, float32 for
+  bfloat16 and float16; :func:`.reference.reference_logits`), as near the exact result as the
+  model lets it be;
 * the model's own **eager decode** in its own dtype, step by step as ``generate()`` runs
   it, made to pick the served tokens (:func:`eager_decode_logits`).
 
@@ -29,8 +30,9 @@ logit RMS:
   distance (a near-tie that close may go either way);
 * **routes** (a mixture of experts): a step may instead agree with the reference computed
   with the other expert at a router near-tie (:mod:`.routing`); taken at so many near-ties
-  that a right decode would take as many at a chance under :data:`REROUTE_SIGNIFICANCE`
-  (:func:`reroute_chances`), the other expert makes the decode differ.
+  that a right decode would take as many at a chance under
+  :data:`.reroutes.REROUTE_SIGNIFICANCE` (:func:`.reroutes.reroute_chances`), the other expert
+  makes the decode differ.
 
 Why a higher-precision reference: a reference in the model's own dtype is one more
 rounding of the same sums, and on a CPU whose kernels round the one-pass forward and the
@@ -39,16 +41,22 @@ it to the last bit, the bound collapsed to its floor, and a right package whose 
 sum in another order failed ("0.00 % (allowed 0.00 %)", issue 36). Against the float64
 reference a float32 eager decode is about 1e-6 away (12-20 epsilons at real width), never 0.
 The figures that chose the factor and the floor are in docs/measurements/criterion.md.
+
+The bounds and the verdict are here; the distances they bound are measured in
+:mod:`.distances`, the chance of each router near-tie in :mod:`.reroutes`, and what the
+floor reads off the model in :mod:`.model_traits`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from warmcache.modeling.generation import special_token_ids
+from warmcache.warmup.verify.distances import logit_scale, per_routing
+from warmcache.warmup.verify.model_traits import eos_token_ids, model_size
 from warmcache.warmup.verify.reference import routed_reference
+from warmcache.warmup.verify.reroutes import REROUTE_SIGNIFICANCE, chance_of_at_least, reroute_chances
 from warmcache.warmup.verify.routing import Alternative, RoutedReference
 
 if TYPE_CHECKING:
@@ -63,10 +71,6 @@ FACTOR = 2.0
 #: scatter up to 2.25 times it, far below :data:`ACCUMULATION_EPSILONS`' floor), a 5 % change in one real-width layer
 #: 2.3-3.5 times it in bfloat16 (docs/measurements/criterion.md).
 MEAN_FACTOR = 1.75
-#: A served decode that took the other expert at more router near-ties than a right decode would, at this chance or
-#: less, is held to differ: it routes unlike the model (a router computed in lower precision, a biased gate), though
-#: each rerouted step alone is within the bound of its routing.
-REROUTE_SIGNIFICANCE = 1e-3
 #: Distances below this many machine epsilons of the dtype, times the square root of the model's depth, always pass:
 #: each layer rounds its output to the dtype once more.
 FLOOR_EPSILONS = 1.0
@@ -91,13 +95,6 @@ def accumulation_floor(depth: int, width: int) -> float:
     """How far float32 accumulation alone moves the logits of a model of ``depth`` layers of ``width``, relative to
     their RMS: :data:`ACCUMULATION_EPSILONS` float32 epsilons per square root of depth × width."""
     return ACCUMULATION_EPSILONS * _EPSILON["float32"] * (max(depth, 1) * max(width, 1)) ** 0.5
-
-
-def logit_scale(logits: torch.Tensor) -> torch.Tensor:
-    """Each step's logit RMS (over the vocabulary), the scale every distance here is relative to; never 0."""
-    import torch
-
-    return logits.double().pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)
 
 
 def figure(value: float) -> str:
@@ -143,7 +140,7 @@ class Agreement:
     rerouted_ties: int = 0
     """Of those, the ties the served decode took the other way at."""
     expected_reroutes: float = 0.0
-    """How many of those ties a right decode takes the other way on average (:func:`reroute_chances`)."""
+    """How many of those ties a right decode takes the other way on average (:func:`.reroutes.reroute_chances`)."""
     reroute_chance: float = 1.0
     """The chance that a right decode takes the other way at :attr:`rerouted_ties` ties or more."""
 
@@ -241,11 +238,6 @@ def eager_decode_logits(
     return torch.stack(out.logits, dim=1).float()
 
 
-def eos_token_ids(model: torch.nn.Module) -> list[int]:
-    """The end-of-sequence ids a decode with ``min_new_tokens`` to the cache's end may not pick, whatever they score."""
-    return sorted(special_token_ids(model, ("eos_token_id",)))
-
-
 def judge(
     reference: torch.Tensor,
     eager: torch.Tensor,
@@ -261,53 +253,24 @@ def judge(
     """Judge served ``tokens`` ``[rows, steps]`` (and, when known, their logits) against ``reference``, calibrated by
     ``eager``.
 
-    ``reference``: :func:`reference_logits`; ``eager``: :func:`eager_decode_logits` on the
-    same tokens; ``forbidden``: token ids the served decode could not pick (:func:`eos_token_ids`
+    ``reference``: :func:`.reference.reference_logits`; ``eager``: :func:`eager_decode_logits` on the
+    same tokens; ``forbidden``: token ids the served decode could not pick (:func:`.model_traits.eos_token_ids`
     under ``min_new_tokens``), so the reference's best is taken among the others;
-    ``depth``, ``width``: the model's decoder layers and hidden size (:func:`model_size`), for the floor;
+    ``depth``, ``width``: the model's decoder layers and hidden size (:func:`.model_traits.model_size`), for the floor;
     ``alternatives``: :meth:`.routing.RoutedReference.alternatives`: a step of a row at or after a router
     near-tie agrees when it is within both bounds of the reference or of the routing with
     the tied experts swapped.
     """
     import torch
 
-    reference, eager = reference.double(), eager.double().to(reference.device)
-    scale = logit_scale(reference)
-    banned = [i for i in forbidden if i < reference.shape[-1]]
-
-    def distance(logits: torch.Tensor, truth: torch.Tensor = reference) -> torch.Tensor:
-        return (logits.double().to(reference.device) - truth).pow(2).mean(-1).sqrt() / scale
-
-    def deficit(chosen: torch.Tensor, truth: torch.Tensor = reference) -> torch.Tensor:
-        allowed = truth.clone()
-        allowed[..., banned] = float("-inf")
-        return (allowed.amax(-1) - truth.gather(-1, chosen[..., None].to(truth.device))[..., 0]) / scale
-
-    eager_pick = eager.clone()
-    eager_pick[..., banned] = float("-inf")
-    eager_pick = eager_pick.argmax(-1)
-    # Per candidate routing (the reference, then each alternative), per row and step: the eager decode's distance,
-    # its largest single-logit distance and its own pick's deficit; the served decode's distance and deficit.
-    figures: dict[str, list[torch.Tensor]] = {
-        key: [] for key in ("eager", "eager_max", "eager_pick", "error", "deficit")
-    }
-    for alternative in (None, *alternatives):
-        truth = reference
-        if alternative is not None:
-            truth = reference.clone()
-            truth[alternative.tie.row, alternative.tie.step :] = alternative.logits[alternative.tie.step :]
-        figures["eager"].append(distance(eager, truth))
-        figures["eager_max"].append((eager - truth).abs().amax(-1) / scale)
-        figures["eager_pick"].append(deficit(eager_pick, truth))
-        figures["deficit"].append(deficit(tokens, truth))
-        served = distance(served_logits, truth) if served_logits is not None else torch.zeros_like(scale)
-        figures["error"].append(served)
-    stacked = {key: torch.stack(values) for key, values in figures.items()}
+    reference = reference.double()
+    eager = eager.double().to(reference.device)
+    routings = per_routing(reference, logit_scale(reference), eager, tokens, served_logits, forbidden, alternatives)
     # The eager decode is measured against the routing it took: its own rounding, not one expert more or less.
-    eager_routing = stacked["eager"].argmin(0, keepdim=True)
-    eager_error = stacked["eager"].gather(0, eager_routing)[0]
+    eager_routing = routings.eager.argmin(0, keepdim=True)
+    eager_error = routings.eager.gather(0, eager_routing)[0]
     eager_reach_steps = torch.maximum(
-        stacked["eager_pick"].gather(0, eager_routing)[0], 2 * stacked["eager_max"].gather(0, eager_routing)[0]
+        routings.eager_pick.gather(0, eager_routing)[0], 2 * routings.eager_max.gather(0, eager_routing)[0]
     )
     bounds = Agreement(
         dtype=dtype.removeprefix("torch."),
@@ -322,12 +285,12 @@ def judge(
         depth=depth,
         width=width,
     )
-    matches = (stacked["error"] <= bounds.allowed_logit_error) & (stacked["deficit"] <= bounds.allowed_token_deficit)
+    matches = (routings.error <= bounds.allowed_logit_error) & (routings.deficit <= bounds.allowed_token_deficit)
     # A served step is judged against the reference unless it fails there and matches an alternative routing.
     served_routing = torch.where(matches[0] | ~matches.any(0), 0, matches.int().argmax(0))[None]
-    error, served_deficit = (stacked[key].gather(0, served_routing)[0] for key in ("error", "deficit"))
+    error, served_deficit = (figures.gather(0, served_routing)[0] for figures in (routings.error, routings.deficit))
     worst = torch.maximum(error, served_deficit)
-    chances = reroute_chances(alternatives, eager_error, bounds.floor)
+    chances = reroute_chances(alternatives, eager_error, bounds.floor, FACTOR)
     rerouted_ties = len(set(served_routing[served_routing > 0].tolist()))
     return replace(
         bounds,
@@ -337,44 +300,12 @@ def judge(
         near_ties=int((served_deficit > 0).any(dim=0).sum()),
         worst_step=int(worst.amax(dim=0).argmax()),
         rerouted_steps=int((served_routing > 0).sum()),
-        eager_rerouted_steps=int(((eager_routing > 0) & (stacked["eager"][0] > bounds.allowed_logit_error)).sum()),
+        eager_rerouted_steps=int(((eager_routing > 0) & (routings.eager[0] > bounds.allowed_logit_error)).sum()),
         router_ties=len(alternatives),
         rerouted_ties=rerouted_ties,
         expected_reroutes=sum(chances),
         reroute_chance=chance_of_at_least(rerouted_ties, chances),
     )
-
-
-def reroute_chances(alternatives: Sequence[Alternative], eager_error: torch.Tensor, floor: float) -> list[float]:
-    """For each router near-tie, the chance that a right decode takes the other expert there.
-
-    A right decode is at most :data:`FACTOR` times as far from the reference as the eager
-    decode (``eager_error`` ``[rows, steps]``), and a router's logits carry the relative
-    rounding its hidden states carry (:mod:`.routing`): the gap between the two tied experts'
-    logits moves by about ``FACTOR * e * sqrt(2)`` (two logits, each off by ``e`` relative),
-    so a tie of relative ``margin`` flips with chance ``Phi(-margin / (FACTOR * e * sqrt(2)))``.
-    Taking the output logits' distance for the router's is generous (rounding grows with depth,
-    and routers sit inside the model): a right decode flips fewer, never more, than this says.
-    """
-    import math
-
-    chances = []
-    for alternative in alternatives:
-        noise = max(float(eager_error[alternative.tie.row, alternative.tie.step]), floor)
-        chances.append(0.5 * math.erfc(alternative.tie.margin / (2 * FACTOR * noise)))
-    return chances
-
-
-def chance_of_at_least(count: int, chances: Sequence[float]) -> float:
-    """The chance that ``count`` or more of independent events with the given ``chances`` happen."""
-    distribution = [1.0]  # distribution[k]: the chance that exactly k of the events so far happened
-    for chance in chances:
-        distribution = [
-            (distribution[k] if k < len(distribution) else 0.0) * (1 - chance)
-            + (distribution[k - 1] * chance if k > 0 else 0.0)
-            for k in range(len(distribution) + 1)
-        ]
-    return sum(distribution[count:])
 
 
 def judge_decode(
@@ -399,14 +330,10 @@ def judge_decode(
     """
     dtype, forbidden, size = str(model.dtype), eos_token_ids(model), model_size(model)
     routed = routed or routed_reference(model, prompt_ids, prompt_mask, generated)
-    reference = routed.logits
-    agreement = judge(
-        reference, eager, generated, dtype, served_logits, forbidden=forbidden, depth=size.depth, width=size.width
-    )
-    alternatives = routed.alternatives(agreement.allowed_logit_error)
-    while alternatives:  # the eager distance at the routing it took tightens the bound: keep the ties within it
-        agreement = judge(
-            reference,
+
+    def judged(alternatives: Sequence[Alternative] = ()) -> Agreement:
+        return judge(
+            routed.logits,
             eager,
             generated,
             dtype,
@@ -416,24 +343,13 @@ def judge_decode(
             width=size.width,
             alternatives=alternatives,
         )
+
+    agreement = judged()
+    alternatives = routed.alternatives(agreement.allowed_logit_error)
+    while alternatives:  # the eager distance at the routing it took tightens the bound: keep the ties within it
+        agreement = judged(alternatives)
         within = [a for a in alternatives if a.tie.margin <= agreement.allowed_logit_error]
         if len(within) == len(alternatives):
             break
         alternatives = within
     return agreement
-
-
-class ModelSize(NamedTuple):
-    """What the criterion's floor grows with (:func:`floor`)."""
-
-    depth: int
-    """Decoder layers."""
-    width: int
-    """Hidden size."""
-
-
-def model_size(model: torch.nn.Module) -> ModelSize:
-    """The model's text config's depth and width, each 1 where it does not say."""
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", lambda: config)()
-    return ModelSize(int(getattr(text, "num_hidden_layers", 1) or 1), int(getattr(text, "hidden_size", 1) or 1))
