@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 
 import warmcache
 from warmcache.cli import main
+from warmcache.cli.progress import spec_progress
 from warmcache.diagnostics import debug_requested
 from warmcache.errors import ExitCode, UsageError
 from warmcache.settings_table import SETTINGS, Setting, parse_switch
@@ -142,6 +144,37 @@ def test_a_returned_code_is_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # Ctrl-C.
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    description: str
+    failed: bool = False
+
+    def message(self) -> str:
+        return "compiled in 1.0s"
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["lines", "bar"])
+def test_an_interrupted_run_says_how_many_specs_it_left(terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What warmup and verify show their specs through says, when Ctrl-C comes, what is done and what is not."""
+
+    def run() -> None:
+        shown = spec_progress(5, terminal=terminal, label="warmup")
+        try:  # as the runner does: its bar is closed on the way out
+            for name in ("a", "b"):
+                shown.advance(_Compiled(name))
+            raise KeyboardInterrupt
+        finally:
+            shown.close()
+
+    monkeypatch.setitem(main.commands, "run", click.Command("run", callback=run))
+    result = CliRunner().invoke(main, ["run"])
+    assert result.exit_code == ExitCode.INTERRUPTED
+    assert result.stderr.splitlines()[-1] == (
+        "warmcache: interrupted: run stopped: 2 of 5 specs finished and recorded, 3 left; run it again to go on"
+    )
+    assert "Aborted!" not in result.output
 
 
 def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) -> None:

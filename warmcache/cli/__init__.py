@@ -88,9 +88,9 @@ def _report(exc: WarmcacheError) -> None:
 
 def _debug(_context: click.Context, _parameter: click.Parameter, value: bool) -> None:
     """``--debug``, else ``$WARMCACHE_DEBUG`` read as every true/false variable is (one that is neither is refused)."""
-    value = value or debug_requested()
-    configure(debug=value)
-    if value:
+    configure(debug=value)  # first: a previous command in this process (a test's) may have left the log at DEBUG
+    if value or debug_requested():
+        configure(debug=True)
         os.environ[DEBUG_ENV] = "1"  # the processes this command starts log their decisions too
 
 
