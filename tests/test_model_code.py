@@ -30,6 +30,7 @@ REFUSED = {
         "generation_config.json), so generate() feeds the whole sequence at every step",
     ),
     "dory": ({}, "DoryModel.forward adds layers to the cache object it is given"),
+    "gpt_neo": ({}, "its 'local' attention layers (GPT-Neo's) place their 8-token window by the number of keys"),
     "qwen4_exp_text": (
         {"layer_types": ["linear_attention", "linear_attention"]},
         "no layer keeps attention (layer kinds: linear_attention)",
@@ -72,4 +73,14 @@ def test_code_that_reads_values_only_outside_the_decode_path_is_not_refused(fami
     fullgraph with its own cache (``_can_compile_fullgraph = False``) and pass on warmcache's. All pass the sweep."""
     config = tiny_config(family)
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    assert code_problems(config, model_class, GenerationConfig.from_model_config(config)) == []
+    assert code_problems(config, model_class, GenerationConfig.from_model_config(config), max_cache_len=32) == []
+
+
+def test_gpt_neo_is_served_while_its_static_cache_fits_inside_the_window(tmp_path: Path) -> None:
+    """GPT-Neo's window follows the cache's length: a cache no longer than the window never masks, as the model's own
+    window would not inside it (published GPT-Neo: window 256), so such a bucket is accepted."""
+    config = tiny_config("gpt_neo")
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    generation = GenerationConfig.from_model_config(config)
+    assert code_problems(config, model_class, generation, max_cache_len=config.window_size) == []
+    assert code_problems(config, model_class, generation, max_cache_len=config.window_size + 1) != []

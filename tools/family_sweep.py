@@ -46,7 +46,7 @@ NOT_DECODERS = frozenset(
 #: the tiny sliding window.
 FAMILY_SIZES: dict[str, Any] = dict(
     head_dim=16,
-    sliding_window=SLIDING_WINDOW,  # where a family has sliding layers, a short decode runs past the window
+    sliding_window=SLIDING_WINDOW,  # where the family's config declares one: a short decode runs past the window
     num_experts=4,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
@@ -123,8 +123,14 @@ def tiny_config(family: str) -> Any:
     """``family``'s config class at the tiny sizes, 2 layers."""
     from transformers import CONFIG_MAPPING
 
-    sizes = {**TINY_SIZES, **FAMILY_SIZES, "num_hidden_layers": 2, **FAMILY_OVERRIDES.get(family, {})}
-    return CONFIG_MAPPING[family](**{name: value for name, value in sizes.items() if value is not None})
+    config_class = CONFIG_MAPPING[family]
+    sizes = {**TINY_SIZES, **FAMILY_SIZES, "num_hidden_layers": 2}
+    if "sliding_window" not in getattr(config_class, "__dataclass_fields__", {}):
+        # transformers' caches read ``sliding_window`` off any config without ``layer_types``: on a family whose
+        # attention has no window (BLOOM, Llama) the key would make their cache, not their mask, windowed
+        del sizes["sliding_window"]
+    sizes |= FAMILY_OVERRIDES.get(family, {})
+    return config_class(**{name: value for name, value in sizes.items() if value is not None})
 
 
 def build_family_model(family: str, out_dir: Path) -> Path:

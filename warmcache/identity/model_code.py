@@ -17,7 +17,9 @@ step; asked here of the model's config and code, before anything compiles:
 * ``use_cache`` off in the generation config (MPT's default): generate() then feeds the
   whole sequence at every step and writes it into the cache again;
 * no attention layer at all while the model asks the cache for its length
-  (``get_seq_length``), which transformers' cache answers only from an attention layer.
+  (``get_seq_length``), which transformers' cache answers only from an attention layer;
+* GPT-Neo's ``local`` layers, whose window follows the number of cached keys (a static
+  cache's length) rather than the position, past a ``max_cache_len`` beyond the window.
 
 The model is built on the meta device (no memory, no weights) to learn which module
 classes it instantiates, so a multimodal module's vision code does not count against
@@ -39,12 +41,20 @@ VALUE_READS = frozenset({"tolist", "item"})
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "hybrid"})
 
 
-def code_problems(config: Any, model_class: Any, generation_config: Any) -> list[str]:
+def code_problems(config: Any, model_class: Any, generation_config: Any, max_cache_len: int) -> list[str]:
     """Why ``model_class``'s decode step, built from ``config``, cannot be one static graph per bucket (empty: it
-    can). ``generation_config`` is the one generate() will use."""
+    can). ``generation_config`` is the one generate() will use; ``max_cache_len`` the largest declared."""
     from warmcache.modeling.kv_cache import get_layer_types_and_kwargs
 
     problems = []
+    window = _window_placed_by_key_count(config)
+    if window is not None and max_cache_len > window:
+        problems.append(
+            f"its 'local' attention layers (GPT-Neo's) place their {window}-token window by the number of keys "
+            "the cache returns, which a static cache (transformers' own too) makes max_cache_len, not the position; "
+            f"max_cache_len {max_cache_len} > window_size {window} would attend outside the window (keep "
+            f"max_cache_len <= {window})"
+        )
     if not generation_config.use_cache:
         problems.append(
             "use_cache is false in its generation config (the model config's default when there is no "
@@ -72,6 +82,19 @@ def code_problems(config: Any, model_class: Any, generation_config: Any) -> list
             "the cache for its length, which transformers' cache answers only from an attention layer"
         )
     return problems
+
+
+def _window_placed_by_key_count(config: Any) -> int | None:
+    """GPT-Neo's local window: its attention masks with rows of a fixed ``bias`` buffer sliced at
+    ``key_length - query_length``, so the window follows the number of keys, not the token's position (on a dynamic
+    cache the two are the same). A config property, named: the window is in the family's own attention code, which
+    no layer kind of transformers' cache API reports."""
+    text = config.get_text_config(decoder=True)
+    if "local" in (getattr(text, "attention_layers", None) or ()) and isinstance(
+        getattr(text, "window_size", None), int
+    ):
+        return int(text.window_size)
+    return None
 
 
 def _module_classes(config: Any, model_class: Any) -> set[type]:

@@ -68,7 +68,10 @@ def model_problems(model: ModelSpec) -> list[str]:
             else:
                 generation_config = _generation_config(model, config)
                 problems += [
-                    f"{where}: generate: {problem}" for problem in code_problems(config, model_class, generation_config)
+                    f"{where}: generate: {problem}"
+                    for problem in code_problems(
+                        config, model_class, generation_config, max(g.settings.max_cache_len for g in model.generate)
+                    )
                 ]
     return problems
 
