@@ -46,7 +46,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Generic, TypeVar
 
-from warmcache.errors import WarmcacheError, first_line, shown
+from warmcache.errors import ExitCode, WarmcacheError, first_line, shown
 from warmcache.warmup.request_secrets import with_secrets, without_secrets
 
 M = TypeVar("M")
@@ -161,7 +161,7 @@ class ReportWriter:
         try:
             yield
         except KeyboardInterrupt:
-            raise SystemExit(130) from None
+            raise SystemExit(ExitCode.INTERRUPTED) from None
         except WarmcacheError as exc:
             self.send(ChildFailure(str(exc), exc.exit_code))
             raise SystemExit(exc.exit_code) from None

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmcache.errors import UsageError
+from warmcache.errors import ExitCode, UsageError
 from warmcache.identity.plan import PlannedShape
 from warmcache.registry.registry import PlanStatus
 from warmcache.registry.statuses import DONE_STATUSES, Status
@@ -133,7 +133,7 @@ class WarmupSummary:
     @property
     def exit_code(self) -> int:
         """Non-zero while any planned spec is failed: the manifest is not fully warm."""
-        return 1 if self.failed or self.plan.failed_kept or self.unfinished else 0
+        return ExitCode.NOT_DONE if self.failed or self.plan.failed_kept or self.unfinished else ExitCode.OK
 
     def count(self, status: Outcome) -> int:
         return sum(1 for o in self.outcomes if o.status == status)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from warmcache.errors import ExitCode
 from warmcache.units import format_count
 from warmcache.warmup.verify.messages import ReplayResult
 
@@ -97,7 +98,7 @@ class VerifySummary:
     def exit_code(self) -> int:
         """1 if anything recompiled, was disproven, failed to replay, or was never compiled."""
         bad = sum(1 for v in self.verdicts if v.failed) + len(self.not_compiled)
-        return 1 if bad else 0
+        return ExitCode.NOT_DONE if bad else ExitCode.OK
 
     def as_json(self) -> dict[str, Any]:
         return {
