@@ -107,6 +107,9 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "gptj": {"rotary_dim": 8},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},
     "dbrx": {"tie_word_embeddings": False},
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # its shared attention ties across two hybrid layers
+    "zaya": {"num_experts_per_tok": 1},
+    "xlstm": {"v_head_dim": None},  # a property xLSTM derives
 }
 #: A tiny build larger than this kept a default size the overrides missed: a wrong row, not a tiny one.
 MAX_TINY_PARAMETERS = 20_000_000
