@@ -29,10 +29,9 @@ from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation, default_registry
-from warmcache.store import StoreLocation, open_store
-from warmcache.store.backends import FileStore
+from warmcache.store import BlobStore, StoreLocation, open_store
+from warmcache.store.blob.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
-from warmcache.store.operations import push_manifest
 from warmcache.store.pull import BLOB_FOLDER, pull_manifest
 from warmcache.trust import generate_key
 
@@ -144,7 +143,7 @@ def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
         try:
             with Registry.open(built.url) as registry:
                 barrier.wait()
-                push_manifest(ShipmentScope(manifest, location), registry, object_store(store), identities=identities)
+                BlobStore(object_store(store)).push(ShipmentScope(manifest, location), registry, identities=identities)
         except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 
@@ -204,7 +203,7 @@ def test_a_blob_damaged_in_transit_is_fetched_again(built: Built, tmp_path: Path
     result = pull_manifest(
         ShipmentScope(manifest, CacheLocation(tmp_path / "b", "neuron", "test")),
         RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"),
-        flaky,
+        BlobStore(flaky),
         allow_unsigned=True,
     )
     # Every blob with bytes was damaged once and fetched again; the empty model.done has nothing to damage.
@@ -237,7 +236,7 @@ def test_an_interrupted_pull_leaves_no_entry_or_row_and_resumes_without_refetchi
         pull_manifest(
             ShipmentScope(manifest, location),
             RegistryLocation.parse(db),
-            _DyingStore(tmp_path / "store", allowed=3),
+            BlobStore(_DyingStore(tmp_path / "store", allowed=3)),
             allow_unsigned=True,
         )
     assert rows(db) == []

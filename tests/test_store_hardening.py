@@ -19,16 +19,16 @@ from moto_server import DUMMY_CREDENTIALS
 from test_bundle import Built
 from test_store import _FlakyStore, error_lines, object_store, pull_args, push, run
 
+import warmcache.store.blob.push as push_module
 import warmcache.store.deadline as deadline
-import warmcache.store.push as push_module
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
+from warmcache.store import BlobStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key
-from warmcache.store.operations import execute_gc, plan_gc, push_manifest
 from warmcache.store.pull import pull_manifest
 
 built = test_bundle.built
@@ -49,10 +49,8 @@ def dangling(store: list[str]) -> list[str]:
 
 def push_in_process(built: Built, store: list[str]) -> None:
     with Registry.open(built.url) as registry:
-        push_manifest(
-            ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")),
-            registry,
-            object_store(store),
+        BlobStore(object_store(store)).push(
+            ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")), registry
         )
 
 
@@ -74,10 +72,10 @@ def test_gc_deciding_while_a_push_reuses_an_old_blob_never_leaves_a_dangling_ind
     built: Built, store: list[str], orphaned: str
 ) -> None:
     target = object_store(store)
-    plan = plan_gc(target, grace_seconds=GRACE)
+    plan = BlobStore(target).plan_gc(grace_seconds=GRACE)
     assert len(plan.removals) == 1  # the withdrawn shape's own blob
     push_in_process(built, store)  # the window: gc has listed, the push re-uses that blob and names it again
-    execute_gc(target, plan)
+    BlobStore(target).execute_gc(plan)
     assert dangling(store) == [] and target.stat(plan.removals[0].key) is not None
 
 
@@ -88,7 +86,7 @@ def test_a_whole_gc_between_a_pushs_blob_check_and_its_index_write_never_leaves_
     write_indexes = push_module._write_indexes
 
     def gc_first(store_: object, indexes: list[tuple[str, bytes]]) -> int:
-        deleted.append(execute_gc(target, plan_gc(target, grace_seconds=GRACE)))
+        deleted.append(BlobStore(target).execute_gc(BlobStore(target).plan_gc(grace_seconds=GRACE)))
         return write_indexes(target, indexes)
 
     monkeypatch.setattr(push_module, "_write_indexes", gc_first)
@@ -257,7 +255,7 @@ def test_progress_counts_each_byte_once_when_a_blob_is_fetched_again(built: Buil
     pull_manifest(
         ShipmentScope(load_manifest(built.manifest), location),
         RegistryLocation.parse(f"sqlite:///{tmp_path / 'b.sqlite'}"),
-        _FlakyStore(tmp_path / "store"),
+        BlobStore(_FlakyStore(tmp_path / "store")),
         allow_unsigned=True,
         progress=lambda d, t: seen.append((d, t)),
     )

@@ -219,7 +219,6 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.store import OciStore
-    from warmcache.store.operations import push_manifest
 
     planned = planned_by_batch(built.manifest)
     scope = ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test"))
@@ -229,7 +228,7 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
         try:
             with Registry.open(built.url) as registry:
                 barrier.wait()
-                push_manifest(scope, registry, OciStore.open(tag[1]), identities=[identity])
+                OciStore.open(tag[1]).push(scope, registry, identities=[identity])
         except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 

@@ -108,8 +108,7 @@ def main() -> None:
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
-    from warmcache.store import StoreLocation, open_store
-    from warmcache.store.operations import push_manifest
+    from warmcache.store import BlobStore, StoreLocation, open_store
     from warmcache.store.pull import pull_manifest
 
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, moto_server() as endpoint:
@@ -122,11 +121,11 @@ def main() -> None:
         for bucket in ("warmcache", "plain"):
             create_bucket(endpoint, bucket)
         client = boto3.client("s3", endpoint_url=endpoint)
-        store = open_store(StoreLocation.parse("s3://warmcache/bench"), endpoint)
+        store = BlobStore(open_store(StoreLocation.parse("s3://warmcache/bench"), endpoint))
 
         def push() -> object:
             with Registry.open(url) as registry:
-                return push_manifest(ShipmentScope(manifest, CacheLocation(cache, "neuron", "bench")), registry, store)
+                return store.push(ShipmentScope(manifest, CacheLocation(cache, "neuron", "bench")), registry)
 
         def plain_upload() -> None:
             for path in files:
@@ -212,7 +211,6 @@ def bench_oci(
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
     from warmcache.store import OciStore
-    from warmcache.store.operations import push_manifest
     from warmcache.store.pull import pull_manifest
 
     store = OciStore.open(running.url("bench/cache", "v1"))
@@ -220,7 +218,7 @@ def bench_oci(
 
     def push() -> object:
         with Registry.open(url) as registry:
-            return push_manifest(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench")), registry, store)
+            return store.push(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench")), registry)
 
     def skopeo(source: str, target: str) -> None:
         done = subprocess.run(

@@ -30,9 +30,10 @@ from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.settings_table import STORE_TIMEOUT
-from warmcache.store import resolve_store
+from warmcache.store import resolve_store, resolve_tag_store
+from warmcache.store.blob.maintenance import MIN_SAFE_GRACE_SECONDS
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
-from warmcache.store.maintenance import DEFAULT_GC_GRACE_SECONDS, MIN_SAFE_GRACE_SECONDS
+from warmcache.store.interface import DEFAULT_GC_GRACE_SECONDS
 from warmcache.store.oci.freshness import (
     DEFAULT_MAX_VALIDITY_S,
     EXPIRES_ENV,
@@ -44,10 +45,8 @@ from warmcache.store.oci.freshness import (
     parse_pin,
 )
 from warmcache.store.oci.promote import promote_image
-from warmcache.store.oci.store import OciStore
-from warmcache.store.operations import check_store, execute_gc, list_store, plan_gc, push_manifest, repair_store
 from warmcache.store.pull import pull_manifest
-from warmcache.store_location import ACCEPTED_FORMS
+from warmcache.store_location import ACCEPTED_FORMS, StoreLocation
 from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_age, parse_size
 
@@ -189,19 +188,16 @@ def push(
     store = resolve_store(store_url, endpoint_url, shipment.manifest, TagMemory.resolve(state_dir))
     oci_only = {"--expires": expires, "--max-expires": max_expires, "--trust": trust or None}
     given = [name for name, value in oci_only.items() if value is not None]
-    if given and (not isinstance(store, OciStore) or key is None):
+    if given and (not store.tagged or key is None):
         raise UsageError(
             f"{given[0]}: only a signed push (--sign) to an oci:// store has an expiry and a base to verify"
         )
-    if fresh and not isinstance(store, OciStore):
+    if fresh and not store.tagged:
         raise UsageError("--fresh: only an oci:// tag is built on what it held; this store's pushes add objects")
-    if isinstance(store, OciStore):
-        store.push_policy = PushPolicy(expires, max_expires, TrustedKeys.load(trust, "--trust"), fresh)
-        store.push_policy.validity()  # checked before anything is read or sent
+    if store.tagged:
+        store.use_push_policy(PushPolicy(expires, max_expires, TrustedKeys.load(trust, "--trust"), fresh))
     with shipment.opened("pushing", "push --sign" if key else None) as (registry, progress):
-        result = push_manifest(
-            shipment.scope, registry, store, verified_only=verified_only, signing_key=key, progress=progress
-        )
+        result = store.push(shipment.scope, registry, verified_only=verified_only, signing_key=key, progress=progress)
     print_result(result, as_json, lambda: result.message(verified_only))
 
 
@@ -292,7 +288,7 @@ def _manifest(path: str | None) -> Manifest | None:
 @json_option
 def ls(store_url: str | None, endpoint_url: str | None, manifest_path: str | None, as_json: bool) -> None:
     """Compiled shapes per model and toolchain, and the blobs' count and size."""
-    listing = list_store(resolve_store(store_url, endpoint_url, _manifest(manifest_path)))
+    listing = resolve_store(store_url, endpoint_url, _manifest(manifest_path)).list()
     if as_json:
         print_json(listing.as_json())
         return
@@ -336,8 +332,8 @@ def gc(
             "push running now may lose blobs its indexes name",
             err=True,
         )
-    plan = plan_gc(store, grace_seconds)
-    deleted = execute_gc(store, plan) if apply else None
+    plan = store.plan_gc(grace_seconds)
+    deleted = store.execute_gc(plan) if apply else None
     if as_json:
         print_json({**plan.as_json(), "applied": apply, "deleted": deleted})
         return
@@ -378,9 +374,9 @@ def check(
     trusted = TrustedKeys.resolve(trust, parsed.trusted_keys if parsed else None)
     store = resolve_store(store_url, endpoint_url, parsed)
     with byte_progress("checking") as progress:
-        report, named = check_store(store, trusted, progress)
+        report, named = store.check(trusted, progress)
     if repair and report.problems:
-        report = repair_store(store, report, named, repair_root(cache_dir, parsed))
+        report = store.repair(report, named, repair_root(cache_dir, parsed))
     if as_json:
         print_json(report.as_json())
     else:
@@ -433,14 +429,10 @@ def promote(
     key = SigningKey.load(sign_key)
     trusted = TrustedKeys.resolve(trust)
     memory = TagMemory.resolve(state_dir)
-    stores = [resolve_store(url, None, None, memory) for url in (source, target)]
-    for url, store in zip((source, target), stores):
-        if not isinstance(store, OciStore):
-            raise UsageError(f"{url}: promote copies oci:// tags; other stores are not signed per tag")
-    from_store, to_store = stores
-    assert isinstance(from_store, OciStore) and isinstance(to_store, OciStore)
-    to_store.push_policy = PushPolicy(expires, max_expires, trusted)
-    to_store.push_policy.validity()  # checked before anything is read or sent
+    from_store, to_store = (
+        resolve_tag_store(StoreLocation.parse(url, name), memory) for name, url in (("SRC", source), ("DST", target))
+    )
+    to_store.use_push_policy(PushPolicy(expires, max_expires, trusted))
     with byte_progress("promoting") as progress:
         result = promote_image(from_store, to_store, key, trusted, progress)
     print_result(result, as_json, result.message)

@@ -1,11 +1,11 @@
 """The artifact store: compile once anywhere, start warm everywhere.
 
-A store (``s3://bucket/prefix`` or ``file:///path``) holds compiled cache files as
-content-addressed blobs and one index per compiled shape (:mod:`.index`);
-:mod:`.push` publishes a manifest's compiled shapes, :mod:`.pull` installs exactly
-what a manifest needs, :mod:`.maintenance` lists and garbage-collects. An OCI registry
-(``oci://host/repository:tag``, :mod:`.oci`) holds the same indexes and files as a
-container image: the same commands push, pull, list, collect and check it.
+An object store (``s3://bucket/prefix`` or ``file:///path``, :mod:`.blob`) holds compiled
+cache files as content-addressed blobs and one index per compiled shape (:mod:`.index`). An
+OCI registry (``oci://host/repository:tag``, :mod:`.oci`) holds the same indexes and files as
+a container image. Both answer one interface (:class:`~warmcache.store.interface.Store`):
+push, the source a pull reads (:mod:`.pull` installs exactly what a manifest needs), list,
+gc, check and repair. Which one a URL names is decided here, once, from the parsed location.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from __future__ import annotations
 from warmcache.errors import UsageError
 from warmcache.manifest import Manifest
 from warmcache.settings import STORE, choose
-from warmcache.store.backends import open_store
-from warmcache.store.objects import ObjectStore
+from warmcache.store.blob.backends import open_store
+from warmcache.store.blob.store import BlobStore
+from warmcache.store.interface import Store
 from warmcache.store.oci.freshness import TagMemory
 from warmcache.store.oci.store import OciStore
 from warmcache.store_location import ACCEPTED_FORMS, StoreLocation
 
 STORE_ENV = STORE.env
-#: What push, pull and the store commands take: an object store, or one repository of an OCI registry.
-Store = ObjectStore | OciStore
 
 
 def store_location(cli_url: str | None, manifest: Manifest | None = None) -> StoreLocation:
@@ -44,18 +43,25 @@ def resolve_store(
     """The store to use; for S3 the endpoint is ``--endpoint-url``, then ``[store] endpoint_url``, then boto3's own
     settings; an ``oci://`` store compares signed tags with ``memory`` (default: :meth:`TagMemory.resolve`)."""
     location = store_location(cli_url, manifest)
-    if location.is_oci:
-        return OciStore.open(location.url, memory)
-    return open_store(location, endpoint_url or (manifest.store.endpoint_url if manifest else None))
+    if location.oci is not None:
+        return OciStore(location.oci, memory)
+    return BlobStore(open_store(location, endpoint_url or (manifest.store.endpoint_url if manifest else None)))
+
+
+def resolve_tag_store(location: StoreLocation, memory: TagMemory | None = None) -> OciStore:
+    """The ``oci://`` store a location names (``store promote`` copies signed tags); :class:`UsageError` naming the
+    location's source for any other store."""
+    return OciStore(location.oci_reference(), memory)
 
 
 __all__ = [
     "STORE_ENV",
-    "ObjectStore",
+    "BlobStore",
     "OciStore",
     "Store",
     "open_store",
     "StoreLocation",
     "resolve_store",
+    "resolve_tag_store",
     "store_location",
 ]

@@ -24,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile
+from warmcache.cache.bundle import BundleFile, entries_needed, entry_files, sha256_of, shared_kernels
 from warmcache.cache.bundle_rows import check_rows, row_to_json
 from warmcache.cache.file_list import check_artifacts, check_files, read_signed_document
 from warmcache.cache.layout import CacheFlavor
+from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
 from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes
@@ -100,3 +101,29 @@ def parse_index(data: bytes, key: str, where: str, trusted: TrustedKeys = NOT_CO
     files = check_files(raw.get("files"), flavor, at)
     check_artifacts(row, files, flavor, f"{at}: row")
     return ShapeIndex(key, flavor, row, files, signature)
+
+
+def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
+    """Each shape's files (its entries plus the cache's kernel files), each file hashed once; a file that cannot be
+    read is one line naming it, before anything is pushed."""
+    try:
+        return _files_per_shape(records, location)
+    except OSError as exc:
+        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
+
+
+def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
+    kernels = shared_kernels(location)
+    hashed: dict[str, BundleFile] = {}
+
+    def file(path: str) -> BundleFile:
+        if path not in hashed:
+            hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
+        return hashed[path]
+
+    return {
+        record.identity: [
+            file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))
+        ]
+        for record in records
+    }

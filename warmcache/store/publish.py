@@ -18,8 +18,7 @@ from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
-from warmcache.store import Store
-from warmcache.store.operations import push_manifest
+from warmcache.store.interface import Store
 from warmcache.trust import SigningKey
 
 
@@ -43,7 +42,7 @@ class ShapePublisher:
                 scope = ShipmentScope(
                     self.manifest, single_location(self.manifest, self.cache_dir, record.model_name), record.model_name
                 )
-                result = push_manifest(scope, registry, self.store, identities=[identity], signing_key=self.signing_key)
+                result = self.store.push(scope, registry, identities=[identity], signing_key=self.signing_key)
         except WarmcacheError as exc:
             self.failures.append(f"{identity[:16]}: {exc}")
             return

@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from warmcache.errors import CacheError, StoreError, UsageError, shown
+from warmcache.store.blob.s3 import S3Store
 from warmcache.store.objects import BLOCK, ObjectStore, StoredObject, changed_under_push, hash_blocks
-from warmcache.store.s3 import S3Store
 from warmcache.store_location import StoreLocation
 
 #: Temporary files of the file store start with this; ``store gc`` removes old ones.

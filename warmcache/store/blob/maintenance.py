@@ -16,12 +16,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 from warmcache.errors import CacheError, StoreError
-from warmcache.jsonable import FieldsJson, fields_json
-from warmcache.store.backends import FILE_TEMP_PREFIX
+from warmcache.store.blob.backends import FILE_TEMP_PREFIX
 from warmcache.store.index import (
     BLOB_PREFIX,
     INDEX_PREFIX,
@@ -29,10 +26,9 @@ from warmcache.store.index import (
     blob_key,
     parse_index,
 )
+from warmcache.store.interface import DEFAULT_GC_GRACE_SECONDS, GcPlan, StoreGroup, StoreListing
 from warmcache.store.objects import ObjectStore, StoredObject
 
-#: A push of a large cache takes minutes to hours between its first blob and its last index.
-DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
 #: The consistency rule between push and gc (docs/guides/store.md), in three numbers:
 #: a push refreshes every re-used blob older than REFRESH_AGE_SECONDS and writes its indexes
 #: within REFRESH_AGE_SECONDS of checking its blobs (else it refreshes them all); gc deletes
@@ -43,29 +39,6 @@ DEFAULT_GC_GRACE_SECONDS = 24 * 3600.0
 REFRESH_AGE_SECONDS = 10 * 60.0
 GC_DECISION_SECONDS = 2.0
 MIN_SAFE_GRACE_SECONDS = 3 * REFRESH_AGE_SECONDS
-
-
-@dataclass(frozen=True, slots=True)
-class StoreGroup(FieldsJson):
-    """The shapes a store holds for one model and toolchain."""
-
-    model: str
-    toolchain_hash: str
-    shapes: int
-    newest: float
-    #: The OCI tag holding these shapes (an S3 or file store has no tags).
-    tag: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoreListing:
-    url: str
-    groups: tuple[StoreGroup, ...]
-    blobs: int
-    blob_bytes: int
-
-    def as_json(self) -> dict[str, Any]:
-        return fields_json(self, {"url": "store"})
 
 
 def list_objects(store: ObjectStore) -> StoreListing:
@@ -85,32 +58,6 @@ def list_objects(store: ObjectStore) -> StoreListing:
         len(blobs),
         sum(b.size for b in blobs),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class GcPlan:
-    url: str
-    indexes: int
-    referenced: int
-    #: Unreferenced blobs and leftover temporary files old enough to go.
-    removals: tuple[StoredObject, ...]
-    #: Unreferenced but younger than the grace period (a push may be writing its index).
-    kept_young: int
-    grace_seconds: float = DEFAULT_GC_GRACE_SECONDS
-
-    @property
-    def freed_bytes(self) -> int:
-        return sum(r.size for r in self.removals)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "store": self.url,
-            "indexes": self.indexes,
-            "referenced_blobs": self.referenced,
-            "remove": [{"key": r.key, "size_bytes": r.size} for r in self.removals],
-            "kept_young": self.kept_young,
-            "freed_bytes": self.freed_bytes,
-        }
 
 
 def plan_object_gc(
@@ -154,7 +101,7 @@ def referenced_blobs(store: ObjectStore) -> tuple[set[str], int]:
 def execute_object_gc(store: ObjectStore, plan: GcPlan) -> int:
     """Delete the plan's objects that are still unreferenced and old; returns how many. Indexes are never touched.
 
-    The consistency rule push relies on (:func:`warmcache.store.push._refresh_reused`):
+    The consistency rule push relies on (:func:`warmcache.store.blob.push._refresh_reused`):
     the indexes are read again now (a push may have named a planned blob since), and
     each blob is ``stat``-ed again right before its delete, which is sent within
     :data:`GC_DECISION_SECONDS` of that ``stat`` (else it is left for the next run), and

@@ -18,59 +18,30 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from warmcache.cache.bundle import (
-    BundleFile,
     ByteProgress,
-    ShippedJson,
-    entries_needed,
-    entry_files,
-    sha256_of,
-    shared_kernels,
 )
-from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
-from warmcache.errors import CacheError
-from warmcache.registry import Registry, ShapeRecord
+from warmcache.registry import Registry
+from warmcache.store.blob.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.store.index import (
     MAX_INDEX_BYTES,
     blob_key,
     build_index,
+    files_per_shape,
     index_bytes,
     index_key,
 )
-from warmcache.store.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
+from warmcache.store.interface import PushResult
 from warmcache.store.objects import ObjectStore
 from warmcache.trust import SigningKey, sign_document
-from warmcache.units import format_size
 
 log = logging.getLogger(__name__)
 
 #: Blobs in flight at once (each large one also splits into parallel parts).
 TRANSFER_THREADS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class PushResult(ShippedJson):
-    store: str
-    shapes: int
-    indexes_written: int
-    indexes_unchanged: int
-    blobs_uploaded: int
-    blobs_present: int
-    bytes_uploaded: int
-    not_compiled: int
-
-    def message(self, verified_only: bool) -> str:
-        """What ``push`` says it sent, found already there and left out."""
-        return (
-            f"{self.store}: {self.shapes} shapes ({self.indexes_written} indexes written, "
-            f"{self.indexes_unchanged} unchanged); {self.blobs_uploaded} files uploaded "
-            f"({format_size(self.bytes_uploaded)}), {self.blobs_present} already there"
-            + self.not_shipped(verified_only, "not pushed")
-        )
 
 
 def push_objects(
@@ -134,7 +105,7 @@ def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tupl
     """Make the old blobs this push re-uses young again, so ``store gc`` cannot take them from under the index about to
     name them.
 
-    The store's consistency rule (:mod:`warmcache.store.maintenance`): gc deletes a blob
+    The store's consistency rule (:mod:`warmcache.store.blob.maintenance`): gc deletes a blob
     only if no index named it when its run started and when it decided, and its own
     ``stat`` of the blob, taken at most :data:`GC_DECISION_SECONDS` before the delete,
     showed it older than the grace period. So once this refresh is older than that
@@ -151,32 +122,6 @@ def _refresh_reused(store: ObjectStore, reused: list[str], blobs: dict[str, tupl
         path, _ = blobs[sha256]
         store.upload(path, blob_key(sha256), sha256)
     return len(gone)
-
-
-def files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
-    """Each shape's files (its entries plus the cache's kernel files), each file hashed once; a file that cannot be
-    read is one line naming it, before anything is pushed."""
-    try:
-        return _files_per_shape(records, location)
-    except OSError as exc:
-        raise CacheError(f"{exc.filename or location.root}: {exc.strerror or exc}; nothing pushed") from None
-
-
-def _files_per_shape(records: list[ShapeRecord], location: CacheLocation) -> dict[str, list[BundleFile]]:
-    kernels = shared_kernels(location)
-    hashed: dict[str, BundleFile] = {}
-
-    def file(path: str) -> BundleFile:
-        if path not in hashed:
-            hashed[path] = BundleFile(path, sha256_of(location.root / path), (location.root / path).stat().st_size)
-        return hashed[path]
-
-    return {
-        record.identity: [
-            file(path) for path in entry_files(location.root, sorted(set(entries_needed([record], location)) | kernels))
-        ]
-        for record in records
-    }
 
 
 def _upload_missing(

@@ -13,41 +13,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from warmcache.errors import CacheError
-from warmcache.jsonable import FieldsJson, fields_json
+from warmcache.store.blob.maintenance import is_blob, stored_indexes
 from warmcache.store.index import BLOB_PREFIX, blob_key, parse_index
-from warmcache.store.maintenance import is_blob, stored_indexes
+from warmcache.store.interface import CheckReport, StoreProblem
 from warmcache.store.objects import ObjectStore
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
-
-
-@dataclass(frozen=True, slots=True)
-class StoreProblem(FieldsJson):
-    key: str
-    #: ``damaged`` (a blob whose bytes are not its name), ``missing`` (named by an index, not stored) or ``index``.
-    problem: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReport:
-    url: str
-    indexes: int
-    blobs: int
-    problems: tuple[StoreProblem, ...]
-    repaired: tuple[str, ...] = ()
-
-    @property
-    def exit_code(self) -> int:
-        """5 (a cache problem) while anything is still wrong."""
-        return 5 if self.problems else 0
-
-    def as_json(self) -> dict[str, Any]:
-        return {**fields_json(self, {"url": "store"}), "ok": not self.problems}
 
 
 def check_objects(

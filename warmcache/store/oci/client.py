@@ -38,8 +38,9 @@ import requests
 from warmcache.errors import StoreError, first_line
 from warmcache.store.deadline import Deadline, shut_down
 from warmcache.store.oci.credentials import docker_config_path
-from warmcache.store.oci.reference import OciReference, is_digest
+from warmcache.store.oci.reference import is_digest
 from warmcache.store.oci.transport import Oras, read_bounded
+from warmcache.store_location import OciReference
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 #: Attempts per request on a refused connection, 429 or 5xx (as the S3 store's botocore ``standard`` mode).

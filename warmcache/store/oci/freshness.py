@@ -47,7 +47,7 @@ from filelock import FileLock, Timeout
 from warmcache.errors import TrustError, UsageError, shown
 from warmcache.settings_table import MIN_TAG_VERSION, STATE_DIR, TAG_EXPIRES, choose, environment_value
 from warmcache.store.index import index_bytes
-from warmcache.store.oci.reference import OciReference
+from warmcache.store_location import OciReference
 from warmcache.trust import NOT_CONFIGURED, SIGNATURE_MEMBER, SigningKey, TrustedKeys, sign_document
 from warmcache.units import parse_age
 

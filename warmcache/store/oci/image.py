@@ -55,8 +55,9 @@ from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, pars
 from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
 from warmcache.store.oci.freshness import tag_document
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, read_members
-from warmcache.store.oci.reference import OciReference, is_digest
+from warmcache.store.oci.reference import is_digest
 from warmcache.store.oci.transport import MAX_ANSWER_BYTES
+from warmcache.store_location import OciReference
 from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys, canonical_bytes
 
 IMAGE_FORMAT = 1

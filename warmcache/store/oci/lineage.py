@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from warmcache.errors import CacheError, TrustError
 from warmcache.store.oci.freshness import TagVersion, check_tag, version_of
 from warmcache.store.oci.image import StoredImage, read_image
-from warmcache.store.oci.store import OciStore
+from warmcache.store.oci.repository import OciRepository
 from warmcache.trust import SigningKey, TrustedKeys
 
 #: What a refused base tells the signer to do.
@@ -51,7 +51,7 @@ def signer_keys(signing_key: SigningKey, trusted: TrustedKeys) -> TrustedKeys:
     return TrustedKeys(keys, source)
 
 
-def push_basis(store: OciStore, signing_key: SigningKey | None, trusted: TrustedKeys, fresh: bool) -> Basis:
+def push_basis(store: OciRepository, signing_key: SigningKey | None, trusted: TrustedKeys, fresh: bool) -> Basis:
     """Read the tag and decide what a push builds on (see the module docstring); :class:`TrustError` (one line) for a
     tag a signed push may not build on."""
     found = _read_tag(store, fresh)
@@ -81,7 +81,7 @@ def push_basis(store: OciStore, signing_key: SigningKey | None, trusted: Trusted
     return Basis(found, found, max(seen.version, floor) + 1)
 
 
-def _read_tag(store: OciStore, fresh: bool) -> StoredImage | None:
+def _read_tag(store: OciRepository, fresh: bool) -> StoredImage | None:
     """The tag's image; for a fresh push, ``None`` where it is not one warmcache can read (nothing of it is used)."""
     try:
         return read_image(store.client, store.reference.tag)
@@ -91,7 +91,7 @@ def _read_tag(store: OciStore, fresh: bool) -> StoredImage | None:
         raise
 
 
-def _verified_version(store: OciStore, found: StoredImage | None, keys: TrustedKeys) -> int:
+def _verified_version(store: OciRepository, found: StoredImage | None, keys: TrustedKeys) -> int:
     """The version of the tag's document where it verifies for this tag (expired or not: a version a trusted key
     signed is one hosts may remember), else 0."""
     if found is None:

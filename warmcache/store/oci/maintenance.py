@@ -25,18 +25,17 @@ from pathlib import Path
 
 from warmcache.cache.bundle import BundleFile
 from warmcache.errors import CacheError, StoreError
-from warmcache.store.maintenance import GcPlan, StoreGroup, StoreListing
+from warmcache.store.interface import CheckReport, GcPlan, StoreGroup, StoreListing, StoreProblem
 from warmcache.store.objects import StoredObject
 from warmcache.store.oci.image import StoredImage, read_image
 from warmcache.store.oci.layers import Layer, extract_files, member_bound
-from warmcache.store.oci.store import OciStore
-from warmcache.store.scrub import CheckReport, StoreProblem
+from warmcache.store.oci.repository import OciRepository
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 MANIFEST_KEY, BLOB_KEY = "manifests/", "blobs/"
 
 
-def images(store: OciStore) -> list[StoredImage]:
+def images(store: OciRepository) -> list[StoredImage]:
     """Every tag's image; one that is not a readable warmcache image stops the caller (gc must not decide on a
     partial view)."""
     found = []
@@ -47,7 +46,7 @@ def images(store: OciStore) -> list[StoredImage]:
     return found
 
 
-def list_repository(store: OciStore) -> StoreListing:
+def list_repository(store: OciRepository) -> StoreListing:
     """Shapes per tag, model and toolchain, and the distinct blobs the tags use."""
     groups: dict[tuple[str, str, str], int] = defaultdict(int)
     newest: dict[str, float] = {}
@@ -65,7 +64,7 @@ def list_repository(store: OciStore) -> StoreListing:
     return StoreListing(store.reference.repository_url, listed, len(sizes), sum(sizes.values()))
 
 
-def plan_repository_gc(store: OciStore, grace_seconds: float, now: float | None = None) -> GcPlan:
+def plan_repository_gc(store: OciRepository, grace_seconds: float, now: float | None = None) -> GcPlan:
     """The replaced manifests older than the grace period, and the blobs only they use."""
     now = time.time() if now is None else now
     current = images(store)
@@ -82,7 +81,7 @@ def plan_repository_gc(store: OciStore, grace_seconds: float, now: float | None 
     )
 
 
-def execute_repository_gc(store: OciStore, plan: GcPlan) -> int:
+def execute_repository_gc(store: OciRepository, plan: GcPlan) -> int:
     """Delete the plan's manifests, then its blobs, each only if still unreferenced now (tags are read again first)."""
     current = images(store)
     tagged = {image.digest for image in current}
@@ -100,7 +99,9 @@ def execute_repository_gc(store: OciStore, plan: GcPlan) -> int:
     return deleted
 
 
-def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: float, now: float) -> list[StoredObject]:
+def _unreferenced(
+    store: OciRepository, current: list[StoredImage], grace_seconds: float, now: float
+) -> list[StoredObject]:
     """Replaced manifests older than the grace period that no tag points at, then the blobs only they use."""
     tagged = {image.digest for image in current}
     referenced = set().union(*(image.blobs for image in current)) if current else set()
@@ -127,7 +128,7 @@ def _unreferenced(store: OciStore, current: list[StoredImage], grace_seconds: fl
 
 
 def check_repository(
-    store: OciStore, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None
+    store: OciRepository, trusted: TrustedKeys = NOT_CONFIGURED, progress: Callable[[int, int], None] | None = None
 ) -> tuple[CheckReport, dict[str, Layer]]:
     """The report, and each problem layer by digest (what a repair rebuilds)."""
     problems: list[StoreProblem] = []

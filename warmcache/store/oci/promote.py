@@ -32,7 +32,7 @@ from warmcache.store.oci.image import (
 )
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, write_layer
 from warmcache.store.oci.lineage import push_basis, signer_keys
-from warmcache.store.oci.store import OciStore
+from warmcache.store.oci.repository import OciRepository
 from warmcache.trust import SigningKey, TrustedKeys
 
 
@@ -60,8 +60,8 @@ class PromoteResult:
 
 
 def promote_image(
-    source: OciStore,
-    target: OciStore,
+    source: OciRepository,
+    target: OciRepository,
     signing_key: SigningKey,
     trusted: TrustedKeys,
     progress: ByteProgress | None = None,
@@ -99,7 +99,7 @@ def promote_image(
 
 
 def _copy_blobs(
-    source: OciStore, target: OciStore, blobs: list[Descriptor], progress: ByteProgress | None
+    source: OciRepository, target: OciRepository, blobs: list[Descriptor], progress: ByteProgress | None
 ) -> tuple[list[int], int]:
     """Each data layer's blob, as stored, sent to ``target`` unless there already; the sizes sent, and how many were
     there (the bytes a pull reads are checked there against the signed indexes)."""

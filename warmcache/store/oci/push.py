@@ -1,6 +1,6 @@
 """``push`` to ``oci://``: the manifest's compiled shapes merged into the tag's image.
 
-The files are chosen and hashed exactly as for the S3 store (:mod:`warmcache.store.push`),
+The files are chosen and hashed exactly as for the S3 store (:mod:`warmcache.store.blob.push`),
 and each shape gets the same index (signed with ``--sign``). The tag then holds the
 shapes it held before plus these (a shape pushed again replaces its earlier index), so
 hosts of a fleet can each publish what they compiled to one tag, as they do to one S3
@@ -39,7 +39,8 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
-from warmcache.store.index import build_index, index_key
+from warmcache.store.index import build_index, files_per_shape, index_key
+from warmcache.store.interface import PushResult
 from warmcache.store.oci.annotations import summary
 from warmcache.store.oci.freshness import TagVersion, needs_renewal
 from warmcache.store.oci.image import (
@@ -54,8 +55,7 @@ from warmcache.store.oci.image import (
 )
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
 from warmcache.store.oci.lineage import Basis, push_basis
-from warmcache.store.oci.store import OciStore, layers_for
-from warmcache.store.push import PushResult, files_per_shape
+from warmcache.store.oci.repository import OciRepository, layers_for
 from warmcache.trust import SigningKey, canonical_bytes, sign_document
 
 MERGE_WINDOW_SECONDS = 1.0
@@ -69,7 +69,7 @@ LAYER_THREADS = 4
 def push_image(
     scope: ShipmentScope,
     registry: Registry,
-    store: OciStore,
+    store: OciRepository,
     *,
     verified_only: bool = False,
     identities: Any = None,
@@ -151,7 +151,7 @@ def _merge(
 
 
 def _image(
-    store: OciStore,
+    store: OciRepository,
     builder: _Layers,
     basis: Basis,
     indexes: dict[str, dict[str, Any]],
@@ -197,7 +197,7 @@ def _image(
 class _Layers:
     """Builds, uploads and remembers layers for one push (a merge retried re-uses what it built)."""
 
-    store: OciStore
+    store: OciRepository
     location: CacheLocation
     local: dict[str, BundleFile]
     work: Path

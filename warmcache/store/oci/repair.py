@@ -25,15 +25,17 @@ import tempfile
 from pathlib import Path
 
 from warmcache.errors import CacheError, StoreError
+from warmcache.store.interface import CheckReport, StoreProblem
 from warmcache.store.oci.image import Descriptor, StoredImage
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, write_layer
 from warmcache.store.oci.maintenance import BLOB_KEY, images
-from warmcache.store.oci.store import OciStore
-from warmcache.store.scrub import CheckReport, StoreProblem
+from warmcache.store.oci.repository import OciRepository
 from warmcache.trust import canonical_bytes
 
 
-def repair_repository(store: OciStore, report: CheckReport, layers: dict[str, Layer], cache_root: Path) -> CheckReport:
+def repair_repository(
+    store: OciRepository, report: CheckReport, layers: dict[str, Layer], cache_root: Path
+) -> CheckReport:
     """Rebuild each damaged layer from ``cache_root`` and point the tags at an intact copy; the report of what is
     left."""
     repaired: list[str] = []
@@ -65,7 +67,7 @@ def repair_repository(store: OciStore, report: CheckReport, layers: dict[str, La
     return CheckReport(report.url, report.indexes, report.blobs, tuple(left), tuple(repaired))
 
 
-def _intact_copy(store: OciStore, tar: Path, damaged: set[str]) -> Descriptor:
+def _intact_copy(store: OciRepository, tar: Path, damaged: set[str]) -> Descriptor:
     """Upload the layer as a blob whose digest no damaged copy has (the plain tar, else gzipped), read back intact."""
     gzipped = tar.with_suffix(".tar.gz")
     with tar.open("rb") as source, gzip.GzipFile(gzipped, "wb", mtime=0) as out:
@@ -84,7 +86,7 @@ def _intact_copy(store: OciStore, tar: Path, damaged: set[str]) -> Descriptor:
     raise StoreError(f"{store.reference.repository_url}: the registry serves no intact copy of the rebuilt layer")
 
 
-def _point_at(store: OciStore, image: StoredImage, stored: Descriptor, replacement: Descriptor) -> None:
+def _point_at(store: OciRepository, image: StoredImage, stored: Descriptor, replacement: Descriptor) -> None:
     """Rewrite the tag's manifest to name ``replacement`` where it named ``stored``, if the tag was not pushed
     since."""
     found = store.client.manifest(image.tag)

@@ -1,8 +1,7 @@
-"""An ``oci://`` store: one repository on a registry, read and written one tag (one image) at a time.
+"""One repository on a registry, read and written one tag (one image) at a time: what every ``oci://`` operation
+works on (:class:`~warmcache.store.oci.store.OciStore` answers the store interface with them).
 
-This is what ``push``, ``pull`` and ``store ls|gc|check`` are handed for an ``oci://`` URL,
-in place of the S3 and file stores' :class:`~warmcache.store.objects.ObjectStore`. Pull
-speaks the same two steps to both (:class:`~warmcache.store.pull.PullSource`): find the
+A pull speaks the same two steps to it as to an object store (:class:`~warmcache.store.interface.PullSource`): find the
 validated index of each wanted shape, then fetch the files they list into the pull's
 checked-blob folder; everything after that (placing entries, merging rows, refusing
 with nothing left behind) is the one implementation in :mod:`warmcache.store.pull`.
@@ -24,11 +23,11 @@ from warmcache.store.oci.client import RegistryClient
 from warmcache.store.oci.freshness import PushPolicy, TagMemory, check_tag
 from warmcache.store.oci.image import StoredImage, read_image
 from warmcache.store.oci.layers import Layer, extract_files, member_bound
-from warmcache.store.oci.reference import OciReference, parse_oci_url
+from warmcache.store_location import OciReference
 from warmcache.trust import TrustedKeys
 
 
-class OciStore:
+class OciRepository:
     """``oci://HOST/REPOSITORY:TAG``: the tag push writes and pull reads; ``store`` commands cover every tag of the
     repository."""
 
@@ -43,10 +42,6 @@ class OciStore:
         self.push_policy = PushPolicy()
         self._image: StoredImage | None = None
 
-    @classmethod
-    def open(cls, url: str, memory: TagMemory | None = None) -> OciStore:
-        return cls(parse_oci_url(url), memory)
-
     def image(self) -> StoredImage:
         """The tag's image, read once per command; :class:`StoreError` naming the tags there are when it has none."""
         if self._image is None:
@@ -58,7 +53,7 @@ class OciStore:
             self._image = image
         return self._image
 
-    # ------------------------------------------------------------ pull (warmcache.store.pull.PullSource)
+    # ------------------------------------------------------------ pull (warmcache.store.interface.PullSource)
 
     def read_indexes(
         self, wanted: list[PlannedShape], location: CacheLocation, trusted: TrustedKeys

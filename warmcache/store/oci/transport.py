@@ -34,7 +34,7 @@ import requests
 
 from warmcache.errors import StoreError
 from warmcache.store.oci.credentials import load_docker_config
-from warmcache.store.oci.reference import OciReference
+from warmcache.store_location import OciReference
 
 CONNECT_SECONDS, READ_SECONDS = 5.0, 20.0
 #: A manifest, a page of tags, a token or an error is a few KiB; a registry answer larger than this is not one.
