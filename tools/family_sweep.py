@@ -109,6 +109,8 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "dbrx": {"tie_word_embeddings": False},
     "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # its shared attention ties across two hybrid layers
     "zaya": {"num_experts_per_tok": 1},
+    # its attention layer comes every 4th by default (2 tiny layers would have none); transformers makes it indexed
+    "qwen4_exp_text": {"layer_types": ["linear_attention", "indexed_attention"]},
     "xlstm": {"v_head_dim": None},  # a property xLSTM derives
 }
 #: A tiny build larger than this kept a default size the overrides missed: a wrong row, not a tiny one.
