@@ -110,7 +110,10 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # its shared attention ties across two hybrid layers
     "zaya": {"num_experts_per_tok": 1},
     # its attention layer comes every 4th by default (2 tiny layers would have none); transformers makes it indexed
-    "qwen4_exp_text": {"layer_types": ["linear_attention", "indexed_attention"]},
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "indexed_attention"],
+        **dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2),
+    },
     "xlstm": {"v_head_dim": None},  # a property xLSTM derives
 }
 #: A tiny build larger than this kept a default size the overrides missed: a wrong row, not a tiny one.
