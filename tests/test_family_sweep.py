@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from family_sweep import FAMILY_OVERRIDES, MAX_TINY_PARAMETERS, NOT_DECODERS, families, run_cell, tiny_config
+from tiny_model import SLIDING_WINDOW
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
@@ -36,3 +37,11 @@ def test_deepseek_v3_which_the_matrix_does_not_keep_passes_the_cell(tmp_path: Pa
     cell = run_cell("deepseek_v3", tmp_path)
     assert cell["generate"].startswith("pass: 0 graphs after priming"), cell
     assert cell["train"] == "pass", cell
+
+
+def test_sliding_window_only_where_the_family_declares_one() -> None:
+    """transformers' caches read ``sliding_window`` off any config without ``layer_types``: given to BLOOM, whose
+    attention has no window, it windowed BLOOM's cache but not its mask, and verify disproved warmcache's (right)
+    decode against transformers' (wrong) one."""
+    assert not hasattr(tiny_config("bloom"), "sliding_window")
+    assert tiny_config("mistral").sliding_window == SLIDING_WINDOW

@@ -84,3 +84,16 @@ def test_gpt_neo_is_served_while_its_static_cache_fits_inside_the_window(tmp_pat
     generation = GenerationConfig.from_model_config(config)
     assert code_problems(config, model_class, generation, max_cache_len=config.window_size) == []
     assert code_problems(config, model_class, generation, max_cache_len=config.window_size + 1) != []
+
+
+def test_gpt_neo_static_caches_leave_the_model_past_its_window_and_agree_inside_it() -> None:
+    """The refusal's premise, measured (``tools/cache_agreement.py``, float64): past GPT-Neo's window both static
+    caches, transformers' own too, part from a cache-free forward pass; with the window as long as the cache, all
+    agree."""
+    from cache_agreement import agreement
+
+    past = agreement("gpt_neo", {}, new_tokens=8, max_cache_len=16)
+    inside = agreement("gpt_neo", {"window_size": 16}, new_tokens=8, max_cache_len=16)
+    assert past["dynamic, mask ones"] < 1e-3 and past["warmcache, mask ones"] > 0.1, past
+    assert past["transformers static, mask none"] > 0.1, past
+    assert max(inside.values()) < 1e-3, inside
