@@ -1,14 +1,13 @@
-"""The registry API warmcache needs, over the oras client: manifests, blobs, tags, deletes.
+"""The registry API warmcache needs: manifests, blobs, tags, deletes (URLs built by oras's ``Container``).
 
-Requests travel through :mod:`.transport` (oras's authentication on a session that bounds
-every answer and checks every redirect). What oras lacks for a service, this module adds:
+Requests travel through :mod:`.transport` (a registry's authentication on a session that bounds
+every answer and checks every redirect). What a service needs beyond that, this module adds:
 
 - **Deadlines.** Every request runs under :class:`~warmcache.store.deadline.Deadline`
   (60 s plus 1 s per MiB moved, never past the command's ``--timeout``), and the socket
   gets 5 s to connect and 20 s per read: a registry that is down or stalls is one
-  :class:`~warmcache.errors.StoreError` line naming the URL, never a hang. oras's own
-  retry (up to 131 s of sleeps on a refused connection) is bypassed for ours: 5 attempts,
-  0.2 s doubling, only on connection errors, 429 and 5xx.
+  :class:`~warmcache.errors.StoreError` line naming the URL, never a hang. Retries are
+  ours: 5 attempts, 0.2 s doubling, only on connection errors, 429 and 5xx.
 - **Streaming, cut at the declared size.** Blobs go up from a file and come down in 1 MiB
   blocks (oras's monolithic upload reads a whole file into memory: a Neuron layer can be
   gigabytes); a blob that sends more than its descriptor's size is refused at that byte,
@@ -24,6 +23,7 @@ every answer and checks every redirect). What oras lacks for a service, this mod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -39,7 +39,7 @@ from warmcache.errors import StoreError, first_line
 from warmcache.store.deadline import Deadline, shut_down
 from warmcache.store.oci.credentials import docker_config_path
 from warmcache.store.oci.reference import is_digest
-from warmcache.store.oci.transport import Oras, read_bounded
+from warmcache.store.oci.transport import ChallengeUnanswered, RegistryTransport, read_bounded
 from warmcache.store_location import OciReference
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -70,11 +70,10 @@ class RegistryClient:
         self.reference = reference
         self.where = reference.repository_url
         self.deadline = Deadline(reference.url)
-        self._oras = Oras(reference)
-        self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
         # finds this host's credentials (inline, or through a credential helper)
-        self._oras.auth.load_configs(self._container)
-        self._base = f"{self._oras.prefix}://"
+        self._transport = RegistryTransport(reference)
+        self._container = oras.container.Container(f"{reference.repository}:{reference.tag}", registry=reference.host)
+        self._base = f"{self._transport.prefix}://"
 
     # ------------------------------------------------------------ manifests and tags
 
@@ -254,21 +253,17 @@ class RegistryClient:
         absent_ok: bool = False,
     ) -> requests.Response | None:
         try:
-            response = self._oras.request_once(f"{self._base}{url}", method, headers, data, stream)
-        except (
-            ValueError
-        ) as exc:  # oras: "Cannot respond to request for authentication" (no credentials for a challenge)
+            response = self._transport.request_once(f"{self._base}{url}", method, headers, data, stream)
+        except ChallengeUnanswered as exc:
             raise StoreError(
                 f"{self.where}: {what}: {self._denied('no usable credentials')} ({first_line(exc)})"
             ) from None
         status = response.status_code
         if status < 300:
             return response
-        if stream:  # an error's body, read for its message only so far
-            try:
+        if stream:  # an error's body, read for its message only so far (one past the bound reads as empty)
+            with contextlib.suppress(StoreError):
                 read_bounded(response, MAX_ERROR_BYTES, self.where)
-            except StoreError:
-                response._content, response._content_consumed = b"", True
         if status == 404 and absent_ok:
             response.close()
             return None

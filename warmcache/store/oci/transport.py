@@ -1,11 +1,11 @@
-"""How every request to a registry travels: oras's client on a session that bounds what a registry may send back.
+"""How every request to a registry travels: authentication as registries ask for it, on a session that bounds what a
+registry may send back, all on ``requests``' public API.
 
-oras (the ORAS project's Python SDK) brings reference and URL building and authentication
-as registries do it: HTTP basic (``htpasswd``, Harbor robot accounts) and the bearer-token
-dance (Docker Hub, ECR, Artifact Registry, GHCR), with credentials from the docker config
-and its credential helpers (:mod:`.credentials`). Its requests, and the token requests it
-makes on its own, all go through :class:`BoundedSession`, which holds a hostile or broken
-registry to these rules:
+:class:`RegistryTransport` answers a registry's challenge (``WWW-Authenticate``) as registries
+do it: HTTP basic (``htpasswd``, Harbor robot accounts) and the bearer-token dance (Docker Hub,
+ECR, Artifact Registry, GHCR), with credentials from the docker config and its credential
+helpers (:mod:`.credentials`). Its requests, and the token requests it makes, all go through
+:class:`BoundedSession`, which holds a hostile or broken registry to these rules:
 
 - **Socket timeouts** on every request (5 s to connect, 20 s per read); the whole request
   is bounded by :class:`~warmcache.store.deadline.Deadline` in the caller.
@@ -23,17 +23,16 @@ registry to these rules:
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
 from http.cookiejar import DefaultCookiePolicy
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urljoin, urlparse
 
-import oras.auth
-import oras.auth.utils
-import oras.provider
 import requests
 
 from warmcache.errors import StoreError
-from warmcache.store.oci.credentials import load_docker_config
+from warmcache.store.oci.credentials import basic_credentials
 from warmcache.store_location import OciReference
 
 CONNECT_SECONDS, READ_SECONDS = 5.0, 20.0
@@ -54,7 +53,7 @@ class BoundedSession(requests.Session):
         self.reference = reference
         self.max_redirects = MAX_REDIRECTS
         self.headers["Accept-Encoding"] = "identity"  # a blob's digest is of its bytes; no bomb to inflate
-        self.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # oras ignores cookies (Harbor's CSRF ones)
+        self.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # no cookies (Harbor's CSRF ones)
 
     def request(self, method: str | bytes, url: str | bytes, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         kwargs.setdefault("timeout", (CONNECT_SECONDS, READ_SECONDS))
@@ -108,50 +107,113 @@ def _without_query(url: str) -> str:
 
 def read_bounded(response: requests.Response, limit: int, where: str) -> bytes:
     """The whole body of a streamed ``response`` (then also its ``.content``), refused above ``limit`` bytes before
-    more is read."""
+    more is read; once refused, the body reads as empty."""
+    capped = _CappedBody(response.raw, limit, where, str(response.request.method))
+    response.raw = capped
     declared = response.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > limit:
-        response.close()
-        raise StoreError(
-            f"{where}: the registry answers {response.request.method} with {declared} bytes, more than "
-            f"the {limit} an answer may have; refused"
+        capped.refuse(
+            f"the registry answers {capped.method} with {declared} bytes, more than the {limit} an answer may have"
         )
-    body = bytearray()
-    for block in response.iter_content(64 * 1024):
-        body += block
-        if len(body) > limit:
-            response.close()
-            raise StoreError(
-                f"{where}: the registry's answer to {response.request.method} runs past {limit} bytes; refused"
-            )
-    content = bytes(body)  # one copy, kept by the response too: the peak is twice the answer, not three times
-    del body
-    response._content, response._content_consumed = content, True
-    return content
+    return response.content
 
 
-class ChallengeAuth(oras.auth.TokenAuth):
-    """oras's token auth, plus HTTP basic when the registry's challenge asks for it, and no token service that would
-    carry the credentials in clear to another host.
+class _CappedBody:
+    """A response's raw body that gives ``requests`` at most ``limit`` bytes: it reads ``.content`` through
+    :meth:`stream` (and turns the socket's errors into its own, as for any body)."""
 
-    oras picks one scheme up front; a registry says which it wants in ``WWW-Authenticate``
-    (``Basic`` for htpasswd, ``Bearer realm=...`` for a token service), so this follows it.
-    After the first basic challenge the credentials go with every request (no 401 round trip each).
+    def __init__(self, raw: Any, limit: int, where: str, method: str) -> None:
+        self.raw, self.left, self.where, self.method = raw, limit, where, method
+        self.limit, self.refused = limit, False
+
+    def stream(self, amount: int, decode_content: bool | None = None) -> Iterator[bytes]:
+        if self.refused:
+            return
+        for block in self.raw.stream(amount, decode_content=decode_content):
+            self.left -= len(block)
+            if self.left < 0:
+                self.refuse(f"the registry's answer to {self.method} runs past {self.limit} bytes")
+            yield block
+
+    def refuse(self, what: str) -> NoReturn:
+        self.refused = True
+        self.close()
+        raise StoreError(f"{self.where}: {what}; refused")
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def release_conn(self) -> None:
+        self.raw.release_conn()
+
+
+class ChallengeUnanswered(Exception):
+    """The registry asks for credentials this host has none of (or a token service gave none)."""
+
+
+class RegistryTransport:
+    """One registry's requests, each answered once when the registry challenges it (401; a 403 once more with a
+    fresh token).
+
+    A ``Basic`` challenge gets the docker config's credentials, and every later request
+    carries them (no 401 round trip each); a ``Bearer realm=...`` challenge gets a token from
+    the realm for the challenge's scope (with the credentials, else anonymously), kept for later
+    requests until a challenge asks for another. A token
+    service on another host over plain HTTP is refused: the credentials would cross the
+    network in clear.
     """
 
-    basic = False
-    reference: OciReference
+    def __init__(self, reference: OciReference) -> None:
+        self.reference = reference
+        self.prefix = "http" if reference.plain_http else "https"
+        self.session = BoundedSession(reference)
+        #: base64 ``user:password`` for this registry (inline, or from a credential helper), or ``None``.
+        self.credentials = basic_credentials(reference.host)
+        self.basic = False
+        self.token: str | None = None
 
-    def authenticate_request(
-        self, original: requests.Response, headers: dict[str, str], refresh: bool = False
-    ) -> tuple[dict[str, str], bool]:
-        challenge = original.headers.get("Www-Authenticate", "")
+    def request_once(
+        self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False
+    ) -> requests.Response:
+        """One request, its challenge answered once; :class:`ChallengeUnanswered` when it cannot be."""
+        response = self.session.request(method, url, data=data, headers=self._authorised(headers), stream=stream)
+        if response.status_code not in (401, 403):
+            return response
+        response.close()
+        response = self.session.request(method, url, data=data, headers=self._answer(response, headers), stream=stream)
+        if response.status_code == 403 and _challenge(response).lower().startswith("bearer"):
+            response.close()  # the token may be stale or too narrow: one fresh one
+            response = self.session.request(
+                method, url, data=data, headers=self._answer(response, headers), stream=stream
+            )
+        return response
+
+    def _authorised(self, headers: dict[str, str]) -> dict[str, str]:
+        if self.basic and self.credentials:
+            return {**headers, "Authorization": f"Basic {self.credentials}"}
+        if self.token:
+            return {**headers, "Authorization": f"Bearer {self.token}"}
+        return headers
+
+    def _answer(self, challenged: requests.Response, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` with what answers the registry's challenge."""
+        challenge = _challenge(challenged)
+        if not challenge:
+            raise ChallengeUnanswered("the registry refused without saying how to authenticate")
         if challenge.lower().startswith("basic"):
-            if not getattr(self, "_basic_auth", None):
-                return headers, False
+            if not self.credentials:
+                raise ChallengeUnanswered("the registry asks for a password")
             self.basic = True
-            return {**(headers or {}), "Authorization": f"Basic {self._basic_auth}"}, True
-        realm = oras.auth.utils.parse_auth_header(challenge).realm or ""
+            return self._authorised(headers)
+        # a token this request carried did not do (expired, or for another scope: a pull's token on a push)
+        self.token = self._fetch_token(dict(_CHALLENGE_PARAMETER.findall(challenge)))
+        return self._authorised(headers)
+
+    def _fetch_token(self, challenge: dict[str, str]) -> str:
+        """A bearer token from the challenge's realm, for its service and scope."""
+        realm = challenge.get("realm", "")
+        if not realm:
+            raise ChallengeUnanswered("the registry's challenge names no token service")
         realm = realm if realm.startswith("http") else f"{self.prefix}://{realm}"
         parsed = urlparse(realm)
         if parsed.scheme != "https" and parsed.netloc != self.reference.host:
@@ -159,27 +221,26 @@ class ChallengeAuth(oras.auth.TokenAuth):
                 f"{self.reference.repository_url}: the registry sends credentials to a token service on "
                 f"{parsed.scheme}://{parsed.netloc} over plain HTTP; refused"
             )
-        return super().authenticate_request(original, headers, refresh)
+        params = {name: challenge[name] for name in ("service", "scope") if name in challenge}
+        headers = {"Accept": "application/json"}
+        if self.credentials:
+            headers["Authorization"] = f"Basic {self.credentials}"
+        response = self.session.get(realm, params=params, headers=headers)
+        if response.status_code != 200:
+            raise ChallengeUnanswered(f"the token service answers HTTP {response.status_code}")
+        try:
+            answer = response.json()
+        except ValueError:
+            raise ChallengeUnanswered("the token service's answer is not JSON") from None
+        token = answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise ChallengeUnanswered("the token service gave no token")
+        return token
 
 
-class Oras(oras.provider.Registry):
-    """oras's registry client with our session and auth, and one request without its sleeping retry decorator."""
+def _challenge(response: requests.Response) -> str:
+    return response.headers.get("Www-Authenticate", "")
 
-    def __init__(self, reference: OciReference) -> None:
-        super().__init__(hostname=reference.host, insecure=reference.plain_http, auth_backend="token")
-        session = BoundedSession(reference)
-        auth = ChallengeAuth()
-        auth.session, auth.prefix, auth._tls_verify, auth.reference = session, self.prefix, True, reference
-        # Our reading of the docker config ($DOCKER_CONFIG honoured, URL keys normalised): oras looks the host up in it.
-        auth._auth_config = load_docker_config()
-        self.session, self.auth = session, auth
 
-    def request_once(
-        self, url: str, method: str, headers: dict[str, str], data: Any = None, stream: bool = False
-    ) -> requests.Response:
-        """One request with oras's authentication (a 401 answered once), without its sleeping retry decorator."""
-        if self.auth.basic and getattr(self.auth, "_basic_auth", None):
-            headers = {**headers, "Authorization": f"Basic {self.auth._basic_auth}"}
-        undecorated = oras.provider.Registry.do_request.__wrapped__
-        response: requests.Response = undecorated(self, url, method, data=data, headers=headers, stream=stream)
-        return response
+#: ``name="value"`` pairs of a ``WWW-Authenticate`` header (realm, service, scope).
+_CHALLENGE_PARAMETER = re.compile(r'([A-Za-z]+)="(.+?)"')
