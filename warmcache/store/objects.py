@@ -1,9 +1,9 @@
-"""What every object store shares: the listed object, the interface push, pull and ``store`` speak, and the
+"""What every object store shares: the listed object, the interface an S3 bucket and a folder both offer, and the
 message for a file that changed while it was sent.
 
-Push, pull, ``store ls|gc|check`` and the remote Neuron cache scan speak only
-:class:`ObjectStore`, so the S3 store (:mod:`.s3`) and the file store
-(:mod:`.backends`) behave alike: every write of a key is atomic (S3 PUTs are; a file
+The object stores' push, pull, ``store ls|gc|check`` (:mod:`.blob`) and the remote Neuron cache
+scan speak only :class:`ObjectStore`, so the S3 store (:mod:`.blob.s3`) and the file store
+(:mod:`.blob.backends`) behave alike: every write of a key is atomic (S3 PUTs are; a file
 is written beside its key and renamed into place), so a reader sees a whole object or
 none, and keys are plain ``/``-separated names under the store's prefix.
 """
