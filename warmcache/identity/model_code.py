@@ -61,7 +61,14 @@ def code_problems(config: Any, model_class: Any, generation_config: Any, max_cac
             "generation_config.json), so generate() feeds the whole sequence at every step instead of one token "
             'from the cache; set "use_cache": true in config.json or generation_config.json'
         )
-    forwards = dict(_forward_trees(_module_classes(config, model_class)))
+    try:
+        classes = _module_classes(config, model_class)
+    except Exception as exc:  # noqa: BLE001 - the config is input: transformers' own checks raise anything
+        return [
+            *problems,
+            f"transformers cannot build {model_class.__name__} from it: {type(exc).__name__}: {_one_line(exc)}",
+        ]
+    forwards = dict(_forward_trees(classes))
     reads = sorted(f"{name} ({call})" for name, tree in forwards.items() for call in _value_reads(tree))
     if reads:
         problems.append(
@@ -82,6 +89,10 @@ def code_problems(config: Any, model_class: Any, generation_config: Any, max_cac
             "the cache for its length, which transformers' cache answers only from an attention layer"
         )
     return problems
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
 
 
 def _window_placed_by_key_count(config: Any) -> int | None:
