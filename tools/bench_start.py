@@ -232,8 +232,14 @@ def phases(launched: float, stamps: dict[str, float]) -> dict[str, float]:
     return seconds
 
 
-def child_command(args: argparse.Namespace, scenario: str, model: Path, snapshot: Path, trust: Path) -> list[str]:
-    """The ``python`` line of one child (without ``--launcher``'s prefix)."""
+def child_command(args: argparse.Namespace, scenario: str, prepared: Prepared) -> list[str]:
+    """The ``python`` line of one child (without ``--launcher``'s prefix): the mount maps a checkpoint saved in the
+    served dtype, the others load the model's own."""
+    model, snapshot, trust = (
+        prepared.mapped if scenario == "mount" else prepared.model,
+        prepared.snapshot,
+        prepared.trust,
+    )
     backend = args.cold_backend if scenario == "cold" else args.backend
     python = [args.python, str(Path(__file__).resolve()), "--child", scenario, "--model", str(model)]
     python += ["--snapshot", str(snapshot), "--trust", str(trust), "--backend", backend, "--dtype", args.dtype]
@@ -257,7 +263,7 @@ def launch(args: argparse.Namespace, scenario: str, work: Path, prepared: Prepar
     modules."""
     with tempfile.TemporaryDirectory(prefix="warmcache-start-cache-", dir=work) as inductor_cache:
         env = child_env(args, inductor_cache)
-        python = child_command(args, scenario, prepared.model, prepared.snapshot, prepared.trust)
+        python = child_command(args, scenario, prepared)
         launched = time.time()
         result = subprocess.run(
             launcher_prefix(args, work, env) + python, env={**os.environ, **env}, capture_output=True, text=True
@@ -281,7 +287,7 @@ def measure_pss(args: argparse.Namespace, scenario: str, count: int, work: Path,
     """PSS (KiB) of each of ``count`` processes of ``scenario`` serving at once, each after its first two requests."""
     with tempfile.TemporaryDirectory(prefix="warmcache-start-cache-", dir=work) as inductor_cache:
         env = {**os.environ, **child_env(args, inductor_cache)}
-        command = child_command(args, scenario, prepared.model, prepared.snapshot, prepared.trust) + ["--hold"]
+        command = child_command(args, scenario, prepared) + ["--hold"]
         children = [
             subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for _ in range(count)
@@ -307,6 +313,8 @@ class Prepared:
     snapshot: Path
     trust: Path
     label: str
+    #: The checkpoint saved in the served dtype, which the mount maps (a conversion would be a private copy).
+    mapped: Path
 
 
 def prepare(args: argparse.Namespace, work: Path) -> Prepared:
@@ -338,7 +346,20 @@ def prepare(args: argparse.Namespace, work: Path) -> Prepared:
     if args.launcher:
         readable_to_others(work, keep_private=key)
     label = f"{name}, {args.dtype}, AOTInductor packages (prefill and decode)"
-    return Prepared(home / "model", snapshot, key.with_name(key.name + ".pub"), label)
+    mapped = home / "model"
+    if checkpoint_dtype(mapped) != args.dtype:
+        mapped = home / f"model-{args.dtype}"
+        if not (mapped / "config.json").is_file():
+            save_in_dtype(home / "model", mapped, args.dtype)
+    return Prepared(home / "model", snapshot, key.with_name(key.name + ".pub"), label, mapped)
+
+
+def checkpoint_dtype(folder: Path) -> str:
+    """The dtype a checkpoint's first safetensors file holds its first tensor in (``float32``, ``bfloat16``...)."""
+    from safetensors import safe_open
+
+    with safe_open(next(folder.glob("*.safetensors")), "pt") as tensors:
+        return str(tensors.get_tensor(next(iter(tensors.keys()))).dtype).removeprefix("torch.")
 
 
 def save_in_dtype(source: Path, target: Path, dtype: str) -> None:

@@ -50,8 +50,9 @@ class MappedCheckpoint:
 
     folder: Path
     tensors: dict[str, torch.Tensor]
-    #: Tensors converted to another dtype than the file's (each a private copy, not shared between processes).
-    converted: set[str] = field(default_factory=set)
+    #: Tensors converted to another dtype than the file's, by constant: a private copy (not shared between processes),
+    #: made once for every package that binds it.
+    converted: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def open(cls, folder: str | Path) -> MappedCheckpoint:
@@ -71,7 +72,8 @@ class MappedCheckpoint:
         """``{fqn: tensor}`` for every constant a package header lists: mapped weights and its carried buffers.
 
         The shapes and dtypes are checked by the loader against the header; a weight the checkpoint holds in
-        another dtype than the package's is converted (a copy, named in :attr:`converted`).
+        another dtype than the package's is converted once (a private copy, kept in :attr:`converted`: save the
+        checkpoint in the served dtype to share it between processes).
         """
         import torch
 
@@ -95,7 +97,12 @@ class MappedCheckpoint:
                 )
             wanted = getattr(torch, dtype.removeprefix("torch."))
             if found.dtype != wanted and found.dtype.is_floating_point:
-                self.converted.add(fqn)
-                found = found.to(wanted)
+                found = self._converted(fqn, found, wanted)
             bound[fqn] = found.to(device)
         return bound
+
+    def _converted(self, fqn: str, found: torch.Tensor, wanted: torch.dtype) -> torch.Tensor:
+        converted = self.converted.get(fqn)
+        if converted is None or converted.dtype != wanted:
+            converted = self.converted[fqn] = found.to(wanted)
+        return converted
