@@ -294,3 +294,15 @@ def test_a_weight_held_in_another_dtype_is_converted_once_for_every_package(tmp_
     assert list(checkpoint.converted) == ["model.model.embed.weight"]
     with pytest.raises(UsageError, match="holds none of"):
         checkpoint.bind(tmp_path / "other", {**header, "checkpoint_names": {"model.model.embed.weight": ["x"]}}, "cpu")
+
+
+def test_a_decode_whose_inputs_need_the_models_code_gets_no_packaged_prefill() -> None:
+    """Recurrent state and sliding-window masks are built by the model's own code: warmup packages no prefill for them
+    (and a start from the mount refuses their buckets), where an attention-only decode gets one."""
+    from warmcache.warmup.prefill_inputs import prefill_unsupported
+
+    attention = ["input_ids", "position_ids", "attention_mask.full_attention"]
+    attention += [f"cache.layers[0].{part}" for part in ("keys", "values", "cumulative_length")]
+    assert prefill_unsupported(attention) is None
+    assert "sliding_attention" in (prefill_unsupported([*attention, "attention_mask.sliding_attention"]) or "")
+    assert "conv_states" in (prefill_unsupported([*attention, "cache.layers[1].conv_states[0]"]) or "")

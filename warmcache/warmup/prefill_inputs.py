@@ -17,7 +17,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import UsageError
-from warmcache.runtime.step_inputs import CACHE_PREFIX, IDS, POSITIONS, attention_mask, is_mask, positions
+from warmcache.runtime.step_inputs import (
+    CACHE_PREFIX,
+    FULL_ATTENTION_KIND,
+    IDS,
+    MASK,
+    POSITIONS,
+    attention_mask,
+    is_mask,
+    positions,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +40,8 @@ EMPTY_PARTS = ("keys", "values", "cumulative_length")
 def prefill_unsupported(names: list[str]) -> str | None:
     """Why a step with these inputs has no packaged prefill (one line), or ``None``."""
     for name in names:
+        if is_mask(name) and name.removeprefix(MASK).removeprefix(".") not in ("", FULL_ATTENTION_KIND):
+            return f"the decode step takes {name}, a mask a prefill without the model's code does not build"
         if name in (IDS, POSITIONS) or is_mask(name):
             continue
         if name.startswith(CACHE_PREFIX) and name.rsplit(".", 1)[-1] in EMPTY_PARTS:
