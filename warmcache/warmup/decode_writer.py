@@ -134,7 +134,7 @@ def save_prefill_package(
     from warmcache.warmup.prefill_inputs import prefill_example, prefill_unsupported
 
     names, tensors = flatten(decode_kwargs)
-    if prefill_unsupported(names):
+    if prefill_unsupported(names) or _slides(model.config.get_text_config(decoder=True)):
         return None
     payload, package_header = package_prefill(
         model, decode_kwargs, seq_len, fingerprint_fields["max_cache_len"], phases
@@ -142,3 +142,14 @@ def save_prefill_package(
     example, _ = prefill_example(names, tensors, {}, seq_len)
     fingerprint = Fingerprint(signature=decode_signature(dict(zip(names, example))), **fingerprint_fields)
     return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)
+
+
+def _slides(config: Any) -> bool:
+    """Whether any layer attends through a sliding window, whose mask (one tensor for every layer where all slide) the
+    model's own code builds: the mounted decode loop builds full-attention masks only."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return any(kind != "full_attention" for kind in kinds)
+    return (
+        getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False
+    )
