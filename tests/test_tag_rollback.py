@@ -123,7 +123,7 @@ def test_an_expired_signed_tag_is_refused_naming_tag_and_date_and_a_push_renews_
     assert document is not None and document["expires"] - document["pushed_at"] == 30 * 86400  # the default
     code, _, err = run("push", str(built.manifest), "--db", built.url, "--store", url, "--expires", "1d")
     assert code == 2 and "only a signed push (--sign)" in err, err
-    second = push(built, url, tmp_path / "key", "--expires", "3s")  # nothing changed, but a shorter validity: renewed
+    second = push(built, url, tmp_path / "key", "--expires", "8s")  # nothing changed, but a shorter validity: renewed
     document = OciStore.open(url).image().tag_document
     assert second != first and document is not None and document["version"] == 2
     code, pulled, err = pull(built, url, tmp_path / "key", tmp_path / "a")
