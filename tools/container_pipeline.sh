@@ -231,8 +231,13 @@ if [ -z "$written" ] && ! podman exec "$serving" touch /home/warmcache/probe 2>/
 else
   fail "written to /tmp or /dev/shm ($written), or the root, /tmp or /cache is writable"
 fi
-podman exec "$serving" grep -q ' /cache/aotinductor-lib/' /proc/1/maps \
-  && pass "each package's .so mapped from the mount where it lies" || fail "no .so mapped from /cache/aotinductor-lib"
+# An image volume's files show in /proc/PID/maps by their path inside the image (/aotinductor-lib/…, no /cache).
+maps=$(podman exec "$serving" cat /proc/1/maps)
+if grep -q '/aotinductor-lib/' <<<"$maps" && ! grep -q 'warmcache-aoti-\|aotinductor_' <<<"$maps"; then
+  pass "each package's .so mapped from the mount where it lies, none unpacked"
+else
+  fail "a package's .so not mapped from the mount's aotinductor-lib/, or one unpacked"
+fi
 podman rm -f "$serving" >/dev/null
 phase "requests"
 
@@ -240,7 +245,7 @@ phase "requests"
 refused() { # WHAT TAG KEY EXPECTED
   local out rc=0
   # shellcheck disable=SC2046
-  out=$(podman run --rm $(serve_args "$2" "$3") --port 1 2>&1) || rc=$?
+  out=$(podman run --rm $(serve_args "$2" "$3") --port "$serve_port" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q -- "$4" <<<"$out"; then
     pass "$1 refused at start (exit $rc): $out"
   else
