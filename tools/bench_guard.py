@@ -89,7 +89,9 @@ def time_each(call: Callable[[int, int], object], requests: list[tuple[int, int]
     return samples
 
 
-def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
+def bench_decisions(model_dir: Path, work: Path, decisions: int, judged: bool) -> list[str]:
+    """Time the guard's decision; returns the traffic patterns whose p99 missed the target (judged runs only: one
+    --quick run on a loaded CI machine says nothing about it)."""
     records = compiled_records(work, model_dir, "bench", BATCH_SIZES, LENGTHS, max_cache_len=8192)
     guard = ShapeGuard(lambda: records, model="bench", source="bench", policy="pad")
     rng = random.Random(0)
@@ -97,13 +99,17 @@ def bench_decisions(model_dir: Path, work: Path, decisions: int) -> None:
     fresh = list({(rng.randint(1, 100), rng.randint(1, LENGTHS[-1])) for _ in range(decisions)})
     empty = percentiles(time_each(lambda batch, length: None, repeated))
     print(f"decision latency, {len(guard.records):,} compiled shapes ({len(repeated):,} timed one by one):")
+    missed = []
     print(f"  timer overhead (empty call)      p50 {empty[0]:6.2f} us  p99 {empty[1]:6.2f} us")
     for label, requests in (("repeated traffic (memoised)", repeated), ("every request new (bisect)", fresh)):
         time_each(guard.decide, requests[:1000])  # warm the interpreter's caches
         p50, p99 = percentiles(time_each(guard.decide, requests))
-        verdict = "ok" if p99 < 5 else "ABOVE TARGET"
+        verdict = ("ok" if p99 < 5 else "ABOVE TARGET") if judged else "judged in full runs only"
         print(f"  {label:<32} p50 {p50:6.2f} us  p99 {p99:6.2f} us  (target p99 < 5 us: {verdict})")
+        if judged and p99 >= 5:
+            missed.append(f"{label}: p99 {p99:.2f} us, the target is < 5 us")
     guard.close()
+    return missed
 
 
 def bench_outage(model_dir: Path, work: Path, decisions: int) -> None:
@@ -177,9 +183,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmp:
         work = Path(tmp)
         model_dir = build_tiny_model("qwen3", work / "tiny-qwen3")
-        bench_decisions(model_dir, work, args.decisions)
+        missed = bench_decisions(model_dir, work, args.decisions, judged=not args.quick)
         bench_outage(model_dir, work, min(args.decisions, 20_000))
         bench_padding(model_dir, work, args.forwards)
+    if missed:
+        raise SystemExit("above target: " + "; ".join(missed))
 
 
 if __name__ == "__main__":

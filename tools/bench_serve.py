@@ -254,10 +254,14 @@ def main() -> None:
         f"{local_p50:.2f} us, p99 {local_p99:.2f} us "
         f"(HTTP p50 is {p50 * 1000 / max(local_p50, 0.001):,.0f}x)"
     )
-    verdict = "ok" if rps >= TARGET_RPS and p99 < TARGET_P99_MS else "BELOW TARGET"
+    met = rps >= TARGET_RPS and p99 < TARGET_P99_MS
+    # One --quick run on a loaded CI machine says nothing about the target: only a full run is judged, and fails.
+    verdict = ("ok" if met else "BELOW TARGET") if not args.quick else "judged in full runs only"
     print(f"  target >= {TARGET_RPS:,} checks/s at p99 < {TARGET_P99_MS:.0f} ms: {verdict}")
     if errors or not latencies:
         raise SystemExit(1)
+    if not args.quick and not met:
+        raise SystemExit(f"below target: {rps:,.0f} checks/s at p99 {p99:.2f} ms")
 
 
 if __name__ == "__main__":
