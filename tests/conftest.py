@@ -112,6 +112,17 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_store_deadline() -> Iterator[None]:
+    """A store command run in-process (CliRunner) sets its deadline in a context variable of the worker's thread: a
+    later test's store calls in that worker measured it from the earlier test's start and ran out (a 3 s deadline)."""
+    from warmcache.store.deadline import command_timeout
+
+    token = command_timeout.set(None)
+    yield
+    command_timeout.reset(token)
+
+
 def postgres_base_url() -> str:
     url = os.environ.get(POSTGRES_ENV)
     if not url:

@@ -55,7 +55,7 @@ def code_problems(config: Any, model_class: Any, generation_config: Any, max_cac
             f"max_cache_len {max_cache_len} > window_size {window} would attend outside the window (keep "
             f"max_cache_len <= {window})"
         )
-    if not generation_config.use_cache:
+    if generation_config.use_cache is False:  # None (a config without the key) is generate()'s default: on
         problems.append(
             "use_cache is false in its generation config (the model config's default when there is no "
             "generation_config.json), so generate() feeds the whole sequence at every step instead of one token "
