@@ -24,7 +24,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from warmcache.modeling.generation import generate_kwargs
-from warmcache.warmup.verify.agreement import accumulation_floor, eager_decode_logits, figure, logit_scale, model_size
+from warmcache.warmup.verify.agreement import accumulation_floor, eager_decode_logits, figure
+from warmcache.warmup.verify.distances import logit_scale
+from warmcache.warmup.verify.model_traits import model_size
 from warmcache.warmup.verify.reference import precise_copy
 from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
