@@ -16,7 +16,7 @@ import pytest
 from click.testing import Result
 from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
 
-import warmcache.cache.bundle as bundle_module
+import warmcache.shipping.bundle as bundle_module
 from warmcache.registry import Registry
 from warmcache.registry.usability import local_toolchain_hash
 
@@ -432,7 +432,7 @@ def test_a_failed_row_merge_puts_the_originals_back(
 
         raise CacheError("registry: the database went away")
 
-    monkeypatch.setattr("warmcache.cache.install.merge_rows", database_gone)
+    monkeypatch.setattr("warmcache.shipping.install.merge_rows", database_gone)
     result = cli("bundle", "unpack", "--allow-unsigned", str(bundle), "--cache-dir", str(target), "--db", url)
     assert result.exit_code == 5 and "the database went away" in result.stderr
     assert {

@@ -418,7 +418,7 @@ def test_a_wrong_hash_member_is_refused_before_any_file_is_written(
 
     bad = rebuild(good, tmp_path / "bad.tar", flip_last)
     written: list[str] = []
-    import warmcache.cache.unbundle as unbundle
+    import warmcache.shipping.unbundle as unbundle
 
     real = unbundle._extract_checked
     monkeypatch.setattr(

@@ -37,7 +37,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The registry's rows with their rules: a row's status, which rows are usable here and why others are not.
     ("registry/",),
     ("cache/",),
-    ("runtime/",),
+    # Production's side, and the shipping of caches between machines (bundles, what a manifest ships, installing
+    # what arrives): both stand on the cache and know nothing of each other.
+    ("runtime/", "shipping/"),
     ("store/", "warmup/"),
     # How the registry's answers are worded for commands and the service: nothing below shows, so the runtime and
     # the cache apply the registry's rules themselves.

@@ -134,8 +134,8 @@ def _unshare_permitted() -> bool:
 def test_warmup_records_each_package_library_on_its_rows_and_ships_it(packaged: Path) -> None:
     """The header names the library, the rows record it beside the package, and what bundles and pushes ship (their
     one list of a row's entries) holds it: the image volume a pod mounts has it unpacked."""
-    from warmcache.cache.bundle import entries_needed
     from warmcache.cache.locate import CacheLocation
+    from warmcache.shipping.bundle import entries_needed
 
     cache = packaged / "cache"
     with Registry.open(f"sqlite:///{packaged}/registry.sqlite") as registry:

@@ -24,11 +24,11 @@ from test_bundle import Built, files_under, rows
 from test_cache_neuron import cli, planned_by_batch
 
 from warmcache.cache.locate import CacheLocation
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation, default_registry
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store import BlobStore, StoreLocation, open_store
 from warmcache.store.blob.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes

@@ -22,11 +22,11 @@ from test_store import _FlakyStore, error_lines, object_store, pull_args, push, 
 import warmcache.store.blob.push as push_module
 import warmcache.store.deadline as deadline
 from warmcache.cache.locate import CacheLocation
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import CacheError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store import BlobStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key
 from warmcache.store.pull import pull_manifest

@@ -215,9 +215,9 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
     from test_cache_neuron import planned_by_batch
 
     from warmcache.cache.locate import CacheLocation
-    from warmcache.cache.shipment import ShipmentScope
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
+    from warmcache.shipping.shipment import ShipmentScope
     from warmcache.store import OciStore
 
     planned = planned_by_batch(built.manifest)

@@ -104,10 +104,10 @@ def main() -> None:
     import boto3
 
     from warmcache.cache.locate import CacheLocation
-    from warmcache.cache.shipment import ShipmentScope
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
+    from warmcache.shipping.shipment import ShipmentScope
     from warmcache.store import BlobStore, StoreLocation, open_store
     from warmcache.store.pull import pull_manifest
 
@@ -206,10 +206,10 @@ def bench_oci(
     import subprocess
 
     from warmcache.cache.locate import CacheLocation
-    from warmcache.cache.shipment import ShipmentScope
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
+    from warmcache.shipping.shipment import ShipmentScope
     from warmcache.store import OciStore
     from warmcache.store.pull import pull_manifest
 

@@ -55,8 +55,8 @@ _LAZY: dict[str, str] = {
     "MountedModel": "warmcache.runtime.mounted",
     "locate_caches": "warmcache.cache.locate",
     "scan_cache": "warmcache.cache.inventory",
-    "pack_bundle": "warmcache.cache.bundle",
-    "unpack_bundle": "warmcache.cache.unbundle",
+    "pack_bundle": "warmcache.shipping.bundle",
+    "unpack_bundle": "warmcache.shipping.unbundle",
 }
 
 

@@ -1,1 +1,1 @@
-"""The compile-cache folders on disk: their layout, bundles of them, and cleaning them (scan, doctor, prune) safely."""
+"""The compile-cache folders on disk: their layout, where they are, and cleaning them (scan, doctor, prune) safely."""

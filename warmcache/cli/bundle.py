@@ -6,9 +6,6 @@ from pathlib import Path
 
 import click
 
-from warmcache.cache.bundle import pack_bundle
-from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
-from warmcache.cache.unbundle import unpack_bundle
 from warmcache.cli._common import (
     byte_progress,
     cache_dir_option,
@@ -27,6 +24,9 @@ from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
+from warmcache.shipping.bundle import pack_bundle
+from warmcache.shipping.install import DEFAULT_MAX_UNPACK_BYTES
+from warmcache.shipping.unbundle import unpack_bundle
 from warmcache.trust import SigningKey, TrustedKeys
 from warmcache.units import format_size, parse_size
 

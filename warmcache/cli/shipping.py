@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 import click
 
 from warmcache.cache.locate import single_location
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.cli._common import CACHE_DIR_HELP, byte_progress, cache_dir_option, db_option, open_registry
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder
+from warmcache.shipping.shipment import ShipmentScope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,7 +76,7 @@ def shipment_arguments(command: Callable[..., int | None]) -> Callable[..., int 
 
 def verified_only_option(func: F) -> F:
     """``--verified-only``: what ``bundle pack`` and ``push`` ship
-    (:func:`~warmcache.cache.shipment.records_to_ship`)."""
+    (:func:`~warmcache.shipping.shipment.records_to_ship`)."""
     return click.option(
         "--verified-only", is_flag=True, help="Only shapes warmcache verify proved (default: compiled and verified)."
     )(func)

@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 import click
 
-from warmcache.cache.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.cli._common import (
     byte_progress,
     cache_dir_option,
@@ -30,6 +29,7 @@ from warmcache.errors import UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
 from warmcache.settings_table import STORE_TIMEOUT
+from warmcache.shipping.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.store import resolve_store, resolve_tag_store
 from warmcache.store.blob.maintenance import MIN_SAFE_GRACE_SECONDS
 from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout

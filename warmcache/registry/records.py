@@ -160,5 +160,5 @@ def _columns() -> dict[str, tuple[type, bool]]:
 ADDED_COLUMNS: dict[str, Any] = {"attn_implementation": None}
 
 #: The registry row's columns, in order, derived from :class:`ShapeRecord`: what ``from_row`` copies,
-#: what bundles carry and check (``cache/bundle_rows.py``). The ORM model must match it (a test checks).
+#: what bundles carry and check (``shipping/bundle_rows.py``). The ORM model must match it (a test checks).
 COLUMNS: dict[str, tuple[type, bool]] = _columns()

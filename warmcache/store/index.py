@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, entries_needed, entry_files, sha256_of, shared_kernels
-from warmcache.cache.bundle_rows import check_rows, row_to_json
-from warmcache.cache.file_list import check_artifacts, check_files, read_signed_document
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.registry import ShapeRecord
+from warmcache.shipping.bundle import BundleFile, entries_needed, entry_files, sha256_of, shared_kernels
+from warmcache.shipping.bundle_rows import check_rows, row_to_json
+from warmcache.shipping.file_list import check_artifacts, check_files, read_signed_document
 from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes
 
 INDEX_FORMAT = 1

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from warmcache.cache.bundle import ByteProgress, ShippedJson
 from warmcache.cache.locate import CacheLocation
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.identity.plan import PlannedShape
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.registry import Registry
+from warmcache.shipping.bundle import ByteProgress, ShippedJson
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store.index import ShapeIndex
 from warmcache.store.objects import StoredObject
 from warmcache.store.oci.freshness import PushPolicy

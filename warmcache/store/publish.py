@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmcache.cache.locate import single_location
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store.interface import Store
 from warmcache.trust import SigningKey
 

@@ -6,7 +6,7 @@ and an ``lstat`` per entry). For the rest, each shape's index is read (by the
 identity this machine computes, so only indexes of its own toolchain are seen) and
 validated completely (its signature first, when trusted keys are configured);
 the files of entries the cache does not already hold are counted against the
-size limit and the free space (:func:`~warmcache.cache.install.check_room`, as
+size limit and the free space (:func:`~warmcache.shipping.install.check_room`, as
 ``bundle unpack`` does) *before* anything is downloaded, then each blob is
 streamed to disk with its size enforced while writing and its sha256 checked. A
 blob that does not match is discarded and fetched again, then refused.
@@ -15,7 +15,7 @@ Blobs wait in ``.warmcache-unpack-pull/`` (named by sha256, renamed there only o
 checked), so an interrupted pull (a store error, the deadline, a signal) resumes without
 fetching them again; a pull that stops before any blob was checked leaves nothing, not even
 the folders it created. Blobs are placed exactly as a bundle's files are
-(:func:`~warmcache.cache.install.install_staged`:
+(:func:`~warmcache.shipping.install.install_staged`:
 a staging folder, one rename per entry, rows merged last). So an interrupted pull
 leaves no partial entry and no row naming a missing file.
 """
@@ -30,23 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, ByteProgress
-from warmcache.cache.bundle_rows import MergeResult
-from warmcache.cache.install import (
+from warmcache.cache.layout import STAGING_PREFIX, entry_of
+from warmcache.cache.locate import CacheLocation
+from warmcache.errors import CacheError
+from warmcache.identity.plan import plan_manifest
+from warmcache.jsonable import fields_json
+from warmcache.registry import Registry
+from warmcache.settings import RegistryLocation
+from warmcache.shipping.bundle import BundleFile, ByteProgress
+from warmcache.shipping.bundle_rows import MergeResult
+from warmcache.shipping.install import (
     DEFAULT_MAX_UNPACK_BYTES,
     BundleMeta,
     check_room,
     holds_files,
     install_staged,
 )
-from warmcache.cache.layout import STAGING_PREFIX, entry_of
-from warmcache.cache.locate import CacheLocation
-from warmcache.cache.shipment import ShipmentScope
-from warmcache.errors import CacheError
-from warmcache.identity.plan import plan_manifest
-from warmcache.jsonable import fields_json
-from warmcache.registry import Registry
-from warmcache.settings import RegistryLocation
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store.index import (
     ShapeIndex,
 )

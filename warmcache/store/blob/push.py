@@ -1,6 +1,6 @@
 """``push``: publish a manifest's compiled shapes to a store (what a bundle ships, object by object).
 
-The shapes and their files are chosen exactly as :func:`~warmcache.cache.bundle.pack_bundle`
+The shapes and their files are chosen exactly as :func:`~warmcache.shipping.bundle.pack_bundle`
 chooses them (the entries each row names, plus every Inductor kernel file of the
 cache, since kernels are shared between graphs and rows record only those they
 wrote). Each file is one content-addressed blob, uploaded only if the store lacks
@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from warmcache.cache.bundle import (
+from warmcache.registry import Registry
+from warmcache.shipping.bundle import (
     ByteProgress,
 )
-from warmcache.cache.shipment import ShipmentScope, records_to_ship
-from warmcache.registry import Registry
+from warmcache.shipping.shipment import ShipmentScope, records_to_ship
 from warmcache.store.blob.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
 from warmcache.store.index import (
     MAX_INDEX_BYTES,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, ByteProgress, sha256_of
-from warmcache.cache.install import write_checked
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
 from warmcache.identity.plan import PlannedShape
+from warmcache.shipping.bundle import BundleFile, ByteProgress, sha256_of
+from warmcache.shipping.install import write_checked
 from warmcache.store.blob.push import TRANSFER_THREADS
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, blob_key, index_key, parse_index
 from warmcache.store.objects import ObjectStore

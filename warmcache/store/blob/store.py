@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import ByteProgress
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.errors import UsageError
 from warmcache.registry import Registry
+from warmcache.shipping.bundle import ByteProgress
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store.blob.maintenance import execute_object_gc, list_objects, plan_object_gc
 from warmcache.store.blob.push import push_objects
 from warmcache.store.blob.scrub import check_objects, repair_objects

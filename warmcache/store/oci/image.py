@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmcache.bounds import MAX_NESTING, json_nesting
-from warmcache.cache.bundle import BundleFile
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import FLAVORS
 from warmcache.errors import CacheError, shown
@@ -51,6 +50,7 @@ from warmcache.runtime.snapshot import (
     decode_snapshot,
     snapshot_document,
 )
+from warmcache.shipping.bundle import BundleFile
 from warmcache.store.index import MAX_INDEX_BYTES, ShapeIndex, index_bytes, parse_index
 from warmcache.store.oci.client import BLOCK, MANIFEST_MEDIA_TYPE, RegistryClient
 from warmcache.store.oci.freshness import tag_document

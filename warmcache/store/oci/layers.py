@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from warmcache.cache.bundle import BundleFile
-from warmcache.cache.install import write_checked
 from warmcache.cache.layout import CacheFlavor, entry_of
 from warmcache.cache.noatime import open_quietly
 from warmcache.errors import CacheError
+from warmcache.shipping.bundle import BundleFile
+from warmcache.shipping.install import write_checked
 from warmcache.store.objects import changed_under_push
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
@@ -134,7 +134,7 @@ def extract_files(
     """Stream one layer and write each wanted file (by archive path) to ``folder/<sha256>``, checked; the paths found.
 
     Only regular members named in ``wanted`` are read, each with its size and sha256
-    enforced while it is written (:func:`~warmcache.cache.install.write_checked`); links,
+    enforced while it is written (:func:`~warmcache.shipping.install.write_checked`); links,
     devices, other files and ``..`` paths are never written anywhere. Headers are bounded
     (:class:`_BoundedTarInfo`) and a layer with more than ``max_members`` members
     (:func:`member_bound`) is refused: tarfile keeps every header it reads. The layer's own

@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from warmcache.cache.bundle import BundleFile
 from warmcache.errors import CacheError, StoreError
+from warmcache.shipping.bundle import BundleFile
 from warmcache.store.interface import CheckReport, GcPlan, StoreGroup, StoreListing, StoreProblem
 from warmcache.store.objects import StoredObject
 from warmcache.store.oci.image import StoredImage, read_image

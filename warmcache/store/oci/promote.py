@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmcache.cache.bundle import ByteProgress
 from warmcache.jsonable import fields_json
+from warmcache.shipping.bundle import ByteProgress
 from warmcache.store.oci.annotations import summary
 from warmcache.store.oci.freshness import TagVersion, check_tag
 from warmcache.store.oci.image import (

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import BundleFile, ByteProgress, sha256_of
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import CacheLocation
-from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
+from warmcache.shipping.bundle import BundleFile, ByteProgress, sha256_of
+from warmcache.shipping.shipment import ShipmentScope, records_to_ship
 from warmcache.store.index import build_index, files_per_shape, index_key
 from warmcache.store.interface import PushResult
 from warmcache.store.oci.annotations import summary

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from warmcache.cache.bundle import BundleFile, sha256_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError, StoreError
 from warmcache.identity.plan import PlannedShape
+from warmcache.shipping.bundle import BundleFile, sha256_of
 from warmcache.store.index import ShapeIndex, index_key
 from warmcache.store.oci.client import RegistryClient
 from warmcache.store.oci.freshness import PushPolicy, TagMemory, check_tag

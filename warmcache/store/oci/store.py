@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.bundle import ByteProgress
-from warmcache.cache.shipment import ShipmentScope
 from warmcache.registry import Registry
+from warmcache.shipping.bundle import ByteProgress
+from warmcache.shipping.shipment import ShipmentScope
 from warmcache.store.interface import (
     DEFAULT_GC_GRACE_SECONDS,
     CheckReport,

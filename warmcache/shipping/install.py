@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from warmcache.cache.bundle import BundleFile, sha256_of
-from warmcache.cache.bundle_rows import MergeResult, merge_rows
 from warmcache.cache.layout import STAGING_PREFIX, CacheFlavor, entry_of
 from warmcache.cache.locate import CacheLocation
 from warmcache.cache.platform_mark import MARK, claim_for_rows
 from warmcache.errors import CacheError
 from warmcache.registry import Registry
+from warmcache.shipping.bundle import BundleFile, sha256_of
+from warmcache.shipping.bundle_rows import MergeResult, merge_rows
 from warmcache.trust import SignatureCheck
 from warmcache.units import format_size
 

@@ -12,10 +12,10 @@ import json
 from typing import Any
 
 from warmcache.bounds import MAX_BYTES, MAX_NESTING, json_nesting
-from warmcache.cache.bundle import BundleFile, check_relpath
 from warmcache.cache.layout import CacheFlavor, entry_of
 from warmcache.cache.locate import FLAVORS, flavor_of_kind
 from warmcache.errors import CacheError, shown
+from warmcache.shipping.bundle import BundleFile, check_relpath
 from warmcache.trust import SignatureCheck, TrustedKeys
 
 _HEX = frozenset("0123456789abcdef")

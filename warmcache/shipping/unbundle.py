@@ -10,7 +10,7 @@ the free space, and any member whose content does not match its listed hash
 (every member is hashed once before the first write). Rows are validated
 completely before the first write. Then the files are extracted, each one's
 sha256 and size checked as it is written, into a staging folder and installed as
-:mod:`warmcache.cache.install` does for a pull too: one rename per entry, rows
+:mod:`warmcache.shipping.install` does for a pull too: one rename per entry, rows
 merged last, every move undone if a later one or the merge fails.
 """
 
@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from warmcache.cache.bundle import (
+from warmcache.cache.layout import WORK_DIR_PREFIX, CacheFlavor
+from warmcache.cache.locate import CacheLocation, detect_flavor, locate_caches
+from warmcache.errors import CacheError, UsageError, shown
+from warmcache.identity.fingerprint import current_toolchain
+from warmcache.registry import Registry
+from warmcache.settings import CacheFolder
+from warmcache.shipping.bundle import (
     BUNDLE_FORMAT,
     CACHE_PREFIX,
     META_NAME,
@@ -32,9 +38,9 @@ from warmcache.cache.bundle import (
     ByteProgress,
     check_relpath,
 )
-from warmcache.cache.bundle_rows import check_rows
-from warmcache.cache.file_list import check_artifacts, check_files, read_signed_document
-from warmcache.cache.install import (
+from warmcache.shipping.bundle_rows import check_rows
+from warmcache.shipping.file_list import check_artifacts, check_files, read_signed_document
+from warmcache.shipping.install import (
     DEFAULT_MAX_UNPACK_BYTES,
     BundleMeta,
     UnpackResult,
@@ -43,12 +49,6 @@ from warmcache.cache.install import (
     install_staged,
     write_checked,
 )
-from warmcache.cache.layout import WORK_DIR_PREFIX, CacheFlavor
-from warmcache.cache.locate import CacheLocation, detect_flavor, locate_caches
-from warmcache.errors import CacheError, UsageError, shown
-from warmcache.identity.fingerprint import current_toolchain
-from warmcache.registry import Registry
-from warmcache.settings import CacheFolder
 from warmcache.trust import NOT_CONFIGURED, TrustedKeys, require_trust
 
 #: The metadata is read into memory: a bundle of a million files needs a few hundred MB at most.

@@ -12,7 +12,7 @@ A bundle is a tar archive (``.tar``, ``.tar.gz``/``.tgz`` or ``.tar.xz``) holdin
   others out would make production recompile them.
 
 This is how a deployment pipeline ships a warm cache into an image or a fleet:
-``pack`` on the build machine, ``unpack`` (:mod:`warmcache.cache.unbundle`) there.
+``pack`` on the build machine, ``unpack`` (:mod:`warmcache.shipping.unbundle`) there.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from warmcache.bounds import path_problem
-from warmcache.cache.bundle_rows import row_to_json
 from warmcache.cache.layout import SHARED_KINDS, WORK_DIR_PREFIX, list_entries
 from warmcache.cache.locate import CacheLocation, flavor_of_kind
 from warmcache.cache.noatime import open_quietly
-from warmcache.cache.shipment import ShipmentScope, records_to_ship
 from warmcache.errors import CacheError, UsageError, shown
 from warmcache.identity.fingerprint import package_version
 from warmcache.jsonable import fields_json
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.models import utcnow
+from warmcache.shipping.bundle_rows import row_to_json
+from warmcache.shipping.shipment import ShipmentScope, records_to_ship
 from warmcache.trust import SigningKey, sign_document
 from warmcache.units import format_size
 
