@@ -48,7 +48,7 @@ def main() -> int:
             output = guard.generate(model, **inputs, max_new_tokens=4)
         print(f"request batch={decision.batch_size} seq={decision.seq_len}: {decision.kind} to {decision.target}, "
               f"{compiles.graphs} graphs compiled, output shape {tuple(output.shape)}")
-        # The tiny models were built with random weights (tools/tiny_model.py): their words are noise, and saying so
+        # The tiny models were built with random weights (warmcache/examples/tiny_model.py): their words are noise, and saying so
         # here keeps a reader from taking it for a padding bug.
         print("  what each prompt generated (random weights, so the words are noise; "
               "what counts is the 0 graphs compiled above):")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,14 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # core: OpenMP threads that spin while they wait burn the cores the others need. Passive waiting changes no result
 # (the thread count is the same); set before torch loads its OpenMP runtime, here and in every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(ROOT / "tools"))  # tiny_model, real_model and the benchmarks tests run
-sys.path.insert(0, str(ROOT / "tests" / "support"))  # servers, manifests and hosts the tests share
 
-from inductor_host import INDUCTOR_BUCKET, InductorWarmup, warmcache_json  # noqa: E402
-from moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
-from oci_registry import MISSING, RunningRegistry, available, oci_registry  # noqa: E402
-from postgres_schema import temporary_schema  # noqa: E402
-from tiny_model import build_tiny_model  # noqa: E402
+from warmcache_testkit.inductor_host import INDUCTOR_BUCKET, InductorWarmup, warmcache_json  # noqa: E402
+from warmcache_testkit.moto_server import DUMMY_CREDENTIALS, create_bucket, moto_server  # noqa: E402
+from warmcache_testkit.oci_registry import MISSING, RunningRegistry, available, oci_registry  # noqa: E402
+from warmcache_testkit.postgres_schema import temporary_schema  # noqa: E402
+
+from warmcache.examples.tiny_model import build_tiny_model  # noqa: E402
 
 POSTGRES_ENV = "WARMCACHE_TEST_POSTGRES_URL"
 #: The suite's expensive session fixtures: under pytest-xdist every test file that names one runs on the worker that

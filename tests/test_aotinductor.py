@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
-from model_patch import mlp_scaled_env
-from serving_check import assert_served_by_packages, serve
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.model_patch import mlp_scaled_env
+from warmcache_testkit.serving_check import assert_served_by_packages, serve
 
 from warmcache.cache.layout import AOTINDUCTOR, entry_of
 from warmcache.errors import CacheError, ManifestError, UsageError
@@ -260,7 +260,7 @@ def test_manifest_refuses_what_a_package_cannot_serve(
 def test_cuda_serves_from_packages_without_the_compiler(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = warm_packages(tmp_path, tiny_models["llama"], "cuda")
     served = _serve(root, tiny_models["llama"], "cuda")
-    # the figures tools/cuda_aoti_check.sh collects
+    # the figures tools/ci/cuda_aoti_check.sh collects
     print(json.dumps({k: v for k, v in served.items() if k != "results"}))
     _assert_served_by_packages(served)
     shutil.rmtree(root / "cache", ignore_errors=True)
@@ -272,8 +272,8 @@ def test_packages_run_the_weights_of_the_model_that_loads_them(
 ) -> None:
     """Another checkpoint of the same config shares the packages: its own weights are bound, its own tokens come out."""
     import torch
-    from tiny_model import build_tiny_model
 
+    from warmcache.examples.tiny_model import build_tiny_model
     from warmcache.runtime.guard import ShapeGuard
 
     other = _model(build_tiny_model("llama", tmp_path / "other", seed=1))

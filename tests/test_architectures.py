@@ -9,7 +9,7 @@ Falcon-H1 and Bamba, Qwen3-Next's gated-delta layers) too, left-padded rows incl
 row must get the tokens its unpadded run gets. Their package routes are in
 ``tests/test_recurrent_state.py``.
 
-One module-scoped warmup and verify serve every case (``tools/support_matrix.py``
+One module-scoped warmup and verify serve every case (``warmcache_testkit.support_matrix``
 runs the same functions to print the support table of docs/measurements/architectures.md).
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model
-from support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, Prepared, prepare, serve
-from tiny_model import SLIDING_WINDOW
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.support_matrix import ARCHITECTURES, MAX_CACHE_LEN, PROMPT_LENGTHS, Prepared, prepare, serve
 
 from warmcache.cli import main
+from warmcache.examples.tiny_model import SLIDING_WINDOW
 from warmcache.registry import Registry
 
 
@@ -48,7 +48,7 @@ def test_generate_warms_verifies_and_serves_past_the_window(prepared: Prepared, 
 
 #: Training steps torch's aot_eager backend cannot run: it replays the backward graph eagerly, and Qwen3-Next's
 #: ``in_proj_ba`` backward views a gradient whose strides differ from the traced ones (pytorch/pytorch#120035,
-#: open). Inductor trains it (``python tools/support_matrix.py --arch qwen3-next --backend inductor``).
+#: open). Inductor trains it (``python -m warmcache_testkit.support_matrix --arch qwen3-next --backend inductor``).
 AOT_EAGER_CANNOT_TRAIN = {"qwen3-next": "torch's aot_eager backward: view of a non-contiguous gradient (#120035)"}
 
 
@@ -95,7 +95,7 @@ def test_plan_accepts_every_matrix_architecture(prepared_configs: Path) -> None:
 @pytest.fixture
 def prepared_configs(tmp_path: Path) -> Path:
     """A manifest over every matrix architecture's config (no weights: plan reads configs only)."""
-    from tiny_model import build_config
+    from warmcache.examples.tiny_model import build_config
 
     tables = []
     for arch in ARCHITECTURES:

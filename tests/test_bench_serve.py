@@ -1,4 +1,4 @@
-"""``tools/bench_serve.py --quick`` works end to end (its figures are the benchmark's business, not a test's)."""
+"""``tools/bench/bench_serve.py --quick`` works end to end (its figures are the benchmark's business, not a test's)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_serve_quick_runs_and_reports() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_serve.py"), "--quick"],
+        [sys.executable, str(ROOT / "tools" / "bench" / "bench_serve.py"), "--quick"],
         capture_output=True,
         text=True,
         timeout=300,

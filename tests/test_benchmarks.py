@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.scripts import load_script
 
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
 from warmcache.registry import ShapeRecord
 from warmcache.registry.statuses import Status
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+#: The benchmarks: scripts, each test loading the one it checks from its file.
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
 
 
 def test_every_benchmark_has_a_quick_mode() -> None:
-    benches = sorted(TOOLS.glob("bench_*.py"))
+    benches = sorted(BENCH.glob("bench_*.py"))
     assert benches
     assert [b.name for b in benches if '"--quick"' not in b.read_text()] == []
 
 
 def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) -> None:
-    from bench_guard import compiled_record
+    compiled_record = load_script(BENCH / "bench_guard.py").compiled_record
 
     path = write_manifest(manifest_toml(model("m", generate=[generate()])))
     planned = plan_manifest(load_manifest(path))[0]
@@ -37,7 +39,7 @@ def test_bench_guard_builds_a_compiled_record_of_every_column(write_manifest) ->
 
 
 def test_bench_start_splits_a_start_into_its_phases_in_order() -> None:
-    from bench_start import phases
+    phases = load_script(BENCH / "bench_start.py").phases
 
     # The floor's stamps: no warmcache phases; the first token lands inside the request.
     stamps = {"python": 10.1, "torch": 11.0, "transformers": 12.0, "weights": 14.5, "first_token": 15.0}
@@ -55,7 +57,7 @@ def test_bench_start_splits_a_start_into_its_phases_in_order() -> None:
 
 def test_bench_warm_rerun_judges_its_target_only_in_full_runs() -> None:
     """It printed "ABOVE TARGET" and passed; a --quick run on CI's loaded 2 cores says nothing of the target."""
-    from bench_warm_rerun import verdict
+    verdict = load_script(BENCH / "bench_warm_rerun.py").verdict
 
     assert verdict(1.2, judged=True) == "target < 2 s: ok"
     assert verdict(3.72, judged=True) == "target < 2 s: ABOVE TARGET"
@@ -64,7 +66,7 @@ def test_bench_warm_rerun_judges_its_target_only_in_full_runs() -> None:
 
 def test_bench_realistic_names_the_plain_route_by_the_backend_it_ran() -> None:
     """Its header said aot_eager and its row inductor."""
-    from bench_realistic import shown_route
+    shown_route = load_script(BENCH / "bench_realistic.py").shown_route
 
     assert [shown_route(r, "aot_eager") for r in ("inductor", "precompile", "aotinductor", "cold")] == [
         "aot_eager",
@@ -79,7 +81,7 @@ def test_the_fleet_simulations_first_use_warns_of_no_lost_claim(tmp_path: Path, 
     was lost" while reporting lost 0: the warm-up of a worker's statements on no row."""
     import logging
 
-    from fleet_sim import _first_use
+    from warmcache_testkit.fleet_sim import _first_use
 
     from warmcache.registry import Registry
 

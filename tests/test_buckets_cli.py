@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from manifests import manifest_toml, model
+from warmcache_testkit.manifests import manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.registry import MissEvent, Registry

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled  # noqa: E402
+from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled
 
 import warmcache.shipping.bundle as bundle_module
 from warmcache.registry import Registry

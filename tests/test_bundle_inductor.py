@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from inductor_host import InductorWarmup
-from inductor_host import warmcache_json as warmcache
+from warmcache_testkit.inductor_host import InductorWarmup
+from warmcache_testkit.inductor_host import warmcache_json as warmcache
 
 from warmcache.registry import Registry
 

@@ -12,8 +12,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from manifests import generate, manifest_toml, model
-from test_cache_neuron import cli  # noqa: E402
+from test_cache_neuron import cli
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest

@@ -4,7 +4,7 @@ The family that showed the gap is real: transformers 5.24's ``inkling_text`` wit
 ``hybrid`` layers (recurrent state beside attention, kinds warmcache's cache holds) decodes
 other tokens through any static cache than through the cache ``generate()`` builds for it,
 so it passed plan, warmup and verify and served 5 of 5 guarded requests other tokens than
-eager (``tools/family_sweep.py``). The right families of the matrix pass the same proof in
+eager (``warmcache_testkit.family_sweep``). The right families of the matrix pass the same proof in
 ``tests/test_architectures.py`` and every verify of a generate spec.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from family_sweep import FAMILY_OVERRIDES, build_family_model
-from support_matrix import prepare
+from warmcache_testkit.family_sweep import FAMILY_OVERRIDES, build_family_model
+from warmcache_testkit.support_matrix import prepare
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model, train
-from registry_fill import mark_all_compiled
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
+from warmcache_testkit.registry_fill import mark_all_compiled
 
 from warmcache.cli import main
 from warmcache.identity.plan import plan_manifest

@@ -5,11 +5,11 @@ passes, wrong ones fail.
 code for; on a CPU where the eager decode landed within rounding of a one-pass reference
 in the model's own dtype, a criterion calibrated on it collapsed to its floor and failed a
 right package (issue 36: a Xeon with AMX, and ``avx2``/``default`` elsewhere). Each
-capability runs ``tools/criterion_figures.py`` in its own process (the variable is read
+capability runs ``tools/sweeps/criterion_figures.py`` in its own process (the variable is read
 once, at import): a tiny model's decode compiled by Inductor, judged against the float64
 reference, beside the same tokens through other weights and through one MLP scaled by 1.05.
 And the route that failed there: ``warmcache warmup`` then ``warmcache verify`` of the tiny AOTInductor manifest, under
-each capability. The whole AOTInductor and verify test files under each are ``tools/capability_tests.sh`` (about
+each capability. The whole AOTInductor and verify test files under each are ``tools/ci/capability_tests.sh`` (about
 6 min of CPU a capability: too much beside the suite in CI's time).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+SWEEPS = Path(__file__).resolve().parent.parent / "tools" / "sweeps"
 
 
 def _capabilities() -> list[str]:
@@ -47,11 +47,11 @@ def test_a_right_inductor_decode_passes_and_wrong_ones_fail_under_each_cpu_capab
 ) -> None:
     config = tiny_models["llama"] / "config.json"
     done = subprocess.run(
-        [sys.executable, str(TOOLS / "criterion_figures.py"), str(config), "--models", str(tmp_path / "models")],
+        [sys.executable, str(SWEEPS / "criterion_figures.py"), str(config), "--models", str(tmp_path / "models")],
         capture_output=True,
         text=True,
         check=False,
-        cwd=TOOLS,
+        cwd=SWEEPS,
         env={**os.environ, "ATEN_CPU_CAPABILITY": capability, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import RegistryError

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.registry import Registry
 from warmcache.warmup.verify import Verdict
@@ -68,8 +68,7 @@ def recompiling_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from tiny_model import build_config
+    from warmcache.examples.tiny_model import build_config
 
     llama = build_config("llama").to_dict()
     for key in ("model_type", "architectures", "transformers_version"):

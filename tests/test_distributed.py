@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.manifest import load_manifest
 from warmcache.warmup import distributed, sharding

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest_toml, model, train
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
 
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest

@@ -1,6 +1,6 @@
 """The documentation stays true to the repository: named files exist, commands agree.
 
-The same path check runs during ``mkdocs build --strict`` (``tools/mkdocs_hooks.py``, a
+The same path check runs during ``mkdocs build --strict`` (``tools/docs/mkdocs_hooks.py``, a
 hook in mkdocs.yml); this test runs it over README.md too, and without MkDocs installed.
 """
 
@@ -21,15 +21,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from mkdocs_hooks import (
-    lazy_public_names,
-    missing_references,
-    on_page_markdown,
-    resolve_lazy_directives,
-    unescape_table_pipes,
-)
+from warmcache_testkit.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The hook mkdocs.yml names, loaded from its file as mkdocs loads it.
+HOOKS = load_script(ROOT / "tools" / "docs" / "mkdocs_hooks.py")
+lazy_public_names = HOOKS.lazy_public_names
+missing_references = HOOKS.missing_references
+on_page_markdown = HOOKS.on_page_markdown
+resolve_lazy_directives = HOOKS.resolve_lazy_directives
+unescape_table_pipes = HOOKS.unescape_table_pipes
 PAGES = sorted(ROOT.glob("docs/**/*.md"))
 
 
@@ -58,7 +59,7 @@ def test_readme_links_into_docs_resolve() -> None:
     ("text", "missing"),
     [
         ("see `tools/no_such_tool.py`.", ["tools/no_such_tool.py"]),
-        ("run `python tools/bench_*.py` and `tests/test_store_oci*.py`", []),
+        ("run `python tools/bench/bench_*.py` and `tests/test_store_oci*.py`", []),
         ("the class `warmcache.kv_cache_gone.PositionTensorCache`", ["warmcache.kv_cache_gone.PositionTensorCache"]),
         ("`warmcache.trust.no_such_function` signs", ["warmcache.trust.no_such_function"]),
         ("`warmcache.ShapeGuard` and `warmcache.manifest.loads`", []),

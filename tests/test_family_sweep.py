@@ -1,4 +1,5 @@
-"""``tools/family_sweep.py``: every decoder family of the installed transformers, tiny, through the matrix's cell.
+"""``warmcache_testkit.family_sweep``: every decoder family of the installed transformers, tiny, through the
+matrix's cell.
 
 The sweep is how a transformers upgrade's new families get tried before users bring
 them; these tests keep its lists from rotting (a family renamed or dropped upstream, an
@@ -11,9 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from family_sweep import FAMILY_OVERRIDES, MAX_TINY_PARAMETERS, NOT_DECODERS, families, run_cell, tiny_config
-from tiny_model import SLIDING_WINDOW
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from warmcache_testkit.family_sweep import (
+    FAMILY_OVERRIDES,
+    MAX_TINY_PARAMETERS,
+    NOT_DECODERS,
+    families,
+    run_cell,
+    tiny_config,
+)
+
+from warmcache.examples.tiny_model import SLIDING_WINDOW
 
 
 def test_every_family_the_sweep_names_is_one_transformers_registers() -> None:

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest

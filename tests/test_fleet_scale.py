@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from fleet_faults import OutageProxy
-from fleet_sim import worker_url
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.fleet_faults import OutageProxy
+from warmcache_testkit.fleet_sim import worker_url
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.cli.status import render
 from warmcache.errors import RegistryUnavailableError

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model, train
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
 
 from warmcache.cli import main
 from warmcache.errors import RegistryError, UnseenShapeError, UsageError
@@ -241,7 +241,7 @@ def test_a_database_outage_never_blocks_or_fails_requests(
         f"\n{outage} database: 2000 guarded decisions in {elapsed * 1000:.1f} ms, close() in "
         f"{close_seconds * 1000:.0f} ms"
     )
-    # Liveness, not speed (tools/bench_guard.py measures that): a request or close() that
+    # Liveness, not speed (tools/bench/bench_guard.py measures that): a request or close() that
     # waited on the database would hang here for the whole connect timeout or forever.
     assert elapsed < 10 and close_seconds < 10
     assert sum(e.count for e in guard.misses()) == 2000  # every request padded (lengths 17-26), every one counted

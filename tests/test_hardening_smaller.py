@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hostile_servers import HostileRegistry
-from oci_registry import RunningRegistry
 from test_cache_neuron import NEURON_MANIFEST, cli, done_files, module, planned_by_batch, record_compiled
 from test_service import TOKEN, wait_ready
 from test_store import error_lines, run
+from warmcache_testkit.hostile_servers import HostileRegistry
+from warmcache_testkit.oci_registry import RunningRegistry
 
 from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.service import ServiceConfig

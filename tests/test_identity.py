@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model, train
-from registry_fill import mark_all_compiled
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
+from warmcache_testkit.registry_fill import mark_all_compiled
 
 from warmcache.cli import main
 from warmcache.errors import UsageError

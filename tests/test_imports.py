@@ -47,6 +47,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__.py", "service/"),
     ("cli/",),
     ("__main__.py",),
+    # What the quickstart runs besides commands (the tiny models it warms): shipped, imported by nothing of warmcache.
+    ("examples/",),
 )
 
 

@@ -43,7 +43,7 @@ def mounted(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
     return [m["mountPath"] for m in container.get("volumeMounts", [])]
 
 
-#: The serving Deployments: Trainium, and CPU (what tools/container_pipeline.sh runs in podman).
+#: The serving Deployments: Trainium, and CPU (what tools/ci/container_pipeline.sh runs in podman).
 SERVING = ("serve-deployment.yaml", "serve-deployment-cpu.yaml")
 
 
@@ -161,10 +161,10 @@ def test_the_cpu_image_silences_only_inductors_python_h_warning() -> None:
 
 
 def test_the_container_pipeline_runs_what_the_deployment_runs() -> None:
-    """tools/container_pipeline.sh (CI) builds this Dockerfile and starts serve.py as the CPU Deployment does: the same
-    command on the tag mounted at the Deployment's cache path, with nothing writable (``--read-only``, no tmpfs, as
+    """tools/ci/container_pipeline.sh (CI) builds this Dockerfile and starts serve.py as the CPU Deployment does: the
+    same command on the tag mounted at the Deployment's cache path, with nothing writable (``--read-only``, no tmpfs, as
     ``readOnlyRootFilesystem`` with no emptyDir); a drift here would leave CI testing another pod."""
-    pipeline = (ROOT / "tools" / "container_pipeline.sh").read_text()
+    pipeline = (ROOT / "tools" / "ci" / "container_pipeline.sh").read_text()
     (deployment,) = documents("serve-deployment-cpu.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     python, script, cache = container["command"][:3]
@@ -176,4 +176,4 @@ def test_the_container_pipeline_runs_what_the_deployment_runs() -> None:
     serving = re.search(r"^serve_args\(\) \{.*?^\}", pipeline, re.MULTILINE | re.DOTALL)
     assert serving and "--read-only " in serving.group() and "--tmpfs" not in serving.group(), "nothing writable"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^  (timed )?tools/container_pipeline\.sh$", ci, re.MULTILINE), "CI runs the pipeline"
+    assert re.search(r"^  (timed )?tools/ci/container_pipeline\.sh$", ci, re.MULTILINE), "CI runs the pipeline"

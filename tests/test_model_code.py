@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from family_sweep import tiny_config
-from manifests import generate, manifest_toml, model
 from transformers import GenerationConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from warmcache_testkit.family_sweep import tiny_config
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.identity.model_code import code_problems
@@ -87,10 +87,10 @@ def test_gpt_neo_is_served_while_its_static_cache_fits_inside_the_window(tmp_pat
 
 
 def test_gpt_neo_static_caches_leave_the_model_past_its_window_and_agree_inside_it() -> None:
-    """The refusal's premise, measured (``tools/cache_agreement.py``, float64): past GPT-Neo's window both static
-    caches, transformers' own too, part from a cache-free forward pass; with the window as long as the cache, all
+    """The refusal's premise, measured (``warmcache_testkit.cache_agreement``, float64): past GPT-Neo's window both
+    static caches, transformers' own too, part from a cache-free forward pass; with the window as long as the cache, all
     agree."""
-    from cache_agreement import agreement
+    from warmcache_testkit.cache_agreement import agreement
 
     past = agreement("gpt_neo", {}, new_tokens=8, max_cache_len=16)
     inside = agreement("gpt_neo", {"window_size": 16}, new_tokens=8, max_cache_len=16)

@@ -1,20 +1,20 @@
 """Mixtures of experts with the structure of the published configs, in seconds: what would break the MoE path.
 
-The three published MoE configs (``tests/data/realconfigs``) are kept whole but for their widths
-(``tools/real_model.py --narrow``: hidden, intermediate, head and latent dims divided by 32): Qwen3-30B-A3B's
+The three published MoE configs (``tests/support/warmcache_testkit/realconfigs``) are kept whole but for their widths
+(``warmcache_testkit.real_model --narrow``: hidden, intermediate, head and latent dims divided by 32): Qwen3-30B-A3B's
 128 experts with 8 routed per token, DeepSeek-V2-Lite's multi-head latent attention (keys and values of
 different head dims), its dense first layer, shared experts and YaRN, gpt-oss-20b's attention sinks, expert
 biases and alternating sliding and full layers. Each goes through the support matrix's generate route with
 aot_eager (warmup decoding to a full cache, verify in a fresh process, a guard serving ragged requests with
 0 graphs after priming and every row's tokens equal to its unpadded eager ``generate()``) and its training
-step. At real width every route is ``tools/support_matrix.py --real`` (docs/measurements/architectures.md).
+step. At real width every route is ``warmcache_testkit.support_matrix --real`` (docs/measurements/architectures.md).
 """
 
 from __future__ import annotations
 
 import pytest
-from real_model import build_real_model, real_configs
-from support_matrix import PROMPT_LENGTHS, Prepared, prepare, serve
+from warmcache_testkit.real_model import build_real_model, real_configs
+from warmcache_testkit.support_matrix import PROMPT_LENGTHS, Prepared, prepare, serve
 
 MOE_CONFIGS = ("Qwen__Qwen3-30B-A3B", "deepseek-ai__DeepSeek-V2-Lite", "openai__gpt-oss-20b")
 NARROW = 32
@@ -63,7 +63,7 @@ def test_moe_training_step_warms(prepared: Prepared, name: str) -> None:
 
 
 def test_narrowing_keeps_widths_grouped_mm_can_take_and_no_widen_keeps_exactly_the_depth() -> None:
-    from real_model import kept_layers, narrowed
+    from warmcache_testkit.real_model import kept_layers, narrowed
 
     published = {"hidden_size": 2880, "head_dim": 64, "moe_intermediate_size": 1408, "num_local_experts": 32}
     narrow = narrowed(published, 32)

@@ -1,6 +1,6 @@
 """verify at a mixture-of-experts router near-tie: a decode that routed the other way there agrees, wrong ones do not.
 
-The three published MoE configs at 1/32 width, 2 layers, random weights (``tools/real_model.py``),
+The three published MoE configs at 1/32 width, 2 layers, random weights (``warmcache_testkit.real_model``),
 and four families no published config here covers (Mixtral, Qwen2-MoE, OLMoE, Granite-MoE, built
 from transformers' config classes), in float32, each given a near-tie: the first router's
 ``top_k``-th expert and the next are set 1e-6 of the token's router-logit RMS apart at the second
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from real_model import random_model, real_configs
+from warmcache_testkit.real_model import random_model, real_configs
 
 from warmcache.warmup.verify.agreement import Agreement, eager_decode_logits, judge_decode
 from warmcache.warmup.verify.model_traits import eos_token_ids

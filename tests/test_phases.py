@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from manifests import generate, manifest_toml, model, train
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
 
 from warmcache.cli.progress import BarProgress, LineProgress
 from warmcache.cli.running import RunningPhases

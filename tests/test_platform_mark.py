@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.inductor_host import INDUCTOR_MODEL, InductorWarmup, warmcache_json
+from warmcache_testkit.inductor_host import INDUCTOR_MODEL, InductorWarmup, warmcache_json
 
 from warmcache.cache.layout import list_entries
 from warmcache.cache.platform_mark import MARK, claim_for_platform, claim_for_rows

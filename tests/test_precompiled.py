@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.cache.artifact_format import Fingerprint, Header, read_checked, write_artifact
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED, entry_of

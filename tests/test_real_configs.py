@@ -11,7 +11,8 @@ Real configs carry what the tiny test models do not: head_dim 128, rope_theta 1e
   checkpoint's weights fails;
 * Llama-3.2-1B (``llama3`` rope scaling) in bfloat16 through Inductor warmup and verify.
 
-Every config × route × dtype is ``tools/support_matrix.py --real`` (its table is in docs/measurements/architectures.md).
+Every config × route × dtype is ``python -m warmcache_testkit.support_matrix --real`` (its table is in
+docs/measurements/architectures.md).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
-from real_model import build_real_model, real_configs
-from serving_check import assert_served_by_packages, serve
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.real_model import build_real_model, real_configs
+from warmcache_testkit.serving_check import assert_served_by_packages, serve
 
 from warmcache.registry import Registry
 
@@ -88,8 +89,8 @@ def _served_by(package_root: Path, serving: Any, ids: Any) -> tuple[Any, Any]:
     """Greedy tokens and logits of ``serving`` decoding through the bucket's package, to the cache's end."""
     import torch
 
+    from warmcache.artifacts.dispatch import install
     from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
-    from warmcache.runtime.decode_dispatch import install
     from warmcache.shapes.workload_settings import GenerateSettings
 
     with Registry.open(f"sqlite:///{package_root}/registry.sqlite") as registry:

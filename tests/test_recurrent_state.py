@@ -6,7 +6,7 @@ AOTInductor package takes them as plain inputs beside keys and values and must w
 into the caller's tensors. One warmup and verify (``precompile = "aotinductor"``, Inductor; and
 Falcon-H1 once more with ``precompile = true`` on aot_eager) serves every test here. The
 Inductor route of these families, training included, is ``tests/test_architectures.py``'s
-(``tools/support_matrix.py``). Left padding must give every row the tokens of its unpadded run,
+(``warmcache_testkit.support_matrix``). Left padding must give every row the tokens of its unpadded run,
 and a model whose state would keep the pad tokens is refused padding instead
 (:mod:`warmcache.modeling.padding_probe`).
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inductor_host import warmcache_json
-from manifests import generate, manifest_toml, model
-from serving_check import assert_served_by_packages, serve
-from tiny_model import build_config, build_tiny_model
+from warmcache_testkit.inductor_host import warmcache_json
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.serving_check import assert_served_by_packages, serve
 
 from warmcache.errors import UsageError
+from warmcache.examples.tiny_model import build_config, build_tiny_model
 from warmcache.registry import Registry
 from warmcache.runtime.decode_dispatch import precompiled_entries
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
 from transformers import AutoModelForCausalLM
 
+from warmcache.examples.tiny_model import build_tiny_model
 from warmcache.warmup.verify.reference import reference_logits
 
 
@@ -17,7 +17,7 @@ from warmcache.warmup.verify.reference import reference_logits
 def test_a_left_padded_row_has_the_reference_it_has_alone(dtype: torch.dtype, tmp_path: Path) -> None:
     """Gemma 2's eager attention softmaxes in float32, so a float64 reference's all-masked padding row was NaN, and
     0 x NaN carried it into the real positions of every later layer: gemma-2-2b's float32 packages were judged
-    against NaN (found at real width by tools/support_matrix.py)."""
+    against NaN (found at real width by warmcache_testkit.support_matrix)."""
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model("gemma2", tmp_path / "gemma2"), dtype=dtype).eval()
     assert model.config._attn_implementation == "eager"
     ids = torch.randint(5, 300, (2, 8), generator=torch.Generator().manual_seed(0))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.cli import main
 from warmcache.errors import SchemaOutOfDateError

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.modeling.compile_counter import CompileCounter

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from manifests import manifest_toml, model, train
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
+from warmcache_testkit.manifests import manifest_toml, model, train
 
 from warmcache.errors import UnseenShapeError
 from warmcache.runtime.guard import ShapeGuard

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moto_server import free_port
 from test_service import TOKEN, call, compiled, manifest, service, wait_ready  # noqa: F401 - fixtures
+from warmcache_testkit.moto_server import free_port
 
 from warmcache.bounds import MAX_COUNT
 from warmcache.registry import Registry

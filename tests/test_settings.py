@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model
+from warmcache_testkit.manifests import generate, manifest_toml, model
 
 import warmcache
 from warmcache.cli import main

@@ -1,6 +1,6 @@
 """Fresh serving starts prime every bucket from the AOTInductor packages, whatever varies between pods.
 
-Five starts of ``tools/start_matrix.py`` (which runs 200) over the suite's AOTInductor
+Five starts of ``warmcache_testkit.start_matrix`` (which runs 200) over the suite's AOTInductor
 warmup (``conftest.packaged``, shared), signed into a snapshot folder: between them they
 vary HOME (fresh, missing), XDG_CACHE_HOME, TMPDIR, the working folder, where the folder
 lies (where it was written, copied, moved, behind a symlink), the Python prefix (a second
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from start_matrix import (
+from warmcache_testkit.start_matrix import (
     Scratch,
     can,
     exit_code,

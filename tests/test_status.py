@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manifests import generate, manifest_toml, model, train
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
 
 from warmcache.cli import main
 from warmcache.identity.plan import PlannedShape, plan_manifest

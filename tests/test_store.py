@@ -19,9 +19,9 @@ from pathlib import Path
 import boto3
 import pytest
 import test_bundle
-from moto_server import free_port
 from test_bundle import Built, files_under, rows
 from test_cache_neuron import cli, planned_by_batch
+from warmcache_testkit.moto_server import free_port
 
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import StoreError

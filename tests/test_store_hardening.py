@@ -15,9 +15,9 @@ import boto3
 import pytest
 import test_bundle
 import test_store
-from moto_server import DUMMY_CREDENTIALS
 from test_bundle import Built
 from test_store import _FlakyStore, error_lines, object_store, pull_args, push, run
+from warmcache_testkit.moto_server import DUMMY_CREDENTIALS
 
 import warmcache.store.blob.push as push_module
 import warmcache.store.deadline as deadline

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import test_bundle
-from hostile_servers import HostileRegistry, HostileS3, Reply
-from moto_server import DUMMY_CREDENTIALS
-from oci_registry import RunningRegistry
 from test_bundle import Built
 from test_store import error_lines, run
+from warmcache_testkit.hostile_servers import HostileRegistry, HostileS3, Reply
+from warmcache_testkit.moto_server import DUMMY_CREDENTIALS
+from warmcache_testkit.oci_registry import RunningRegistry
 
 built = test_bundle.built
 #: The ``--timeout`` of the trickle tests; a pull must end within it plus this much.

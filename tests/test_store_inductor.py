@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inductor_host import InductorWarmup
-from inductor_host import warmcache_json as warmcache
+from warmcache_testkit.inductor_host import InductorWarmup
+from warmcache_testkit.inductor_host import warmcache_json as warmcache
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import test_bundle
-from oci_registry import RunningRegistry
 from test_bundle import Built, files_under, rows
 from test_store import error_lines, run
+from warmcache_testkit.oci_registry import RunningRegistry
 
 #: The build machine of the bundle tests: two compiled Neuron shapes, one declared but not compiled.
 built = test_bundle.built
@@ -247,7 +247,7 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(
 ) -> None:
     import base64
 
-    from oci_registry import oci_registry
+    from warmcache_testkit.oci_registry import oci_registry
 
     secret = "s3cret-" + uuid.uuid4().hex[:8]
     with oci_registry({"ci": secret}) as running:
@@ -273,7 +273,7 @@ def test_basic_auth_credentials_come_from_docker_config_and_never_show(
 def test_skopeo_copies_the_tag_to_a_mirror_and_it_still_pulls(
     built: Built, registry_host: RunningRegistry, tmp_path: Path
 ) -> None:
-    from oci_registry import oci_registry
+    from warmcache_testkit.oci_registry import oci_registry
 
     from warmcache.trust import generate_key
 
@@ -288,7 +288,7 @@ def test_skopeo_copies_the_tag_to_a_mirror_and_it_still_pulls(
 def _copy_and_pull(built: Built, source: str, copy: str, tmp_path: Path) -> None:
     import subprocess
 
-    from oci_registry import skopeo_copy
+    from warmcache_testkit.oci_registry import skopeo_copy
 
     skopeo_copy(source, copy)
     image = lambda url: "docker://" + url.split("://", 1)[1]  # noqa: E731
@@ -333,7 +333,7 @@ def test_a_registry_that_is_down_or_stalls_ends_within_the_deadline_in_one_line(
     import threading
     import time
 
-    from moto_server import free_port
+    from warmcache_testkit.moto_server import free_port
 
     down = ["--store", f"oci+http://127.0.0.1:{free_port()}/team/warm:prod"]
     start = time.monotonic()

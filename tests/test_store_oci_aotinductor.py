@@ -25,8 +25,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from inductor_host import warmcache_json as warmcache
-from oci_registry import RunningRegistry, oci_registry, skopeo_copy
+from warmcache_testkit.inductor_host import warmcache_json as warmcache
+from warmcache_testkit.oci_registry import RunningRegistry, oci_registry, skopeo_copy
 
 from warmcache.trust import generate_key
 

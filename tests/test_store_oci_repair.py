@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 
 import test_bundle
-from oci_registry import RunningRegistry
 from test_bundle import Built, files_under
 from test_store import run
 from test_store_oci import image_of, push, registry_files
+from warmcache_testkit.oci_registry import RunningRegistry
 
 built = test_bundle.built
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_servers import HostileRegistry, Reply
+from warmcache_testkit.hostile_servers import HostileRegistry, Reply
 
 from warmcache.store.oci.credentials import basic_credentials
 from warmcache.store.oci.store import OciStore

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import test_bundle
-from oci_registry import RunningRegistry, oci_registry, skopeo_copy
 from test_bundle import Built
 from test_store import error_lines, run
+from warmcache_testkit.oci_registry import RunningRegistry, oci_registry, skopeo_copy
 
 from warmcache.store.oci.image import GUARD_MEMBER, INDEX_MEMBER, TAG_MEMBER
 from warmcache.store.oci.layers import read_members, write_layer

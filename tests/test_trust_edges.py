@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_servers import HostileRegistry
-from moto_server import free_port
 from test_service import TOKEN, call, wait_ready
 from test_store import error_lines
+from warmcache_testkit.hostile_servers import HostileRegistry
+from warmcache_testkit.moto_server import free_port
 
 from warmcache.bounds import json_nesting
 from warmcache.identity.plan import plan_manifest

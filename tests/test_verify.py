@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from inductor_host import INDUCTOR_MODEL, InductorWarmup
-from manifests import generate, manifest_toml, model
-from model_patch import mlp_scaled_env
+from warmcache_testkit.inductor_host import INDUCTOR_MODEL, InductorWarmup
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.model_patch import mlp_scaled_env
 
 from warmcache.cache.layout import INDUCTOR_FXGRAPH, list_entries
 from warmcache.cli import main

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests import generate, manifest_toml, model, train
-from registry_fill import mark_all_compiled
+from warmcache_testkit.manifests import generate, manifest_toml, model, train
+from warmcache_testkit.registry_fill import mark_all_compiled
 
 from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import load_manifest
@@ -121,7 +121,7 @@ def test_rerunning_a_warm_1000_spec_manifest_is_fast_and_imports_no_torch(write_
     exit_code, torch_loaded, transformers_loaded, seconds = result.stderr.split()[-4:]
     assert (exit_code, torch_loaded, transformers_loaded) == ("0", "False", "False"), result.stderr
     assert summary(result.stdout)["already_compiled"] == 1000
-    # How fast (target < 2 s) is measured by tools/bench_warm_rerun.py, not asserted on a shared machine.
+    # How fast (target < 2 s) is measured by tools/bench/bench_warm_rerun.py, not asserted on a shared machine.
     print(f"warm 1000-spec rerun: {seconds}s in-process (imports included)")
 
 

@@ -15,7 +15,7 @@ in production. What is checked, from the config alone (no weights are read):
   it with ``AutoModelForCausalLM``).
 
 The architectures checked end to end are in docs/measurements/architectures.md's support table
-(``tools/support_matrix.py``).
+(``tests/support/warmcache_testkit/support_matrix.py``).
 """
 
 from __future__ import annotations

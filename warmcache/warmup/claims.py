@@ -14,7 +14,7 @@ Specs are claimed in the order given (the runner passes them longest first,
 and its results are recorded in one transaction, so a worker talks to the
 registry about once per heartbeat interval however short its specs are. What runs a claimed spec is a
 :class:`SpecRunner`: a :class:`~warmcache.warmup.worker.Worker` compiles it; the
-fleet simulation (``tools/bench_fleet.py --simulate``) sleeps instead, to measure
+fleet simulation (``tools/bench/bench_fleet.py --simulate``) sleeps instead, to measure
 this loop, its leases and its registry traffic at hundreds of workers.
 A registry that goes away for a while (restart, failover, dropped connections)
 is waited for, up to one lease length, rather than losing a compile in hand.

@@ -199,7 +199,7 @@ def _run_jobs(
         lease,
         tuple(expected.get(i) for i in identities),
     )
-    # N jobs each using every core thrash on a small host (measured with tools/bench_fleet.py:
+    # N jobs each using every core thrash on a small host (measured with tools/bench/bench_fleet.py:
     # 2 workers at full thread count ran 1.2-2x slower than 1); split the cores, as torchrun does.
     # Set before torch is imported in the fresh process; a user's own setting wins.
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // options.jobs)), **os.environ}

@@ -8,7 +8,7 @@ every route, compiled or not. Nothing else in verify sees that: an artifact's nu
 proof (:mod:`.agreement`) is calibrated by the model's eager decode, which runs the same
 cache, and the Inductor route is proven by its cache hits. Measured: a tiny ``inkling_text``
 with two ``hybrid`` layers passed plan, warmup and verify and served other greedy tokens
-than transformers' eager ``generate()`` in 5 of 5 requests (``tools/family_sweep.py``).
+than transformers' eager ``generate()`` in 5 of 5 requests (``tests/support/warmcache_testkit/family_sweep.py``).
 
 So verify decodes the bucket once more, eagerly, in a copy of the model at higher
 precision (:func:`.reference.precise_copy`), and holds every step's logits to the same
