@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,29 @@ def test_the_wheel_holds_every_module_and_the_migrations(wheel_files: set[str]) 
     assert not missing, f"{len(missing)} source file(s) not in the wheel: {missing}"
     stray = sorted(name for name in wheel_files if name.startswith("warmcache/") and name not in expected)
     assert not stray, f"the wheel ships files the tree does not hold: {stray}"
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_quickstarts_model_builder_and_not_the_testkit(wheel_files: set[str]) -> None:
+    """The quickstart's first step (``python -m warmcache.examples.tiny_model``) needs no source tree; what tests and
+    tools share (``warmcache_testkit``, tests/support) is a development install of its own, never in the wheel."""
+    assert "warmcache/examples/tiny_model.py" in wheel_files
+    assert sorted(name for name in wheel_files if "testkit" in name or name.startswith(("tests/", "tools/"))) == []
+
+
+def test_tests_and_tools_import_installed_packages_without_path_tricks() -> None:
+    """Tests and tools import ``warmcache`` and ``warmcache_testkit`` as installed (issue 50: 24 lines put tools/ and
+    tests/support on the import path, and tests imported 9 tools as libraries through them)."""
+    assert (ROOT / "tests" / "support" / "pyproject.toml").is_file()
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("tests", "tools")
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in (".py", ".sh") and "build" not in path.parts
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\bsys\.path\b", line)
+    ]
+    assert offenders == []
 
 
 def test_the_suite_runs_the_installed_package_not_the_source_tree() -> None:

@@ -3,5 +3,5 @@ warmup hosts, model builders at real width and the support matrices.
 
 A development distribution (``warmcache-testkit``, ``tests/support/pyproject.toml``), never in the warmcache wheel:
 ``pip install -e ./tests/support``. Tests and tools import it by name (``from warmcache_testkit.manifests import ...``),
-with no ``sys.path`` insert; the models users build are in :mod:`warmcache.examples`.
+adding nothing to the import path; the models users build are in :mod:`warmcache.examples`.
 """

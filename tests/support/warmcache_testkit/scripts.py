@@ -2,8 +2,8 @@
 
 The benchmarks and the documentation hook are scripts, not a package: ``python tools/bench/bench_guard.py`` runs them
 and ``mkdocs`` loads ``tools/docs/mkdocs_hooks.py`` from its file. A test loads them the way ``mkdocs`` does, from
-the file (``importlib``), with no ``sys.path`` entry: what a script imports it must import from an installed package
-(``warmcache``, ``warmcache_testkit``), as it does when run.
+the file (``importlib``), adding nothing to the import path: what a script imports comes from an installed
+package (``warmcache``, ``warmcache_testkit``), as when it runs.
 """
 
 from __future__ import annotations
