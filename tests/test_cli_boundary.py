@@ -7,6 +7,7 @@ docs/reference/settings.md, and every true/false one is read by one parser that 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import re
@@ -14,6 +15,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +120,22 @@ def test_no_command_exits_by_itself() -> None:
     assert raising == []
 
 
+def test_every_exit_code_a_result_gives_is_a_named_member() -> None:
+    """A result's ``exit_code`` (pull's, store check's, warmup --push's publisher's) returns ``ExitCode`` members,
+    never a bare 1 or 5 whose meaning only exit-codes.md knows."""
+    bare = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(function, ast.FunctionDef) and function.name == "exit_code"
+        for returned in ast.walk(function)
+        if isinstance(returned, ast.Return)
+        for node in ast.walk(returned)
+        if isinstance(node, ast.Constant) and type(node.value) is int
+    ]
+    assert bare == []
+
+
 def test_a_bug_is_one_line_naming_debug_and_its_own_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("the list index went wrong\nand a second line nobody needs")
@@ -206,6 +225,44 @@ def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) ->
     assert command.returncode == ExitCode.INTERRUPTED == 130
     assert err.splitlines() == ["warmcache: interrupted: store stopped: what it finished is kept"], err
     assert out == ""
+
+
+def test_ctrl_c_stops_serve_in_one_line_and_exit_130(tmp_path: Path) -> None:
+    """uvicorn takes SIGINT, shuts down, and raises it again: the boundary's line, not uvicorn's or a traceback."""
+    registry = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    assert CliRunner().invoke(main, ["db", "upgrade", "--db", registry]).exit_code == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMCACHE_")}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "warmcache", "serve", "--db", registry, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # serving: uvicorn's own SIGINT handler is in place
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert command.poll() is None and time.monotonic() < deadline, "serve never answered"
+                time.sleep(0.1)
+        command.send_signal(signal.SIGINT)
+        out, err = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    assert command.returncode == ExitCode.INTERRUPTED, err
+    assert err.splitlines()[1:] == [
+        f"warmcache: interrupted: serve stopped: no longer serving http://127.0.0.1:{port}/"
+    ]
+    assert err.startswith("warmcache serve: registry") and out == "", err
 
 
 def test_debug_shows_each_store_retry_and_where_a_setting_came_from(tmp_path: Path) -> None:

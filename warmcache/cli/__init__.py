@@ -29,7 +29,8 @@ from warmcache.cli.keys import keys_group
 from warmcache.cli.query import check, explain, plan, shapes
 from warmcache.cli.serve import serve
 from warmcache.cli.status import status
-from warmcache.cli.store import pull, push, store_group
+from warmcache.cli.store import store_group
+from warmcache.cli.transfer import pull, push
 from warmcache.cli.warmup import verify, warmup
 from warmcache.diagnostics import DEBUG_ENV, configure, debug_requested, log_exception
 from warmcache.errors import ExitCode, RegistryError, WarmcacheError, first_line

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from warmcache.cli._common import db_option, registry_location, sign_option
+from warmcache.cli.interrupted import note_left
 from warmcache.errors import UsageError
 from warmcache.manifest import load_manifest
 from warmcache.settings import RegistryLocation
@@ -81,6 +82,8 @@ def serve(
             err=True,
         )
     click.echo(startup_line(location, host, port, has_token=token is not None), err=True)
+    # uvicorn stops on Ctrl-C, then raises it again: the boundary's one line, exit 130, says the service is down
+    note_left(lambda: f"no longer serving {base_url(host, port)}")
     uvicorn.Server(server_config(app, host, port)).run()
 
 

@@ -1,13 +1,10 @@
-"""``warmcache push|pull`` and ``warmcache store ls|gc``: compiled caches over object storage (thin: parse, call,
+"""``warmcache store ls|gc|check|promote``: what an artifact store holds, and keeping it sound (thin: parse, call,
 print)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
@@ -17,257 +14,28 @@ from warmcache.cli._common import (
     format_table,
     json_option,
     manifest_option,
-    max_unpack_size_option,
     print_json,
     print_result,
-    registry_location,
     trust_option,
 )
-from warmcache.cli.shipping import Shipment, shipment_arguments, verified_only_option
-from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
-from warmcache.errors import UsageError
+from warmcache.cli.store_options import (
+    expires_option,
+    max_expires_option,
+    state_dir_option,
+    store_options,
+    timeout_option,
+)
+from warmcache.errors import ExitCode, UsageError
 from warmcache.manifest import Manifest, load_manifest
 from warmcache.settings import CacheFolder
-from warmcache.settings_table import STORE_TIMEOUT
-from warmcache.shipping.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.store import resolve_store, resolve_tag_store
 from warmcache.store.blob.maintenance import MIN_SAFE_GRACE_SECONDS
-from warmcache.store.deadline import DEFAULT_COMMAND_SECONDS, REQUEST_SECONDS, set_command_timeout
 from warmcache.store.interface import DEFAULT_GC_GRACE_SECONDS
-from warmcache.store.oci.freshness import (
-    DEFAULT_MAX_VALIDITY_S,
-    EXPIRES_ENV,
-    LONGEST_VALIDITY_S,
-    MIN_VERSION_ENV,
-    STATE_ENV,
-    PushPolicy,
-    TagMemory,
-    parse_pin,
-)
+from warmcache.store.oci.freshness import PushPolicy, TagMemory
 from warmcache.store.oci.promote import promote_image
-from warmcache.store.pull import pull_manifest
-from warmcache.store_location import ACCEPTED_FORMS, StoreLocation
-from warmcache.trust import TRUSTED_KEYS_ENV, SigningKey, TrustedKeys
-from warmcache.units import format_size, parse_age, parse_size
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-log = logging.getLogger(__name__)
-
-STORE_HELP = f"Store: {ACCEPTED_FORMS} (default: $WARMCACHE_STORE, then the manifest's [store] url)."
-ENDPOINT_HELP = (
-    "S3-compatible endpoint (MinIO, R2, ...; default: the manifest's [store] endpoint_url, "
-    "then AWS_ENDPOINT_URL_S3/AWS)."
-)
-STORE_TIMEOUT_ENV = STORE_TIMEOUT.env
-NOT_CHECKED = (
-    f"index signatures not checked: no trusted keys configured (--trust, ${TRUSTED_KEYS_ENV} "
-    "or the manifest's [trust] keys)"
-)
-
-
-def sign_option(func: F) -> F:
-    """Which key signs pushed indexes: shared by push and warmup --push."""
-    return click.option(
-        "--sign",
-        "sign_key",
-        metavar="KEY",
-        default=None,
-        help="Sign every pushed index with this private key (warmcache keys generate; default: the "
-        "manifest's [store] sign_key).",
-    )(func)
-
-
-def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
-    """``--sign``, else the manifest's ``[store] sign_key``, else no signing."""
-    path = flag or manifest.store.sign_key
-    return SigningKey.load(path) if path else None
-
-
-def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--timeout``'s callback; a value from ``$WARMCACHE_STORE_TIMEOUT`` is named as such in every message about
-    it."""
-    from_env = param.name is not None and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
-    source = f"${STORE_TIMEOUT_ENV}" if from_env else "--timeout"
-    log.debug("%s: from %s", STORE_TIMEOUT.name, source if value is not None else "default")
-    set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
-
-
-def timeout_option(func: F) -> F:
-    """How long a command's network operations may take in all: shared by every command that speaks to a store."""
-    return click.option(
-        "--timeout",
-        metavar="AGE",
-        default=None,
-        expose_value=False,
-        callback=_start_deadline,
-        envvar=STORE_TIMEOUT_ENV,
-        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
-        f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
-    )(func)
-
-
-def store_options(func: F) -> F:
-    """Which store (and how long its network operations may take): shared by push, pull, store ls|gc|check and warmup
-    --push."""
-    func = timeout_option(func)
-    func = click.option("--endpoint-url", metavar="URL", default=None, help=ENDPOINT_HELP)(func)
-    return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
-
-
-def state_dir_option(func: F) -> F:
-    """Where this host remembers signed tag versions: shared by push, pull and store promote."""
-    return click.option(
-        "--state-dir",
-        metavar="DIR",
-        default=None,
-        help=f"Where this host remembers the newest version of each signed oci:// tag it pulled or pushed, refusing "
-        f"older ones (default: ${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
-    )(func)
-
-
-def expires_option(func: F) -> F:
-    """How long a signed tag stays valid: shared by push and store promote."""
-    return click.option(
-        "--expires",
-        metavar="AGE",
-        default=None,
-        help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; "
-        "at most --max-expires). A push renews it once half is gone.",
-    )(func)
-
-
-def max_expires_option(func: F) -> F:
-    """The ceiling on a signed tag's validity: shared by push and store promote."""
-    return click.option(
-        "--max-expires",
-        metavar="AGE",
-        default=None,
-        help=f"Raise the ceiling on --expires (default {DEFAULT_MAX_VALIDITY_S // 86400}d, at most "
-        f"{LONGEST_VALIDITY_S // 86400}d): a tag valid for longer is refused.",
-    )(func)
-
-
-@click.command("push")
-@shipment_arguments
-@verified_only_option
-@sign_option
-@expires_option
-@max_expires_option
-@click.option(
-    "--trust",
-    "trust",
-    metavar="KEY",
-    multiple=True,
-    help="A public key besides --sign's whose signed oci:// tag this push may build on (a key rotation); repeatable.",
-)
-@click.option(
-    "--fresh",
-    is_flag=True,
-    help="Build the oci:// tag from this registry's shapes alone, at a version above the tag's verified one and "
-    "this host's memory (when the tag holds an unsigned, foreign or older push: a signed push builds on no other).",
-)
-@state_dir_option
-@store_options
-@json_option
-def push(
-    shipment: Shipment,
-    verified_only: bool,
-    sign_key: str | None,
-    expires: str | None,
-    max_expires: str | None,
-    trust: tuple[str, ...],
-    fresh: bool,
-    state_dir: str | None,
-    store_url: str | None,
-    endpoint_url: str | None,
-    as_json: bool,
-) -> None:
-    """Upload MANIFEST's compiled shapes (what the store lacks) to the store."""
-    key = signing_key(sign_key, shipment.manifest)
-    store = resolve_store(store_url, endpoint_url, shipment.manifest, TagMemory.resolve(state_dir))
-    oci_only = {"--expires": expires, "--max-expires": max_expires, "--trust": trust or None}
-    given = [name for name, value in oci_only.items() if value is not None]
-    if given and (not store.tagged or key is None):
-        raise UsageError(
-            f"{given[0]}: only a signed push (--sign) to an oci:// store has an expiry and a base to verify"
-        )
-    if fresh and not store.tagged:
-        raise UsageError("--fresh: only an oci:// tag is built on what it held; this store's pushes add objects")
-    if store.tagged:
-        store.use_push_policy(PushPolicy(expires, max_expires, TrustedKeys.load(trust, "--trust"), fresh))
-    with shipment.opened("pushing", "push --sign" if key else None) as (registry, progress):
-        result = store.push(shipment.scope, registry, verified_only=verified_only, signing_key=key, progress=progress)
-    print_result(result, as_json, lambda: result.message(verified_only))
-
-
-@click.command("pull")
-@shipment_arguments
-@max_unpack_size_option(
-    "Refuse a pull that would write more (default: $WARMCACHE_MAX_UNPACK_SIZE, the "
-    f"manifest's [store] max_pull_size, then {format_size(DEFAULT_MAX_UNPACK_BYTES)})."
-)
-@trust_option
-@allow_unsigned_option
-@state_dir_option
-@click.option(
-    "--min-tag-version",
-    metavar="N",
-    default=None,
-    help=f"Refuse a signed oci:// tag older than version N (default: ${MIN_VERSION_ENV}): the floor where no state "
-    "dir can be written.",
-)
-@store_options
-@json_option
-def pull(
-    shipment: Shipment,
-    max_size: str | None,
-    trust: tuple[str, ...],
-    allow_unsigned: bool,
-    state_dir: str | None,
-    min_tag_version: str | None,
-    store_url: str | None,
-    endpoint_url: str | None,
-    as_json: bool,
-) -> int:
-    """Install the cache entries and rows MANIFEST's shapes need from the store; exit 1 naming shapes it lacks."""
-    trusted = TrustedKeys.resolve(trust, shipment.manifest.trusted_keys)
-    memory = TagMemory.resolve(state_dir, parse_pin(min_tag_version, "--min-tag-version"), "--min-tag-version")
-    store = resolve_store(store_url, endpoint_url, shipment.manifest, memory)
-    max_bytes = (
-        parse_size(max_size, option="--max-size")
-        if max_size is not None
-        else shipment.manifest.store.max_pull_bytes or DEFAULT_MAX_UNPACK_BYTES
-    )
-    # checked now; the database is created only once the pull passed its checks
-    registry = registry_location(shipment.db_url, shipment.manifest)
-    warn_if_unverified(allow_unsigned, trusted)
-    with byte_progress("pulling") as progress:
-        result = pull_manifest(
-            shipment.scope,
-            registry,
-            store,
-            max_bytes=max_bytes,
-            trusted=trusted,
-            allow_unsigned=allow_unsigned,
-            progress=progress,
-        )
-    if as_json:
-        print_json(result.as_json())
-    else:
-        rows = result.rows
-        click.echo(
-            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, "
-            f"{result.already_present} already present; "
-            f"{result.entries_added} entries installed, {result.entries_present} already there; "
-            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} "
-            "reused from an interrupted pull"
-            + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
-        )
-        click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
-        for line in result.missing:
-            click.echo(f"  not in the store: {line}")
-    return result.exit_code
+from warmcache.store_location import StoreLocation
+from warmcache.trust import SigningKey, TrustedKeys
+from warmcache.units import format_size, parse_age
 
 
 @click.group("store")
@@ -367,7 +135,7 @@ def check(
     repair: bool,
     cache_dir: CacheFolder | None,
     as_json: bool,
-) -> int:
+) -> ExitCode:
     """Scrub the store: every blob against its sha256 name, every index against its blobs (and signature, with
     --trust); exit 5 while anything is wrong."""
     parsed = _manifest(manifest_path)

@@ -21,7 +21,7 @@ from warmcache.cli._common import (
 )
 from warmcache.cli.quiet import quiet_libraries, verbose_option
 from warmcache.cli.running import PHASE_LINE_SECONDS
-from warmcache.cli.store import sign_option, signing_key, store_options
+from warmcache.cli.store_options import sign_option, signing_key, store_options
 from warmcache.errors import ExitCode
 from warmcache.manifest import load_manifest
 from warmcache.settings import CacheFolder

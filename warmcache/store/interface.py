@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warmcache.cache.locate import CacheLocation
+from warmcache.errors import ExitCode
 from warmcache.identity.plan import PlannedShape
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.registry import Registry
@@ -95,9 +96,9 @@ class CheckReport:
     repaired: tuple[str, ...] = ()
 
     @property
-    def exit_code(self) -> int:
-        """5 (a cache problem) while anything is still wrong."""
-        return 5 if self.problems else 0
+    def exit_code(self) -> ExitCode:
+        """:attr:`~ExitCode.CACHE` (5) while anything is still wrong."""
+        return ExitCode.CACHE if self.problems else ExitCode.OK
 
     def as_json(self) -> dict[str, Any]:
         return {**fields_json(self, {"url": "store"}), "ok": not self.problems}

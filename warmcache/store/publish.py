@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmcache.cache.locate import single_location
-from warmcache.errors import WarmcacheError
+from warmcache.errors import ExitCode, WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
@@ -50,8 +50,8 @@ class ShapePublisher:
         self.bytes_uploaded += result.bytes_uploaded
 
     @property
-    def exit_code(self) -> int:
-        return 1 if self.failures else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.NOT_DONE if self.failures else ExitCode.OK
 
     def as_json(self) -> dict[str, Any]:
         return {

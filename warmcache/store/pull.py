@@ -32,7 +32,7 @@ from typing import Any
 
 from warmcache.cache.layout import STAGING_PREFIX, entry_of
 from warmcache.cache.locate import CacheLocation
-from warmcache.errors import CacheError
+from warmcache.errors import CacheError, ExitCode
 from warmcache.identity.plan import plan_manifest
 from warmcache.jsonable import fields_json
 from warmcache.registry import Registry
@@ -76,9 +76,9 @@ class PullResult:
     signatures_checked: bool
 
     @property
-    def exit_code(self) -> int:
-        """1 while any declared shape is in neither the cache nor the store."""
-        return 1 if self.missing else 0
+    def exit_code(self) -> ExitCode:
+        """:attr:`~ExitCode.NOT_DONE` (1) while any declared shape is in neither the cache nor the store."""
+        return ExitCode.NOT_DONE if self.missing else ExitCode.OK
 
     def as_json(self) -> dict[str, Any]:
         renamed = {
@@ -87,7 +87,7 @@ class PullResult:
             "missing": "missing_in_store",
             "entries_present": "entries_already_present",
         }
-        return {**fields_json(self, renamed), "ok": self.exit_code == 0}
+        return {**fields_json(self, renamed), "ok": self.exit_code is ExitCode.OK}
 
 
 def pull_manifest(
