@@ -223,8 +223,9 @@ def markdown(cells: Sequence[Cell], seconds: float, built: dict[str, Built]) -> 
         "compiler module imported at all), every step judged by warmcache.warmup.verify.agreement; the figure is the "
         "largest distance of a served token's logit below the best, as a share of the step's logit RMS. "
         "train: two real Trainer steps.",
-        f"Produced by `python -m warmcache_testkit.support_matrix --real` in {seconds:.0f} s (depth cut, real width, "
-        f"random weights, Inductor, CPU; batch {BATCH}, prompt {PROMPT}, max_cache_len {MAX_CACHE_LEN}, "
+        f"Produced by `python -m warmcache_testkit.support_matrix --real` in {seconds:.0f} s "
+        f"(depth cut, at real width, random weights, Inductor, CPU; batch {BATCH}, prompt {PROMPT}, "
+        f"max_cache_len {MAX_CACHE_LEN}, "
         f"ragged requests {[list(r) for r in REQUESTS]}; train batch {BATCH} × {TRAIN_LENGTH}).",
     ]
     return "\n".join(lines)
