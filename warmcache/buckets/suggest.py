@@ -85,7 +85,17 @@ def suggest_buckets(
     expected_requests: int | None = None,
     pow2_floor: int = DEFAULT_POW2_FLOOR,
 ) -> Suggestion:
-    """Plan buckets for ``traffic`` and compare with powers of two and evenly spaced ladders."""
+    """Plan buckets for ``traffic`` and compare with powers of two and evenly spaced ladders.
+
+    :param traffic: the observed lengths (and batch sizes) to serve.
+    :param max_buckets: the least padding with at most this many buckets.
+    :param compile_cost: what one more compiled bucket is worth in padded tokens: the plan minimises
+        ``expected_requests * padded tokens per request + compile_cost * buckets``.
+    :param expected_requests: how many requests the buckets will serve (default: the number of observed lengths).
+    :param pow2_floor: the smallest bucket of the powers-of-two ladder; with neither ``max_buckets`` nor
+        ``compile_cost``, the plan gets as many buckets as that ladder has.
+    :returns: the plan first, then the ladders it is compared with, each with its padding.
+    """
     lengths = traffic.lengths
     longest = lengths.max_length
     requests = expected_requests if expected_requests is not None else lengths.total

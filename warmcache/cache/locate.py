@@ -80,6 +80,12 @@ def locate_caches(
     With a manifest, each model's target resolves its folder and knows its layout;
     without one, a folder given by flag or environment has its layout detected, and
     otherwise the Inductor and Neuron defaults are inspected.
+
+    :param cache_dir: a folder named by ``--cache-dir`` or ``$WARMCACHE_CACHE_DIR`` (with where it came from), or
+        ``None``.
+    :param manifest: whose models' targets say which folders and layouts to look at.
+    :param flavor: the layout (``inductor`` or ``neuron``) to assume instead of detecting it.
+    :raises UsageError: ``flavor`` is not a known layout.
     """
     if flavor is not None and flavor not in FLAVORS:
         raise UsageError(f"--flavor: unknown layout {flavor!r} (allowed: {', '.join(FLAVORS)})")

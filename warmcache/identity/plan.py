@@ -71,7 +71,13 @@ def plan_model(model: ModelSpec, checkpoint: Callable[[], None] | None = None) -
 
 
 def plan_manifest(manifest: Manifest, model_name: str | None = None) -> list[PlannedShape]:
-    """Every shape the manifest declares (optionally for one model), fingerprinted once per model."""
+    """Every shape the manifest declares (optionally for one model), fingerprinted once per model.
+
+    :param manifest: the loaded manifest (:func:`~warmcache.manifest.load_manifest`).
+    :param model_name: plan only this ``[[model]]`` entry; ``None`` plans them all.
+    :returns: one planned shape per declared spec, in the manifest's order, each with its compile identity.
+    :raises ManifestError: a model's config cannot be read (the error names the manifest entry).
+    """
     models = [manifest.model(model_name)] if model_name else list(manifest.models)
     planned: list[PlannedShape] = []
     for model in models:

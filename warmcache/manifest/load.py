@@ -15,7 +15,12 @@ MAX_MANIFEST_BYTES = 1 << 20
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest file; raise :class:`ManifestError` listing every problem (see :func:`loads`)."""
+    """Read and validate a manifest file; raise :class:`ManifestError` listing every problem (see :func:`loads`).
+
+    :param path: the TOML file; relative paths inside it (models, cache folder) resolve against its folder.
+    :returns: the validated manifest.
+    :raises ManifestError: the file is missing, unreadable, over 1 MiB, not TOML, or breaks the schema.
+    """
     file = Path(path)
     try:
         with open(file, "rb") as handle:

@@ -108,8 +108,14 @@ class MountedModel:
         """``(batch, length + new)`` tokens, as ``ShapeGuard.generate`` returns them: the request fitted to a bucket
         (left padding, dummy rows, refusals by the guard's policy), generated, and the padding taken off again.
 
-        ``stop_token_ids``: default the checkpoint's ``eos_token_id``. ``on_token`` is called with each step's
-        ``(batch,)`` tokens of the bucket's rows (dummy rows included: slice ``[:batch]``).
+        :param input_ids: the prompts, ``(batch, length)``.
+        :param attention_mask: which prompt tokens are real (default: all of them).
+        :param max_new_tokens: how many tokens to generate at most (default: as many as the bucket's cache holds).
+        :param sampling: greedy or sampled decoding (default: the snapshot's ``do_sample``).
+        :param stop_token_ids: a row stops at any of these (default: the checkpoint's ``eos_token_id``).
+        :param on_token: called with each step's ``(batch,)`` tokens of the bucket's rows (dummy rows included:
+            slice ``[:batch]``).
+        :raises UnseenShapeError: the request fits no bucket the mount has packages for.
         """
         from warmcache.runtime.padding import fit_generate_inputs
         from warmcache.runtime.serving import fit_max_new_tokens
@@ -135,7 +141,10 @@ class MountedModel:
         return fitted.unpad(out)
 
     def load(self, device: str = "cpu") -> None:
-        """Check, load and bind every bucket's prefill and decode packages; a refusal raises before any is served."""
+        """Check, load and bind every bucket's prefill and decode packages; a refusal raises before any is served.
+
+        :param device: where the packages run (``cpu``, or ``cuda`` for packages built for it).
+        """
         start = time.perf_counter()
         trust = self.guard.artifact_trust
         records = self.guard.records
@@ -226,6 +235,17 @@ def serve_from_mount(
     first, then the checkpoint is mapped and, with ``load`` (default), every bucket's packages are loaded
     (:meth:`MountedModel.load`; call it yourself to answer health checks meanwhile). Every refusal is one line
     (a :class:`~warmcache.errors.WarmcacheError`) before anything is served.
+
+    :param mount: the snapshot folder (``warmcache-guard.json`` beside its cache entries), e.g. an image volume.
+    :param model_name: the model of the snapshot to serve.
+    :param weights: the checkpoint folder (safetensors, ``config.json``, ``generation_config.json``); mapped, not
+        copied.
+    :param trust: the keys the snapshot must be signed by (keys or ``.pub`` files; default
+        ``$WARMCACHE_TRUSTED_KEYS``).
+    :param allow_unsigned: load the packages of a snapshot no trusted key signed (only without keys).
+    :param policy: what a request no bucket holds exactly gets: ``pad``, ``refuse`` or ``warn``.
+    :param load: load every bucket's packages before returning.
+    :returns: the served model; its :meth:`~MountedModel.generate` answers requests.
     """
     guard = ShapeGuard.from_snapshot(
         mount, model_name, trust=trust, allow_unsigned=allow_unsigned, telemetry_url=None, policy=policy

@@ -149,6 +149,14 @@ def pack_bundle(
     ``signing_key`` signs the whole metadata (file list with hashes, rows,
     toolchain fingerprints), so that a host trusting the key can tell the bundle
     was not altered since.
+
+    :param scope: the manifest's shapes (one model's, if it names one) and the cache folder holding their entries.
+    :param registry: where the compiled rows are read.
+    :param output: the bundle file; its suffix (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.xz``) chooses compression.
+    :param verified_only: ship only verified shapes.
+    :param signing_key: sign the bundle's metadata with this key; ``None`` leaves it unsigned.
+    :param progress: called as ``progress(done_bytes, total_bytes)`` while files are written.
+    :raises CacheError: nothing compiled to ship, or a file cannot be read or written (nothing is left behind).
     """
     mode = write_mode(output)
     records, not_compiled = records_to_ship(registry, scope, verified_only)

@@ -76,6 +76,17 @@ def unpack_bundle(
     before anything else is believed; without them nothing is installed unless
     ``allow_unsigned`` (:func:`~warmcache.trust.require_trust`); ``max_bytes`` bounds what the file list may
     ask to write, checked before extraction and again while writing.
+
+    :param bundle: the bundle file (``.tar``, ``.tar.gz``, ``.tgz`` or ``.tar.xz``).
+    :param open_registry: opens the registry the rows merge into, called only once the bundle passed every check.
+    :param cache_dir: the cache folder to install into (default: this machine's default folder of the bundle's layout).
+    :param force: install even if the bundle was built with another toolchain.
+    :param trusted: the public keys the bundle's signature must be from.
+    :param allow_unsigned: install without a verified signature when no keys are configured.
+    :param max_bytes: the most the bundle may write.
+    :param progress: called as ``progress(done_bytes, total_bytes)`` while files are extracted.
+    :raises CacheError: the bundle is not readable, not signed by a trusted key, altered, too large, or for another
+        toolchain or layout; nothing is installed.
     """
     if not bundle.is_file():
         raise UsageError(f"{bundle}: bundle not found")

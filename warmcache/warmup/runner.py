@@ -69,6 +69,14 @@ def run_warmup(
     ranks run each spec it claims (:mod:`warmcache.warmup.distributed`); their
     summary is empty, rank 0 speaks for the group. Outside torchrun, models that
     need several ranks are warmed by a torchrun this launches.
+
+    :param manifest: the shapes to warm.
+    :param options: where the registry and the cache are, how many jobs, which shard, and whether to retry failed
+        specs or only plan (``dry_run``).
+    :param progress: called once with the number of specs to warm; what it returns is told each spec's phases and
+        outcome (:class:`~warmcache.warmup.progress.Progress`).
+    :param on_compiled: called with each spec's identity as soon as it is recorded compiled.
+    :returns: the outcome of every planned spec; its ``exit_code`` is non-zero while any is not compiled.
     """
     if not distributed.in_torchrun():
         return _warm(manifest, options, progress, on_compiled)

@@ -49,6 +49,12 @@ def run_verify(
     """Replay the manifest's compiled specs in a fresh process and record what it proves.
 
     ``progress(total)`` is told each spec's phases as its replay runs, and its verdict as the replay finishes.
+
+    :param manifest: the shapes to verify; those not compiled for this toolchain are listed as such.
+    :param location: the registry the compiled rows are read from and the verdicts recorded in (never created).
+    :param cache_dir: the compile cache the replays read (default: each target's own folder).
+    :param progress: called once with the number of compiled specs; ``None`` shows nothing.
+    :returns: a verdict per compiled spec; its ``exit_code`` is non-zero if any recompiled, was disproven or failed.
     """
     start = time.perf_counter()
     summary = VerifySummary()
