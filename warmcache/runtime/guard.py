@@ -32,12 +32,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from warmcache.cache.platform_mark import claim_for_target
 from warmcache.errors import UnseenShapeError, UsageError
-from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import MissEvent, ShapeRecord
 from warmcache.runtime.artifact_trust import ArtifactTrust
-from warmcache.runtime.guard_rows import RowFilter, select_family
+from warmcache.runtime.guard_rows import RowFilter, model_config_filter, select_family
 from warmcache.runtime.guard_sources import (
     RowSource,
     SnapshotTrust,
@@ -45,37 +43,38 @@ from warmcache.runtime.guard_sources import (
     service_source,
     snapshot_source,
 )
+from warmcache.runtime.guard_torch import TorchFacing
 from warmcache.runtime.guarded import POLICIES, Policy
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import DTYPE_ALIASES, BucketTable, Decision, ShapeFamily, Workload, format_pairs
-from warmcache.targets import target_of
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from warmcache.runtime.padding import FittedBatch
-    from warmcache.runtime.sentinel import SentinelReport
-    from warmcache.runtime.serving import PrimeReport
-    from warmcache.runtime.training import BucketCollator, GuardCallback
     from warmcache.trust import TrustedKeys
 
 
 class GuardOptions(TypedDict, total=False):
     """What selects the family and how the guard behaves, whatever the rows come from."""
 
+    #: What a request no bucket holds exactly gets: ``pad`` (default), ``refuse`` or ``warn``.
     policy: Policy
+    #: Keep only rows of this dtype (``float16``, ``bfloat16``, ...); needed when the model has rows of several.
     dtype: str | None
+    #: Keep only rows compiled with this static cache length.
     max_cache_len: int | None
+    #: Keep only rows of this compile backend (``inductor``, ``neuron``, ...).
     backend: str | None
+    #: Seconds between flushes of the miss counts (default 10).
     telemetry_interval: float
 
 
 log = logging.getLogger("warmcache.runtime")
 
 
-class ShapeGuard:
-    """The compiled buckets of one shape family and the policy for everything else."""
+class ShapeGuard(TorchFacing):
+    """The compiled buckets of one shape family and the policy for everything else; the torch-facing helpers
+    (:meth:`fit`, :meth:`generate`, :meth:`prime`, ...) come from :class:`~warmcache.runtime.guard_torch.TorchFacing`.
+    """
 
     def __init__(
         self,
@@ -126,7 +125,15 @@ class ShapeGuard:
         telemetry: bool = True,
         **options: Unpack[GuardOptions],
     ) -> ShapeGuard:
-        """A guard over the registry's usable rows; misses are flushed back to the same registry."""
+        """A guard over the registry's usable rows; misses are flushed back to the same registry.
+
+        :param registry_url: the registry's database URL (``sqlite:///...``, ``postgresql://...``).
+        :param model: the manifest's model name.
+        :param workload: ``generate`` or ``train``.
+        :param telemetry: flush padded, refused and warned requests to the registry (``warmcache misses``).
+        :param options: the policy and the filters that pick one family (:class:`GuardOptions`).
+        :raises UsageError: no usable row, or several families that ``options`` do not tell apart.
+        """
         location = RegistryLocation.of(registry_url)  # checked once, here at the library's edge
         telemetry_url = location if telemetry else None
         return cls._over(registry_source(location, model, workload), model, workload, telemetry_url, options)
@@ -150,6 +157,15 @@ class ShapeGuard:
         signature: with keys, a snapshot unsigned, altered or signed by another key is refused. Without
         keys the rows still guard shapes, but :meth:`prime` loads none of the precompiled code they name
         unless ``allow_unsigned`` (see :mod:`warmcache.runtime.artifact_trust`).
+
+        :param path: the snapshot file, or the folder holding it (``warmcache guard export``).
+        :param model: the model name the snapshot was exported for.
+        :param workload: ``generate`` or ``train``.
+        :param telemetry_url: a registry URL or ``warmcache serve`` address to send misses to.
+        :param trust: the public keys the snapshot must be signed by.
+        :param allow_unsigned: let :meth:`prime` load precompiled code that no trusted key vouches for.
+        :param options: the policy and the filters that pick one family (:class:`GuardOptions`).
+        :raises WarmcacheError: the snapshot is unreadable, badly signed, or holds no usable row for ``model``.
         """
         source = snapshot_source(path, model, workload, SnapshotTrust.of(trust, allow_unsigned))
         return cls._over(source, model, workload, telemetry_url, options)
@@ -171,7 +187,17 @@ class ShapeGuard:
         without database access. :meth:`refresh` sends the last ETag, so an unchanged registry costs one
         ``304`` and no parsing. Misses are posted to the service (``POST /v1/misses``, with the token in
         ``$WARMCACHE_TOKEN``) unless ``telemetry`` is false. ``trust`` and ``allow_unsigned`` as in
-        :meth:`from_snapshot` (the service signs its answers with ``serve --sign``)."""
+        :meth:`from_snapshot` (the service signs its answers with ``serve --sign``).
+
+        :param service_url: ``warmcache serve``'s address (``http://host:8411``).
+        :param model: the model name.
+        :param workload: ``generate`` or ``train``.
+        :param telemetry: post misses to the service.
+        :param timeout: seconds each request to the service may take.
+        :param trust: the public keys the service's answers must be signed by.
+        :param allow_unsigned: let :meth:`prime` load precompiled code that no trusted key vouches for.
+        :param options: the policy and the filters that pick one family (:class:`GuardOptions`).
+        """
         trusted = SnapshotTrust.of(trust, allow_unsigned)
         source = service_source(service_url, model, workload, trusted, timeout=timeout)
         return cls._over(source, model, workload, service_url if telemetry else None, options)
@@ -254,32 +280,14 @@ class ShapeGuard:
         implementation (eager, sdpa, flash) would compile anew. Rows recorded
         without a declared implementation (transformers' default) accept any.
         When rows of several configs exist, the table narrows to this model's rows.
-        """
-        digest = config_hash(config)
-        known = sorted({r.config_hash for r in self._records})
-        if digest not in known:
-            raise UsageError(
-                f"{self.source}: model {self.model_name!r}: config_hash {digest} matches no compiled rows "
-                f"(compiled for config_hash {', '.join(known)})"
-            )
-        declared = sorted(
-            {
-                r.attn_implementation
-                for r in self._records
-                if r.config_hash == digest and r.attn_implementation is not None
-            }
-        )
-        if declared and attn_implementation not in declared:
-            from warmcache.registry.differences import UNSET  # the error path alone needs it
 
-            raise UsageError(
-                f"{self.source}: model {self.model_name!r}: attn_implementation "
-                f"{attn_implementation or UNSET!r} matches no compiled rows "
-                f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it "
-                f"with attn_implementation={declared[0]!r}"
-            )
-        self._config_hash = digest
-        self._attn_implementation = attn_implementation if declared else None
+        :param config: the model's config as a dict (``model.config.to_dict()``).
+        :param attn_implementation: the attention implementation the model was loaded with (``eager``, ``sdpa``, ...).
+        :raises UsageError: no compiled row matches the config or the attention implementation.
+        """
+        self._config_hash, self._attn_implementation = model_config_filter(
+            self._records, config, attn_implementation, source=self.source, wanted=f"model {self.model_name!r}"
+        )
         self._reload(reuse=True)
 
     # ------------------------------------------------------------ the hot path
@@ -287,8 +295,11 @@ class ShapeGuard:
     def decide(self, batch_size: int, seq_len: int) -> Decision:
         """Where a request of ``(batch, length)`` runs: exact, padded to ``target``, or (``warn`` only) unguarded.
 
-        Raises :class:`UnseenShapeError` when the policy forbids running it.
         Returns a ``refuse`` decision only under ``warn``: run unpadded, it will compile.
+
+        :param batch_size: the request's rows.
+        :param seq_len: its longest prompt, in tokens.
+        :raises UnseenShapeError: the policy forbids running it (no bucket fits, or not exactly under ``refuse``).
         """
         decision = self._table.decide(batch_size, seq_len)
         if decision.kind == "exact":
@@ -307,7 +318,10 @@ class ShapeGuard:
     def require_exact(self, batch_size: int, seq_len: int) -> Decision:
         """For shapes already fixed (a collated training batch): anything but an exact bucket is a miss.
 
-        A non-exact shape raises unless the policy is ``warn`` (then it is logged and recorded).
+        :param batch_size: the batch's rows.
+        :param seq_len: its length, in tokens.
+        :raises UnseenShapeError: the shape is not a compiled bucket, unless the policy is ``warn`` (then it is
+            logged and recorded).
         """
         decision = self._table.decide(batch_size, seq_len)
         if decision.kind == "exact":
@@ -349,53 +363,3 @@ class ShapeGuard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------ torch-facing helpers (lazy imports)
-
-    def claim_compile_folder(self) -> None:
-        """Refuse to compile where this process's Inductor cache holds another CPU platform's code.
-
-        torch's FX graph key leaves out the vector ISA (:mod:`warmcache.cache.platform_mark`): tracing a
-        bucket there, or compiling an unseen shape under ``warn``, would load kernels written for another
-        vector width and give wrong numbers, which no policy accepts. The folder is torch's for this
-        process (``$TORCHINDUCTOR_CACHE_DIR`` or its default), claimed as a warmup claims it.
-        """
-        target = target_of(*self.target)
-        claim_for_target(target.default_cache_dir(), target)
-
-    def fit(self, inputs: Any, pad_token_id: int | None = None) -> FittedBatch:
-        """Left-pad a generate() batch to its bucket and add dummy rows; see :mod:`warmcache.runtime.padding`."""
-        from warmcache.runtime.padding import fit_generate_inputs
-
-        return fit_generate_inputs(self, inputs, pad_token_id)
-
-    def generate(self, model: Any, /, **kwargs: Any) -> Any:
-        """``model.generate`` on a compiled bucket: fit → generate → unpad; see :mod:`warmcache.runtime.serving`."""
-        from warmcache.runtime.serving import guarded_generate
-
-        return guarded_generate(self, model, **kwargs)
-
-    def prime(self, model: Any, **kwargs: Any) -> PrimeReport:
-        """Load every compiled bucket once, then run generate() under the strict sentinel; see
-        :mod:`warmcache.runtime.serving`."""
-        from warmcache.runtime.serving import prime
-
-        return prime(self, model, **kwargs)
-
-    def collator(self, tokenizer: Any, **kwargs: Any) -> BucketCollator:
-        """A training data collator that keeps every batch on a compiled bucket."""
-        from warmcache.runtime.training import BucketCollator
-
-        return BucketCollator(self, tokenizer, **kwargs)
-
-    def callback(self) -> GuardCallback:
-        """A Trainer callback that checks every batch's shape before its step and counts compiles per step."""
-        from warmcache.runtime.training import GuardCallback
-
-        return GuardCallback(self)
-
-    def sentinel(self, label: str = "guarded region") -> AbstractContextManager[SentinelReport]:
-        """Fail (``pad``/``refuse``) or record (``warn``) any compile inside the block."""
-        from warmcache.runtime.sentinel import recompile_sentinel
-
-        return recompile_sentinel(self.policy, label)

@@ -8,9 +8,10 @@ refused with one line that says what to choose.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from warmcache.errors import UsageError
+from warmcache.identity.fingerprint import config_hash
 from warmcache.registry.records import ShapeRecord
 from warmcache.registry.usability import bucket_tables, stale_records, usable_records
 from warmcache.shapes import BucketTable, ShapeFamily
@@ -75,6 +76,35 @@ def select_family(
         )
     ((family, table),) = tables.items()
     return Selected(rows, family, table)
+
+
+def model_config_filter(
+    rows: list[ShapeRecord], config: dict[str, Any], attn_implementation: str | None, *, source: str, wanted: str
+) -> tuple[str, str | None]:
+    """The ``config_hash`` and attention implementation :func:`select_family` narrows ``rows`` to for a model of
+    ``config`` (:meth:`ShapeGuard.check_model_config`): the implementation only where some row declared one.
+
+    Raises :class:`UsageError` naming ``source`` and ``wanted`` when no row was compiled for this config, or when
+    rows declare implementations and none is ``attn_implementation``.
+    """
+    digest = config_hash(config)
+    known = sorted({r.config_hash for r in rows})
+    if digest not in known:
+        raise UsageError(
+            f"{source}: {wanted}: config_hash {digest} matches no compiled rows "
+            f"(compiled for config_hash {', '.join(known)})"
+        )
+    mine = [r for r in rows if r.config_hash == digest]
+    declared = sorted({r.attn_implementation for r in mine if r.attn_implementation is not None})
+    if declared and attn_implementation not in declared:
+        from warmcache.registry.differences import UNSET  # the error path alone needs it
+
+        raise UsageError(
+            f"{source}: {wanted}: attn_implementation {attn_implementation or UNSET!r} matches no compiled rows "
+            f"(compiled with attn_implementation {', '.join(repr(a) for a in declared)}); load it "
+            f"with attn_implementation={declared[0]!r}"
+        )
+    return digest, attn_implementation if declared else None
 
 
 def _why_stale(kept: list[ShapeRecord], rows: list[ShapeRecord]) -> str:
