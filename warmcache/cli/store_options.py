@@ -29,16 +29,15 @@ ENDPOINT_HELP = (
 STORE_TIMEOUT_ENV = STORE_TIMEOUT.env
 
 
-def sign_option(func: F) -> F:
-    """Which key signs pushed indexes: shared by push and warmup --push."""
-    return click.option(
-        "--sign",
-        "sign_key",
-        metavar="KEY",
-        default=None,
-        help="Sign every pushed index with this private key (warmcache keys generate; default: the "
-        "manifest's [store] sign_key).",
-    )(func)
+#: Which key signs pushed indexes: shared by push and warmup --push.
+sign_option = click.option(
+    "--sign",
+    "sign_key",
+    metavar="KEY",
+    default=None,
+    help="Sign every pushed index with this private key (warmcache keys generate; default: the "
+    "manifest's [store] sign_key).",
+)
 
 
 def signing_key(flag: str | None, manifest: Manifest) -> SigningKey | None:
@@ -56,18 +55,17 @@ def _start_deadline(ctx: click.Context, param: click.Parameter, value: str | Non
     set_command_timeout(parse_age(value, option=source) if value is not None else DEFAULT_COMMAND_SECONDS, source)
 
 
-def timeout_option(func: F) -> F:
-    """How long a command's network operations may take in all: shared by every command that speaks to a store."""
-    return click.option(
-        "--timeout",
-        metavar="AGE",
-        default=None,
-        expose_value=False,
-        callback=_start_deadline,
-        envvar=STORE_TIMEOUT_ENV,
-        help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
-        f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
-    )(func)
+#: How long a command's network operations may take in all: shared by every command that speaks to a store.
+timeout_option = click.option(
+    "--timeout",
+    metavar="AGE",
+    default=None,
+    expose_value=False,
+    callback=_start_deadline,
+    envvar=STORE_TIMEOUT_ENV,
+    help=f"Give up on the store after this long in all (e.g. 90s, 30m; default "
+    f"{int(DEFAULT_COMMAND_SECONDS // 3600)}h; each request also gets {int(REQUEST_SECONDS)} s plus 1 s per MiB).",
+)
 
 
 def store_options(func: F) -> F:
@@ -78,34 +76,31 @@ def store_options(func: F) -> F:
     return click.option("--store", "store_url", metavar="URL", default=None, help=STORE_HELP)(func)
 
 
-def state_dir_option(func: F) -> F:
-    """Where this host remembers signed tag versions: shared by push, pull and store promote."""
-    return click.option(
-        "--state-dir",
-        metavar="DIR",
-        default=None,
-        help=f"Where this host remembers the newest version of each signed oci:// tag it pulled or pushed, refusing "
-        f"older ones (default: ${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
-    )(func)
+#: Where this host remembers signed tag versions: shared by push, pull and store promote.
+state_dir_option = click.option(
+    "--state-dir",
+    metavar="DIR",
+    default=None,
+    help=f"Where this host remembers the newest version of each signed oci:// tag it pulled or pushed, refusing "
+    f"older ones (default: ${STATE_ENV}, then $XDG_STATE_HOME/warmcache).",
+)
 
 
-def expires_option(func: F) -> F:
-    """How long a signed tag stays valid: shared by push and store promote."""
-    return click.option(
-        "--expires",
-        metavar="AGE",
-        default=None,
-        help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; "
-        "at most --max-expires). A push renews it once half is gone.",
-    )(func)
+#: How long a signed tag stays valid: shared by push and store promote.
+expires_option = click.option(
+    "--expires",
+    metavar="AGE",
+    default=None,
+    help=f"How long a signed oci:// tag stays valid; a pull refuses it after (default: ${EXPIRES_ENV}, then 30d; "
+    "at most --max-expires). A push renews it once half is gone.",
+)
 
 
-def max_expires_option(func: F) -> F:
-    """The ceiling on a signed tag's validity: shared by push and store promote."""
-    return click.option(
-        "--max-expires",
-        metavar="AGE",
-        default=None,
-        help=f"Raise the ceiling on --expires (default {DEFAULT_MAX_VALIDITY_S // 86400}d, at most "
-        f"{LONGEST_VALIDITY_S // 86400}d): a tag valid for longer is refused.",
-    )(func)
+#: The ceiling on a signed tag's validity: shared by push and store promote.
+max_expires_option = click.option(
+    "--max-expires",
+    metavar="AGE",
+    default=None,
+    help=f"Raise the ceiling on --expires (default {DEFAULT_MAX_VALIDITY_S // 86400}d, at most "
+    f"{LONGEST_VALIDITY_S // 86400}d): a tag valid for longer is refused.",
+)
