@@ -197,6 +197,21 @@ def test_an_interrupted_run_says_how_many_specs_it_left(terminal: bool, monkeypa
     assert "Aborted!" not in result.output
 
 
+def _started(*args: str, folder: Path) -> subprocess.Popen[str]:
+    """``python -m warmcache ARGS`` in ``folder``, with no WARMCACHE_ variable or registry credentials of this
+    machine's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMCACHE_")}
+    env["DOCKER_CONFIG"] = str(folder)
+    return subprocess.Popen(
+        [sys.executable, "-m", "warmcache", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=folder,
+    )
+
+
 def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) -> None:
     """A store listing blocked on a registry that accepts and never answers, interrupted as a terminal's Ctrl-C does."""
     with socket.socket() as listener:
@@ -204,16 +219,7 @@ def test_ctrl_c_is_one_line_saying_what_was_left_and_exit_130(tmp_path: Path) ->
         listener.listen()
         listener.settimeout(60)
         port = listener.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMCACHE_")}
-        env["DOCKER_CONFIG"] = str(tmp_path)  # no credentials of the machine's
-        command = subprocess.Popen(
-            [sys.executable, "-m", "warmcache", "store", "ls", "--store", f"oci+http://127.0.0.1:{port}/repo"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
+        command = _started("store", "ls", "--store", f"oci+http://127.0.0.1:{port}/repo", folder=tmp_path)
         try:
             connection, _ = listener.accept()  # the command now waits for an answer
             with connection:
@@ -234,15 +240,7 @@ def test_ctrl_c_stops_serve_in_one_line_and_exit_130(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMCACHE_")}
-    command = subprocess.Popen(
-        [sys.executable, "-m", "warmcache", "serve", "--db", registry, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
+    command = _started("serve", "--db", registry, "--port", str(port), folder=tmp_path)
     try:
         deadline = time.monotonic() + 60
         while True:  # serving: uvicorn's own SIGINT handler is in place
