@@ -72,7 +72,7 @@ def _rows(root: Path) -> dict[int, Any]:
 
 def _package(row: Any, step: str = "decode") -> str:
     """The row's decode package (or its packaged prefill), told apart by the step its header names."""
-    from warmcache.runtime.package_steps import package_step
+    from warmcache.artifacts.package_steps import package_step
 
     root = Path(row.cache_root) if getattr(row, "cache_root", None) else None
     found = []
@@ -179,8 +179,8 @@ def test_verify_fails_a_package_whose_graph_the_model_no_longer_computes(package
 def test_tampered_package_is_refused_before_loading(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from warmcache.runtime.aoti_loader import load_package
-    from warmcache.runtime.decode_dispatch import expected_fingerprint
+    from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.route import expected_fingerprint
 
     row = _rows(packaged)[1]
     entry = _package(row)
@@ -195,8 +195,8 @@ def test_tampered_package_is_refused_before_loading(
 
 @pytest.mark.slow
 def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path]) -> None:
-    from warmcache.runtime.aoti_loader import load_package
-    from warmcache.runtime.decode_dispatch import expected_fingerprint
+    from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.route import expected_fingerprint
 
     rows = _rows(packaged)
     with pytest.raises(CacheError, match=r"compiled for another batch_size: batch_size=4 \(row: 1\)") as refused:
@@ -224,7 +224,7 @@ def _model(path: Path) -> Any:
 
 
 def test_package_built_for_a_wider_cpu_is_refused() -> None:
-    from warmcache.runtime.aoti_loader import cpu_can_run
+    from warmcache.artifacts.aoti_loader import cpu_can_run
 
     assert cpu_can_run("AVX2", "AVX512") and cpu_can_run("AVX512", "AVX512")
     assert not cpu_can_run("AVX512", "AVX2") and not cpu_can_run("SVE256", "AVX512")
@@ -320,7 +320,7 @@ def test_dispatch_refuses_an_input_the_package_was_not_built_for() -> None:
     """The AOTInductor runner checks nothing itself: a non-contiguous cache would give wrong logits, silently."""
     import torch
 
-    from warmcache.runtime.aoti_loader import PackagedDecodeStep
+    from warmcache.artifacts.aoti_loader import PackagedDecodeStep
 
     step = PackagedDecodeStep(
         loader=None,
@@ -404,7 +404,7 @@ def _swapped_package(real: Path, evil_so: Path, into: Path) -> str:
     import io
     import zipfile
 
-    from warmcache.cache.artifact_format import MAGIC
+    from warmcache.artifacts.format import MAGIC
 
     data = real.read_bytes()
     end = data.index(b"\n", len(MAGIC))
@@ -503,8 +503,8 @@ def test_constants_are_every_parameter_and_buffer_under_every_name_and_a_missing
     """A rotary ``inv_freq`` is a non-persistent buffer ``state_dict()`` leaves out; a tied weight has two names."""
     import torch
 
-    from warmcache.cache.artifact_format import named_tensors
-    from warmcache.warmup.aoti_export import constant_header
+    from warmcache.artifacts.aoti_export import constant_header
+    from warmcache.artifacts.format import named_tensors
 
     class Step(torch.nn.Module):
         def __init__(self) -> None:
@@ -535,8 +535,8 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
 ) -> None:
     """The C++ loader unpacks into ``$TMPDIR/aotinductor_*`` and removed it only when a load succeeded: a package whose
     ``.so`` does not load (here an empty one: undefined symbols) left the folder behind."""
-    from warmcache.runtime.aoti_loader import load_package
-    from warmcache.runtime.decode_dispatch import expected_fingerprint
+    from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.route import expected_fingerprint
 
     (tmp_path / "empty.c").write_text("int nothing(void) { return 0; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "empty.so"), str(tmp_path / "empty.c")], check=True)
@@ -598,9 +598,9 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
     """
     import torch
 
-    from warmcache.cache.artifact_format import decode_tensor, encode_tensor, named_tensors
-    from warmcache.runtime.aoti_loader import open_loader
-    from warmcache.warmup.aoti_export import INDUCTOR_CONFIGS, _constants_as_buffers, constant_header
+    from warmcache.artifacts.aoti_export import INDUCTOR_CONFIGS, _constants_as_buffers, constant_header
+    from warmcache.artifacts.aoti_loader import open_loader
+    from warmcache.artifacts.format import decode_tensor, encode_tensor, named_tensors
 
     step, x = _LongRope.module(), torch.randn(2, _LongRope.WIDTH) * 4
     with torch.no_grad():
@@ -630,8 +630,8 @@ def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_n
 def test_computed_constants_are_bounded_and_a_malformed_one_is_one_line(tmp_path: Path) -> None:
     import torch
 
-    from warmcache.cache.artifact_format import decode_tensor, encode_tensor
-    from warmcache.warmup.aoti_export import MAX_COMPUTED_CONSTANT_BYTES, constant_header
+    from warmcache.artifacts.aoti_export import MAX_COMPUTED_CONSTANT_BYTES, constant_header
+    from warmcache.artifacts.format import decode_tensor, encode_tensor
 
     step = torch.nn.Linear(2, 2)
     for dtype in (torch.float32, torch.bfloat16, torch.int64):

@@ -15,7 +15,7 @@ import pytest
 from test_cache_neuron import cli, empty_registry
 from test_precompiled import _header
 
-from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, PRECOMPILED_DIR, write_artifact
+from warmcache.artifacts.format import AOTINDUCTOR_DIR, PRECOMPILED_DIR, write_artifact
 
 
 def test_a_failed_artifact_write_leaves_no_partial_file(tmp_path: Path) -> None:

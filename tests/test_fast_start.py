@@ -299,7 +299,7 @@ def test_a_weight_held_in_another_dtype_is_converted_once_for_every_package(tmp_
 def test_a_decode_whose_inputs_need_the_models_code_gets_no_packaged_prefill() -> None:
     """Recurrent state and sliding-window masks are built by the model's own code: warmup packages no prefill for them
     (and a start from the mount refuses their buckets), where an attention-only decode gets one."""
-    from warmcache.warmup.prefill_inputs import prefill_unsupported
+    from warmcache.artifacts.prefill_inputs import prefill_unsupported
 
     attention = ["input_ids", "position_ids", "attention_mask.full_attention"]
     attention += [f"cache.layers[0].{part}" for part in ("keys", "values", "cumulative_length")]

@@ -23,7 +23,7 @@ from test_store import error_lines, run
 from warmcache_testkit.hostile_servers import HostileRegistry
 from warmcache_testkit.oci_registry import RunningRegistry
 
-from warmcache.runtime.artifact_trust import ArtifactTrust
+from warmcache.artifacts.trust import ArtifactTrust
 from warmcache.service import ServiceConfig
 from warmcache.service.server import running_server
 from warmcache.settings import RegistryLocation

@@ -36,6 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("identity/",),
     # The registry's rows with their rules: a row's status, which rows are usable here and why others are not.
     ("registry/",),
+    # Precompiled routes: how each saves, loads, proves and is trusted; serving imports it, so no compiler at import.
+    ("artifacts/",),
     ("cache/",),
     # Production's side, and the shipping of caches between machines (bundles, what a manifest ships, installing
     # what arrives): both stand on the cache and know nothing of each other.

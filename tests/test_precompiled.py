@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from warmcache_testkit.manifests import generate, manifest_toml, model
 
-from warmcache.cache.artifact_format import Fingerprint, Header, read_checked, write_artifact
+from warmcache.artifacts.format import Fingerprint, Header, read_checked, write_artifact
 from warmcache.cache.layout import INDUCTOR_PRECOMPILED, entry_of
 from warmcache.errors import CacheError
 from warmcache.registry import Registry
@@ -172,9 +172,9 @@ def test_decoder_never_runs_an_artifact_on_another_signature(tiny_models: dict[s
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.cache.artifact_format import decode_signature
+    from warmcache.artifacts.dispatch import PrecompiledDecoder
+    from warmcache.artifacts.format import decode_signature
     from warmcache.modeling.generation import compile_config
-    from warmcache.runtime.decode_dispatch import PrecompiledDecoder
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen3"], dtype=torch.float32)
     captured: list[dict[str, Any]] = []

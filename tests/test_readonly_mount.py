@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from warmcache.cache.artifact_format import (
+from warmcache.artifacts.format import (
     AOTINDUCTOR_LIBRARY_DIR,
     MAGIC,
     Fingerprint,
@@ -29,10 +29,10 @@ from warmcache.cache.artifact_format import (
     library_of,
     library_path,
 )
+from warmcache.artifacts.mapped_library import checked_library
 from warmcache.cache.layout import AOTINDUCTOR, AOTINDUCTOR_LIBRARY
 from warmcache.errors import CacheError, TrustError
 from warmcache.registry import Registry
-from warmcache.runtime.mapped_library import checked_library
 
 #: Loads every package of the batch-1 row from folders the caller mounted read-only, and says what it mapped.
 LOAD = textwrap.dedent(
@@ -41,7 +41,7 @@ LOAD = textwrap.dedent(
     import torch
     from transformers import AutoModelForCausalLM
     from warmcache.errors import CacheError
-    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.artifacts.aoti_loader import load_package
 
     model_path, loads = sys.argv[1], json.loads(sys.argv[2])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -202,7 +202,7 @@ def test_an_old_package_still_loads_through_a_private_temporary_folder_and_compu
     library loaded where it lies computes the same logits as the package unpacked."""
     import torch
 
-    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.artifacts.aoti_loader import load_package
 
     cache, entry = packaged / "cache", _decode_package(packaged)
     old = _as_old_package(cache, entry, tmp_path / "cache")
@@ -219,7 +219,7 @@ def test_an_old_package_still_loads_through_a_private_temporary_folder_and_compu
 def test_a_tampered_library_is_refused_with_one_line_before_it_loads(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from warmcache.runtime.aoti_loader import load_package
+    from warmcache.artifacts.aoti_loader import load_package
 
     cache, entry = packaged / "cache", _decode_package(packaged)
     library = library_of(cache, entry)

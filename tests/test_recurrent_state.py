@@ -21,10 +21,10 @@ from warmcache_testkit.inductor_host import warmcache_json
 from warmcache_testkit.manifests import generate, manifest_toml, model
 from warmcache_testkit.serving_check import assert_served_by_packages, serve
 
+from warmcache.artifacts.kinds import precompiled_entries
 from warmcache.errors import UsageError
 from warmcache.examples.tiny_model import build_config, build_tiny_model
 from warmcache.registry import Registry
-from warmcache.runtime.decode_dispatch import precompiled_entries
 
 PACKAGED = ("lfm2", "granitemoehybrid", "falcon-h1")
 #: Falcon-H1 again through ``precompile = true``: its layers hold keys, values, a conv window and an SSM state at once.
@@ -127,7 +127,7 @@ def test_verify_fails_a_package_whose_state_writes_are_lost(
 ) -> None:
     """The package writes a decode step's conv window and SSM state into the caller's tensors; if those writes never
     reach the cache (a copy handed to the package), every later step reads a stale state, and verify must say so."""
-    import warmcache.runtime.aoti_loader as runtime
+    import warmcache.artifacts.aoti_loader as runtime
     from warmcache.identity.plan import plan_manifest
     from warmcache.manifest import load_manifest
     from warmcache.modeling.generation import compile_config
@@ -195,7 +195,7 @@ def test_a_recurrent_cache_is_taken_apart_into_its_states_and_held_around_them_a
     import torch
     from transformers import AutoModelForCausalLM
 
-    from warmcache.cache.artifact_format import decode_signature
+    from warmcache.artifacts.format import decode_signature
     from warmcache.modeling.decode_inputs import flatten
     from warmcache.modeling.kv_cache import PositionTensorCache, hold
 

@@ -16,10 +16,12 @@ from click.testing import CliRunner
 from test_cli_query import _compile_all  # the registry's real claim → mark_compiled path
 from test_guard import MANIFEST
 
+from warmcache.artifacts.aot_compile import AOT_COMPILE
+from warmcache.artifacts.aotinductor import AOTINDUCTOR
+from warmcache.artifacts.trust import ArtifactTrust
 from warmcache.cli import main
 from warmcache.errors import TrustError, UsageError
 from warmcache.registry.records import ArtifactRef
-from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.snapshot import SNAPSHOT_FILE, verify_snapshot
 from warmcache.trust import TrustedKeys, generate_key
@@ -132,11 +134,12 @@ def test_a_snapshot_row_never_chooses_the_folder_code_loads_from(
         "aotinductor/.partial",
         f"fxgraph/ab/{SHA}",
         "aotinductor/short",
+        f"precompiled/{SHA}",  # another route's folder: the row's recorded kind decides, not the folder
     ],
 )
 def test_an_artifact_entry_outside_the_layout_is_refused(entry: str, tmp_path: Path) -> None:
-    with pytest.raises(TrustError, match="is not a precompiled/<sha256> or aotinductor/<sha256> entry"):
-        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path, entry)
+    with pytest.raises(TrustError, match="is not a <sha256> file of aotinductor/, where its recorded kind aotinductor"):
+        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path, entry, AOTINDUCTOR)
 
 
 def test_an_artifact_linked_out_of_the_cache_folder_is_refused(tmp_path: Path) -> None:
@@ -145,11 +148,11 @@ def test_an_artifact_linked_out_of_the_cache_folder_is_refused(tmp_path: Path) -
     (tmp_path / "cache" / "aotinductor").mkdir(parents=True)
     os.symlink(tmp_path / "evil" / SHA, tmp_path / "cache" / "aotinductor" / SHA)
     with pytest.raises(TrustError, match="leads outside the cache folder"):
-        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"aotinductor/{SHA}")
+        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"aotinductor/{SHA}", AOTINDUCTOR)
     (tmp_path / "cache" / "precompiled").mkdir()
     (tmp_path / "cache" / "precompiled" / SHA).write_bytes(b"ok")
     assert (
-        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"precompiled/{SHA}")
+        ArtifactTrust("guard.json", signed_by="key").confined(tmp_path / "cache", f"precompiled/{SHA}", AOT_COMPILE)
         == tmp_path / "cache" / "precompiled" / SHA
     )
 

@@ -1,66 +1,72 @@
-"""Compile a bucket's decode step ahead of time and save it as one artifact production loads.
+"""The ``aot_compile`` route (``precompile = true``): a decode step compiled by Dynamo, saved, loaded as bytecode.
 
-``generate()`` gets its decode callable from ``model.get_compiled_call(config)``
-and calls it with exactly ``input_ids``, ``cache`` (the ``StaticCache``),
-``position_ids``, ``attention_mask`` (a dict of prebuilt masks),
-``logits_to_keep``, ``use_cache`` and ``return_dict``. Warmup captures those
-arguments during its real ``generate()`` (:func:`capture_decode_call`) and
-compiles the same call with ``aot_compile``. Dynamo's guards are dropped: an
-``ID_MATCH`` guard cannot be serialised (measured, torch 2.13), and the guard
-is warmcache's job anyway. The registry row says which bucket the artifact is
-for, its header says the exact input signature, and the runtime dispatcher
-(:mod:`warmcache.runtime.decode_dispatch`) never runs it on anything else.
+Warmup compiles the decode call it captured (:mod:`warmcache.artifacts.capture`) with
+``torch.compile(...).aot_compile``. Dynamo's guards are dropped: an ``ID_MATCH`` guard
+cannot be serialised (measured, torch 2.13), and the guard is warmcache's job anyway.
+The registry row says which bucket the artifact is for, its header says the exact input
+signature, and the runtime dispatcher (:mod:`warmcache.artifacts.dispatch`) never runs it
+on anything else.
+
+Loading imports no Dynamo tracing machinery beyond what deserialising needs and
+compiles no frame: the loaded function is the bytecode Dynamo generated at
+warmup, calling the compiled graph. Its proof is verify's numeric one alone.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import importlib
+import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, Fingerprint, Header, decode_signature, write_artifact
-from warmcache.errors import UsageError
-from warmcache.targets import PrecompileRoute
-from warmcache.targets.inductor import PRECOMPILE_BACKENDS
-from warmcache.warmup.phases import NO_PHASES, SpecPhases
+from warmcache.artifacts.format import (
+    PRECOMPILED_DIR,
+    Fingerprint,
+    Header,
+    Signature,
+    decode_signature,
+    read_checked,
+    write_artifact,
+)
+from warmcache.artifacts.route import PrecompiledRoute, SaveJob, SavePhase, Write, expected_fingerprint
+from warmcache.errors import CacheError, UsageError, first_line
+from warmcache.identity.code_digest import model_code_digest
+from warmcache.targets.inductor import CACHE_ENV, PRECOMPILE_BACKENDS
+from warmcache.targets.routes import PrecompileRoute
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from warmcache.registry import ShapeRecord
+
+
+class AotCompileRoute(PrecompiledRoute):
+    setting: ClassVar[PrecompileRoute] = PrecompileRoute.AOT_COMPILE
+    kind: ClassVar[str] = PrecompileRoute.AOT_COMPILE.artifact_kind
+    folder: ClassVar[str] = PRECOMPILED_DIR
+
+    def writes(self, job: SaveJob) -> list[Write]:
+        """One artifact: the decode graph (rows of one batch share it)."""
+
+        def write() -> str:
+            job.progress.enter(SavePhase.PRECOMPILING)
+            compiled = precompile_decode(job.model, job.decode_kwargs, job.fields["backend"])
+            return save_precompiled(job.root, compiled, job.decode_kwargs, job.fields, model_code_digest(job.model))
+
+        return [((), write)]
+
+    def load(self, root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
+        return load_decode(root, entry, record)
+
+
+#: The route, as :data:`warmcache.artifacts.kinds.ROUTES` lists it.
+AOT_COMPILE = AotCompileRoute()
+
 
 def _drop_every_guard(guards: Any) -> list[bool]:
     return [False] * len(guards)
-
-
-@contextlib.contextmanager
-def capture_decode_call(model: PreTrainedModel, *, eager: bool = False) -> Iterator[dict[str, Any]]:
-    """While inside, remember the keyword arguments of the first one-token call generate() makes to its compiled
-    forward.
-
-    ``eager``: serve that call with the model's own forward instead of compiling it
-    (an AOTInductor model's reference path: its production never runs ``torch.compile``).
-    """
-    captured: dict[str, Any] = {}
-    original = model.get_compiled_call
-
-    def spying_get_compiled_call(compile_config: Any) -> Any:
-        compiled = model.__call__ if eager else original(compile_config)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            ids = kwargs.get("input_ids")
-            if not captured and ids is not None and ids.shape[-1] == 1:
-                captured.update(kwargs)
-            return compiled(*args, **kwargs)
-
-        return call
-
-    model.get_compiled_call = spying_get_compiled_call  # type: ignore[method-assign]
-    try:
-        yield captured
-    finally:
-        del model.get_compiled_call  # the instance attribute; the class method shows through again
 
 
 def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], backend: str) -> Any:
@@ -87,9 +93,14 @@ def precompile_decode(model: PreTrainedModel, decode_kwargs: dict[str, Any], bac
 
 
 def save_precompiled(
-    root: Path, compiled: Any, decode_kwargs: dict[str, Any], fingerprint_fields: dict[str, Any]
+    root: Path,
+    compiled: Any,
+    decode_kwargs: dict[str, Any],
+    fingerprint_fields: dict[str, Any],
+    model_code: str | None = None,
 ) -> str:
-    """Write the compiled function under ``root``; returns its entry path ``precompiled/<sha256>``."""
+    """Write the compiled function under ``root``, with the digest of the ``model_code`` it was traced from; returns
+    its entry path ``precompiled/<sha256>``."""
     runtime_env = compiled._artifacts.runtime_env
     globals_ = compiled.fn.__globals__
     modules = {
@@ -99,57 +110,28 @@ def save_precompiled(
     }
     fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     payload = type(compiled).serialize(compiled).serialized_data
-    return write_artifact(root, Header(fingerprint, modules), payload)
+    return write_artifact(root, Header(fingerprint, modules, model_code=model_code), payload)
 
 
-def save_package(
-    root: Path,
-    model: PreTrainedModel,
-    decode_kwargs: dict[str, Any],
-    fingerprint_fields: dict[str, Any],
-    phases: SpecPhases = NO_PHASES,
-) -> str:
-    """Export and package the decode step (AOTInductor, weights left out) under ``root``; returns
-    ``aotinductor/<sha256>``."""
-    from warmcache.warmup.aoti_export import package_decode
+def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:
+    """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
+    header, payload = read_checked(root, entry, expected_fingerprint(record))
+    # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
+    # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Inductor
+    # writes its default into the environment on first use, so "unset" cannot be told
+    # from "chosen": the artifact's folder wins, as in the warmup that wrote it.
+    os.environ[CACHE_ENV] = str(root)
+    try:
+        f_globals: dict[str, object] = {
+            name: importlib.import_module(module) for name, module in header.module_globals.items()
+        }
+        from torch._dynamo.aot_compile import AOTCompiledFunction
 
-    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], phases)
-    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
-    return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)
-
-
-def save_prefill_package(
-    root: Path,
-    model: PreTrainedModel,
-    decode_kwargs: dict[str, Any],
-    seq_len: int,
-    fingerprint_fields: dict[str, Any],
-    phases: SpecPhases = NO_PHASES,
-) -> str | None:
-    """Export and package the bucket's prefill (:func:`warmcache.warmup.aoti_export.export_prefill`) under ``root``;
-    returns ``aotinductor/<sha256>``, or ``None`` when the decode's inputs need the model's code
-    (:func:`warmcache.warmup.prefill_inputs.prefill_unsupported`)."""
-    from warmcache.modeling.decode_inputs import flatten
-    from warmcache.warmup.aoti_export import package_prefill
-    from warmcache.warmup.prefill_inputs import prefill_example, prefill_unsupported
-
-    names, tensors = flatten(decode_kwargs)
-    if prefill_unsupported(names) or _slides(model.config.get_text_config(decoder=True)):
-        return None
-    payload, package_header = package_prefill(
-        model, decode_kwargs, seq_len, fingerprint_fields["max_cache_len"], phases
-    )
-    example, _ = prefill_example(names, tensors, {}, seq_len)
-    fingerprint = Fingerprint(signature=decode_signature(dict(zip(names, example))), **fingerprint_fields)
-    return write_artifact(root, Header(fingerprint, {}, package_header), payload, AOTINDUCTOR_DIR)
-
-
-def _slides(config: Any) -> bool:
-    """Whether any layer attends through a sliding window, whose mask (one tensor for every layer where all slide) the
-    model's own code builds: the mounted decode loop builds full-attention masks only."""
-    kinds = getattr(config, "layer_types", None)
-    if kinds:
-        return any(kind != "full_attention" for kind in kinds)
-    return (
-        getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False
-    )
+        compiled = AOTCompiledFunction.deserialize(payload, f_globals)
+    except Exception as exc:  # a foreign torch, a missing module: one line, never a half-loaded function
+        raise CacheError(
+            f"{root / entry}: precompiled artifact does not load ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
+    # The guards were dropped at compile time; dispatch on the signature is the check.
+    compiled.disable_guard_check()
+    return header.fingerprint.signature, compiled

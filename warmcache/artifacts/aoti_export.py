@@ -1,7 +1,7 @@
 """Export a bucket's decode step and compile it into an AOTInductor package, weights left out.
 
 The step is the call generate() makes to its compiled forward (captured during
-warmup's real generate(), see :func:`warmcache.warmup.decode_writer.capture_decode_call`),
+warmup's real generate(), see :func:`warmcache.artifacts.capture.capture_decode_call`),
 with the static cache taken apart into plain tensor inputs
 (:mod:`warmcache.modeling.decode_inputs`). Inside the step a
 :class:`~warmcache.modeling.kv_cache.PositionTensorCache` is built around those tensors
@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.artifact_format import encode_tensor, named_tensors
+from warmcache.artifacts.aoti_loader import open_loader
+from warmcache.artifacts.format import encode_tensor, named_tensors
+from warmcache.artifacts.package_steps import DECODE_STEP, PREFILL_STEP
+from warmcache.artifacts.prefill_inputs import prefill_example
+from warmcache.artifacts.route import SILENT, Progress, SavePhase
 from warmcache.errors import CacheError
 from warmcache.modeling.decode_inputs import flatten, input_signature, scalars
 from warmcache.modeling.kv_cache import PositionTensorCache, hold
-from warmcache.runtime.aoti_loader import open_loader
-from warmcache.runtime.package_steps import DECODE_STEP, PREFILL_STEP
-from warmcache.warmup.phases import NO_PHASES, Phase, SpecPhases
-from warmcache.warmup.prefill_inputs import prefill_example
 
 if TYPE_CHECKING:
     import torch
@@ -103,7 +103,7 @@ class ExportedDecode:
 
         The package runs the graph warmup exported, whatever the model that binds its weights
         now computes; verify exports the model it is given again and compares digests
-        (:mod:`warmcache.warmup.verify.package_graph`). Names and code only: no object id,
+        (:mod:`warmcache.artifacts.aotinductor`). Names and code only: no object id,
         path or value that differs between two exports of the same model in two processes.
         """
         import torch
@@ -132,7 +132,7 @@ def export_prefill(
 ) -> ExportedDecode:
     """``torch.export`` the bucket's prefill: the decode step's inputs with a ``seq_len`` prompt and an empty cache.
 
-    See :func:`warmcache.warmup.prefill_inputs.prefill_example`: the first token then comes from compiled code too,
+    See :func:`warmcache.artifacts.prefill_inputs.prefill_example`: the first token then comes from compiled code too,
     and a start needs no modeling code at all (:mod:`warmcache.runtime.mounted`).
     """
     names, tensors = flatten(decode_kwargs)
@@ -160,10 +160,10 @@ def _export_step(
 
 
 def package_decode(
-    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: SpecPhases = NO_PHASES
+    model: PreTrainedModel, decode_kwargs: dict[str, Any], max_cache_len: int, phases: Progress = SILENT
 ) -> tuple[bytes, dict[str, Any]]:
     """Export and package the decode step of exactly these arguments (see :func:`package_exported`)."""
-    phases.enter(Phase.EXPORTING)
+    phases.enter(SavePhase.EXPORTING)
     return package_exported(export_decode(model, decode_kwargs, max_cache_len), DECODE_STEP, phases)
 
 
@@ -172,14 +172,14 @@ def package_prefill(
     decode_kwargs: dict[str, Any],
     seq_len: int,
     max_cache_len: int,
-    phases: SpecPhases = NO_PHASES,
+    phases: Progress = SILENT,
 ) -> tuple[bytes, dict[str, Any]]:
     """Export and package the bucket's prefill (see :func:`export_prefill` and :func:`package_exported`)."""
-    phases.enter(Phase.EXPORTING_PREFILL)
+    phases.enter(SavePhase.EXPORTING_PREFILL)
     return package_exported(export_prefill(model, decode_kwargs, seq_len, max_cache_len), PREFILL_STEP, phases)
 
 
-def package_exported(exported: ExportedDecode, step_kind: str, phases: SpecPhases) -> tuple[bytes, dict[str, Any]]:
+def package_exported(exported: ExportedDecode, step_kind: str, phases: Progress) -> tuple[bytes, dict[str, Any]]:
     """Compile an exported step into a weights-less package.
 
     Returns the package bytes and the header fields production checks before
@@ -193,7 +193,7 @@ def package_exported(exported: ExportedDecode, step_kind: str, phases: SpecPhase
 
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="warmcache-aoti-") as work:
         path = Path(work) / "decode.pt2"
-        phases.enter(Phase.PACKAGING)
+        phases.enter(SavePhase.PACKAGING)
         with warnings.catch_warnings():
             # torch 2.13's Inductor deep-copies every graph it compiles (torch/_dynamo/repro/after_aot.py), and
             # copying an exported graph rebuilds its pytree LeafSpec, a class torch itself deprecated: its

@@ -4,7 +4,7 @@ Nothing here imports Inductor's compiler: the package is compiled code, loaded b
 ``torch._C._aoti.AOTIModelPackageLoader`` (milliseconds) instead of the Python
 wrapper ``torch._inductor.aoti_load_package`` (which imports the compiler, 3-11 s).
 
-The package holds no weights (``warmup.aoti_export``). Before its first call every
+The package holds no weights (``artifacts.aoti_export``). Before its first call every
 constant it lists is bound to the model's own tensor, without a copy: a
 weights-less package that runs before binding kills the process (SIGSEGV,
 measured), and the loader accepts a constant of the wrong shape or dtype silently,
@@ -22,17 +22,13 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from warmcache.cache.artifact_format import Signature, decode_tensor, named_tensors, read_checked
-from warmcache.cache.layout import AOTINDUCTOR
+from warmcache.artifacts.format import Signature, decode_tensor, named_tensors, read_checked
+from warmcache.artifacts.mapped_library import checked_library
+from warmcache.artifacts.package_steps import DECODE_STEP, package_step
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.modeling.decode_inputs import flatten, scalars
-from warmcache.runtime.mapped_library import checked_library
-from warmcache.runtime.package_steps import DECODE_STEP, package_step
-
-if TYPE_CHECKING:
-    from warmcache.registry import ShapeRecord
 
 #: x86 vector ISAs from narrowest to widest (``torch.backends.cpu.get_cpu_capability()`` names).
 _X86_CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
@@ -184,7 +180,7 @@ class _Opened:
 
 
 def _open_library(library: str) -> _Opened:
-    """The checked library loaded where it lies (:mod:`warmcache.runtime.mapped_library`): nothing is written."""
+    """The checked library loaded where it lies (:mod:`warmcache.artifacts.mapped_library`): nothing is written."""
     import torch
 
     num_models = 1
@@ -268,8 +264,3 @@ def _constants_to_bind(path: Path, own: dict[str, Any], listed: dict[str, Any]) 
             )
         bound[fqn] = tensor
     return bound
-
-
-def package_entries(record: ShapeRecord) -> list[str]:
-    """The row's AOTInductor packages (verify's reference for them is eager ``generate()``)."""
-    return [a.path for a in record.artifacts if a.kind == AOTINDUCTOR]

@@ -1,33 +1,162 @@
-"""verify's exact half of an AOTInductor package's proof: the package computes the graph this model exports now.
+"""The AOTInductor route (``precompile = "aotinductor"``): a bucket's decode step and prefill as weights-less packages.
 
-A package runs the graph warmup exported; production binds the loaded model's weights
-to it and never traces the model again. So a model whose code changed since warmup (a
-patched transformers, a monkeypatched layer, another attention implementation) is
-served the old computation. The numeric half (:mod:`.agreement`) sees that only when the
-change moves the logits more than the dtype's rounding does: a 5 % change in one of
-gemma-2-2b's layers moves its bfloat16 logits 0.55 %, as far as bfloat16 rounding alone
-(docs/measurements/criterion.md). The digest sees any change, in every dtype: verify
-exports the decode step of the model it was given, for the bucket's own call, and
-compares the graph's digest with the one the package recorded
-(:attr:`warmcache.warmup.aoti_export.ExportedDecode.graph_digest`). A packaged prefill is proven the
-same way: the prefill warmup would export for the bucket's prompt (:func:`.aoti_export.export_prefill`).
+**Save**: the captured decode call is exported and compiled into a package with no
+weights (:mod:`warmcache.artifacts.aoti_export`), and the bucket's prompt too (a packaged
+prefill, with which a process serves the bucket without transformers' modeling code,
+:mod:`warmcache.runtime.mounted`; none when the decode's inputs need the model's code,
+:mod:`warmcache.artifacts.prefill_inputs`). A CPU package's ``.so`` is also written
+unpacked, and recorded beside the package (:meth:`AotInductorRoute.companions`).
+
+**Load**: :mod:`warmcache.artifacts.aoti_loader`, with the C++ loader, no compiler.
+
+**Prove** (verify's exact half, :meth:`AotInductorRoute.prove`): the package computes the
+graph this model exports now. A package runs the graph warmup exported; production binds
+the loaded model's weights to it and never traces the model again. So a model whose code
+changed since warmup (a patched transformers, a monkeypatched layer, another attention
+implementation) is served the old computation. The numeric half
+(:mod:`warmcache.warmup.verify.agreement`) sees that only when the change moves the logits
+more than the dtype's rounding does: a 5 % change in one of gemma-2-2b's layers moves its
+bfloat16 logits 0.55 %, as far as bfloat16 rounding alone (docs/measurements/criterion.md).
+The digest sees any change, in every dtype: verify exports the decode step of the model it
+was given, for the bucket's own call, and compares the graph's digest with the one the
+package recorded (:attr:`warmcache.artifacts.aoti_export.ExportedDecode.graph_digest`). A
+packaged prefill is proven the same way: the prefill warmup would export for the bucket's
+prompt (:func:`warmcache.artifacts.aoti_export.export_prefill`).
+
+The export and the compiler are imported only when a package is saved or proven.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from warmcache.cache.artifact_format import read_checked
-from warmcache.runtime.decode_dispatch import expected_fingerprint, package_entries
-from warmcache.runtime.package_steps import PREFILL_STEP, package_step
-from warmcache.warmup.aoti_export import export_decode, export_prefill
-from warmcache.warmup.decode_writer import capture_decode_call
+from warmcache.artifacts.aoti_loader import load_package
+from warmcache.artifacts.capture import capture_decode_call
+from warmcache.artifacts.format import (
+    AOTINDUCTOR_DIR,
+    AOTINDUCTOR_LIBRARY,
+    Fingerprint,
+    Header,
+    Signature,
+    decode_signature,
+    library_of,
+    read_checked,
+    write_artifact,
+)
+from warmcache.artifacts.package_steps import PREFILL_STEP, package_step
+from warmcache.artifacts.route import PrecompiledRoute, Progress, SaveJob, Write, expected_fingerprint
+from warmcache.identity.code_digest import model_code_digest
+from warmcache.targets.routes import PrecompileRoute
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from warmcache.registry import ShapeRecord
+
+
+class AotInductorRoute(PrecompiledRoute):
+    setting: ClassVar[PrecompileRoute] = PrecompileRoute.AOTINDUCTOR
+    kind: ClassVar[str] = PrecompileRoute.AOTINDUCTOR.artifact_kind
+    folder: ClassVar[str] = AOTINDUCTOR_DIR
+    #: Loaded means bound to the model's weights: nothing compiles on a first call.
+    ready_when_loaded: ClassVar[bool] = True
+
+    def writes(self, job: SaveJob) -> list[Write]:
+        """The decode package (rows of one batch share it), then the prompt's packaged prefill (one per prompt
+        length)."""
+        return [
+            ((), lambda: save_package(job.root, job.model, job.decode_kwargs, job.fields, job.progress)),
+            (
+                (job.seq_len,),
+                lambda: save_prefill_package(
+                    job.root, job.model, job.decode_kwargs, job.seq_len, job.fields, job.progress
+                ),
+            ),
+        ]
+
+    def companions(self, root: Path, entry: str) -> dict[str, str]:
+        """The package's unpacked ``.so``, which a start maps where it lies."""
+        library = library_of(root, entry)
+        return {library: AOTINDUCTOR_LIBRARY} if library is not None else {}
+
+    def load(
+        self, root: Path, entry: str, record: ShapeRecord, model: Any
+    ) -> tuple[Signature, Callable[..., Any] | None]:
+        """The decode step bound to the model's own tensors, or ``None`` for a prefill package (generate() runs its own
+        prefill; :mod:`warmcache.runtime.mounted` runs this one)."""
+        return load_package(root, entry, expected_fingerprint(record), model)
+
+    def prove(
+        self,
+        model: PreTrainedModel,
+        record: ShapeRecord,
+        root: Path,
+        max_cache_len: int,
+        generate_call: dict[str, Any],
+    ) -> str | None:
+        return prove_package_graphs(model, record, root, max_cache_len, generate_call)
+
+
+#: The route, as :data:`warmcache.artifacts.kinds.ROUTES` lists it.
+AOTINDUCTOR = AotInductorRoute()
+
+
+def save_package(
+    root: Path,
+    model: PreTrainedModel,
+    decode_kwargs: dict[str, Any],
+    fingerprint_fields: dict[str, Any],
+    progress: Progress,
+) -> str:
+    """Export and package the decode step (weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
+    from warmcache.artifacts.aoti_export import package_decode
+
+    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], progress)
+    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
+    return write_artifact(
+        root, Header(fingerprint, {}, package_header, model_code_digest(model)), payload, AOTINDUCTOR_DIR
+    )
+
+
+def save_prefill_package(
+    root: Path,
+    model: PreTrainedModel,
+    decode_kwargs: dict[str, Any],
+    seq_len: int,
+    fingerprint_fields: dict[str, Any],
+    progress: Progress,
+) -> str | None:
+    """Export and package the bucket's prefill (:func:`warmcache.artifacts.aoti_export.export_prefill`) under ``root``;
+    returns ``aotinductor/<sha256>``, or ``None`` when the decode's inputs need the model's code
+    (:func:`warmcache.artifacts.prefill_inputs.prefill_unsupported`)."""
+    from warmcache.artifacts.aoti_export import package_prefill
+    from warmcache.artifacts.prefill_inputs import prefill_example, prefill_unsupported
+    from warmcache.modeling.decode_inputs import flatten
+
+    names, tensors = flatten(decode_kwargs)
+    if prefill_unsupported(names) or _slides(model.config.get_text_config(decoder=True)):
+        return None
+    payload, package_header = package_prefill(
+        model, decode_kwargs, seq_len, fingerprint_fields["max_cache_len"], progress
+    )
+    example, _ = prefill_example(names, tensors, {}, seq_len)
+    fingerprint = Fingerprint(signature=decode_signature(dict(zip(names, example))), **fingerprint_fields)
+    return write_artifact(
+        root, Header(fingerprint, {}, package_header, model_code_digest(model)), payload, AOTINDUCTOR_DIR
+    )
+
+
+def _slides(config: Any) -> bool:
+    """Whether any layer attends through a sliding window, whose mask (one tensor for every layer where all slide) the
+    model's own code builds: the mounted decode loop builds full-attention masks only."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return any(kind != "full_attention" for kind in kinds)
+    return (
+        getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False
+    )
 
 
 def prove_package_graphs(
@@ -40,7 +169,7 @@ def prove_package_graphs(
     cache of ``max_cache_len``), run eagerly for one decode step to capture the exact call
     the package serves.
     """
-    entries = package_entries(record)
+    entries = AOTINDUCTOR.entries(record)
     if not entries:
         return None
     expected = expected_fingerprint(record)
@@ -71,6 +200,8 @@ def _model_graph_digests(
     if asked), as warmup did; ``{step: digest}``."""
     import torch
     from transformers import GenerationMixin
+
+    from warmcache.artifacts.aoti_export import export_decode, export_prefill
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
     with capture_decode_call(model, eager=True) as decode_kwargs, torch.no_grad():

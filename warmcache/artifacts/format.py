@@ -23,7 +23,7 @@ An AOTInductor package's shared library is also written on its own, unpacked, as
 (``"library"``): the header is covered by the package's sha256, which the signed row names,
 so a start checks the library against it and ``dlopen``-s it where it lies (a read-only
 mount included) instead of unpacking the package into a writable temporary folder
-(:mod:`warmcache.runtime.mapped_library`).
+(:mod:`warmcache.artifacts.mapped_library`).
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ from warmcache.modeling.decode_inputs import state_parts
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
 PRECOMPILED_DIR = "precompiled"
 #: Folder of AOTInductor decode packages: the same file format, the payload a ``.pt2`` package (see
-#: ``runtime.aoti_loader``).
+#: ``artifacts.aoti_loader``).
 AOTINDUCTOR_DIR = "aotinductor"
 #: Folder of AOTInductor packages' shared libraries, unpacked at warmup and named by their own sha256
 #: (:func:`unpack_library`).
 AOTINDUCTOR_LIBRARY_DIR = "aotinductor-lib"
+#: The registry's kind of such a library, recorded on every row that records its package: a start maps it where it lies.
+AOTINDUCTOR_LIBRARY = "aotinductor-library"
 #: An artifact being written: ``.<sha256>.partial`` beside its final name (``cache scan`` lists leftovers, ``doctor
 #: --fix`` removes them).
 PARTIAL_SUFFIX = ".partial"
@@ -89,9 +91,11 @@ class Header:
     fingerprint: Fingerprint
     #: Dynamo names its module references ``___module_<name>_<id>_c<n>``; a fresh process binds them to these modules.
     module_globals: dict[str, str]
-    #: An AOTInductor package's inputs, constants and CPU capability (``warmup.aoti_export.package_decode``); ``None``
-    #: otherwise.
+    #: An AOTInductor package's inputs, constants and CPU capability (``artifacts.aoti_export.package_decode``);
+    #: ``None`` otherwise.
     aotinductor: dict[str, Any] | None = None
+    #: The digest of the model code warmup traced (:mod:`warmcache.artifacts.code_check`); ``None`` before it was kept.
+    model_code: str | None = None
 
 
 def artifact_path(sha256: str, folder: str = PRECOMPILED_DIR) -> str:
@@ -209,6 +213,7 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
             Fingerprint.from_json(raw["fingerprint"]),
             {str(k): str(v) for k, v in raw["module_globals"].items()},
             raw.get("aotinductor"),
+            raw.get("model_code"),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise CacheError(f"{path}: precompiled artifact header unreadable ({exc})") from None

@@ -1,7 +1,7 @@
 """An AOTInductor package's unpacked ``.so``, opened so that every byte ``dlopen`` maps is a byte that was checked.
 
 A package's header names the sha256 of its library (``aotinductor-lib/<sha256>``,
-:func:`warmcache.cache.artifact_format.unpack_library`), and the package's own sha256, which the
+:func:`warmcache.artifacts.format.unpack_library`), and the package's own sha256, which the
 signed row names, covers that header. Loading the library where it lies, instead of
 unpacking the package into a writable temporary folder, is only as safe as the
 gap between the check and the load:
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from warmcache.cache.artifact_format import library_path
+from warmcache.artifacts.format import library_path
 from warmcache.errors import CacheError, TrustError
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from warmcache.errors import UsageError
-from warmcache.runtime.step_inputs import (
+from warmcache.artifacts.step_inputs import (
     CACHE_PREFIX,
     FULL_ATTENTION_KIND,
     IDS,
@@ -27,6 +26,7 @@ from warmcache.runtime.step_inputs import (
     is_mask,
     positions,
 )
+from warmcache.errors import UsageError
 
 if TYPE_CHECKING:
     import torch

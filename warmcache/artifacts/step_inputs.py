@@ -7,7 +7,7 @@ no row's positions) and a prebuilt attention mask per call, shaped
 static cache taken apart (:mod:`warmcache.modeling.decode_inputs`): each layer's keys and
 values, zero until written, and its write position ``cumulative_length``, which the package
 advances in place. :mod:`warmcache.runtime.decode_loop` builds every call from these, and
-warmup exports the prefill on the same tensors (:mod:`warmcache.warmup.prefill_inputs`), so a
+warmup exports the prefill on the same tensors (:mod:`warmcache.artifacts.prefill_inputs`), so a
 process that serves from packages needs neither transformers nor the model's code.
 
 Imports torch only inside functions: the module is imported by processes before torch is.

@@ -15,8 +15,9 @@ forge:
 A snapshot's ``cache_root`` is never followed: it names a folder on the host that
 exported it. Its artifacts load from the cache folder configured here (``cache_dir=``,
 the snapshot folder, ``$WARMCACHE_CACHE_DIR``, then Inductor's own folder), and an
-entry that is not a plain ``precompiled/<sha256>`` or ``aotinductor/<sha256>`` file of
-that folder (a link out of it included) is refused. Every refusal here is a
+entry that is not a plain ``<folder>/<sha256>`` file of that folder, in the folder of the
+route whose kind the row recorded for it (``precompiled/`` for ``aot_compile``,
+``aotinductor/`` for AOTInductor; a link out of it included), is refused. Every refusal here is a
 :class:`~warmcache.errors.TrustError`, raised under every guard policy.
 """
 
@@ -27,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmcache.cache.layout import AOTINDUCTOR, INDUCTOR_PRECOMPILED, entry_of
 from warmcache.errors import TrustError, shown
 from warmcache.settings import resolve_cache_folder
 from warmcache.targets.inductor import CACHE_ENV, inductor_default_cache_dir
 from warmcache.trust import ALLOW_UNSIGNED_ENV, TRUSTED_KEYS_ENV, unsigned_allowed_by_environment
 
 if TYPE_CHECKING:
+    from warmcache.artifacts.route import PrecompiledRoute
     from warmcache.registry.records import ShapeRecord
 
 _HEX = frozenset("0123456789abcdef")
@@ -81,21 +82,14 @@ class ArtifactTrust:
             return Path(record.cache_root) if record.cache_root else None
         return self.folder or configured_cache_folder()
 
-    def confined(self, root: Path, entry: str) -> Path:
-        """``root / entry``, refused unless ``entry`` is one artifact file of ``root``'s layout that stays inside
-        ``root``."""
-        found = entry_of("inductor", entry)
-        name = entry.rsplit("/", 1)[-1] if found else ""
-        if (
-            found is None
-            or found[0] not in (INDUCTOR_PRECOMPILED, AOTINDUCTOR)
-            or found[1] != entry
-            or len(name) != 64
-            or not set(name) <= _HEX
-        ):
+    def confined(self, root: Path, entry: str, route: PrecompiledRoute) -> Path:
+        """``root / entry``, refused unless ``entry`` is one ``<folder>/<sha256>`` file of ``route`` (the route of the
+        kind its row recorded) that stays inside ``root``."""
+        folder, _, name = entry.rpartition("/")
+        if folder != route.folder or len(name) != 64 or not set(name) <= _HEX:
             raise TrustError(
-                f"{self.source}: precompiled artifact {shown(entry)} is not a precompiled/<sha256> or "
-                "aotinductor/<sha256> entry; refused"
+                f"{self.source}: precompiled artifact {shown(entry)} is not a <sha256> file of {route.folder}/, "
+                f"where its recorded kind {route.kind} lies; refused"
             )
         path = root / entry
         real, inside = os.path.realpath(path), os.path.realpath(root)

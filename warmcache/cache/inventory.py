@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
+from warmcache.artifacts.format import AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR, PARTIAL_SUFFIX, PRECOMPILED_DIR
 from warmcache.cache.layout import (
     NEURON_MODULE,
     NEURON_NEFF,
@@ -322,7 +322,7 @@ def _work_dirs(root: Path, now: float) -> tuple[WorkDir, ...]:
 def _partial_artifacts(root: Path, now: float) -> tuple[WorkDir, ...]:
     """Artifacts a writer never renamed into place (a full disk, a kill): ``precompiled/.<sha256>.partial`` and
     ``aotinductor/.<sha256>.partial``, ``aotinductor-lib/.<sha256>.partial`` (all written by
-    :func:`~warmcache.cache.artifact_format.write_artifact`)."""
+    :func:`~warmcache.artifacts.format.write_artifact`)."""
     found = (
         (f"{name}/{child.name}", _lstat_or_none(child))
         for name in (PRECOMPILED_DIR, AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR)

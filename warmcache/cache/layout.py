@@ -10,11 +10,11 @@ Inductor (``TORCHINDUCTOR_CACHE_DIR``, torch 2.13)::
     <xx>/<hash>.{py,cpp,so,...}     generated code / compiled C++   kind inductor-code
     triton/<device>/<hash>          Triton kernels (CUDA)           kind inductor-triton
     precompiled/<sha256>            a bucket's precompiled decode   kind inductor-precompiled
-                                    graph (warmcache's own, see ``cache.artifact_format``)
+                                    graph (warmcache's own, see ``artifacts.format``)
     aotinductor/<sha256>            a bucket's AOTInductor decode   kind aotinductor
                                     package (same file format)
     aotinductor-lib/<sha256>        a package's .so, unpacked at    kind aotinductor-library
-                                    warmup (``artifact_format.unpack_library``)
+                                    warmup (``artifacts.format.unpack_library``)
     locks/                          transient locks                 (not an entry)
 
 Neuron persistent cache (torch-xla era; ``--cache_dir``)::
@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmcache.cache.artifact_format import AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY_DIR, PRECOMPILED_DIR
+from warmcache.artifacts.format import AOTINDUCTOR_DIR, AOTINDUCTOR_LIBRARY, AOTINDUCTOR_LIBRARY_DIR, PRECOMPILED_DIR
 from warmcache.targets.flavors import CacheFlavor
 from warmcache.targets.routes import PrecompileRoute
 
@@ -43,8 +43,6 @@ INDUCTOR_CODE = "inductor-code"
 INDUCTOR_TRITON = "inductor-triton"
 INDUCTOR_PRECOMPILED = PrecompileRoute.AOT_COMPILE.artifact_kind
 AOTINDUCTOR = PrecompileRoute.AOTINDUCTOR.artifact_kind
-#: A package's shared library, recorded on every row that records the package: a start maps it where it lies.
-AOTINDUCTOR_LIBRARY = "aotinductor-library"
 NEURON_MODULE = "neuron-module"
 NEURON_NEFF = "neuron-neff"
 

@@ -2,7 +2,7 @@
 
 generate() calls its compiled forward with ``input_ids``, ``position_ids``, the
 attention mask (one tensor, or a dict of one per layer kind), the static cache and
-a few Python scalars (see :mod:`warmcache.warmup.decode_writer`). An AOTInductor
+a few Python scalars (see :mod:`warmcache.artifacts.capture`). An AOTInductor
 package takes positional tensors only, so the cache is taken apart: each layer's
 keys, values and write position (``cumulative_length``), and a recurrent layer's conv
 and SSM states (``conv_states[i]``, ``recurrent_states[i]``), become plain inputs, which

@@ -2,7 +2,7 @@
 
 What ``generate()`` does for a guarded bucket, without transformers: the prompt (already
 fitted to the bucket) goes through the bucket's prefill package, and each new token through
-its decode package, with the inputs generate() would build (:mod:`warmcache.runtime.step_inputs`).
+its decode package, with the inputs generate() would build (:mod:`warmcache.artifacts.step_inputs`).
 Greedy tokens are generate()'s: the same packaged decode on the same inputs, and a prefill
 exported from the same model whose logits equal the eager prefill's. Sampling draws from the
 softmax of the logits divided by ``temperature``, within ``top_k`` and ``top_p``. A row stops at
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from warmcache.artifacts.step_inputs import CACHE_PREFIX, IDS, POSITIONS, attention_mask, is_mask, positions
 from warmcache.errors import UsageError
-from warmcache.runtime.step_inputs import CACHE_PREFIX, IDS, POSITIONS, attention_mask, is_mask, positions
 
 if TYPE_CHECKING:
     import torch
 
-    from warmcache.runtime.aoti_loader import PackagedDecodeStep
+    from warmcache.artifacts.aoti_loader import PackagedDecodeStep
 
 #: Called with each step's new tokens, ``(batch,)``, as soon as they are chosen (streaming).
 TokenCallback = Callable[["torch.Tensor"], None]

@@ -1,7 +1,7 @@
 """Where a guard's rows come from: the registry, an exported snapshot (signed or not), or ``warmcache serve``.
 
 Each source is a :class:`RowSource`: how to (re)load the rows, the name errors cite,
-and what the rows vouch for (:class:`~warmcache.runtime.artifact_trust.ArtifactTrust`:
+and what the rows vouch for (:class:`~warmcache.artifacts.trust.ArtifactTrust`:
 whether :meth:`~warmcache.runtime.guard.ShapeGuard.prime` may load the precompiled
 code they name). The guard's constructors pick one; the guard itself only reads rows.
 """
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmcache.artifacts.trust import ArtifactTrust
 from warmcache.registry.records import ShapeRecord
-from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.snapshot import read_snapshot, snapshot_file
 from warmcache.settings import RegistryLocation
 from warmcache.shapes import Workload

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol
 
+from warmcache.artifacts.trust import ArtifactTrust
 from warmcache.registry.records import ShapeRecord
-from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.telemetry import MissTelemetry
 from warmcache.shapes import Decision, ShapeFamily
 

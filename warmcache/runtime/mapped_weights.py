@@ -7,7 +7,7 @@ A package names each constant as the exported step did (``model.`` + the model's
 and its header says which checkpoint names hold it (``checkpoint_names``: a tied
 ``lm_head.weight`` is saved once, under the embedding's name) and carries the values of the
 non-persistent buffers no checkpoint holds (``buffers``, a rotary embedding's ``inv_freq``),
-written at warmup by :func:`warmcache.warmup.aoti_export.checkpoint_bindings`.
+written at warmup by :func:`warmcache.artifacts.aoti_export.checkpoint_bindings`.
 
 Imports neither transformers nor the model's code: only torch and safetensors.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.cache.artifact_format import decode_tensor
+from warmcache.artifacts.format import decode_tensor
 from warmcache.errors import CacheError, UsageError
 
 if TYPE_CHECKING:

@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.artifacts.aoti_loader import PackagedDecodeStep, TensorsFor, load_bound
+from warmcache.artifacts.aotinductor import AOTINDUCTOR
+from warmcache.artifacts.package_steps import DECODE_STEP, PREFILL_STEP
+from warmcache.artifacts.route import expected_fingerprint
 from warmcache.errors import CacheError, UnseenShapeError, UsageError
-from warmcache.runtime.aoti_loader import PackagedDecodeStep, TensorsFor, load_bound, package_entries
-from warmcache.runtime.decode_dispatch import expected_fingerprint
 from warmcache.runtime.decode_loop import PackagedSteps, Sampling, TokenCallback
 from warmcache.runtime.guard import ShapeGuard
 from warmcache.runtime.mapped_weights import MappedCheckpoint
-from warmcache.runtime.package_steps import DECODE_STEP, PREFILL_STEP
 
 if TYPE_CHECKING:
     import torch
@@ -83,7 +84,7 @@ class MountedModel:
         """Why the snapshot's buckets cannot be served from the mount alone (one line), or ``None``: every bucket must
         have AOTInductor packages (Neuron and the Inductor cache need the model's code, see ``ShapeGuard.prime``)."""
         records = self.guard.records
-        if records and all(package_entries(r) for r in records):
+        if records and all(AOTINDUCTOR.entries(r) for r in records):
             return None
         return (
             f"{self.guard.source}: {self.guard.family.describe()} has buckets without AOTInductor packages; a start "
@@ -158,8 +159,8 @@ class MountedModel:
             root = trust.root(record, None)
             if root is None:
                 raise CacheError(f"row {record.identity}: its packages have no cache folder in the snapshot")
-            for entry in package_entries(record):
-                trust.confined(root, entry)
+            for entry in AOTINDUCTOR.entries(record):
+                trust.confined(root, entry, AOTINDUCTOR)
             by_step = load_steps(root, record, self._bind, device, loaded)
             if PREFILL_STEP not in by_step or DECODE_STEP not in by_step:
                 raise CacheError(
@@ -181,7 +182,7 @@ def load_steps(
     """The row's packages by the step each computes, checked, loaded and bound (``loaded``: by entry, shared between
     rows: a batch's decode package serves every prompt length)."""
     by_step: dict[str, PackagedDecodeStep] = {}
-    for entry in package_entries(record):
+    for entry in AOTINDUCTOR.entries(record):
         if entry not in loaded:
             steps = (DECODE_STEP, PREFILL_STEP)
             _, step = load_bound(root, entry, expected_fingerprint(record), bind, device, steps)

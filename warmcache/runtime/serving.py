@@ -152,10 +152,10 @@ def prime(
     """Run each compiled bucket once through :func:`guarded_generate`, then arm the strict sentinel.
 
     With ``precompiled`` (default), buckets whose rows recorded a precompiled
-    artifact load it instead of tracing (:mod:`warmcache.runtime.decode_dispatch`;
+    artifact load it instead of tracing (:mod:`warmcache.artifacts.dispatch`;
     ``cache_dir`` overrides the rows' cache folder). An artifact the guard's rows
     cannot vouch for, or whose bytes were altered, fails start-up under every policy
-    (:mod:`warmcache.runtime.artifact_trust`); a missing or foreign one fails it under
+    (:mod:`warmcache.artifacts.trust`); a missing or foreign one fails it under
     ``pad``/``refuse`` and is traced from the cache under ``warn``.
 
     Dynamo's recompile limit is raised to cover the buckets first (see
@@ -224,7 +224,8 @@ def prime(
 
 def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> set[int]:
     """Load the rows' artifacts into ``report``; returns the batch sizes AOTInductor packages serve."""
-    from warmcache.runtime.decode_dispatch import install, precompiled_entries
+    from warmcache.artifacts.dispatch import install
+    from warmcache.artifacts.kinds import precompiled_entries
 
     if not any(precompiled_entries(r) for r in guard.records):
         return set()

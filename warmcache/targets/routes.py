@@ -6,7 +6,9 @@ artifact; ``"aotinductor"`` saves it as an AOTInductor package instead (no Dynam
 compiler at start-up). Only generate workloads have a decode step to save, so the rule
 "which specs precompile" is :meth:`PrecompileRoute.applies_to`, asked here and nowhere
 re-derived. Which targets can build which route is the target's answer
-(:meth:`warmcache.targets.base.Target.precompile_problem`).
+(:meth:`warmcache.targets.base.Target.precompile_problem`). How a route saves, loads,
+proves and trusts its files is its module in :mod:`warmcache.artifacts`, found by
+:attr:`PrecompileRoute.artifact_kind` (:func:`warmcache.artifacts.kinds.route_for`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from warmcache.artifacts.route import SavePhase
 from warmcache.errors import SpecFailure, WarmcacheError, error_line
 
 log = logging.getLogger("warmcache.warmup")
@@ -49,10 +50,11 @@ class Phase(StrEnum):
     """The same calls on the AOTInductor route, whose reference decode is eager: nothing compiles here."""
     DECODING = "decoding"
     """``generate()`` to the cache's end, step by step, under ``fail_on_recompile``."""
-    PRECOMPILING = "precompiling the decode step"
-    EXPORTING = "exporting the decode step"
-    EXPORTING_PREFILL = "exporting the prefill"
-    PACKAGING = "building the package"
+    # A precompiled route's save enters these (:class:`warmcache.artifacts.route.SavePhase`).
+    PRECOMPILING = SavePhase.PRECOMPILING.value
+    EXPORTING = SavePhase.EXPORTING.value
+    EXPORTING_PREFILL = SavePhase.EXPORTING_PREFILL.value
+    PACKAGING = SavePhase.PACKAGING.value
     """``aoti_compile_and_package``: lowering and the C++ compile."""
     TRAINING = "training"
     PROVING = "proving the decode through warmcache's cache"
@@ -109,7 +111,8 @@ class SpecPhases:
         self._current: PhaseReport | None = None
         self._started = self._reported = 0.0
 
-    def enter(self, phase: Phase, *, steps: int = 0, detail: str = "") -> None:
+    def enter(self, phase: Phase | SavePhase, *, steps: int = 0, detail: str = "") -> None:
+        phase = Phase(phase)
         self._phase = phase  # known even unheard: a failure names it (:meth:`naming_the_phase`)
         if self._listener is None:
             return

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from warmcache.cache.artifact_format import library_of
-from warmcache.cache.layout import AOTINDUCTOR_LIBRARY, LOCK_DIRNAME, entry_size, list_entries
+from warmcache.artifacts.capture import capture_decode_call
+from warmcache.artifacts.kinds import route_for
+from warmcache.artifacts.route import SaveJob
+from warmcache.cache.layout import LOCK_DIRNAME, entry_size, list_entries
 from warmcache.cache.platform_mark import claim_for_target
 from warmcache.cache.usage import InductorLookups
 from warmcache.errors import UsageError
@@ -27,14 +29,7 @@ from warmcache.identity.plan import PlannedShape
 from warmcache.manifest import Manifest, ModelSpec
 from warmcache.registry.records import ArtifactRef
 from warmcache.shapes.workload_settings import TrainSettings, WorkloadSettings
-from warmcache.targets import PrecompileRoute, Target, resolve_cache_dir, target_for
-from warmcache.warmup.decode_writer import (
-    capture_decode_call,
-    precompile_decode,
-    save_package,
-    save_precompiled,
-    save_prefill_package,
-)
+from warmcache.targets import Target, resolve_cache_dir, target_for
 from warmcache.warmup.phases import NO_PHASES, Phase, PhaseListener, SpecPhases
 from warmcache.warmup.sharding import sharded_load_kwargs
 from warmcache.warmup.workloads import WorkloadResult, run_generate, run_train
@@ -120,14 +115,11 @@ class Worker:
         start = time.perf_counter()
         precompile = self.precompile and model_spec.precompile.applies_to(spec.workload)
         measured = _run_workload(model, planned, target, phases, capture_decode=precompile, replaying=self.replaying)
-        entries = self._precompile(planned, model, root, measured.decode_kwargs, phases) if precompile else []
+        entries = self._precompile(planned, model, root, measured.decode_kwargs, phases) if precompile else {}
         seconds = time.perf_counter() - start
         new, reused = _entries_needed(root, flavor, before, measured.lookups)
-        for entry in entries:
-            (new if entry not in before else reused)[entry] = model_spec.precompile.artifact_kind
-            library = library_of(root, entry)  # a package's unpacked .so, which a start maps where it lies
-            if library is not None:
-                (new if library not in before else reused)[library] = AOTINDUCTOR_LIBRARY
+        for entry, kind in entries.items():
+            (new if entry not in before else reused)[entry] = kind
         return SpecRun(
             seconds=seconds,
             graphs=measured.counter.graphs,
@@ -147,33 +139,24 @@ class Worker:
         root: Path,
         decode_kwargs: dict[str, Any],
         phases: SpecPhases,
-    ) -> list[str]:
-        """The spec's decode graph as a precompiled artifact, written once per graph and reused by rows that share it;
-        on the AOTInductor route, its prompt's packaged prefill too (none when the decode's inputs need the model's
-        code, see :mod:`warmcache.warmup.prefill_inputs`), with which a process serves the bucket without
-        transformers' modeling code (:mod:`warmcache.runtime.mounted`)."""
+    ) -> dict[str, str]:
+        """``{entry: kind}`` of the spec's precompiled files as its route saves them
+        (:class:`warmcache.artifacts.route.PrecompiledRoute`), each written once per process and reused by rows that
+        share it, and the entries each needs recorded beside it."""
         spec, model_spec = planned.spec, planned.model
         if not decode_kwargs:
             raise UsageError(
                 f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)"
             )
-        fields = _fingerprint_fields(planned)
+        route = route_for(model_spec.precompile)
+        job = SaveJob(root, model, decode_kwargs, _fingerprint_fields(planned), spec.seq_len, phases)
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
-        if model_spec.precompile is not PrecompileRoute.AOTINDUCTOR:
-
-            def precompiled() -> str | None:
-                phases.enter(Phase.PRECOMPILING)
-                compiled = precompile_decode(model, decode_kwargs, model_spec.backend)
-                return save_precompiled(root, compiled, decode_kwargs, fields)
-
-            return self._written(root, key, precompiled)
-        decode = self._written(root, key, lambda: save_package(root, model, decode_kwargs, fields, phases))
-        prefill = self._written(
-            root,
-            (*key, spec.seq_len),
-            lambda: save_prefill_package(root, model, decode_kwargs, spec.seq_len, fields, phases),
-        )
-        return decode + prefill
+        entries: dict[str, str] = {}
+        for suffix, write in route.writes(job):
+            for entry in self._written(root, (*key, *suffix), write):
+                entries[entry] = route.kind
+                entries.update(route.companions(root, entry))
+        return entries
 
     def _written(self, root: Path, key: tuple[Any, ...], write: Callable[[], str | None]) -> list[str]:
         """The artifact this process wrote for ``key`` if it is still there, else what ``write`` writes now (``[]``:

@@ -1,8 +1,9 @@
 """verify's proof of a spec's precompiled artifact, run in verify's fresh replay process.
 
 After the replay ran the spec (through ``torch.compile``, or eagerly for an
-AOTInductor model), an AOTInductor package's graph must be the one the model exports
-now (:mod:`.package_graph`: exact, in every dtype). Then the artifact the row recorded
+AOTInductor model), each route the row recorded files of gives its exact proof first
+(:meth:`warmcache.artifacts.route.PrecompiledRoute.prove`: an AOTInductor package's graph
+must be the one the model exports now, in every dtype). Then the artifact the row recorded
 is loaded (sha256 and fingerprint checked first), installed as the model's compiled
 call, and the spec's ``generate()`` runs through it to the cache's end: it must trace
 no Dynamo frame, and every step's logits and token must be as close to the
@@ -16,12 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmcache.artifacts.dispatch import install
+from warmcache.artifacts.kinds import routes_of
 from warmcache.errors import first_line
 from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import generate_kwargs
-from warmcache.runtime.decode_dispatch import install, precompiled_entries
 from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
-from warmcache.warmup.verify.package_graph import prove_package_graphs
+from warmcache.warmup.verify.padded_request import prove_padded_request
 from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
@@ -42,7 +44,8 @@ def prove_artifacts(
 
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
 
-    if not precompiled_entries(record):
+    routes = routes_of(record)
+    if not routes:
         return None
     settings = spec.family.generate
     ids, mask, new_tokens = bucket_prompt(model, spec, next(model.parameters()).device)
@@ -51,9 +54,10 @@ def prove_artifacts(
         capture: dict[str, Any] = generate_kwargs(
             settings, max_new_tokens=new_tokens, config=config, model_config=model.config
         )
-        unproven = prove_package_graphs(model, record, root, settings.max_cache_len, {**capture, **call})
-        if unproven:
-            return unproven
+        for route in routes:
+            unproven = route.prove(model, record, root, settings.max_cache_len, {**capture, **call})
+            if unproven:
+                return unproven
         decoder, _ = install(model, config, [record], root_override=root, strict=True)
         kwargs: dict[str, Any] = generate_kwargs(
             settings, max_new_tokens=new_tokens, config=config, model_config=model.config
@@ -81,6 +85,9 @@ def prove_artifacts(
     agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(served.logits, dim=1))
     if not agreement.agrees:
         return f"precompiled artifact {agreement.describe()}"
+    unserved = prove_padded_request(model, record, spec, config, root)  # the masks production sends, padded too
+    if unserved:
+        return unserved
     return prove_packaged_prefill(model, record, root, ids, mask, new_tokens, settings, config)
 
 
