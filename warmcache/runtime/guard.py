@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from warmcache.artifacts.trust import ArtifactTrust
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.registry.records import MissEvent, ShapeRecord
-from warmcache.runtime.artifact_trust import ArtifactTrust
 from warmcache.runtime.guard_rows import RowFilter, model_config_filter, select_family
 from warmcache.runtime.guard_sources import (
     RowSource,
@@ -156,7 +156,7 @@ class ShapeGuard(TorchFacing):
         ``trust`` (keys or ``.pub`` files; default ``$WARMCACHE_TRUSTED_KEYS``) checks the snapshot's
         signature: with keys, a snapshot unsigned, altered or signed by another key is refused. Without
         keys the rows still guard shapes, but :meth:`prime` loads none of the precompiled code they name
-        unless ``allow_unsigned`` (see :mod:`warmcache.runtime.artifact_trust`).
+        unless ``allow_unsigned`` (see :mod:`warmcache.artifacts.trust`).
 
         :param path: the snapshot file, or the folder holding it (``warmcache guard export``).
         :param model: the model name the snapshot was exported for.
