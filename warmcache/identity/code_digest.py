@@ -30,7 +30,7 @@ toolchain's fingerprint, and Dynamo itself replaces ``nn.Module.__init__`` when 
 instance attributes (a forward replaced on one module object, accelerate's hooks),
 functions reached only through other modules (transformers' masking and attention
 registries), the config (:func:`warmcache.identity.fingerprint.config_hash` covers that) or
-the weights (graph inputs). verify's graph digest (:mod:`warmcache.warmup.verify.package_graph`)
+the weights (graph inputs). verify's graph digest (:meth:`warmcache.artifacts.aotinductor.AotInductorRoute.prove`)
 sees all of those, by exporting the model again.
 
 Imports nothing but the standard library: a served process computes it without torch's
