@@ -28,7 +28,7 @@ from warmcache.errors import StoreError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation, default_registry
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest, ShipmentScope
 from warmcache.store import BlobStore, StoreLocation, open_store
 from warmcache.store.blob.backends import FileStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, blob_key, index_bytes
@@ -143,7 +143,8 @@ def test_concurrent_pushes_of_overlapping_shapes_store_each_blob_and_index_once(
         try:
             with Registry.open(built.url) as registry:
                 barrier.wait()
-                BlobStore(object_store(store)).push(ShipmentScope(manifest, location), registry, identities=identities)
+                request = PushRequest(ShipmentScope(manifest, location), identities=frozenset(identities))
+                BlobStore(object_store(store)).push(request, registry)
         except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 

@@ -26,7 +26,7 @@ from warmcache.errors import CacheError
 from warmcache.manifest import load_manifest
 from warmcache.registry import Registry
 from warmcache.settings import RegistryLocation
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest, ShipmentScope
 from warmcache.store import BlobStore
 from warmcache.store.index import BLOB_PREFIX, INDEX_PREFIX, MAX_INDEX_BYTES, blob_key
 from warmcache.store.pull import pull_manifest
@@ -49,9 +49,8 @@ def dangling(store: list[str]) -> list[str]:
 
 def push_in_process(built: Built, store: list[str]) -> None:
     with Registry.open(built.url) as registry:
-        BlobStore(object_store(store)).push(
-            ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test")), registry
-        )
+        scope = ShipmentScope(load_manifest(built.manifest), CacheLocation(built.root, "neuron", "test"))
+        BlobStore(object_store(store)).push(PushRequest(scope), registry)
 
 
 @pytest.fixture

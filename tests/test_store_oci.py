@@ -217,7 +217,7 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
     from warmcache.cache.locate import CacheLocation
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
-    from warmcache.shipping.shipment import ShipmentScope
+    from warmcache.shipping.shipment import PushRequest, ShipmentScope
     from warmcache.store import OciStore
 
     planned = planned_by_batch(built.manifest)
@@ -228,7 +228,7 @@ def test_concurrent_pushes_of_different_shapes_to_one_tag_keep_every_shape(
         try:
             with Registry.open(built.url) as registry:
                 barrier.wait()
-                OciStore.open(tag[1]).push(scope, registry, identities=[identity])
+                OciStore.open(tag[1]).push(PushRequest(scope, identities=frozenset([identity])), registry)
         except Exception as exc:  # noqa: BLE001  (surfaced by the assertion below)
             errors.append(exc)
 

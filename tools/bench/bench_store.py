@@ -101,7 +101,7 @@ def main() -> None:
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
-    from warmcache.shipping.shipment import ShipmentScope
+    from warmcache.shipping.shipment import PushRequest, ShipmentScope
     from warmcache.store import BlobStore, StoreLocation, open_store
     from warmcache.store.pull import pull_manifest
 
@@ -119,7 +119,9 @@ def main() -> None:
 
         def push() -> object:
             with Registry.open(url) as registry:
-                return store.push(ShipmentScope(manifest, CacheLocation(cache, "neuron", "bench")), registry)
+                return store.push(
+                    PushRequest(ShipmentScope(manifest, CacheLocation(cache, "neuron", "bench"))), registry
+                )
 
         def plain_upload() -> None:
             for path in files:
@@ -203,7 +205,7 @@ def bench_oci(
     from warmcache.manifest import load_manifest
     from warmcache.registry import Registry
     from warmcache.settings import RegistryLocation
-    from warmcache.shipping.shipment import ShipmentScope
+    from warmcache.shipping.shipment import PushRequest, ShipmentScope
     from warmcache.store import OciStore
     from warmcache.store.pull import pull_manifest
 
@@ -212,7 +214,7 @@ def bench_oci(
 
     def push() -> object:
         with Registry.open(url) as registry:
-            return store.push(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench")), registry)
+            return store.push(PushRequest(ShipmentScope(parsed, CacheLocation(cache, "neuron", "bench"))), registry)
 
     def skopeo(source: str, target: str) -> None:
         done = subprocess.run(

@@ -25,6 +25,7 @@ from warmcache.cli.store_options import (
 from warmcache.cli.unsigned import allow_unsigned_option, warn_if_unverified
 from warmcache.errors import ExitCode, UsageError
 from warmcache.shipping.install import DEFAULT_MAX_UNPACK_BYTES
+from warmcache.shipping.shipment import PushRequest
 from warmcache.store import resolve_store
 from warmcache.store.oci.freshness import MIN_VERSION_ENV, PushPolicy, TagMemory, parse_pin
 from warmcache.store.pull import pull_manifest
@@ -86,7 +87,7 @@ def push(
     if store.tagged:
         store.use_push_policy(PushPolicy(expires, max_expires, TrustedKeys.load(trust, "--trust"), fresh))
     with shipment.opened("pushing", "push --sign" if key else None) as (registry, progress):
-        result = store.push(shipment.scope, registry, verified_only=verified_only, signing_key=key, progress=progress)
+        result = store.push(PushRequest(shipment.scope, verified_only, signing_key=key), registry, progress)
     print_result(result, as_json, lambda: result.message(verified_only))
 
 

@@ -15,6 +15,7 @@ from warmcache.identity.plan import plan_manifest
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry, ShapeRecord
 from warmcache.registry.statuses import DONE_STATUSES, Status
+from warmcache.trust import SigningKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,22 @@ class ShipmentScope:
     manifest: Manifest
     location: CacheLocation
     model_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PushRequest:
+    """What a push ships, and how: the scope's compiled shapes (only verified ones with ``verified_only``; only
+    ``identities`` if given, as warmup --push ships each shape as it compiles), each index signed with
+    ``signing_key`` if given."""
+
+    scope: ShipmentScope
+    verified_only: bool = False
+    identities: frozenset[str] | None = None
+    signing_key: SigningKey | None = None
+
+    def records(self, registry: Registry) -> tuple[list[ShapeRecord], int]:
+        """The rows this push ships, and how many declared shapes lack one (:func:`records_to_ship`)."""
+        return records_to_ship(registry, self.scope, self.verified_only, self.identities)
 
 
 def records_to_ship(

@@ -27,11 +27,12 @@ from typing import Any
 from warmcache.cache.layout import CacheFlavor
 from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError
-from warmcache.registry import ShapeRecord
+from warmcache.registry import Registry, ShapeRecord
 from warmcache.shipping.bundle import BundleFile, entries_needed, entry_files, sha256_of, shared_kernels
 from warmcache.shipping.bundle_rows import check_rows, row_to_json
 from warmcache.shipping.file_list import check_artifacts, check_files, read_signed_document
-from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes
+from warmcache.shipping.shipment import PushRequest
+from warmcache.trust import NOT_CONFIGURED, SignatureCheck, TrustedKeys, canonical_bytes, sign_document
 
 INDEX_FORMAT = 1
 BLOB_PREFIX = "blobs/sha256/"
@@ -74,6 +75,33 @@ def build_index(record: ShapeRecord, flavor: CacheFlavor, files: list[BundleFile
         "row": row_to_json(record),
         "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in sorted(files, key=lambda f: f.path)],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What a push sends, whatever the store: its rows, each shape's files, and each shape's index by its key."""
+
+    records: list[ShapeRecord]
+    #: Declared shapes with no row to ship (what ``push`` says it left out).
+    not_compiled: int
+    files: dict[str, list[BundleFile]]
+    #: Signed as a whole (the file list with every sha256 included) when the push signs.
+    indexes: dict[str, dict[str, Any]]
+
+
+def outgoing(request: PushRequest, registry: Registry) -> Outgoing:
+    """The rows ``request`` ships, their files, and their indexes (signed with its key): what every store's push
+    uploads or merges. Ed25519 signatures are deterministic: a signed re-push writes nothing new."""
+    records, not_compiled = request.records(registry)
+    location, key = request.scope.location, request.signing_key
+    files = files_per_shape(records, location)
+    indexes = {}
+    for record in records:
+        index = build_index(record, location.flavor, files[record.identity])
+        indexes[index_key(record.model_name, record.toolchain_hash, record.identity)] = (
+            sign_document(index, key) if key else index
+        )
+    return Outgoing(records, not_compiled, files, indexes)
 
 
 def index_bytes(index: dict[str, Any]) -> bytes:

@@ -8,7 +8,7 @@ pull and the ``store`` commands then ask the store itself. The results are share
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,11 +19,11 @@ from warmcache.identity.plan import PlannedShape
 from warmcache.jsonable import FieldsJson, fields_json
 from warmcache.registry import Registry
 from warmcache.shipping.bundle import ByteProgress, ShippedJson
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest
 from warmcache.store.index import ShapeIndex
 from warmcache.store.objects import StoredObject
 from warmcache.store.oci.freshness import PushPolicy
-from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 from warmcache.units import format_size
 
 #: A push of a large cache takes minutes to hours between its first blob and its last index.
@@ -157,17 +157,8 @@ class Store(Protocol):
         """How the next push signs and what it builds on (checked now, before anything is read or sent); a store
         that is not :attr:`tagged` refuses any but the default."""
 
-    def push(
-        self,
-        scope: ShipmentScope,
-        registry: Registry,
-        *,
-        verified_only: bool = False,
-        identities: Iterable[str] | None = None,
-        signing_key: SigningKey | None = None,
-        progress: ByteProgress | None = None,
-    ) -> PushResult:
-        """Publish the manifest's compiled shapes (only ``identities`` if given)."""
+    def push(self, request: PushRequest, registry: Registry, progress: ByteProgress | None = None) -> PushResult:
+        """Publish what ``request`` ships: the scope's compiled shapes (only its ``identities``, if it names some)."""
 
     def pull_source(self) -> PullSource:
         """What a pull reads this store through."""

@@ -17,7 +17,7 @@ from warmcache.errors import ExitCode, WarmcacheError
 from warmcache.manifest import Manifest
 from warmcache.registry import Registry
 from warmcache.settings import CacheFolder, RegistryLocation
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest, ShipmentScope
 from warmcache.store.interface import Store
 from warmcache.trust import SigningKey
 
@@ -42,7 +42,8 @@ class ShapePublisher:
                 scope = ShipmentScope(
                     self.manifest, single_location(self.manifest, self.cache_dir, record.model_name), record.model_name
                 )
-                result = self.store.push(scope, registry, identities=[identity], signing_key=self.signing_key)
+                request = PushRequest(scope, identities=frozenset([identity]), signing_key=self.signing_key)
+                result = self.store.push(request, registry)
         except WarmcacheError as exc:
             self.failures.append(f"{identity[:16]}: {exc}")
             return

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,19 +23,11 @@ from warmcache.registry import Registry
 from warmcache.shipping.bundle import (
     ByteProgress,
 )
-from warmcache.shipping.shipment import ShipmentScope, records_to_ship
+from warmcache.shipping.shipment import PushRequest
 from warmcache.store.blob.maintenance import GC_DECISION_SECONDS, REFRESH_AGE_SECONDS
-from warmcache.store.index import (
-    MAX_INDEX_BYTES,
-    blob_key,
-    build_index,
-    files_per_shape,
-    index_bytes,
-    index_key,
-)
+from warmcache.store.index import MAX_INDEX_BYTES, blob_key, index_bytes, outgoing
 from warmcache.store.interface import PushResult
 from warmcache.store.objects import ObjectStore
-from warmcache.trust import SigningKey, sign_document
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +36,16 @@ TRANSFER_THREADS = 8
 
 
 def push_objects(
-    scope: ShipmentScope,
-    registry: Registry,
-    store: ObjectStore,
-    *,
-    verified_only: bool = False,
-    identities: Iterable[str] | None = None,
-    signing_key: SigningKey | None = None,
-    progress: ByteProgress | None = None,
+    request: PushRequest, registry: Registry, store: ObjectStore, progress: ByteProgress | None = None
 ) -> PushResult:
-    """Upload what the store lacks of the manifest's compiled shapes (only ``identities`` if given).
-
-    With ``signing_key`` each index is signed as a whole (its file list with every
-    sha256 included), so a puller that trusts the key can tell a tampered index.
-    Ed25519 signatures are deterministic: a signed re-push still writes nothing.
-    """
-    records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
-    location = scope.location
-    shapes = files_per_shape(records, location)
-    blobs = {f.sha256: (location.root / f.path, f.size) for files in shapes.values() for f in files}
+    """Upload what the store lacks of what ``request`` ships (:func:`~warmcache.store.index.outgoing`): the blobs
+    first, then each index whose bytes the store does not hold (a puller that trusts the key tells a tampered one)."""
+    out = outgoing(request, registry)
+    records, root = out.records, request.scope.location.root
+    blobs = {f.sha256: (root / f.path, f.size) for files in out.files.values() for f in files}
     checked_at = time.monotonic()
     uploaded, present, sent = _upload_missing(store, blobs, progress)
-    indexes = []
-    for record in records:
-        index = build_index(record, location.flavor, shapes[record.identity])
-        if signing_key:
-            index = sign_document(index, signing_key)
-        indexes.append((index_key(record.model_name, record.toolchain_hash, record.identity), index_bytes(index)))
+    indexes = [(key, index_bytes(index)) for key, index in out.indexes.items()]
     late = time.monotonic() - checked_at > REFRESH_AGE_SECONDS  # every check is old now: refresh every re-used blob
     again = _refresh_reused(
         store,
@@ -87,7 +61,7 @@ def push_objects(
         uploaded + again,
         len(present) - again,
         sent,
-        not_compiled,
+        out.not_compiled,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from warmcache.errors import UsageError
 from warmcache.registry import Registry
 from warmcache.shipping.bundle import ByteProgress
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest
 from warmcache.store.blob.maintenance import execute_object_gc, list_objects, plan_object_gc
 from warmcache.store.blob.push import push_objects
 from warmcache.store.blob.scrub import check_objects, repair_objects
@@ -25,7 +25,7 @@ from warmcache.store.interface import (
 )
 from warmcache.store.objects import ObjectStore
 from warmcache.store.oci.freshness import PushPolicy
-from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,25 +43,8 @@ class BlobStore:
         if policy != PushPolicy():
             raise UsageError(f"{self.url}: only an oci:// tag has an expiry, keys to build on or a fresh start")
 
-    def push(
-        self,
-        scope: ShipmentScope,
-        registry: Registry,
-        *,
-        verified_only: bool = False,
-        identities: Iterable[str] | None = None,
-        signing_key: SigningKey | None = None,
-        progress: ByteProgress | None = None,
-    ) -> PushResult:
-        return push_objects(
-            scope,
-            registry,
-            self.objects,
-            verified_only=verified_only,
-            identities=identities,
-            signing_key=signing_key,
-            progress=progress,
-        )
+    def push(self, request: PushRequest, registry: Registry, progress: ByteProgress | None = None) -> PushResult:
+        return push_objects(request, registry, self.objects, progress)
 
     def pull_source(self) -> PullSource:
         return ObjectSource(self.objects)

@@ -38,8 +38,8 @@ from warmcache.cache.locate import CacheLocation
 from warmcache.errors import CacheError, StoreError
 from warmcache.registry import Registry
 from warmcache.shipping.bundle import BundleFile, ByteProgress, sha256_of
-from warmcache.shipping.shipment import ShipmentScope, records_to_ship
-from warmcache.store.index import build_index, files_per_shape, index_key
+from warmcache.shipping.shipment import PushRequest
+from warmcache.store.index import outgoing
 from warmcache.store.interface import PushResult
 from warmcache.store.oci.annotations import summary
 from warmcache.store.oci.freshness import TagVersion, needs_renewal
@@ -56,7 +56,7 @@ from warmcache.store.oci.image import (
 from warmcache.store.oci.layers import LAYER_MEDIA_TYPE, Layer, by_bucket, extract_files, member_bound, write_layer
 from warmcache.store.oci.lineage import Basis, push_basis
 from warmcache.store.oci.repository import OciRepository, layers_for
-from warmcache.trust import SigningKey, canonical_bytes, sign_document
+from warmcache.trust import SigningKey, canonical_bytes
 
 MERGE_WINDOW_SECONDS = 1.0
 SETTLE_SECONDS = 2.5
@@ -67,26 +67,13 @@ LAYER_THREADS = 4
 
 
 def push_image(
-    scope: ShipmentScope,
-    registry: Registry,
-    store: OciRepository,
-    *,
-    verified_only: bool = False,
-    identities: Any = None,
-    signing_key: SigningKey | None = None,
-    progress: ByteProgress | None = None,
+    request: PushRequest, registry: Registry, store: OciRepository, progress: ByteProgress | None = None
 ) -> PushResult:
-    """Merge the manifest's compiled shapes (only ``identities`` if given) into the tag; see the module docstring."""
-    records, not_compiled = records_to_ship(registry, scope, verified_only, identities)
-    location = scope.location
-    shapes = files_per_shape(records, location)
-    ours: dict[str, dict[str, Any]] = {}
-    for record in records:
-        index = build_index(record, location.flavor, shapes[record.identity])
-        ours[index_key(record.model_name, record.toolchain_hash, record.identity)] = (
-            sign_document(index, signing_key) if signing_key else index
-        )
-    local = {f.path: f for files in shapes.values() for f in files}
+    """Merge what ``request`` ships (:func:`~warmcache.store.index.outgoing`) into the tag; see the module docstring."""
+    out = outgoing(request, registry)
+    records, not_compiled, ours = out.records, out.not_compiled, out.indexes
+    location, signing_key = request.scope.location, request.signing_key
+    local = {f.path: f for files in out.files.values() for f in files}
     policy = store.push_policy
     validity = policy.validity()  # checked before anything is read or sent
     if signing_key:

@@ -7,13 +7,13 @@ package; this class only hands the store interface's calls to them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from warmcache.registry import Registry
 from warmcache.shipping.bundle import ByteProgress
-from warmcache.shipping.shipment import ShipmentScope
+from warmcache.shipping.shipment import PushRequest
 from warmcache.store.interface import (
     DEFAULT_GC_GRACE_SECONDS,
     CheckReport,
@@ -33,7 +33,7 @@ from warmcache.store.oci.push import push_image
 from warmcache.store.oci.repair import repair_repository
 from warmcache.store.oci.repository import OciRepository
 from warmcache.store_location import StoreLocation
-from warmcache.trust import NOT_CONFIGURED, SigningKey, TrustedKeys
+from warmcache.trust import NOT_CONFIGURED, TrustedKeys
 
 
 class OciStore(OciRepository):
@@ -51,25 +51,8 @@ class OciStore(OciRepository):
         policy.validity()  # checked before anything is read or sent
         self.push_policy = policy
 
-    def push(
-        self,
-        scope: ShipmentScope,
-        registry: Registry,
-        *,
-        verified_only: bool = False,
-        identities: Iterable[str] | None = None,
-        signing_key: SigningKey | None = None,
-        progress: ByteProgress | None = None,
-    ) -> PushResult:
-        return push_image(
-            scope,
-            registry,
-            self,
-            verified_only=verified_only,
-            identities=identities,
-            signing_key=signing_key,
-            progress=progress,
-        )
+    def push(self, request: PushRequest, registry: Registry, progress: ByteProgress | None = None) -> PushResult:
+        return push_image(request, registry, self, progress)
 
     def pull_source(self) -> PullSource:
         return self
