@@ -74,6 +74,16 @@ def bucket_prompt(model: PreTrainedModel, spec: ShapeSpec, device: Any = None) -
     return BucketPrompt(ids, torch.ones_like(ids), new_tokens)
 
 
+def left_padded(ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bucket's prompt with its first row left-padded over half its length: a padded request of the bucket (the
+    attention mask keeps zeros, so generate() passes it on, where it drops an all-ones one)."""
+    padded_ids, padded_mask = ids.clone(), mask.clone()
+    lead = ids.shape[1] // 2
+    padded_ids[0, :lead] = pad_id
+    padded_mask[0, :lead] = 0
+    return padded_ids, padded_mask
+
+
 def pad_token_id(model: PreTrainedModel) -> int:
     for source in (getattr(model, "generation_config", None), model.config):
         value = getattr(source, "pad_token_id", None)
@@ -139,10 +149,7 @@ def run_generate(
         return WorkloadResult(padded_graphs=0)
     padded_graphs = 0
     if spec.seq_len >= 2:  # a one-token prompt has no room for padding
-        padded_ids, padded_mask = ids.clone(), mask.clone()
-        lead = spec.seq_len // 2
-        padded_ids[0, :lead] = pad_id
-        padded_mask[0, :lead] = 0
+        padded_ids, padded_mask = left_padded(ids, mask, pad_id)
         with CompileCounter() as padded:
             generate(padded_ids, padded_mask, min(DECODE_TOKENS, full_length))
         padded_graphs = padded.graphs
