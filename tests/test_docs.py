@@ -124,6 +124,22 @@ def _invocations(command: str, program: str = "warmcache|python") -> list[str]:
     return [call.replace(PROJECT_DB, "").strip() for call in calls]
 
 
+def test_ci_runs_the_readmes_quickstart_from_the_wheel() -> None:
+    """``tools/ci/wheel_check.sh`` runs the README's quickstart line itself, in a folder outside the checkout with only
+    the wheel installed: the line must begin with the install step the script replaces, build its models from the
+    wheel (it built them with tools/tiny_model.py, which no wheel holds) and name only example files the script
+    copies."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = _bash_blocks(readme.split("\n## Quickstart", 1)[1])[0].strip()
+    script = (ROOT / "tools" / "ci" / "wheel_check.sh").read_text(encoding="utf-8")
+    (install,) = re.findall(r'^INSTALL="(.*)"$', script, flags=re.MULTILINE)
+    assert command.startswith(install), (install, command[:120])
+    assert ".venv/bin/python -m warmcache.examples.tiny_model " in command and "tools/" not in command
+    named = set(re.findall(r"\bexamples/[\w./-]+", command))
+    copied = set(re.findall(r'"\$work/src/(examples/[\w./-]+)"', script))
+    assert named and named <= copied, (named, copied)
+
+
 def test_the_quickstart_page_runs_the_readmes_quickstart_one_step_a_block() -> None:
     """The page makes the README's one-line run step-by-step blocks: the same calls in the same order, each a
     readable line (it was one 900-character line); the install step installs the same extra under the same pins."""

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # What users install, proven the way they install it: the sdist and the wheel built from a clean copy of the tree,
-# the wheel installed (not editable) with constraints.txt into a fresh venv, and from there, outside the tree, the
-# commands a user runs first: `warmcache --help`, `db upgrade`, and a tiny plan -> warmup -> verify. Then the sdist
-# installs over it and answers too. An editable checkout imports folders the wheel may lack (warmcache.store.oci once
-# was), so only this catches a package the wheel drops.
+# the wheel installed (not editable, with the quickstart's `serve` extra) with constraints.txt into a fresh venv, and
+# from there, in an empty folder outside the tree, the commands a user runs first: `warmcache --help`, `db upgrade`,
+# and the README's quickstart, its own command line with only its install step replaced by the wheel's (the folder
+# holds the two example files it names, examples/tiny-cpu.toml and examples/guard_request.py, and no source). Then the
+# sdist installs over it and answers too. An editable checkout imports folders the wheel may lack (warmcache.store.oci
+# once was; the quickstart's model builder was tools/tiny_model.py), so only this catches what the wheel drops.
 #
-#     tools/ci/wheel_check.sh [WORKDIR]     # WORKDIR (kept, reused by a rerun) holds the copy, dist/ and the venv
+#     tools/ci/wheel_check.sh [WORKDIR]     # WORKDIR (kept, reused by a rerun) holds the copy, dist/ and the run
 #
 # The venv is always new (never --system-site-packages): pip's cache and the local torch wheel ($PIP_FIND_LINKS)
 # make it quick. BUILD_PYTHON is an interpreter with the `build` package (default .venv/bin/python, the test extra).
+# The quickstart compiles for real: its warmup and verify take most of this script's time (minutes on 2 cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 builder=${BUILD_PYTHON:-$root/.venv/bin/python}
@@ -24,7 +27,7 @@ step() { echo "--- $* (at $((SECONDS - started)) s)"; }
 pip_quietly() { "$bin/pip" "$@" >"$work/pip.log" 2>&1 || { tail -30 "$work/pip.log"; exit 1; }; }
 
 step "a clean copy of the tree: tracked and new files, no build/, *.egg-info or .venv"
-rm -rf "$work/src" "$work/dist" "$work/venv" "$work/run"
+rm -rf "$work/src" "$work/dist" "$work/run" "$work/upgrade.sqlite"
 mkdir -p "$work/src" "$work/run"
 (
   cd "$root"
@@ -39,13 +42,26 @@ sdist=$(echo "$work"/dist/warmcache-*.tar.gz)
 wheel=$(echo "$work"/dist/warmcache-*.whl)
 [ -f "$sdist" ] && [ -f "$wheel" ] || { echo "wheel_check: no sdist or wheel in $work/dist" >&2; exit 1; }
 
-step "a fresh venv with the wheel and constraints.txt"
-python3 -m venv "$work/venv"
-bin=$work/venv/bin
-pip_quietly install -q -c "$root/constraints.txt" "$wheel"
+# The README's quickstart line, its install step (which installs the checkout) cut off: what follows it runs as written.
+INSTALL="python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt '.[serve]' && "
+quickstart=$(INSTALL=$INSTALL python3 - "$root/README.md" <<'PY'
+import os, re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+block = re.search(r"```bash\n(.*?)\n```", text.split("\n## Quickstart", 1)[1], re.DOTALL).group(1).strip()
+if not block.startswith(os.environ["INSTALL"]):
+    sys.exit(f"wheel_check: the README's quickstart no longer begins with {os.environ['INSTALL']!r}: update this script")
+print(block[len(os.environ["INSTALL"]):])
+PY
+)
 
-# From a folder outside the tree, as a user runs it: nothing can import the source folders.
-cd "$work/run"
+step "an empty folder outside the tree: a fresh .venv with the wheel, its serve extra and constraints.txt"
+run=$work/run
+python3 -m venv "$run/.venv"
+bin=$run/.venv/bin
+pip_quietly install -q -c "$root/constraints.txt" "$wheel[serve]"
+
+# From the folder outside the tree, as a user runs it: nothing can import the source folders.
+cd "$run"
 step "warmcache is the installed one"
 "$bin/python" - <<'PY'
 import sys
@@ -59,36 +75,18 @@ print(where)
 PY
 step "warmcache --help, db upgrade"
 "$bin/warmcache" --help >/dev/null
-"$bin/warmcache" db upgrade --db "sqlite:///$work/run/registry.sqlite"
-"$bin/warmcache" db current --db "sqlite:///$work/run/registry.sqlite"
+"$bin/warmcache" db upgrade --db "sqlite:///$work/upgrade.sqlite"
+"$bin/warmcache" db current --db "sqlite:///$work/upgrade.sqlite"
 
-step "a tiny model, plan -> warmup -> verify (eager: the route through every command, not the compiler)"
-"$bin/python" -m warmcache.examples.tiny_model models --arch llama
-cat >manifest.toml <<'TOML'
-[registry]
-url = "sqlite:///registry.sqlite"
-
-[cache]
-dir = "cache"
-
-[[model]]
-name = "tiny-llama"
-path = "models/tiny-llama"
-dtype = "float32"
-device = "cpu"
-backend = "eager"
-
-[[model.generate]]
-batch_sizes = [1]
-prompt_lengths = [8]
-max_cache_len = 16
-TOML
-"$bin/warmcache" plan manifest.toml
-"$bin/warmcache" warmup manifest.toml
-"$bin/warmcache" verify manifest.toml
+step "the README's quickstart, from the wheel: $(echo "$quickstart" | cut -c1-80)..."
+mkdir examples
+cp "$work/src/examples/tiny-cpu.toml" "$work/src/examples/guard_request.py" examples/
+# Its server is stopped by its last step; stopped here too when an earlier step fails.
+bash -c "$quickstart"'
+status=$?; [ -n "${SERVE:-}" ] && kill "$SERVE" 2>/dev/null; exit $status'
 
 step "the sdist installs too, over it, and answers"
 pip_quietly install -q --no-deps --force-reinstall "$sdist"
 "$bin/warmcache" --help >/dev/null
-"$bin/warmcache" db upgrade --db "sqlite:///$work/run/sdist.sqlite"
+"$bin/warmcache" db upgrade --db "sqlite:///$work/sdist.sqlite"
 step "wheel check passed: $(basename "$wheel"), $(basename "$sdist")"
