@@ -32,10 +32,13 @@ BATCHES = (1, 4)
 REQUESTS = ((5,), (8, 3, 6), (2, 8, 7, 4), (8, 8, 8, 8))
 
 
-def warm_packages(root: Path, model_path: Path, device: str, batches: Sequence[int] = BATCHES) -> Path:
+def warm_packages(
+    root: Path, model_path: Path, device: str, batches: Sequence[int] = BATCHES, package_prefill: bool = True
+) -> Path:
     """A registry and cache filled by the real ``warmcache warmup`` and ``warmcache verify``.
 
-    With ``precompile = "aotinductor"``.
+    With ``precompile = "aotinductor"`` (and ``package_prefill``: a test that serves no mount skips the prefill's
+    compile).
     """
     manifest = root / "manifest.toml"
     declared = model(
@@ -44,6 +47,7 @@ def warm_packages(root: Path, model_path: Path, device: str, batches: Sequence[i
         device=device,
         backend="inductor",
         precompile="aotinductor",
+        package_prefill=package_prefill,
         generate=[generate(batches, [PROMPT], MAX_CACHE_LEN)],
     )
     manifest.write_text(
@@ -70,20 +74,25 @@ def _rows(root: Path) -> dict[int, Any]:
         return {row.batch_size: row for row in registry.rows(model="m", with_artifacts=True)}
 
 
-def _package(row: Any, step: str = "decode") -> str:
-    """The row's decode package (or its packaged prefill), told apart by the step its header names."""
+def package_steps(row: Any) -> dict[str, str]:
+    """The row's AOTInductor packages by the step each header names (``decode``, ``prefill``)."""
     from warmcache.artifacts.package_steps import package_step
 
     root = Path(row.cache_root) if getattr(row, "cache_root", None) else None
-    found = []
+    steps: dict[str, str] = {}
     for artifact in row.artifacts:
         if artifact.kind != AOTINDUCTOR:
             continue
         header = json.loads((root / artifact.path).read_bytes().split(b"\n")[1]) if root else {}
-        if package_step(header.get("aotinductor") or {}) == step:
-            found.append(artifact.path)
-    (entry,) = found
-    return str(entry)
+        step = package_step(header.get("aotinductor") or {})
+        assert step not in steps, f"two {step} packages in one row: {steps[step]}, {artifact.path}"
+        steps[step] = str(artifact.path)
+    return steps
+
+
+def _package(row: Any, step: str = "decode") -> str:
+    """The row's decode package (or its packaged prefill), told apart by the step its header names."""
+    return package_steps(row)[step]
 
 
 def _assert_served_by_packages(served: dict[str, Any]) -> None:

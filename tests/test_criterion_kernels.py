@@ -67,12 +67,16 @@ def test_a_right_inductor_decode_passes_and_wrong_ones_fail_under_each_cpu_capab
 def test_a_right_aotinductor_package_is_verified_under_each_cpu_capability(
     capability: str, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_aotinductor import warm_packages
+    from test_aotinductor import package_steps, warm_packages
 
     from warmcache.registry import Registry
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)  # read by the warmup and verify processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    root = warm_packages(tmp_path, tiny_models["llama"], "cpu", batches=[4])  # fails unless verify exits 0
+    # The decode is what the kernel choice changes; package_prefill = false skips the prefill's compile (and proves
+    # the switch: the row holds its decode package alone).
+    root = warm_packages(tmp_path, tiny_models["llama"], "cpu", batches=[4], package_prefill=False)
     with Registry.open(f"sqlite:///{root}/registry.sqlite") as registry:
-        assert [row.status for row in registry.rows(model="m")] == ["verified"]
+        rows = registry.rows(model="m", with_artifacts=True)
+    assert [row.status for row in rows] == ["verified"]  # warm_packages failed unless verify exited 0
+    assert list(package_steps(rows[0])) == ["decode"]

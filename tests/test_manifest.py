@@ -198,7 +198,7 @@ def test_each_table_lists_the_keys_its_dataclass_declares() -> None:
         "m.toml: trust.zz: unknown key (allowed: keys)",
         "m.toml: store.zz: unknown key (allowed: url, endpoint_url, push, max_pull_size, sign_key)",
         "m.toml: model 'm': model[0].zz: unknown key (allowed: name, path, revision, dtype, "
-        "device, backend, mode, attn_implementation, precompile, distributed, generate, train)",
+        "device, backend, mode, attn_implementation, precompile, package_prefill, distributed, generate, train)",
         "m.toml: model 'm': model[0].distributed.zz: unknown key (allowed: tp_size, fsdp_size)",
         "m.toml: model 'm': model[0].generate[0].zz: unknown key (allowed: batch_sizes, "
         "prompt_lengths, max_cache_len, num_beams, num_return_sequences, do_sample, "

@@ -298,3 +298,35 @@ def test_manifest_refuses_precompile_where_it_cannot_be_saved(target: dict[str, 
     path = write_manifest(manifest_toml(model("m", **target, precompile=True, generate=[generate(max_cache_len=32)])))
     with pytest.raises(ManifestError, match=r"model\[0\]\.precompile"):
         load_manifest(path)
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ({"precompile": True, "package_prefill": False}, "applies only with precompile = 'aotinductor'"),
+        ({"package_prefill": True}, "applies only with precompile = 'aotinductor'"),
+        ({"precompile": "aotinductor", "package_prefill": "no"}, "must be true or false, got 'no' (str)"),
+    ],
+    ids=["aot_compile", "no precompile", "not a boolean"],
+)
+def test_manifest_refuses_package_prefill_off_the_aotinductor_route(
+    keys: dict[str, Any], problem: str, write_manifest
+) -> None:  # type: ignore[no-untyped-def]
+    from warmcache.errors import ManifestError
+    from warmcache.manifest import load_manifest
+
+    path = write_manifest(manifest_toml(model("m", backend="inductor", **keys, generate=[generate(max_cache_len=32)])))
+    with pytest.raises(ManifestError) as refused:
+        load_manifest(path)
+    assert refused.value.problems == [f"{path}: model 'm': model[0].package_prefill: {problem}"]
+
+
+def test_package_prefill_is_on_by_default_and_read_from_the_manifest(write_manifest) -> None:  # type: ignore[no-untyped-def]
+    from warmcache.manifest import load_manifest
+
+    declared = [
+        model(f"m{i}", backend="inductor", precompile="aotinductor", **keys, generate=[generate(max_cache_len=32)])
+        for i, keys in enumerate([{}, {"package_prefill": False}])
+    ]
+    loaded = load_manifest(write_manifest(manifest_toml(*declared)))
+    assert [m.package_prefill for m in loaded.models] == [True, False]

@@ -65,16 +65,15 @@ class AotInductorRoute(PrecompiledRoute):
 
     def writes(self, job: SaveJob) -> list[Write]:
         """The decode package (rows of one batch share it), then the prompt's packaged prefill (one per prompt
-        length)."""
-        return [
-            ((), lambda: save_package(job.root, job.model, job.decode_kwargs, job.fields, job.progress)),
-            (
-                (job.seq_len,),
-                lambda: save_prefill_package(
-                    job.root, job.model, job.decode_kwargs, job.seq_len, job.fields, job.progress
-                ),
-            ),
-        ]
+        length) unless the manifest's ``package_prefill`` is false."""
+        decode: Write = ((), lambda: save_package(job.root, job.model, job.decode_kwargs, job.fields, job.progress))
+        if not job.package_prefill:
+            return [decode]
+        prefill: Write = (
+            (job.seq_len,),
+            lambda: save_prefill_package(job.root, job.model, job.decode_kwargs, job.seq_len, job.fields, job.progress),
+        )
+        return [decode, prefill]
 
     def companions(self, root: Path, entry: str) -> dict[str, str]:
         """The package's unpacked ``.so``, which a start maps where it lies."""

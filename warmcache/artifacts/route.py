@@ -84,6 +84,8 @@ class SaveJob:
     #: The bucket's prompt length.
     seq_len: int
     progress: Progress = SILENT
+    #: Whether the route also saves the bucket's prefill (the manifest's ``package_prefill``).
+    package_prefill: bool = True
 
 
 #: One file a route writes: what tells it apart from the spec's other files in warmup's per-process memo (rows of one

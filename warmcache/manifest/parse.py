@@ -181,6 +181,9 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
     device, backend, mode = _parse_target(check, entry, where)
     attn_implementation = check.string(entry, "attn_implementation", where)
     precompile = _parse_precompile(check, entry, where, device, backend, mode)
+    package_prefill = check.boolean(entry, "package_prefill", where, True)
+    if "package_prefill" in entry and precompile is not PrecompileRoute.AOTINDUCTOR:
+        check.problem(f"{where}.package_prefill", "applies only with precompile = 'aotinductor'")
     tp, fsdp = _parse_distributed(check, entry, where)
     generate = _parse_each(check, entry, "generate", where, _parse_generate)
     train = _parse_each(check, entry, "train", where, _parse_train)
@@ -202,6 +205,7 @@ def _parse_model(check: Checker, entry: dict[str, Any], where: str, anchor: Anch
         mode=mode,
         attn_implementation=attn_implementation,
         precompile=precompile,
+        package_prefill=package_prefill,
         tp_size=tp,
         fsdp_size=fsdp,
         generate=tuple(generate),

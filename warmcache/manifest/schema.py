@@ -91,6 +91,10 @@ class ModelSpec:
     #: Whether (and how) warmup also saves each generate bucket's decode step for production to load without
     #: tracing.
     precompile: PrecompileRoute = PrecompileRoute.NONE
+    #: With ``precompile = "aotinductor"``: also package each prompt length's prefill, which a start from the mount
+    #: (:func:`warmcache.serve_from_mount`) needs; one more compile per prompt length. ``False`` where production serves
+    #: only through ``ShapeGuard.generate`` over a transformers model, whose ``generate()`` runs its own prefill.
+    package_prefill: bool = True
     tp_size: int = field(default=1, metadata=toml("distributed.tp_size"))
     fsdp_size: int = field(default=1, metadata=toml("distributed.fsdp_size"))
     generate: tuple[GenerateWorkload, ...] = ()

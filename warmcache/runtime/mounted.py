@@ -13,8 +13,8 @@ Requests are fitted to a bucket by the guard (padding, refusals, its telemetry) 
 compiler or the registry's database layer: the start is ``import torch``, the checks, and
 the packages' loads.
 
-A snapshot whose buckets lack a packaged prefill (warmed before prefills were packaged, or
-a model whose decode takes recurrent state) is refused with one line: serve it with
+A snapshot whose buckets lack a packaged prefill (warmed with ``package_prefill = false``,
+before prefills were packaged, or a model whose decode takes recurrent state) is refused with one line: serve it with
 ``ShapeGuard.generate`` over a transformers model, which keeps ``generate()``'s whole surface.
 """
 
@@ -165,8 +165,9 @@ class MountedModel:
             if PREFILL_STEP not in by_step or DECODE_STEP not in by_step:
                 raise CacheError(
                     f"{self.guard.source}: bucket batch={record.batch_size} seq={record.seq_len} has no packaged "
-                    f"{PREFILL_STEP if DECODE_STEP in by_step else DECODE_STEP} (warmed by an earlier warmcache, or a "
-                    "model whose decode needs its own code); warm it again, or serve it with ShapeGuard.generate"
+                    f"{PREFILL_STEP if DECODE_STEP in by_step else DECODE_STEP} (warmed with package_prefill = "
+                    "false, by an earlier warmcache, or a model whose decode needs its own code); warm it again, or "
+                    "serve it with ShapeGuard.generate"
                 )
             self.steps[(record.batch_size, record.seq_len)] = PackagedSteps(by_step[PREFILL_STEP], by_step[DECODE_STEP])
         self.guard.primed = True

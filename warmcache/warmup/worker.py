@@ -149,7 +149,9 @@ class Worker:
                 f"{spec.describe()}: generate() made no compiled decode call to precompile (is the cache static?)"
             )
         route = route_for(model_spec.precompile)
-        job = SaveJob(root, model, decode_kwargs, _fingerprint_fields(planned), spec.seq_len, phases)
+        job = SaveJob(
+            root, model, decode_kwargs, _fingerprint_fields(planned), spec.seq_len, phases, model_spec.package_prefill
+        )
         key = (model_spec.name, planned.config_hash, planned.toolchain.hash, spec.family, spec.batch_size)
         entries: dict[str, str] = {}
         for suffix, write in route.writes(job):
