@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -34,7 +36,7 @@ from warmcache.shapes import DTYPE_ALIASES, WORKLOADS
 if TYPE_CHECKING:
     from warmcache.registry.registry import PlanStatus
 
-F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 @click.command("plan")
@@ -69,11 +71,49 @@ def plan(manifest: str, model_name: str | None, db_url: str | None, as_json: boo
     click.echo(f"{len(statuses)} shapes: {summary or 'none'}")
 
 
-def request_options(*, required: bool) -> Callable[[F], F]:
-    """``--model --workload --batch --seq --dtype --max-cache-len --exact``: one request, as ``check`` and
-    ``explain`` take it."""
+@dataclass(frozen=True, slots=True)
+class AskedRequest:
+    """What :func:`request_options` read: the model and workload, and the request ``--batch --seq`` (with ``--dtype
+    --max-cache-len --exact``) describe, ``None`` where neither was given."""
 
-    def decorate(func: F) -> F:
+    model_name: str | None
+    workload: str
+    request: CheckRequest | None
+
+    def one(self) -> tuple[str, CheckRequest] | None:
+        """The model and its request once ``--model``, ``--batch`` and ``--seq`` are all given, else ``None``."""
+        if self.model_name is None or self.request is None:
+            return None
+        return self.model_name, self.request
+
+
+def request_options(*, required: bool) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """``--model --workload --batch --seq --dtype --max-cache-len --exact``: one request, as ``check`` and
+    ``explain`` take it, handed to the command as one ``asked`` (:class:`AskedRequest`)."""
+
+    def decorate(func: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(func)
+        def packed(
+            *args: Any,
+            model_name: str | None,
+            workload: str,
+            batch_size: int | None,
+            seq_len: int | None,
+            dtype: str | None,
+            max_cache_len: int | None,
+            exact: bool,
+            **kwargs: Any,
+        ) -> R:
+            if (batch_size is None) != (seq_len is None):
+                raise click.UsageError("--batch and --seq ask about one request: give both or neither")
+            request = (
+                None
+                if batch_size is None or seq_len is None
+                else CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
+            )
+            return func(*args, asked=AskedRequest(model_name, workload, request), **kwargs)
+
+        command: Callable[..., R] = packed
         for option in reversed(
             (
                 click.option("--model", "model_name", required=required, help=MODEL_HELP),
@@ -92,8 +132,8 @@ def request_options(*, required: bool) -> Callable[[F], F]:
                 click.option("--exact", is_flag=True, help="Padding does not count: the exact shape must be compiled."),
             )
         ):
-            func = option(func)
-        return func
+            command = option(command)
+        return command
 
     return decorate
 
@@ -115,32 +155,21 @@ MODEL_HELP = "Model name as in the manifest (and the registry's rows)."
 @request_options(required=False)
 @db_option
 @json_option
-def explain(
-    manifest: str | None,
-    model_name: str | None,
-    workload: str,
-    batch_size: int | None,
-    seq_len: int | None,
-    dtype: str | None,
-    max_cache_len: int | None,
-    exact: bool,
-    db_url: str | None,
-    as_json: bool,
-) -> ExitCode:
+def explain(manifest: str | None, asked: AskedRequest, db_url: str | None, as_json: bool) -> ExitCode:
     """Say why a shape is not usable here (missing, stale, failed, pending), naming what differs: each shape MANIFEST
     declares (--model: of one model), or one request as check takes it (--model --batch --seq).
 
     Exits 1 when anything it explains is not usable here, as check does for "not compiled".
     """
     if manifest is None:
-        if model_name is None or batch_size is None or seq_len is None:
+        one = asked.one()
+        if one is None:
             raise click.UsageError("give a MANIFEST, or --model, --batch and --seq (one request, as check takes it)")
-        request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
-        return _explain_request(db_url, model_name, workload, request, as_json)
-    if batch_size is not None or seq_len is not None:
+        return _explain_request(db_url, one[0], asked.workload, one[1], as_json)
+    if asked.request is not None:
         raise click.UsageError("--batch and --seq ask about one request: give them without a MANIFEST")
     parsed = load_manifest(manifest)
-    planned = plan_manifest(parsed, model_name)
+    planned = plan_manifest(parsed, asked.model_name)
     with open_registry(db_url, parsed, create=False) as registry:
         explained = explain_plan(registry, planned)
         warmed = warmed_models(registry, planned)
@@ -233,22 +262,14 @@ def shapes(model_name: str | None, workload: str | None, status: str | None, db_
 @request_options(required=True)
 @registry_option
 @json_option
-def check(
-    model_name: str,
-    workload: str,
-    batch_size: int,
-    seq_len: int,
-    dtype: str | None,
-    max_cache_len: int | None,
-    exact: bool,
-    db_url: str | None,
-    as_json: bool,
-) -> ExitCode:
+def check(asked: AskedRequest, db_url: str | None, as_json: bool) -> ExitCode:
     """Exit 0 if a request can run without compiling (exactly or padded), 1 if not, 2 for a model the registry has
     no row of (naming the nearest known names)."""
+    one = asked.one()
+    assert one is not None, "click requires --model, --batch and --seq"
+    model_name, request = one
     with open_registry(db_url, create=False) as registry:
         require_known_model(registry, model_name)
-        request = CheckRequest(batch_size, seq_len, exact=exact, dtype=dtype, max_cache_len=max_cache_len)
-        result = check_request(registry, model_name, workload, request)
+        result = check_request(registry, model_name, asked.workload, request)
     print_result(result, as_json, result.message)
     return ExitCode.OK if result.ok else ExitCode.NOT_DONE
