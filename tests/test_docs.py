@@ -99,6 +99,25 @@ def test_a_pipe_in_a_table_cells_code_reads_as_a_pipe_on_the_site() -> None:
     assert unescape_table_pipes("| `a \\| b` \\| c |\n`x \\| y`") == "| `a | b` \\| c |\n`x \\| y`"
 
 
+def test_sphinx_roles_read_as_cross_references_or_plain_code_names() -> None:
+    """mkdocstrings leaves a docstring's Sphinx roles as text: the API page read ``:class:`` before the code
+    ``~warmcache.errors.WarmcacheError``. Each now shows the name Sphinx shows; one inside the package is an optional
+    autorefs cross-reference (a link where the site renders it, plain code where not, so a strict build never fails
+    on one); code that no role precedes is left alone."""
+    html = (
+        "<p>:class:<code>~warmcache.errors.WarmcacheError</code>, :mod:<code>warmcache.runtime.padding</code>, "
+        ":meth:<code>prime</code>, :func:<code>.reroutes.reroute_chances</code>, "
+        ":class:<code>the guard &lt;~warmcache.ShapeGuard&gt;</code>, <code>~kept.as.is</code></p>"
+    )
+    assert HOOKS.on_page_content(html) == (
+        '<p><autoref identifier="warmcache.errors.WarmcacheError" optional><code>WarmcacheError</code></autoref>, '
+        '<autoref identifier="warmcache.runtime.padding" optional><code>warmcache.runtime.padding</code></autoref>, '
+        "<code>prime</code>, <code>reroutes.reroute_chances</code>, "
+        '<autoref identifier="warmcache.ShapeGuard" optional><code>the guard</code></autoref>, '
+        "<code>~kept.as.is</code></p>"
+    )
+
+
 def test_the_ci_runs_the_readmes_test_command_verbatim() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     tests = readme.split("\n## Tests\n", 1)[1]

@@ -6,8 +6,11 @@
   must resolve to a module file that mentions the name after it. A miss is a warning naming the
   page and the path, so ``mkdocs build --strict`` fails on it. ``tests/test_docs.py`` runs the
   same check over README.md and every page without MkDocs.
-- Docstrings are written for Sphinx: the roles mkdocstrings leaves as text (``:meth:`refresh```
-  renders as ``:meth:`` before the code) are dropped from the rendered page.
+- Docstrings are written for Sphinx: mkdocstrings leaves their cross-reference roles as text
+  (``:class:`~warmcache.errors.WarmcacheError``` renders as ``:class:`` before the code
+  ``~warmcache.errors.WarmcacheError``). Each becomes the name Sphinx would show (``~`` keeps the
+  last part, a leading ``.`` is dropped), and a name inside the package a cross-reference that
+  autorefs links where the site renders that object and leaves as plain code where it does not.
 - A table cell's code span writes a pipe as ``\\|`` (GitHub would end the cell at a bare one);
   Python-Markdown keeps pipes inside code spans in their cell but shows the backslash, so the
   site gets the bare pipe.
@@ -40,8 +43,10 @@ DOTTED_RE = re.compile(r"(?<![\w./:@~$-])(warmcache(?:\.[A-Za-z_]\w*)+)")
 #: A code span (one or more backticks, the same number closing it).
 CODE_SPAN_RE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 
-#: A Sphinx role mkdocstrings rendered as text in front of its code span.
-SPHINX_ROLE_RE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):(?=<code)")
+#: A Sphinx cross-reference role mkdocstrings rendered as text in front of its code span, and the span's text.
+SPHINX_ROLE_RE = re.compile(r":(?:py:)?(?:attr|class|data|exc|func|meth|mod|obj):<code>([^<]*)</code>")
+#: A role's ``title <target>`` form, as the rendered HTML escapes it.
+EXPLICIT_TITLE_RE = re.compile(r"(.*?)\s*&lt;(.+)&gt;")
 
 log = logging.getLogger("mkdocs.plugins.warmcache_docs")
 
@@ -135,6 +140,25 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     return unescape_table_pipes(resolve_lazy_directives(markdown))
 
 
+def sphinx_reference(content: str) -> str:
+    """The HTML for one Sphinx role's content (``~a.b.C``, ``.b.C``, ``a.b.C`` or ``title <a.b.C>``): the name Sphinx
+    shows, as code; for a target inside the package, wrapped in an optional autorefs cross-reference (a link where
+    the site renders the object, the code alone where it does not, never a warning)."""
+    explicit = EXPLICIT_TITLE_RE.fullmatch(content)
+    if explicit:
+        title, target = explicit.group(1), explicit.group(2).lstrip("~")
+    else:
+        target = content.lstrip("~")
+        title = content.lstrip(".")
+        if title.startswith("~"):
+            title = title[1:].rsplit(".", 1)[-1]
+    code = f"<code>{title}</code>"
+    if not target.startswith(f"{PACKAGE}."):
+        return code  # relative to the docstring's own object, which this page-wide pass does not know
+    return f'<autoref identifier="{target}" optional>{code}</autoref>'
+
+
 def on_page_content(html: str, **kwargs: Any) -> str:
-    """MkDocs hook: drop the Sphinx roles the API page's docstrings leave in front of code spans."""
-    return SPHINX_ROLE_RE.sub("", html)
+    """MkDocs hook: the Sphinx roles the API page's docstrings leave in front of code spans, made cross-references
+    (autorefs resolves them after every page is built)."""
+    return SPHINX_ROLE_RE.sub(lambda match: sphinx_reference(match.group(1)), html)
