@@ -1,4 +1,4 @@
-"""verify proves the masks production sends: a padded request of the bucket through its precompiled artifact as well.
+"""verify and prime cover the masks production sends: unpadded and left-padded requests of every bucket.
 
 generate() drops an all-ones attention mask; BLOOM's decode call then lacks the mask that a
 padded request's carries, so an artifact captured from the unpadded request (as warmup
@@ -7,19 +7,30 @@ request. Here the artifact is a stand-in that serves exactly the captured call b
 model (no compile: CI's time is short); the real route's padded proof runs in the suite's
 AOTInductor verify (``tests/test_aotinductor.py``'s ``packaged``), where Llama's padded request
 is served by the same package on every bucket.
+
+On the compile routes warmup and verify's replay ran both requests already, but ``prime`` ran
+the unpadded one only: BLOOM's padded decode graph then first traced at production's first
+padded request, under the armed sentinel, and was refused. prime now runs both.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from warmcache_testkit.family_sweep import tiny_config
+from warmcache_testkit.family_sweep import build_family_model, tiny_config
+from warmcache_testkit.manifests import generate, manifest_toml, model
+from warmcache_testkit.registry_fill import mark_all_compiled
 
 from warmcache.artifacts.capture import capture_decode_call
 from warmcache.artifacts.dispatch import PrecompiledDecoder
 from warmcache.artifacts.format import decode_signature
+from warmcache.identity.plan import plan_manifest
+from warmcache.manifest import load_manifest
+from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import compile_config, generate_kwargs
+from warmcache.runtime.guard import ShapeGuard
 from warmcache.shapes.workload_settings import GenerateSettings
 from warmcache.warmup.verify.padded_request import serve_padded_request
 
@@ -60,3 +71,28 @@ def test_llamas_padded_request_is_served_by_the_same_call_and_agrees() -> None:
     model, decoder, config, ids = _served_by_the_unpadded_call("llama")
     assert serve_padded_request(model, decoder, SETTINGS, config, ids, room=8) is None
     assert decoder.calls == 2  # the padded request's decode steps (3 new tokens: one from its prefill)
+
+
+@pytest.mark.slow
+def test_prime_runs_a_padded_request_too_so_blooms_first_ragged_request_compiles_nothing(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = build_family_model("bloom", tmp_path / "bloom")
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(
+        manifest_toml(model("b", str(path), backend="aot_eager", generate=[generate([2], [8], max_cache_len=16)]))
+    )
+    url = f"sqlite:///{tmp_path}/registry.sqlite"
+    mark_all_compiled(url, plan_manifest(load_manifest(manifest)))  # the rows warmup leaves; aot_eager compiles here
+    bloom = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with ShapeGuard.from_registry(url, "b", telemetry=False) as guard:
+        primed = guard.prime(bloom)
+        assert primed.graphs == 2  # the decode without a mask and the decode with one
+        ids = torch.randint(5, 100, (2, 8), generator=torch.Generator().manual_seed(3))
+        mask = torch.ones_like(ids)
+        ids[1, :3], mask[1, :3] = 0, 0  # ragged: the second row is 5 tokens, left-padded
+        with CompileCounter() as counter:
+            out = guard.generate(bloom, input_ids=ids, attention_mask=mask, max_new_tokens=4)
+    assert counter.graphs == 0 and out.shape == (2, 12)
+    torch._dynamo.reset()  # the next test starts with Dynamo as a fresh process has it

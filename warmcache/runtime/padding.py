@@ -110,3 +110,14 @@ def _per_token_tensors(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
             raise UsageError(f"generate inputs: {name!r} must be a tensor of input_ids' shape {tuple(input_ids.shape)}")
         out[name] = value
     return out
+
+
+def left_padded(ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bucket's prompt with its first row left-padded over half its length: a padded request of the bucket, as
+    warmup, verify and ``prime`` run it (the attention mask keeps zeros, so generate() passes it on, where it drops an
+    all-ones one)."""
+    padded_ids, padded_mask = ids.clone(), mask.clone()
+    lead = ids.shape[1] // 2
+    padded_ids[0, :lead] = pad_id
+    padded_mask[0, :lead] = 0
+    return padded_ids, padded_mask

@@ -23,7 +23,7 @@ from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.modeling.compile_counter import CompileCounter
 from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
-from warmcache.runtime.padding import fit_generate_inputs
+from warmcache.runtime.padding import fit_generate_inputs, left_padded
 from warmcache.runtime.sentinel import recompile_sentinel
 
 if TYPE_CHECKING:
@@ -161,8 +161,9 @@ def prime(
     Dynamo's recompile limit is raised to cover the buckets first (see
     :mod:`warmcache.runtime.budget`), and priming runs with
     ``fail_on_recompile_limit_hit`` so a bucket that would still run eager is an
-    error, not a slow surprise. Synthetic prompts are forced to two new tokens:
-    the first comes from the eager prefill, the second from the compiled decode
+    error, not a slow surprise. Each bucket runs an unpadded request and a left-padded
+    one (:func:`_request_forms`: the masks production sends), each forced to two new
+    tokens: the first comes from the eager prefill, the second from the compiled decode
     step being loaded. A bucket an AOTInductor package serves is not run: loading
     and binding the package is all its start-up needs (no trace, no cache to warm).
     """
@@ -172,7 +173,7 @@ def prime(
     if check_config:
         guard.check_model_config(model.config.to_diff_dict(), getattr(model.config, "_attn_implementation", None))
     buckets = guard.buckets
-    reserve_recompile_room(len(buckets))
+    reserve_recompile_room(2 * len(buckets))  # a model whose padded request traces a graph of its own: two a bucket
     token = model.config.bos_token_id if model.config.bos_token_id is not None else 1
     max_cache_len = guard.family.generate.max_cache_len
     report = PrimeReport(buckets)
@@ -198,14 +199,15 @@ def prime(
             ids = torch.full((batch, length), int(token), dtype=torch.long)
             new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
             try:
-                guarded_generate(
-                    guard,
-                    model,
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens,
-                )
+                for form_ids, form_mask in _request_forms(model, ids):
+                    guarded_generate(
+                        guard,
+                        model,
+                        input_ids=form_ids,
+                        attention_mask=form_mask,
+                        max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens,
+                    )
             except FailOnRecompileLimitHit:
                 raise UsageError(
                     f"{guard.family.describe()} batch={batch} seq={length}: torch._dynamo.config.recompile_limit="
@@ -220,6 +222,22 @@ def prime(
     report.seconds = time.perf_counter() - start
     guard.primed = True
     return report
+
+
+def _request_forms(model: Any, ids: Any) -> list[tuple[Any, Any]]:
+    """The requests ``prime`` runs on a bucket: unpadded (generate() drops its all-ones mask), then with its first row
+    left-padded (the mask kept), as warmup runs them: BLOOM builds its ALiBi bias from the mask when there is one and
+    from the key length when there is none, so the padded request's decode is a graph of its own, which would
+    otherwise first trace at production's first padded request and be refused. Unpadded alone where the bucket has no
+    room for padding or the guard refuses padded batches (:func:`_refuse_padding_the_model_would_keep`)."""
+    import torch
+
+    from warmcache.modeling.padding_probe import padding_leak
+
+    forms = [(ids, torch.ones_like(ids))]
+    if ids.shape[1] >= 2 and padding_leak(model) is None:
+        forms.append(left_padded(ids, torch.ones_like(ids), _pad_token_id(model) or 0))
+    return forms
 
 
 def _install_precompiled(guard: Guard, model: Any, report: PrimeReport, cache_dir: Path | None) -> set[int]:

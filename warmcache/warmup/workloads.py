@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warmcache.errors import DecodeRecompileError
 from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit, special_token_ids
+from warmcache.runtime.padding import left_padded
 from warmcache.shapes import ShapeSpec
 from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
 
@@ -72,16 +73,6 @@ def bucket_prompt(model: PreTrainedModel, spec: ShapeSpec, device: Any = None) -
         ids = ids.to(device)
     new_tokens = max_new_tokens_that_fit(spec.seq_len, spec.family.generate.max_cache_len)
     return BucketPrompt(ids, torch.ones_like(ids), new_tokens)
-
-
-def left_padded(ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bucket's prompt with its first row left-padded over half its length: a padded request of the bucket (the
-    attention mask keeps zeros, so generate() passes it on, where it drops an all-ones one)."""
-    padded_ids, padded_mask = ids.clone(), mask.clone()
-    lead = ids.shape[1] // 2
-    padded_ids[0, :lead] = pad_id
-    padded_mask[0, :lead] = 0
-    return padded_ids, padded_mask
 
 
 def pad_token_id(model: PreTrainedModel) -> int:

@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.artifacts.dispatch import install
 from warmcache.artifacts.format import Signature, decode_signature
+from warmcache.artifacts.kinds import routes_of
 from warmcache.modeling.generation import generate_kwargs
+from warmcache.runtime.padding import left_padded
 from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
-from warmcache.warmup.workloads import DECODE_TOKENS, bucket_prompt, left_padded, pad_token_id
+from warmcache.warmup.workloads import DECODE_TOKENS, bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
     import torch
@@ -63,9 +65,14 @@ def prove_padded_request(
     if spec.seq_len < 2 or padding_leak(model) is not None:
         return None
     prompt = bucket_prompt(model, spec, next(model.parameters()).device)
+    # An aot_compile artifact's process compiles what no artifact serves, from the cache warmup filled with both
+    # requests (the replay proved them, and prime runs both); a process served by AOTInductor packages compiles nothing.
+    compiles_the_rest = not all(route.ready_when_loaded for route in routes_of(record))
     decoder, _ = install(model, config, [record], root_override=root, strict=True)
     try:
-        return serve_padded_request(model, decoder, spec.family.generate, config, prompt.ids, prompt.new_tokens)
+        return serve_padded_request(
+            model, decoder, spec.family.generate, config, prompt.ids, prompt.new_tokens, compiles_the_rest
+        )
     finally:
         model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
 
@@ -77,10 +84,12 @@ def serve_padded_request(
     config: CompileConfig,
     prompt: torch.Tensor,
     room: int,
+    compiles_the_rest: bool = False,
 ) -> str | None:
     """Decode ``prompt`` (the bucket's, unpadded) with its first row left-padded, through ``decoder`` (the model's
     compiled call for ``config``), for the steps that reach the steady decode call (at most ``room``); ``None`` when
-    every call was served and the tokens agree with the model's eager decode, else why not (one line)."""
+    every call was served and the tokens agree with the model's eager decode, or a call was not served but
+    ``compiles_the_rest`` (production compiles it from the warmed cache); else why not (one line)."""
     import torch
     from transformers import GenerationMixin
 
@@ -101,7 +110,7 @@ def serve_padded_request(
                 **generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config),
             )
     except _Unserved as unserved:
-        return _unserved_message(unserved.signature, set(decoder.by_signature))
+        return None if compiles_the_rest else _unserved_message(unserved.signature, set(decoder.by_signature))
     generated = served.sequences[:, ids.shape[1] :]
     eager_kwargs = generate_kwargs(settings, max_new_tokens=new_tokens, config=config, model_config=model.config)
     eager = eager_decode_logits(model, ids, mask, generated, pad_token_id=pad_id, **eager_kwargs)
