@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from warmcache_testkit.family_sweep import (
+    DOCS_BEGIN,
+    DOCS_END,
     FAMILY_OVERRIDES,
     MAX_TINY_PARAMETERS,
     NOT_DECODERS,
     families,
+    markdown,
+    read_rows,
     run_cell,
     tiny_config,
+    update_docs,
 )
 
 from warmcache.examples.tiny_model import SLIDING_WINDOW
@@ -54,3 +59,27 @@ def test_sliding_window_only_where_the_family_declares_one() -> None:
     decode against transformers' (wrong) one."""
     assert not hasattr(tiny_config("bloom"), "sliding_window")
     assert tiny_config("mistral").sliding_window == SLIDING_WINDOW
+
+
+def test_a_run_rewrites_the_docs_pass_list_and_table_between_the_markers() -> None:
+    """A family that now passes leaves the table for the list, one that now fails leaves the list for the table
+    with its verdict, a new passing one joins the list; families not run, and the text around, stay as they were."""
+    docs = (
+        f"before\n{DOCS_BEGIN}\n**2 of the 5 families pass every cell** (...): `llama`, `opt`.\n\nThe others, and "
+        f"why:\n\n| family | what happened |\n| --- | --- |\n| `bloom` | disproven |\n| `rwkv` | refused |\n"
+        f"{DOCS_END}\nafter\n"
+    )
+    passed = {"layers": "full", "generate": "pass: 0 graphs after priming", "train": "pass", "s": "9"}
+    rows = [
+        {**passed, "family": "bloom"},
+        {**passed, "family": "gpt2"},
+        {**passed, "family": "opt", "generate": "FAIL: verify: RuntimeError: overflow"},
+    ]
+    assert read_rows(markdown(rows, 1.0)) == rows  # what --out wrote is what --rows reads
+    updated = update_docs(docs, rows, total=5)
+    assert updated.startswith(f"before\n{DOCS_BEGIN}\n") and updated.endswith(f"{DOCS_END}\nafter\n")
+    assert "**3 of the 5 families pass every cell**" in updated
+    assert "): `bloom`, `gpt2`, `llama`.\n" in updated
+    table = [line for line in updated.splitlines() if line.startswith("| `")]
+    assert table == ["| `opt` | FAIL: verify: RuntimeError: overflow; train: pass |", "| `rwkv` | refused |"]
+    assert update_docs(updated, rows, total=5) == updated  # the same rows again change nothing

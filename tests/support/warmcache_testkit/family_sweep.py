@@ -10,6 +10,8 @@ process of its own so that one crash or hang costs one row:
 
     python -m warmcache_testkit.family_sweep --out sweep.md          # every family (about 30 min on 2 cores)
     python -m warmcache_testkit.family_sweep --family qwen3_5_text --family gemma4_text
+    python -m warmcache_testkit.family_sweep --docs docs/measurements/architectures.md   # and rewrite its list/table
+    python -m warmcache_testkit.family_sweep --rows a.md --rows b.md --docs docs/measurements/architectures.md
 
 A family that cannot be built tiny from its config class says why in its row, as does
 one warmcache refuses at plan time; encoders, encoder-decoders and multimodal wrappers
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -203,7 +206,7 @@ def _tail(done: subprocess.CompletedProcess[str]) -> str:
 def markdown(rows: list[dict[str, str]], seconds: float) -> str:
     import transformers
 
-    passed = sum(r["generate"].startswith("pass") and r["train"] == "pass" for r in rows)
+    passed = sum(_passes(r) for r in rows)
     return "\n".join(
         [
             "| family | cache layers | generate (warmup, verify, guard) | train | s |",
@@ -220,11 +223,55 @@ def markdown(rows: list[dict[str, str]], seconds: float) -> str:
     )
 
 
+#: The comments around the pass list and the table of the others in docs/measurements/architectures.md.
+DOCS_BEGIN, DOCS_END = "<!-- family-sweep:begin -->", "<!-- family-sweep:end -->"
+
+
+def _passes(row: dict[str, str]) -> bool:
+    return row["generate"].startswith("pass") and row["train"] == "pass"
+
+
+def read_rows(table: str) -> list[dict[str, str]]:
+    """The rows of a table :func:`markdown` wrote (its cells hold no ``|``)."""
+    cells = [line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    keys = ("family", "layers", "generate", "train", "s")
+    return [
+        dict(zip(keys, row, strict=True)) for row in cells if len(row) == len(keys) and row[0] not in ("family", "---")
+    ]
+
+
+def update_docs(text: str, rows: list[dict[str, str]], total: int) -> str:
+    """``text`` with the pass list and the table between :data:`DOCS_BEGIN` and :data:`DOCS_END` updated by ``rows``:
+    a family that passes joins the list and leaves the table; one that does not gets its row's verdict in the table.
+    Families not in ``rows`` keep their place and their (possibly hand-written) reason."""
+    head, rest = text.split(DOCS_BEGIN)
+    block, tail = rest.split(DOCS_END)
+    passing = set(re.findall(r"`([^`]+)`", next(line for line in block.splitlines() if line.startswith("**"))))
+    others = dict(re.findall(r"^\| `([^`]+)` \| (.*) \|$", block, re.MULTILINE))
+    for row in rows:
+        if _passes(row):
+            passing.add(row["family"])
+            others.pop(row["family"], None)
+        else:
+            passing.discard(row["family"])
+            others[row["family"]] = f"{row['generate']}; train: {row['train']}".replace("|", "/")
+    listed = ", ".join(f"`{name}`" for name in sorted(passing))
+    table = "\n".join(f"| `{name}` | {reason} |" for name, reason in sorted(others.items()))
+    block = (
+        f"\n**{len(passing)} of the {total} families pass every cell** (each of the {total} has a row; the others, "
+        f"below, are refused at plan time with their reason, disproven, fail a cell with a reason, or have no tiny "
+        f"build): {listed}.\n\nThe others, and why:\n\n| family | what happened |\n| --- | --- |\n{table}\n"
+    )
+    return head + DOCS_BEGIN + block + DOCS_END + tail
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", help="Family (model_type) to run (default: every decoder).")
     parser.add_argument("--limit", type=int, default=900, help="Seconds one family may take (default 900).")
     parser.add_argument("--out", type=Path, help="Also write the markdown table to this file.")
+    parser.add_argument("--docs", type=Path, help="Update the pass list and table in this file with the rows.")
+    parser.add_argument("--rows", type=Path, action="append", help="Take the rows from this --out file; run none.")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # one family, in the child process sweep() starts
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -234,6 +281,11 @@ def main() -> int:
     if args.cell:
         print(json.dumps(run_cell(args.cell, args.root)), flush=True)
         return 0
+    if args.rows:
+        rows = [row for path in args.rows for row in read_rows(path.read_text())]
+        if args.docs:
+            args.docs.write_text(update_docs(args.docs.read_text(), rows, len(families())))
+        return 0 if all(_passes(r) for r in rows) else 1
     unknown = sorted(set(args.family or ()) - set(families()))
     if unknown:
         parser.error(f"--family {unknown[0]!r} is not a decoder family of this transformers")
@@ -244,7 +296,9 @@ def main() -> int:
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
-    return 0 if all(r["generate"].startswith("pass") and r["train"] == "pass" for r in rows) else 1
+    if args.docs:
+        args.docs.write_text(update_docs(args.docs.read_text(), rows, len(families())))
+    return 0 if all(_passes(r) for r in rows) else 1
 
 
 if __name__ == "__main__":
