@@ -21,15 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from warmcache.artifacts.format import (
-    PRECOMPILED_DIR,
-    Fingerprint,
-    Header,
-    Signature,
-    decode_signature,
-    read_checked,
-    write_artifact,
-)
+from warmcache.artifacts.format import PRECOMPILED_DIR, Signature, read_checked, write_call_artifact
 from warmcache.artifacts.route import PrecompiledRoute, SaveJob, SavePhase, Write, expected_fingerprint
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.identity.code_digest import model_code_digest
@@ -108,9 +100,10 @@ def save_precompiled(
         for name in sorted(runtime_env.external_refs)
         if name not in runtime_env.import_sources and isinstance(globals_.get(name), ModuleType)
     }
-    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
     payload = type(compiled).serialize(compiled).serialized_data
-    return write_artifact(root, Header(fingerprint, modules, model_code=model_code), payload)
+    return write_call_artifact(
+        root, decode_kwargs, fingerprint_fields, payload, module_globals=modules, model_code=model_code
+    )
 
 
 def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:

@@ -37,16 +37,13 @@ from warmcache.artifacts.capture import capture_decode_call
 from warmcache.artifacts.format import (
     AOTINDUCTOR_DIR,
     AOTINDUCTOR_LIBRARY,
-    Fingerprint,
-    Header,
     Signature,
-    decode_signature,
     library_of,
     read_checked,
-    write_artifact,
+    write_call_artifact,
 )
 from warmcache.artifacts.package_steps import PREFILL_STEP, package_step
-from warmcache.artifacts.route import PrecompiledRoute, Progress, SaveJob, Write, expected_fingerprint
+from warmcache.artifacts.route import PrecompiledRoute, SaveJob, Write, expected_fingerprint
 from warmcache.identity.code_digest import model_code_digest
 from warmcache.targets.routes import PrecompileRoute
 
@@ -66,13 +63,10 @@ class AotInductorRoute(PrecompiledRoute):
     def writes(self, job: SaveJob) -> list[Write]:
         """The decode package (rows of one batch share it), then the prompt's packaged prefill (one per prompt
         length) unless the manifest's ``package_prefill`` is false."""
-        decode: Write = ((), lambda: save_package(job.root, job.model, job.decode_kwargs, job.fields, job.progress))
+        decode: Write = ((), lambda: save_package(job))
         if not job.package_prefill:
             return [decode]
-        prefill: Write = (
-            (job.seq_len,),
-            lambda: save_prefill_package(job.root, job.model, job.decode_kwargs, job.seq_len, job.fields, job.progress),
-        )
+        prefill: Write = ((job.seq_len,), lambda: save_prefill_package(job))
         return [decode, prefill]
 
     def companions(self, root: Path, entry: str) -> dict[str, str]:
@@ -102,48 +96,38 @@ class AotInductorRoute(PrecompiledRoute):
 AOTINDUCTOR = AotInductorRoute()
 
 
-def save_package(
-    root: Path,
-    model: PreTrainedModel,
-    decode_kwargs: dict[str, Any],
-    fingerprint_fields: dict[str, Any],
-    progress: Progress,
-) -> str:
-    """Export and package the decode step (weights left out) under ``root``; returns ``aotinductor/<sha256>``."""
+def save_package(job: SaveJob) -> str:
+    """Export and package the decode step (weights left out) under ``job.root``; returns ``aotinductor/<sha256>``."""
     from warmcache.artifacts.aoti_export import package_decode
 
-    payload, package_header = package_decode(model, decode_kwargs, fingerprint_fields["max_cache_len"], progress)
-    fingerprint = Fingerprint(signature=decode_signature(decode_kwargs), **fingerprint_fields)
-    return write_artifact(
-        root, Header(fingerprint, {}, package_header, model_code_digest(model)), payload, AOTINDUCTOR_DIR
-    )
+    payload, package_header = package_decode(job.model, job.decode_kwargs, job.fields["max_cache_len"], job.progress)
+    return _write_package(job, job.decode_kwargs, payload, package_header)
 
 
-def save_prefill_package(
-    root: Path,
-    model: PreTrainedModel,
-    decode_kwargs: dict[str, Any],
-    seq_len: int,
-    fingerprint_fields: dict[str, Any],
-    progress: Progress,
-) -> str | None:
-    """Export and package the bucket's prefill (:func:`warmcache.artifacts.aoti_export.export_prefill`) under ``root``;
-    returns ``aotinductor/<sha256>``, or ``None`` when the decode's inputs need the model's code
+def save_prefill_package(job: SaveJob) -> str | None:
+    """Export and package the bucket's prefill (:func:`warmcache.artifacts.aoti_export.export_prefill`) under
+    ``job.root``; returns ``aotinductor/<sha256>``, or ``None`` when the decode's inputs need the model's code
     (:func:`warmcache.artifacts.prefill_inputs.prefill_unsupported`)."""
     from warmcache.artifacts.aoti_export import package_prefill
     from warmcache.artifacts.prefill_inputs import prefill_example, prefill_unsupported
     from warmcache.modeling.decode_inputs import flatten
 
-    names, tensors = flatten(decode_kwargs)
-    if prefill_unsupported(names) or _slides(model.config.get_text_config(decoder=True)):
+    names, tensors = flatten(job.decode_kwargs)
+    if prefill_unsupported(names) or _slides(job.model.config.get_text_config(decoder=True)):
         return None
     payload, package_header = package_prefill(
-        model, decode_kwargs, seq_len, fingerprint_fields["max_cache_len"], progress
+        job.model, job.decode_kwargs, job.seq_len, job.fields["max_cache_len"], job.progress
     )
-    example, _ = prefill_example(names, tensors, {}, seq_len)
-    fingerprint = Fingerprint(signature=decode_signature(dict(zip(names, example))), **fingerprint_fields)
-    return write_artifact(
-        root, Header(fingerprint, {}, package_header, model_code_digest(model)), payload, AOTINDUCTOR_DIR
+    example, _ = prefill_example(names, tensors, {}, job.seq_len)
+    return _write_package(job, dict(zip(names, example)), payload, package_header)
+
+
+def _write_package(job: SaveJob, call: dict[str, Any], payload: bytes, package_header: dict[str, Any]) -> str:
+    """A package under ``job.root`` as ``aotinductor/<sha256>``, its header naming the ``call`` it serves and the
+    digest of the model code it was exported from."""
+    model_code = model_code_digest(job.model)
+    return write_call_artifact(
+        job.root, call, job.fields, payload, aotinductor=package_header, model_code=model_code, folder=AOTINDUCTOR_DIR
     )
 
 

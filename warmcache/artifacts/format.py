@@ -122,6 +122,24 @@ def write_artifact(root: Path, header: Header, payload: bytes, folder: str = PRE
     return path
 
 
+def write_call_artifact(
+    root: Path,
+    call: dict[str, Any],
+    fingerprint_fields: dict[str, Any],
+    payload: bytes,
+    *,
+    module_globals: dict[str, str] | None = None,
+    aotinductor: dict[str, Any] | None = None,
+    model_code: str | None = None,
+    folder: str = PRECOMPILED_DIR,
+) -> str:
+    """:func:`write_artifact` under the header a row checks the file by: the fingerprint of the ``call`` it serves
+    (its :func:`decode_signature`) with the row's ``fingerprint_fields``; returns the entry path."""
+    fingerprint = Fingerprint(signature=decode_signature(call), **fingerprint_fields)
+    header = Header(fingerprint, module_globals or {}, aotinductor, model_code)
+    return write_artifact(root, header, payload, folder)
+
+
 def _write_atomically(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.parent / f".{target.name}{PARTIAL_SUFFIX}"
