@@ -118,6 +118,20 @@ def test_sphinx_roles_read_as_cross_references_or_plain_code_names() -> None:
     )
 
 
+def test_a_relative_sphinx_role_links_to_the_object_its_docstring_means() -> None:
+    """``:meth:`prime``` in a docstring of ShapeGuard's means ShapeGuard's prime (the heading before it names the
+    docstring's object); a name no object on the page ends with stays plain code."""
+    html = (
+        '<h2 id="warmcache.a.Guard">Guard</h2><h3 id="warmcache.a.Guard.fit">fit</h3><p>then :meth:<code>prime</code>'
+        ", :class:<code>~Mounted.load</code>, :class:<code>Nowhere</code></p>"
+        '<h3 id="warmcache.a.Guard.prime">prime</h3><h2 id="warmcache.b.Mounted.load">load</h2>'
+    )
+    rendered = HOOKS.on_page_content(html)
+    assert '<autoref identifier="warmcache.a.Guard.prime" optional><code>prime</code></autoref>' in rendered
+    assert '<autoref identifier="warmcache.b.Mounted.load" optional><code>load</code></autoref>' in rendered
+    assert ", <code>Nowhere</code></p>" in rendered
+
+
 def test_the_ci_runs_the_readmes_test_command_verbatim() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     tests = readme.split("\n## Tests\n", 1)[1]

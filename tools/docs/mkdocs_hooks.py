@@ -11,6 +11,8 @@
   ``~warmcache.errors.WarmcacheError``). Each becomes the name Sphinx would show (``~`` keeps the
   last part, a leading ``.`` is dropped), and a name inside the package a cross-reference that
   autorefs links where the site renders that object and leaves as plain code where it does not.
+  A relative name (``:meth:`prime```) is looked up as Sphinx looks: in the object whose docstring
+  holds it and its parents, then as the one object on the page whose path ends with it.
 - A table cell's code span writes a pipe as ``\\|`` (GitHub would end the cell at a bare one);
   Python-Markdown keeps pipes inside code spans in their cell but shows the backslash, so the
   site gets the bare pipe.
@@ -25,8 +27,10 @@ environment, and the checks read files only.
 from __future__ import annotations
 
 import ast
+import bisect
 import logging
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,8 @@ CODE_SPAN_RE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 SPHINX_ROLE_RE = re.compile(r":(?:py:)?(?:attr|class|data|exc|func|meth|mod|obj):<code>([^<]*)</code>")
 #: A role's ``title <target>`` form, as the rendered HTML escapes it.
 EXPLICIT_TITLE_RE = re.compile(r"(.*?)\s*&lt;(.+)&gt;")
+#: An object's anchor on an API page: mkdocstrings gives each object's heading its dotted path as id.
+OBJECT_ID_RE = re.compile(rf'\bid="({PACKAGE}(?:\.\w+)+)"')
 
 log = logging.getLogger("mkdocs.plugins.warmcache_docs")
 
@@ -140,10 +146,11 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     return unescape_table_pipes(resolve_lazy_directives(markdown))
 
 
-def sphinx_reference(content: str) -> str:
+def sphinx_reference(content: str, context: str = "", page_ids: Collection[str] = ()) -> str:
     """The HTML for one Sphinx role's content (``~a.b.C``, ``.b.C``, ``a.b.C`` or ``title <a.b.C>``): the name Sphinx
-    shows, as code; for a target inside the package, wrapped in an optional autorefs cross-reference (a link where
-    the site renders the object, the code alone where it does not, never a warning)."""
+    shows, as code, wrapped in an optional autorefs cross-reference when the target is a path inside the package or a
+    relative name found from ``context`` (the object whose docstring holds it) among ``page_ids``: a link where the
+    site renders the object, the code alone where it does not, never a warning."""
     explicit = EXPLICIT_TITLE_RE.fullmatch(content)
     if explicit:
         title, target = explicit.group(1), explicit.group(2).lstrip("~")
@@ -153,12 +160,33 @@ def sphinx_reference(content: str) -> str:
         if title.startswith("~"):
             title = title[1:].rsplit(".", 1)[-1]
     code = f"<code>{title}</code>"
-    if not target.startswith(f"{PACKAGE}."):
-        return code  # relative to the docstring's own object, which this page-wide pass does not know
-    return f'<autoref identifier="{target}" optional>{code}</autoref>'
+    found = target if target.startswith(f"{PACKAGE}.") else relative_target(target.lstrip("."), context, page_ids)
+    return code if found is None else f'<autoref identifier="{found}" optional>{code}</autoref>'
+
+
+def relative_target(name: str, context: str, page_ids: Collection[str]) -> str | None:
+    """The page's object a relative ``name`` means: ``name`` inside ``context`` or its nearest parent that has it,
+    else the one object whose path ends with it; ``None`` when neither finds exactly one."""
+    parts = context.split(".") if context else []
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join([*parts[:end], name])
+        if candidate in page_ids:
+            return candidate
+    ending = [i for i in page_ids if i.endswith(f".{name}")]
+    return ending[0] if len(ending) == 1 else None
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:
     """MkDocs hook: the Sphinx roles the API page's docstrings leave in front of code spans, made cross-references
-    (autorefs resolves them after every page is built)."""
-    return SPHINX_ROLE_RE.sub(lambda match: sphinx_reference(match.group(1)), html)
+    (autorefs resolves them after every page is built); a relative one is read in the object whose heading precedes
+    it."""
+    anchors = [(m.start(), m.group(1)) for m in OBJECT_ID_RE.finditer(html)]
+    starts = [start for start, _ in anchors]
+    page_ids = {anchor for _, anchor in anchors}
+
+    def reference(match: re.Match[str]) -> str:
+        before = bisect.bisect(starts, match.start())
+        context = anchors[before - 1][1] if before else ""
+        return sphinx_reference(match.group(1), context, page_ids)
+
+    return SPHINX_ROLE_RE.sub(reference, html)
