@@ -31,6 +31,7 @@ from warmcache.targets.routes import PrecompileRoute
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.registry import ShapeRecord
 
 
@@ -49,8 +50,10 @@ class AotCompileRoute(PrecompiledRoute):
 
         return [((), write)]
 
-    def load(self, root: Path, entry: str, record: ShapeRecord, model: Any) -> tuple[Signature, Callable[..., Any]]:
-        return load_decode(root, entry, record)
+    def load(
+        self, root: Path, entry: str, record: ShapeRecord, model: Any, code: ModelCodeCheck
+    ) -> tuple[Signature, Callable[..., Any]]:
+        return load_decode(root, entry, record, code)
 
 
 #: The route, as :data:`warmcache.artifacts.kinds.ROUTES` lists it.
@@ -106,9 +109,11 @@ def save_precompiled(
     )
 
 
-def load_decode(root: Path, entry: str, record: ShapeRecord) -> tuple[Signature, Callable[..., Any]]:
+def load_decode(
+    root: Path, entry: str, record: ShapeRecord, code: ModelCodeCheck
+) -> tuple[Signature, Callable[..., Any]]:
     """Check, then deserialise one artifact; returns its input signature and the unbound function (model first)."""
-    header, payload = read_checked(root, entry, expected_fingerprint(record))
+    header, payload = read_checked(root, entry, expected_fingerprint(record), code)
     # An Inductor artifact finds its compiled C++ in the cache it was warmed into; with
     # another cache folder it rebuilds it (measured: 2.7 s load vs 16.8 s). Inductor
     # writes its default into the environment on first use, so "unset" cannot be told

@@ -22,13 +22,16 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmcache.artifacts.format import Signature, decode_tensor, named_tensors, read_checked
 from warmcache.artifacts.mapped_library import checked_library
 from warmcache.artifacts.package_steps import DECODE_STEP, package_step
 from warmcache.errors import CacheError, UsageError, first_line
 from warmcache.modeling.decode_inputs import flatten, scalars
+
+if TYPE_CHECKING:
+    from warmcache.artifacts.code_check import ModelCodeCheck
 
 #: x86 vector ISAs from narrowest to widest (``torch.backends.cpu.get_cpu_capability()`` names).
 _X86_CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
@@ -93,12 +96,17 @@ class PackagedDecodeStep:
 
 
 def load_package(
-    root: Path, entry: str, expected: dict[str, Any], model: Any
+    root: Path, entry: str, expected: dict[str, Any], model: Any, code: ModelCodeCheck
 ) -> tuple[Signature, PackagedDecodeStep | None]:
     """Check, load and bind one decode package to the model's own tensors; returns its dispatch signature and the step
     (model first, like an unbound method), or no step for a prefill package (generate() runs its own prefill)."""
     return load_bound(
-        root, entry, expected, lambda _path, _info: named_tensors(model, prefix="model."), _model_device(model)
+        root,
+        entry,
+        expected,
+        lambda _path, _info: named_tensors(model, prefix="model."),
+        _model_device(model),
+        code=code,
     )
 
 
@@ -114,17 +122,18 @@ def load_bound(
     own: TensorsFor,
     device: str,
     steps: tuple[str, ...] = (DECODE_STEP,),
+    code: ModelCodeCheck | None = None,
 ) -> tuple[Signature, PackagedDecodeStep | None]:
     """Check, load and bind one package to the tensors ``own`` gives for it; returns its signature and the step, or no
     step when the package computes none of ``steps`` (not loaded).
 
     Every check that can be made before the package's code is loaded is made first:
-    sha256 and header (``read_checked``), device, CPU capability, and each constant's
-    presence, shape and dtype in ``own``.
+    sha256, header and, given ``code``, the model code digest (``read_checked``), device,
+    CPU capability, and each constant's presence, shape and dtype in ``own``.
     """
     import torch
 
-    header, payload = read_checked(root, entry, expected)
+    header, payload = read_checked(root, entry, expected, code)
     path = root / entry
     info = header.aotinductor
     if info is None:

@@ -50,6 +50,7 @@ from warmcache.targets.routes import PrecompileRoute
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.registry import ShapeRecord
 
 
@@ -75,11 +76,11 @@ class AotInductorRoute(PrecompiledRoute):
         return {library: AOTINDUCTOR_LIBRARY} if library is not None else {}
 
     def load(
-        self, root: Path, entry: str, record: ShapeRecord, model: Any
+        self, root: Path, entry: str, record: ShapeRecord, model: Any, code: ModelCodeCheck
     ) -> tuple[Signature, Callable[..., Any] | None]:
         """The decode step bound to the model's own tensors, or ``None`` for a prefill package (generate() runs its own
         prefill; :mod:`warmcache.runtime.mounted` runs this one)."""
-        return load_package(root, entry, expected_fingerprint(record), model)
+        return load_package(root, entry, expected_fingerprint(record), model, code)
 
     def prove(
         self,

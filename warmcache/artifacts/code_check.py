@@ -8,7 +8,8 @@ an image with newer modeling code (or a patch applied at import), would serve wa
 computation silently. So warmup records in each artifact's header the digest of the model
 code it traced (:func:`warmcache.identity.code_digest.model_code_digest`), and every load
 (:func:`warmcache.artifacts.dispatch.install`: ``ShapeGuard.prime`` and verify's proof)
-recomputes it for the model it binds, before the artifact's code is loaded: a
+recomputes it for the model it binds and compares it with the header as the file is checked
+(:func:`warmcache.artifacts.format.read_checked`), before the artifact's code is loaded: a
 :class:`~warmcache.errors.CacheError` naming the file (under the guard's ``pad`` and
 ``refuse`` policies the start fails; under ``warn`` the bucket is traced from the model's
 own code instead, which compiles).
@@ -19,13 +20,10 @@ nothing shows what code it was traced from.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmcache.artifacts.format import MAGIC
 from warmcache.errors import CacheError
 from warmcache.identity.code_digest import model_code_digest
 
@@ -51,12 +49,14 @@ class ModelCodeCheck:
             self._digest = model_code_digest(self.model)
         return self._digest
 
-    def require(self, path: Path) -> None:
-        """Refuse (:class:`CacheError`, one line naming ``path``) unless the artifact at ``path`` recorded this
-        model's code digest; a file that cannot be read is left to the load, which says why."""
-        recorded = recorded_model_code(path)
-        if recorded is _UNREADABLE:
-            return
+    def require(self, path: Path, recorded: str | None) -> None:
+        """Refuse (:class:`CacheError`, one line naming ``path``) unless ``recorded``, the digest the artifact's header
+        holds (:attr:`warmcache.artifacts.format.Header.model_code`), is this model's code digest.
+
+        Called by :func:`warmcache.artifacts.format.read_checked` once the file's sha256 and
+        header were checked, before any of its code is loaded: the file is read once, and an
+        altered one is refused as altered (a :class:`~warmcache.errors.TrustError`) first.
+        """
         if recorded is None:
             raise CacheError(
                 f"{path}: precompiled artifact records no model-code digest (built by an earlier warmcache), so "
@@ -68,23 +68,3 @@ class ModelCodeCheck:
                 f"{str(recorded)[:12]}… at warmup, {self.digest[:12]}… now): the model's code changed since warmup and "
                 f"verify (a newer image, a patched or monkeypatched layer); refusing to load it: {_REMEDY}"
             )
-
-
-_UNREADABLE = object()
-
-
-def recorded_model_code(path: Path) -> Any:
-    """The digest the header of the artifact at ``path`` recorded (``None``: none); :data:`_UNREADABLE` for a file
-    that is missing, not an artifact, or whose bytes are not the sha256 its name says (the load refuses it as
-    altered: a :class:`~warmcache.errors.TrustError`, which no policy falls back from)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return _UNREADABLE
-    if hashlib.sha256(data).hexdigest() != path.name or not data.startswith(MAGIC):
-        return _UNREADABLE
-    try:
-        header = json.loads(data[len(MAGIC) : data.find(b"\n", len(MAGIC))])
-    except ValueError:
-        return _UNREADABLE
-    return header.get(HEADER_KEY) if isinstance(header, dict) else _UNREADABLE

@@ -104,8 +104,8 @@ def install(
                         f"row {record.identity}: precompiled artifact {entry} has no cache folder recorded; pass "
                         "cache_dir="
                     )
-                code.require(trust.confined(root, entry, route))
-                signature, loaded = route.load(root, entry, record, model)
+                trust.confined(root, entry, route)
+                signature, loaded = route.load(root, entry, record, model, code)
             except TrustError:
                 raise  # a forged or altered artifact is never a bucket to fall back from
             except CacheError as exc:

@@ -35,9 +35,12 @@ import json
 import zipfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import CacheError, TrustError
+
+if TYPE_CHECKING:
+    from warmcache.artifacts.code_check import ModelCodeCheck
 from warmcache.modeling.decode_inputs import state_parts
 
 #: Folder under a cache root that holds precompiled artifacts (see ``layout``).
@@ -201,11 +204,15 @@ def library_of(root: Path, entry: str) -> str | None:
     return library_path(library) if isinstance(library, str) else None
 
 
-def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Header, bytes]:
-    """Header and payload of ``entry``, after its sha256 and fingerprint were checked; nothing is unpickled.
+def read_checked(
+    root: Path, entry: str, expected: dict[str, Any], code: ModelCodeCheck | None = None
+) -> tuple[Header, bytes]:
+    """Header and payload of ``entry``, after its sha256, fingerprint and model code were checked; nothing is
+    unpickled.
 
     ``expected`` holds the fingerprint fields the row fixes (all but ``signature``,
-    which the dispatcher checks on every call).
+    which the dispatcher checks on every call); ``code``, when given, the digest of the
+    code of the model the file will be bound to (:mod:`warmcache.artifacts.code_check`).
 
     Raises :class:`CacheError` (one line naming the file) on a missing or foreign artifact,
     :class:`TrustError` on one whose bytes differ from its recorded sha256.
@@ -241,6 +248,8 @@ def read_checked(root: Path, entry: str, expected: dict[str, Any]) -> tuple[Head
         raise CacheError(
             f"{path}: precompiled artifact was compiled for another {'/'.join(differing)}: {shown}; refusing to load it"
         )
+    if code is not None:
+        code.require(path, header.model_code)
     return header, data[end + 1 :]
 
 

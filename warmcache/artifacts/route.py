@@ -43,6 +43,7 @@ from warmcache.targets.routes import PrecompileRoute
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.registry import ShapeRecord
 
 
@@ -121,10 +122,11 @@ class PrecompiledRoute(ABC):
 
     @abstractmethod
     def load(
-        self, root: Path, entry: str, record: ShapeRecord, model: Any
+        self, root: Path, entry: str, record: ShapeRecord, model: Any, code: ModelCodeCheck
     ) -> tuple[Signature, Callable[..., Any] | None]:
-        """Check (sha256, header fingerprint against ``record``) and load one file; returns its decode signature and
-        the function generate()'s decode call runs (model first), or ``None`` for a file generate() does not call."""
+        """Check (sha256, header fingerprint against ``record``, the model code digest against ``code``) and load one
+        file; returns its decode signature and the function generate()'s decode call runs (model first), or ``None``
+        for a file generate() does not call."""
 
     def prove(
         self,

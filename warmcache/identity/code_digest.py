@@ -5,7 +5,7 @@ warmup traced from the model's Python code; production binds the loaded model's 
 it and never traces that code again. So a process whose modeling code changed since warmup
 (a newer image, a local fix, a monkeypatched layer) would serve the old computation with the
 same checkpoint and config. warmup records this digest in each artifact's header and
-:mod:`warmcache.runtime.model_code_check` recomputes it before loading any artifact.
+:mod:`warmcache.artifacts.code_check` recomputes it before loading any artifact.
 
 What it covers, for every module class the model instantiates (``type(m)`` for each of
 ``model.modules()``) and every base class of it, torch's own classes and ``object`` left out:
