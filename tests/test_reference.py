@@ -30,3 +30,21 @@ def test_a_left_padded_row_has_the_reference_it_has_alone(dtype: torch.dtype, tm
     # The same sums in another batch shape: float64's rounding for a float32 model, float32's for bfloat16.
     tolerance = 1e-9 if dtype == torch.float32 else 1e-4
     torch.testing.assert_close(padded[1:], alone, rtol=tolerance, atol=tolerance)
+
+
+def test_a_float64_copy_runs_modeling_code_that_makes_tensors_in_the_default_dtype() -> None:
+    """transformers' XGLM clamps its masked scores with ``torch.full((), finfo(scores.dtype).min)`` in the default
+    dtype: a float64 copy's minimum overflowed float32 ("value cannot be converted to type float without overflow"),
+    so verify failed every float32 XGLM bucket (the family sweep's one error row). The reference and the cache proof
+    run the copy with its dtype as torch's default; the caller's default is back afterwards."""
+    from transformers import XGLMConfig, XGLMForCausalLM
+
+    config = XGLMConfig(vocab_size=128, d_model=32, num_layers=1, attention_heads=2, ffn_dim=64)
+    model = XGLMForCausalLM(config).eval()
+    ids = torch.randint(5, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    generated = torch.randint(5, 128, (2, 3), generator=torch.Generator().manual_seed(1))
+    logits = reference_logits(model, ids, mask, generated)
+    assert logits.shape == (2, 3, 128) and logits.isfinite().all()
+    assert torch.get_default_dtype() == torch.float32

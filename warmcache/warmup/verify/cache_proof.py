@@ -27,7 +27,7 @@ from warmcache.modeling.generation import generate_kwargs
 from warmcache.warmup.verify.agreement import accumulation_floor, eager_decode_logits, figure
 from warmcache.warmup.verify.distances import logit_scale
 from warmcache.warmup.verify.model_traits import model_size
-from warmcache.warmup.verify.reference import precise_copy
+from warmcache.warmup.verify.reference import precise_copy, precise_defaults
 from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def prove_cache_decode(model: PreTrainedModel, spec: ShapeSpec, config: CompileC
         "num_beams": 1,
         "num_return_sequences": 1,
     }
-    with torch.no_grad():
+    with torch.no_grad(), precise_defaults(precise):
         decoded = precise.generate(  # type: ignore[operator]
             input_ids=ids,
             attention_mask=mask,
@@ -72,9 +72,10 @@ def prove_cache_decode(model: PreTrainedModel, spec: ShapeSpec, config: CompileC
     generated = decoded.sequences[:, ids.shape[1] :]
     through_cache = torch.stack(decoded.logits, dim=1).float()
     own_cache = {name: value for name, value in kwargs.items() if name not in ("cache", "cache_implementation")}
-    transformers_decode = eager_decode_logits(
-        precise, ids, mask, generated, pad_token_id=pad_token_id(model), **own_cache
-    )
+    with precise_defaults(precise):
+        transformers_decode = eager_decode_logits(
+            precise, ids, mask, generated, pad_token_id=pad_token_id(model), **own_cache
+        )
     difference = (through_cache.double() - transformers_decode.double()).pow(2).mean(-1).sqrt()
     distance = (difference / logit_scale(transformers_decode)).nan_to_num(nan=float("inf"))
     worst = float(distance.max())

@@ -64,13 +64,35 @@ def _reference_forward(
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
 
     def forward() -> torch.Tensor:
-        with torch.no_grad(), _padding_zeroed(precise, mask):
+        with torch.no_grad(), _padding_zeroed(precise, mask), precise_defaults(precise):
             out = precise(
                 input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=steps, use_cache=False
             )
         return out.logits.double()
 
     return forward
+
+
+@contextlib.contextmanager
+def precise_defaults(precise: torch.nn.Module) -> Iterator[None]:
+    """While inside, the dtype of ``precise`` (a :func:`precise_copy`) is torch's default dtype: what a forward of the
+    copy runs under (floating tensors its code makes without a dtype are made in it).
+
+    Modeling code that makes a tensor without a dtype gets the default's, float32, beside
+    a float64 copy's: transformers' XGLM clamps its scores with ``torch.full((),
+    torch.finfo(scores.dtype).min)``, and float64's minimum does not fit a float32 tensor
+    ("value cannot be converted to type float without overflow"), so no masked forward of
+    a float64 XGLM ran (neither verify's reference nor its cache proof). Measured: a
+    float32 XGLM's verify failed with that error at every bucket; under this it passes.
+    """
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(cast(torch.dtype, precise.dtype))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 @contextlib.contextmanager
