@@ -39,6 +39,17 @@ def prove_artifacts(
 ) -> str | None:
     """``None`` when the row's artifact in the cache ``root`` serves the spec to the cache's end as the model does;
     else why not (one line)."""
+    try:
+        return _prove_artifacts(model, record, spec, config, root)
+    finally:
+        model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
+
+
+def _prove_artifacts(
+    model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path
+) -> str | None:
+    """:func:`prove_artifacts`, leaving the row's artifacts installed as the model's compiled call: loaded once, they
+    serve the unpadded request and then the padded one."""
     import torch
     from transformers import GenerationMixin
 
@@ -72,8 +83,6 @@ def prove_artifacts(
             )
     except Exception as exc:
         return f"precompiled artifact: {type(exc).__name__}: {first_line(exc)}"
-    finally:
-        model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
     if counter.graphs or not decoder.calls:
         return (
             f"precompiled artifact did not serve the decode step ({counter.graphs} Dynamo graphs "
@@ -85,7 +94,7 @@ def prove_artifacts(
     agreement = judge_decode(model, ids, mask, generated, eager, torch.stack(served.logits, dim=1))
     if not agreement.agrees:
         return f"precompiled artifact {agreement.describe()}"
-    unserved = prove_padded_request(model, record, spec, config, root)  # the masks production sends, padded too
+    unserved = prove_padded_request(model, decoder, record, spec, config)  # the masks production sends, padded too
     if unserved:
         return unserved
     return prove_packaged_prefill(model, record, root, ids, mask, new_tokens, settings, config)

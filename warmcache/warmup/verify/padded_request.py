@@ -22,10 +22,8 @@ asked: the guard refuses padded batches for it (:mod:`warmcache.modeling.padding
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmcache.artifacts.dispatch import install
 from warmcache.artifacts.format import Signature, decode_signature
 from warmcache.artifacts.kinds import routes_of
 from warmcache.modeling.generation import generate_kwargs
@@ -56,10 +54,11 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 
 
 def prove_padded_request(
-    model: PreTrainedModel, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig, root: Path
+    model: PreTrainedModel, decoder: PrecompiledDecoder, record: ShapeRecord, spec: ShapeSpec, config: CompileConfig
 ) -> str | None:
-    """``None`` when the row's artifacts serve a left-padded request of the bucket as the model does (or the bucket has
-    no room for padding, or the guard pads nothing for this model); else why not (one line)."""
+    """``None`` when the row's artifacts, installed as ``decoder`` (the unpadded proof's), serve a left-padded request
+    of the bucket as the model does (or the bucket has no room for padding, or the guard pads nothing for this model);
+    else why not (one line)."""
     from warmcache.modeling.padding_probe import padding_leak
 
     if spec.seq_len < 2 or padding_leak(model) is not None:
@@ -68,13 +67,9 @@ def prove_padded_request(
     # An aot_compile artifact's process compiles what no artifact serves, from the cache warmup filled with both
     # requests (the replay proved them, and prime runs both); a process served by AOTInductor packages compiles nothing.
     compiles_the_rest = not all(route.ready_when_loaded for route in routes_of(record))
-    decoder, _ = install(model, config, [record], root_override=root, strict=True)
-    try:
-        return serve_padded_request(
-            model, decoder, spec.family.generate, config, prompt.ids, prompt.new_tokens, compiles_the_rest
-        )
-    finally:
-        model.__dict__.pop("get_compiled_call", None)  # back to the traced path for the next spec
+    return serve_padded_request(
+        model, decoder, spec.family.generate, config, prompt.ids, prompt.new_tokens, compiles_the_rest
+    )
 
 
 def serve_padded_request(
