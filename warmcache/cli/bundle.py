@@ -13,7 +13,6 @@ from warmcache.cli._common import (
     json_option,
     manifest_option,
     max_unpack_size_option,
-    print_json,
     print_result,
     registry_location,
     sign_option,
@@ -103,16 +102,4 @@ def unpack(
             max_bytes=max_bytes,
             progress=progress,
         )
-    if as_json:
-        print_json(result.as_json())
-        return
-    rows = result.rows
-    click.echo(
-        f"{result.root}: {result.added} entries added, {result.replaced} replaced, "
-        f"{result.already_present} already present "
-        f"({result.files} files, {format_size(result.bytes)} checked); rows: {rows.inserted} "
-        f"added, {rows.updated} updated, {rows.unchanged} unchanged"
-    )
-    click.echo(result.signature.describe())
-    for line in rows.skipped:
-        click.echo(f"  skipped row {line}")
+    print_result(result, as_json, result.message)

@@ -8,7 +8,6 @@ from warmcache.cli._common import (
     byte_progress,
     json_option,
     max_unpack_size_option,
-    print_json,
     print_result,
     registry_location,
     trust_option,
@@ -28,7 +27,7 @@ from warmcache.shipping.install import DEFAULT_MAX_UNPACK_BYTES
 from warmcache.shipping.shipment import PushRequest
 from warmcache.store import resolve_store
 from warmcache.store.oci.freshness import MIN_VERSION_ENV, PushPolicy, TagMemory, parse_pin
-from warmcache.store.pull import pull_manifest
+from warmcache.store.pull import PullResult, pull_manifest
 from warmcache.trust import TRUSTED_KEYS_ENV, TrustedKeys
 from warmcache.units import format_size, parse_size
 
@@ -142,19 +141,18 @@ def pull(
             allow_unsigned=allow_unsigned,
             progress=progress,
         )
-    if as_json:
-        print_json(result.as_json())
-    else:
-        rows = result.rows
-        click.echo(
-            f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, "
-            f"{result.already_present} already present; "
-            f"{result.entries_added} entries installed, {result.entries_present} already there; "
-            f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} "
-            "reused from an interrupted pull"
-            + (f"; rows: {rows.inserted} added, {rows.updated} updated, {rows.unchanged} unchanged" if rows else "")
-        )
-        click.echo(f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED)
-        for line in result.missing:
-            click.echo(f"  not in the store: {line}")
+    print_result(result, as_json, lambda: _pulled(result, trusted))
     return result.exit_code
+
+
+def _pulled(result: PullResult, trusted: TrustedKeys) -> str:
+    """What ``pull`` says it fetched, installed and merged, whether it checked signatures, and what the store lacks."""
+    rows = f"; {result.rows.describe()}" if result.rows else ""
+    lines = [
+        f"{result.cache_dir}: {result.pulled} shapes pulled from {result.store}, {result.already_present} already "
+        f"present; {result.entries_added} entries installed, {result.entries_present} already there; "
+        f"{format_size(result.bytes_downloaded)} downloaded, {format_size(result.bytes_reused)} reused from an "
+        f"interrupted pull{rows}",
+        f"index signatures verified ({trusted.source})" if result.signatures_checked else NOT_CHECKED,
+    ]
+    return "\n".join(lines + [f"  not in the store: {line}" for line in result.missing])

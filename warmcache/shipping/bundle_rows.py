@@ -41,6 +41,10 @@ class MergeResult(FieldsJson):
     unchanged: int
     skipped: tuple[str, ...]
 
+    def describe(self) -> str:
+        """The merge's counts as ``bundle unpack`` and ``pull`` both print them."""
+        return f"rows: {self.inserted} added, {self.updated} updated, {self.unchanged} unchanged"
+
 
 def row_to_json(record: ShapeRecord) -> dict[str, Any]:
     data = record.as_json()

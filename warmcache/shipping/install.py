@@ -72,6 +72,15 @@ class UnpackResult:
             "signature": self.signature.as_json(),
         }
 
+    def message(self) -> str:
+        """What ``bundle unpack`` says it installed, merged and skipped (its ``--json`` is :meth:`as_json`)."""
+        lines = [
+            f"{self.root}: {self.added} entries added, {self.replaced} replaced, {self.already_present} already "
+            f"present ({self.files} files, {format_size(self.bytes)} checked); {self.rows.describe()}",
+            self.signature.describe(),
+        ]
+        return "\n".join(lines + [f"  skipped row {line}" for line in self.rows.skipped])
+
 
 def check_room(files: Collection[BundleFile], root: Path, max_bytes: int, source: str) -> None:
     """Refuse, before anything is fetched or extracted, a file list larger than the limit or
