@@ -10,18 +10,19 @@
 #     tools/ci/wheel_check.sh [WORKDIR]     # WORKDIR (kept, reused by a rerun) holds the copy, dist/ and the run
 #
 # The venv is always new (never --system-site-packages): pip's cache and the local torch wheel ($PIP_FIND_LINKS)
-# make it quick. BUILD_PYTHON is an interpreter with the `build` package (default .venv/bin/python, the test extra).
+# make it quick. BUILD_PYTHON is an interpreter with the `build` package (default: a venv of its own in WORKDIR with
+# `build` alone, so the script needs no .venv: CI starts it while the test command is still installing .venv).
 # The quickstart compiles for real (about 10 minutes on 2 cores): CI runs its model builder and commands on the eager
 # backend, and WHEEL_CHECK_QUICKSTART=1 runs the README's line whole.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-builder=${BUILD_PYTHON:-$root/.venv/bin/python}
 if [ -n "${1:-}" ]; then
   work=$(mkdir -p "$1" && cd "$1" && pwd)
 else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
 fi
+builder=${BUILD_PYTHON:-}
 started=$SECONDS
 step() { echo "--- $* (at $((SECONDS - started)) s)"; }
 # pip warns about each find-links folder it skips: its output shows only when it fails.
@@ -38,6 +39,12 @@ mkdir -p "$work/src" "$work/run"
 ) | tar -xf - -C "$work/src"
 
 step "the sdist, and the wheel built from it (so the sdist holds all the wheel needs)"
+if [ -z "$builder" ]; then
+  [ -x "$work/builder/bin/python" ] || python3 -m venv "$work/builder"
+  "$work/builder/bin/pip" install -q -c "$root/constraints.txt" build >"$work/builder.log" 2>&1 \
+    || { tail -30 "$work/builder.log"; exit 1; }
+  builder=$work/builder/bin/python
+fi
 "$builder" -m build --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 sdist=$(echo "$work"/dist/warmcache-*.tar.gz)
 wheel=$(echo "$work"/dist/warmcache-*.whl)
