@@ -127,9 +127,9 @@ for _ in $(seq 1 100); do curl -fs "http://$registry/v2/" >/dev/null && break ||
 phase "model, keys, registry"
 
 # One warmup container: schema, warmup, signed push of the compiled packages to $REPOSITORY:TAG.
-warm() { # TAG BATCHES [podman options...]
-  local tag=$1 batches=$2 db="warmcache_$run_id${#databases[@]}"
-  shift 2
+warm() { # TAG BATCHES PACKAGE_PREFILL [podman options...]
+  local tag=$1 batches=$2 package_prefill=$3 db="warmcache_$run_id${#databases[@]}"
+  shift 3
   psql -q "$POSTGRES/postgres" -c "CREATE DATABASE $db" >/dev/null
   databases+=("$db")
   cat >"$work/$tag.toml" <<EOF
@@ -139,6 +139,7 @@ path = "/models/tiny-llama"
 device = "cpu"
 backend = "inductor"
 precompile = "aotinductor"
+package_prefill = $package_prefill
 
 [[model.generate]]
 batch_sizes = $batches
@@ -157,15 +158,16 @@ EOF
 }
 
 good="$run_id-good"
-warm "$good" "$BATCHES"
+warm "$good" "$BATCHES" true
 phase "warmup container + signed push ($BATCHES)"
 
 # Another toolchain, honestly: the same model compiled with another C++ codegen setting of Inductor (horizontal
 # fusion capped at one kernel), which the toolchain fingerprint records; signed by the right key.
-# (TORCHINDUCTOR_FREEZING=1 would be the classic one, but it folds the weights into the package.)
+# (TORCHINDUCTOR_FREEZING=1 would be the classic one, but it folds the weights into the package.) Its decode package
+# alone: the serving container refuses its rows as stale before it asks for a prefill (a second Inductor compile).
 other_setting=TORCHINDUCTOR_CPP_MAX_HORIZONTAL_FUSION_SIZE=1
 other_toolchain="$run_id-other-setting"
-warm "$other_toolchain" "[1]" -e "$other_setting"
+warm "$other_toolchain" "[1]" false -e "$other_setting"
 phase "warmup container, another Inductor setting"
 
 # An altered layer, pushed by someone without the key: every digest consistent, one byte flipped in a package, and
