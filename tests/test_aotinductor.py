@@ -189,6 +189,7 @@ def test_tampered_package_is_refused_before_loading(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.artifacts.route import expected_fingerprint
 
     row = _rows(packaged)[1]
@@ -198,18 +199,21 @@ def test_tampered_package_is_refused_before_loading(
     data[-100] ^= 0xFF
     (tmp_path / entry).write_bytes(bytes(data))
     with pytest.raises(CacheError, match=r"sha256 .* differs from its registry record") as refused:
-        load_package(tmp_path, entry, expected_fingerprint(row), _model(tiny_models["llama"]))
+        model = _model(tiny_models["llama"])
+        load_package(tmp_path, entry, expected_fingerprint(row), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value) and str(tmp_path / entry) in str(refused.value)
 
 
 @pytest.mark.slow
 def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path, tiny_models: dict[str, Path]) -> None:
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.artifacts.route import expected_fingerprint
 
     rows = _rows(packaged)
     with pytest.raises(CacheError, match=r"compiled for another batch_size: batch_size=4 \(row: 1\)") as refused:
-        load_package(packaged / "cache", _package(rows[4]), expected_fingerprint(rows[1]), _model(tiny_models["llama"]))
+        model = _model(tiny_models["llama"])
+        load_package(packaged / "cache", _package(rows[4]), expected_fingerprint(rows[1]), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value)
 
 
@@ -545,6 +549,7 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
     """The C++ loader unpacks into ``$TMPDIR/aotinductor_*`` and removed it only when a load succeeded: a package whose
     ``.so`` does not load (here an empty one: undefined symbols) left the folder behind."""
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.artifacts.route import expected_fingerprint
 
     (tmp_path / "empty.c").write_text("int nothing(void) { return 0; }\n")
@@ -555,7 +560,8 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))
     with pytest.raises(CacheError, match="AOTInductor package does not load") as refused:
-        load_package(tmp_path / "cache", broken, expected_fingerprint(row), _model(tiny_models["llama"]))
+        model = _model(tiny_models["llama"])
+        load_package(tmp_path / "cache", broken, expected_fingerprint(row), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value)
     assert list(temporary.iterdir()) == []
 

@@ -42,13 +42,14 @@ LOAD = textwrap.dedent(
     from transformers import AutoModelForCausalLM
     from warmcache.errors import CacheError
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
 
     model_path, loads = sys.argv[1], json.loads(sys.argv[2])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     outcomes = []
     for root, entry in loads:
         try:
-            load_package(__import__("pathlib").Path(root), entry, {}, model)
+            load_package(__import__("pathlib").Path(root), entry, {}, model, ModelCodeCheck(model))
             outcomes.append("loaded")
         except CacheError as exc:
             outcomes.append(str(exc))
@@ -87,12 +88,15 @@ def _copy_entries(source: Path, into: Path, entries: list[str]) -> Path:
 
 
 def _as_old_package(source: Path, entry: str, into: Path) -> str:
-    """The package as warmup wrote it before libraries were unpacked: the same bytes, its header naming none."""
+    """The package as warmup wrote it before libraries were unpacked: the same bytes, its header naming none. Its
+    model-code digest kept (packages older than libraries had none, and every load now refuses those first): what is
+    tested is the loader's path for a package with no library to map."""
     data = (source / entry).read_bytes()
     end = data.index(b"\n", len(MAGIC))
     raw = json.loads(data[len(MAGIC) : end])
     raw["aotinductor"].pop("library")
-    header = Header(Fingerprint.from_json(raw["fingerprint"]), raw["module_globals"], raw["aotinductor"])
+    fingerprint = Fingerprint.from_json(raw["fingerprint"])
+    header = Header(fingerprint, raw["module_globals"], raw["aotinductor"], raw["model_code"])
     old = encode(header, data[end + 1 :])
     name = f"aotinductor/{__import__('hashlib').sha256(old).hexdigest()}"
     (into / name).parent.mkdir(parents=True, exist_ok=True)
@@ -203,12 +207,13 @@ def test_an_old_package_still_loads_through_a_private_temporary_folder_and_compu
     import torch
 
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
 
     cache, entry = packaged / "cache", _decode_package(packaged)
     old = _as_old_package(cache, entry, tmp_path / "cache")
     model = _model(tiny_models["llama"])
-    _, mapped = load_package(cache, entry, {}, model)
-    _, unpacked = load_package(tmp_path / "cache", old, {}, model)
+    _, mapped = load_package(cache, entry, {}, model, ModelCodeCheck(model))
+    _, unpacked = load_package(tmp_path / "cache", old, {}, model, ModelCodeCheck(model))
     assert str(cache / library_of(cache, entry)) in _mapped()  # type: ignore[operator]
     assert not (tmp_path / "cache" / AOTINDUCTOR_LIBRARY_DIR).exists()
     assert mapped is not None and unpacked is not None
@@ -220,6 +225,7 @@ def test_a_tampered_library_is_refused_with_one_line_before_it_loads(
     packaged: Path, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     from warmcache.artifacts.aoti_loader import load_package
+    from warmcache.artifacts.code_check import ModelCodeCheck
 
     cache, entry = packaged / "cache", _decode_package(packaged)
     library = library_of(cache, entry)
@@ -229,7 +235,8 @@ def test_a_tampered_library_is_refused_with_one_line_before_it_loads(
     data[len(data) // 2] ^= 0x01
     (copy / library).write_bytes(bytes(data))
     with pytest.raises(TrustError, match=r"AOTInductor library sha256 .* differs from the .* its package") as refused:
-        load_package(copy, entry, {}, _model(tiny_models["llama"]))
+        model = _model(tiny_models["llama"])
+        load_package(copy, entry, {}, model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value) and str(copy / library) in str(refused.value)
     assert str(copy / library) not in _mapped()
 
