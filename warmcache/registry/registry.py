@@ -248,6 +248,13 @@ class Registry(ClaimRows, RowQueries, MissLog):
             identities, CompiledShape.status == Status.FAILED, status=Status.PENDING, updated_at=self.clock()
         )
 
+    def requeue_done(self, identities: Iterable[str]) -> int:
+        """Turn compiled or verified rows back into ``pending``, without counting an attempt: a warmup warms them
+        again (their model's precompile route was set after they were warmed, :mod:`warmcache.warmup.route_gaps`)."""
+        return self._update_identities(
+            identities, CompiledShape.status.in_(list(DONE_STATUSES)), status=Status.PENDING, updated_at=self.clock()
+        )
+
     def _update_identities(self, identities: Iterable[str], condition: ColumnElement[bool], **values: Any) -> int:
         ids = list(identities)
         if not ids:

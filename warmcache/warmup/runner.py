@@ -37,6 +37,7 @@ from warmcache.warmup.claims import Report, claim_loop
 from warmcache.warmup.ordering import expected_seconds, longest_first
 from warmcache.warmup.phases import PhaseListener, PhaseReport, routed
 from warmcache.warmup.progress import Outcome, Progress, SpecOutcome
+from warmcache.warmup.route_gaps import missing_route_files
 from warmcache.warmup.summary import ClaimRequest, Shard, WarmupOptions, WarmupPlan, WarmupRequest, WarmupSummary
 from warmcache.warmup.worker import Worker
 
@@ -51,7 +52,8 @@ def plan_warmup(
     if shard is not None:
         # Shard before narrowing to this launch, so a torchrun child slices the same list as its parent.
         planned = shard.select(planned)
-    return WarmupPlan(registry.plan_status(distributed.for_this_launch(planned)), retry_failed)
+    statuses = registry.plan_status(distributed.for_this_launch(planned))
+    return WarmupPlan(statuses, retry_failed, missing_route_files(registry, statuses))
 
 
 def run_warmup(
@@ -112,6 +114,10 @@ def _warm(
         registry.ensure_pending(todo)
         if options.retry_failed:
             registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
+        for why in sorted(set(plan.rewarm.values())):
+            count = sum(reason == why for reason in plan.rewarm.values())
+            log.warning("warming %d compiled spec(s) again: %s", count, why)
+        registry.requeue_done(plan.rewarm)
         lease = options.lease_seconds or manifest.lease_seconds
         here, sharded = distributed.split_by_world_size(todo)
         expected = expected_seconds(registry, here)

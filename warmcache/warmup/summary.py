@@ -94,10 +94,13 @@ class WarmupPlan:
 
     statuses: list[PlanStatus]
     retry_failed: bool
+    #: ``{identity: why}`` of done rows warmed again: they lack the files their model's precompile route saves
+    #: (:mod:`warmcache.warmup.route_gaps`).
+    rewarm: dict[str, str] = field(default_factory=dict)
 
     @property
     def done(self) -> list[PlanStatus]:
-        return [s for s in self.statuses if s.status in DONE_STATUSES]
+        return [s for s in self.statuses if s.status in DONE_STATUSES and s.planned.identity not in self.rewarm]
 
     @property
     def failed_kept(self) -> list[PlanStatus]:
@@ -107,9 +110,11 @@ class WarmupPlan:
     @property
     def todo(self) -> list[PlannedShape]:
         skip = set(DONE_STATUSES) | (set() if self.retry_failed else {Status.FAILED})
-        return [s.planned for s in self.statuses if s.status not in skip]
+        return [s.planned for s in self.statuses if s.status not in skip or s.planned.identity in self.rewarm]
 
     def action(self, status: PlanStatus) -> str:
+        if status.planned.identity in self.rewarm:
+            return f"compile ({status.status}, {self.rewarm[status.planned.identity]})"
         if status.status in DONE_STATUSES:
             return f"skip ({status.status})"
         if status.status == Status.FAILED and not self.retry_failed:
