@@ -158,8 +158,8 @@ def _invocations(command: str, program: str = "warmcache|python") -> list[str]:
 
 
 def test_wheel_check_runs_the_readmes_quickstart_from_the_wheel() -> None:
-    """``tools/ci/wheel_check.sh`` runs the README's quickstart line itself (``WHEEL_CHECK_QUICKSTART=1``; CI runs its
-    model builder and commands on the eager backend), in a folder outside the checkout with only the wheel installed:
+    """``tools/ci/wheel_check.sh`` (in CI) runs the README's quickstart line itself, in a folder outside the checkout
+    with only the wheel installed:
     the line must begin with the install step the script replaces, build its models from the
     wheel (it built them with tools/tiny_model.py, which no wheel holds) and name only example files the script
     copies."""
