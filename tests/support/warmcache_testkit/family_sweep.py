@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warmcache.examples.tiny_model import SLIDING_WINDOW, TINY_SIZES, build_tokenizer
+from warmcache.examples.tiny_model import SLIDING_WINDOW, TINY_SIZES, VOCAB_SIZE, build_tokenizer
 
 #: Causal-LM classes that are not a decoder warmcache serves: a decoder head on an encoder (BERT and kin), an
 #: encoder-decoder, speech or music, or a multimodal wrapper whose ``*_text`` family is swept on its own.
@@ -82,6 +82,28 @@ _PER_LAYER_EMBEDDINGS = {
     "layer_types": ["sliding_attention", "full_attention"],
     "sliding_window": SLIDING_WINDOW,
 }
+#: Inkling-2's: one layer of each kind, its per-kind heads, its relative-bias extent and log-scaling floor (positions)
+#: and attention-residual block (layers) cut like the window; its embedding padded past its head's rows as in its
+#: checkpoints (the default head of 200058 rows was what the tiny vocabulary's padding came out negative against).
+_INKLING2 = dict(
+    layer_types=["hybrid_sliding", "hybrid"],
+    sliding_window_size=SLIDING_WINDOW,
+    vocab_size=VOCAB_SIZE + 64,
+    unpadded_vocab_size=VOCAB_SIZE,
+    **dict(swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16),
+    **dict(rel_extent=2 * SLIDING_WINDOW, log_scaling_n_floor=2 * SLIDING_WINDOW, n_layers_per_attn_res_block=1),
+)
+#: BLT's four sub-models (entropy patcher, local encoder and decoder over bytes, global transformer over patches) are
+#: sized by their own sub-configs, which the top-level sizes do not reach; its hash-embedding table likewise.
+_BLT_LOCAL = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+_BLT = {
+    "patcher_config": {**_BLT_LOCAL, "num_hidden_layers": 2, "sliding_window": SLIDING_WINDOW},
+    "encoder_config": {**_BLT_LOCAL, "hidden_size_global": 64, "num_hidden_layers": 1},
+    "decoder_config": {**_BLT_LOCAL, "hidden_size_global": 64, "num_hidden_layers": 2},
+    "global_config": {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "num_hidden_layers": 2},
+    "local_attention_window_len": SLIDING_WINDOW,
+    "encoder_hash_byte_group_vocab": 512,
+}
 FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     **dict.fromkeys(
         ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "granitemoehybrid"), _ONE_OF_EACH
@@ -107,7 +129,12 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "codegen": {"rotary_dim": 8},
     "gptj": {"rotary_dim": 8},
     "gpt_neo": {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},
-    "dbrx": {"tie_word_embeddings": False},
+    # its modeling reads ``attn_config.rope_theta``, which its checkpoints carry and its attention config class lacks
+    "dbrx": {
+        "tie_word_embeddings": False,
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 500000.0},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    },
     "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # its shared attention ties across two hybrid layers
     "zaya": {"num_experts_per_tok": 1},
     # its attention layer comes every 4th by default (2 tiny layers would have none); transformers makes it indexed
@@ -116,6 +143,23 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
         **dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2),
     },
     "xlstm": {"v_head_dim": None},  # a property xLSTM derives
+    "blt": _BLT,
+    "inkling2_text": _INKLING2,
+    # its looped core (layers 6-17 of 24, 3 passes) as the second layer, after a one-layer prelude
+    "inkling2_loop_text": {**_INKLING2, "loop_layer_index_start": 1, "loop_layer_index_end": 2, "loop_gate_rank": 8},
+    # its per-layer-kind RoPE has no default: RoPE on the sliding layers, none on the full ones (NoPE), as it allows
+    "cohere_compass_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+            "full_attention": None,
+        },
+    },
+    # its validator's hidden_size * expand == num_heads * head_dim; its checkpoints' untied head (tied, each tiny
+    # greedy decode repeated one token)
+    "mamba2": {"num_heads": 8, "tie_word_embeddings": False},
+    # latent attention whose rotary width is ``head_dim``; 2 tiny "hidden layers" are its one layer of two attentions
+    "longcat_flash": {"num_key_value_heads": 4, "head_dim": FAMILY_SIZES["qk_rope_head_dim"], "zero_expert_num": 2},
 }
 #: A tiny build larger than this kept a default size the overrides missed: a wrong row, not a tiny one.
 MAX_TINY_PARAMETERS = 20_000_000
