@@ -30,6 +30,7 @@ REFUSED = {
         "generation_config.json), so generate() feeds the whole sequence at every step",
     ),
     "dory": ({}, "DoryModel.forward adds layers to the cache object it is given"),
+    "blt": ({}, "BltModel.forward wraps the cache it is given in a cache object of its own"),
     "gpt_neo": ({}, "its 'local' attention layers (GPT-Neo's) place their 8-token window by the number of keys"),
     "qwen4_exp_text": (
         {"layer_types": ["linear_attention", "linear_attention"]},
@@ -66,11 +67,12 @@ def test_use_cache_in_generation_config_json_is_what_plan_reads(tmp_path: Path) 
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "granitemoe", "doge", "falcon_h1"])
+@pytest.mark.parametrize("family", ["nemotron_h", "granitemoe", "doge", "falcon_h1", "gpt2"])
 def test_code_that_reads_values_only_outside_the_decode_path_is_not_refused(family: str) -> None:
     """Nemotron-H's experts loop reads ``.item()`` but transformers dispatches its forward to an experts kernel;
     Granite-MoE names ``.tolist()`` only in a docstring; Doge and Falcon-H1 tell transformers they cannot compile
-    fullgraph with its own cache (``_can_compile_fullgraph = False``) and pass on warmcache's. All pass the sweep."""
+    fullgraph with its own cache (``_can_compile_fullgraph = False``) and pass on warmcache's; GPT-2 wraps its cache
+    as BLT does only under ``add_cross_attention``, off in a decoder's config. All pass the sweep."""
     config = tiny_config(family)
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     assert code_problems(config, model_class, GenerationConfig.from_model_config(config), max_cache_len=32) == []

@@ -14,6 +14,10 @@ step; asked here of the model's config and code, before anything compiles:
 * a forward that adds layers to the cache object it is handed (``cache.layers += ...``:
   Dory's looped layers keep a copy per loop), which writes past a cache sized one layer
   per decoder layer;
+* a forward that wraps the cache it is handed in a cache object of its own
+  (``EncoderDecoderCache(cache, DynamicCache(...))``: BLT's local decoder writes its keys
+  into the second, dynamic one while its mask is built from the static one), unless a
+  config flag that is off here guards the wrapping (GPT-2's ``add_cross_attention``);
 * ``use_cache`` off in the generation config (MPT's default): generate() then feeds the
   whole sequence at every step and writes it into the cache again;
 * no attention layer at all while the model asks the cache for its length
@@ -80,6 +84,12 @@ def code_problems(config: Any, model_class: Any, generation_config: Any, max_cac
         problems.append(
             f"{', '.join(growers)}.forward adds layers to the cache object it is given (per-loop copies), past "
             "the one layer per decoder layer warmcache's static cache holds"
+        )
+    wrappers = sorted(name for name, tree in forwards.items() if _wraps_given_cache(tree, config))
+    if wrappers:
+        problems.append(
+            f"{', '.join(wrappers)}.forward wraps the cache it is given in a cache object of its own, whose "
+            "keys live outside warmcache's static cache (transformers' own static cache fails the same way)"
         )
     kinds, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     askers = sorted(name for name, tree in forwards.items() if _calls(tree, "get_seq_length"))
@@ -177,3 +187,41 @@ def _grows_cache_layers(tree: ast.AST) -> bool:
     return any(
         call.attr in ("append", "extend", "insert") and is_cache_layers(call.value) for call in _method_calls(tree)
     )
+
+
+#: The names a forward receives generate()'s cache under.
+_GIVEN_CACHE = ("cache", "past_key_values")
+
+
+def _wraps_given_cache(tree: ast.AST, config: Any) -> bool:
+    """``SomeCache(cache, ...)`` (a call of a ``...Cache`` class with the given cache among its arguments), outside any
+    ``if`` whose test reads a ``config.<flag>`` that is off for ``config``."""
+
+    def wraps(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id.endswith("Cache")
+            and any(isinstance(a, ast.Name) and a.id in _GIVEN_CACHE for a in node.args)
+        )
+
+    def visit(node: ast.AST) -> bool:
+        if isinstance(node, ast.If) and _off_flag(node.test, config):
+            return any(visit(child) for child in node.orelse)  # the body never runs for this config
+        return wraps(node) or any(visit(child) for child in ast.iter_child_nodes(node))
+
+    return visit(tree)
+
+
+def _off_flag(test: ast.AST, config: Any) -> bool:
+    """Whether ``test`` reads ``config.<flag>`` (or ``self.config.<flag>``) as a conjunct, with the flag off here."""
+    conjuncts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    for part in conjuncts:
+        if (
+            isinstance(part, ast.Attribute)
+            and isinstance(part.value, ast.Attribute | ast.Name)
+            and (part.value.attr if isinstance(part.value, ast.Attribute) else part.value.id) == "config"
+            and not getattr(config.get_text_config(decoder=True), part.attr, getattr(config, part.attr, True))
+        ):
+            return True
+    return False
