@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from warmcache_testkit.manifests import generate, manifest_toml, model
 from warmcache_testkit.scripts import load_script
 
@@ -53,6 +54,21 @@ def test_bench_start_splits_a_start_into_its_phases_in_order() -> None:
         2.0,
     ]
     assert (round(seconds["to_first_token"], 3), round(seconds["to_request"], 3)) == (5.0, 7.0)
+
+
+def test_bench_start_fails_a_run_whose_mount_tokens_differ_from_the_packages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    check_tokens = load_script(BENCH / "bench_start.py").check_tokens
+    packaged = {"tokens": [5, 6, 7, 8]}
+    results = {"floor": [{"tokens": [5, 6, 9, 9]}], "packages": [packaged, packaged], "mount": [packaged]}
+
+    check_tokens(results)
+    assert "same 4 tokens; floor's 2 of 4 equal" in capsys.readouterr().out
+
+    results["mount"].append({"tokens": [5, 6, 7, 1]})
+    with pytest.raises(SystemExit, match=r"mount: tokens \[5, 6, 7, 1\] differ from the packages' \[5, 6, 7, 8\]"):
+        check_tokens(results)
 
 
 def test_bench_warm_rerun_judges_its_target_only_in_full_runs() -> None:

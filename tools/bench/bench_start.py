@@ -79,16 +79,20 @@ COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.lowering", "t
 
 
 class FirstToken:
-    """A ``generate()`` streamer that stamps the first generated token (its first ``put`` is the prompt)."""
+    """A ``generate()`` streamer that stamps the first generated token (its first ``put`` is the prompt) and keeps
+    the tokens, which the parent compares across scenarios."""
 
     def __init__(self) -> None:
         self.puts = 0
         self.at = 0.0
+        self.tokens: list[int] = []
 
     def put(self, value: Any) -> None:
         self.puts += 1
         if self.puts == 2:
             self.at = time.time()
+        if self.puts > 1:
+            self.tokens.extend(int(token) for token in value.reshape(-1).tolist())
 
     def end(self) -> None:
         pass
@@ -134,7 +138,14 @@ def child(args: argparse.Namespace) -> None:
         frames = sum(counters["frames"].values())
     print(
         json.dumps(
-            {"stamps": stamps, "again": again, "frames": frames, "compiler_modules": compiler, "imported": forbidden}
+            {
+                "stamps": stamps,
+                "again": again,
+                "frames": frames,
+                "compiler_modules": compiler,
+                "imported": forbidden,
+                "tokens": first.tokens,
+            }
         ),
         flush=True,
     )
@@ -430,6 +441,23 @@ def report(label: str, args: argparse.Namespace, results: dict[str, list[dict[st
         print(f"cold: start → first full request {cold['to_request']:.1f}s, {ratio:.1f}x the packages'")
 
 
+def check_tokens(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Every packages and mount run must give the packaged decode's tokens (the mount's own loop and compiled prefill
+    change how fast the first token comes, not which); the floor's eager decode and cold's compile are reported
+    beside them, not held to them (another kernel may break a near-tie)."""
+    expected = results["packages"][0]["tokens"]
+    for scenario in ("packages", "mount"):
+        for run in results[scenario]:
+            if run["tokens"] != expected:
+                raise SystemExit(f"{scenario}: tokens {run['tokens']} differ from the packages' {expected}")
+    others = "; ".join(
+        f"{scenario}'s {sum(a == b for a, b in zip(runs[0]['tokens'], expected))} of {len(expected)} equal"
+        for scenario, runs in results.items()
+        if scenario in ("floor", "cold") and runs
+    )
+    print(f"tokens: every packages and mount run gave the same {len(expected)} tokens; {others}")
+
+
 def report_pss(pss: dict[int, list[int]]) -> None:
     """The PSS table: total and per process for each count, and the total's ratio to one process's."""
     if not pss:
@@ -504,6 +532,7 @@ def main() -> None:
         pss = {n: measure_pss(args, "mount", n, work, prepared) for n in counts if not args.launcher}
     if results["floor"]:  # --runs 0 only prepares (warms) the model and its packages
         report(prepared.label, args, {s: r for s, r in results.items() if r})
+        check_tokens(results)
     report_pss(pss)
     for scenario in ("packages", "mount"):
         for run in results[scenario]:
