@@ -9,8 +9,9 @@ then measure against the higher-precision one-pass reference on the same tokens 
 
 * the eager decode in the model's dtype (the criterion's calibration);
 * the compiled decode (must pass);
-* the eager decode of the same config with other weights, and with one layer's MLP
-  output scaled by 1.05 (each must fail).
+* the eager decode of the same config with other weights, with one layer's MLP
+  output scaled by 1.05, and with each decode step's keys and values written one slot
+  early in the first attention layer's cache (each must fail).
 
 Prints one JSON line: each decode's largest and mean per-step logit RMS distance over the step's RMS, and
 each as a ratio to the eager decode's (the criterion bounds the first by ``FACTOR``, the second by ``MEAN_FACTOR``).
@@ -47,6 +48,25 @@ def _scaled_mlp(model: Any, factor: float) -> Any:
     return block.register_forward_hook(
         lambda _m, _i, out: tuple(o * factor for o in out) if isinstance(out, tuple) else out * factor
     )
+
+
+def _early_cache_write(cache: Any) -> None:
+    """Make the first attention layer of ``cache`` write each decode step's keys and values one slot early, over the
+    previous token's: a wrong cache write (an off-by-one write position), the layer's other steps untouched."""
+    from transformers.cache_utils import StaticLayer
+
+    layer = next(layer for layer in cache.layers if isinstance(layer, StaticLayer))
+    update = layer.update
+
+    def early(key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+        if not layer.is_initialized or key_states.shape[-2] != 1:
+            return update(key_states, value_states, *args, **kwargs)
+        layer.cumulative_length.sub_(1)
+        written = update(key_states, value_states, *args, **kwargs)
+        layer.cumulative_length.add_(1)
+        return written
+
+    layer.update = early
 
 
 def main() -> None:
@@ -111,10 +131,14 @@ def main() -> None:
     hook = _scaled_mlp(right, 1.05)
     scaled = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **fresh())
     hook.remove()
+    early = fresh()
+    _early_cache_write(early["cache"])
+    early_write = eager_decode_logits(right, ids, mask, tokens, pad_token_id=0, **early)
     other = AutoModelForCausalLM.from_pretrained(folders[1], dtype=dtype).eval()
     other_logits = eager_decode_logits(other, ids, mask, tokens, pad_token_id=0, **fresh())
     del other
-    for name, logits in {"right": served, "other_weights": other_logits, "mlp_x1.05": scaled}.items():
+    decodes = {"right": served, "other_weights": other_logits, "mlp_x1.05": scaled, "cache_write_early": early_write}
+    for name, logits in decodes.items():
         verdict = judge_decode(right, ids, mask, tokens, eager, logits, routed)
         figures[name] = {
             "error": verdict.logit_error,
