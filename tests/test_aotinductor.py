@@ -198,8 +198,8 @@ def test_tampered_package_is_refused_before_loading(
     data = bytearray((packaged / "cache" / entry).read_bytes())
     data[-100] ^= 0xFF
     (tmp_path / entry).write_bytes(bytes(data))
+    model = _model(tiny_models["llama"])
     with pytest.raises(CacheError, match=r"sha256 .* differs from its registry record") as refused:
-        model = _model(tiny_models["llama"])
         load_package(tmp_path, entry, expected_fingerprint(row), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value) and str(tmp_path / entry) in str(refused.value)
 
@@ -211,8 +211,8 @@ def test_package_of_another_batch_size_is_refused_before_loading(packaged: Path,
     from warmcache.artifacts.route import expected_fingerprint
 
     rows = _rows(packaged)
+    model = _model(tiny_models["llama"])
     with pytest.raises(CacheError, match=r"compiled for another batch_size: batch_size=4 \(row: 1\)") as refused:
-        model = _model(tiny_models["llama"])
         load_package(packaged / "cache", _package(rows[4]), expected_fingerprint(rows[1]), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value)
 
@@ -559,8 +559,8 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_the_temporary_folder(
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))
+    model = _model(tiny_models["llama"])
     with pytest.raises(CacheError, match="AOTInductor package does not load") as refused:
-        model = _model(tiny_models["llama"])
         load_package(tmp_path / "cache", broken, expected_fingerprint(row), model, ModelCodeCheck(model))
     assert "\n" not in str(refused.value)
     assert list(temporary.iterdir()) == []

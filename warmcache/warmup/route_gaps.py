@@ -28,8 +28,8 @@ def missing_route_files(registry: Registry, statuses: Sequence[PlanStatus]) -> d
         return {}
     gaps = {}
     for record in registry.rows(identities=sorted(wanted), with_artifacts=True):
-        route = wanted.get(record.identity)
-        if route is not None and not any(a.kind == route.artifact_kind for a in record.artifacts):
+        route = wanted[record.identity]
+        if not any(a.kind == route.artifact_kind for a in record.artifacts):
             gaps[record.identity] = (
                 f"{record.model_name}: compiled without the {route.artifacts} its precompile route saves"
             )

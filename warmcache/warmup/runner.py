@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from warmcache.errors import UsageError
@@ -114,8 +115,7 @@ def _warm(
         registry.ensure_pending(todo)
         if options.retry_failed:
             registry.requeue_failed([s.planned.identity for s in plan.statuses if s.status == Status.FAILED])
-        for why in sorted(set(plan.rewarm.values())):
-            count = sum(reason == why for reason in plan.rewarm.values())
+        for why, count in sorted(Counter(plan.rewarm.values()).items()):
             log.warning("warming %d compiled spec(s) again: %s", count, why)
         registry.requeue_done(plan.rewarm)
         lease = options.lease_seconds or manifest.lease_seconds
