@@ -53,6 +53,16 @@ def test_deepseek_v3_which_the_matrix_does_not_keep_passes_the_cell(tmp_path: Pa
     assert cell["train"] == "pass", cell
 
 
+@pytest.mark.slow
+def test_recurrent_gemma_whose_first_decode_call_is_a_graph_of_its_own_serves_after_priming(tmp_path: Path) -> None:
+    """RecurrentGemma keeps its conv state on its modules, laid out by its prefill otherwise than by its decode, so its
+    first decode call and the steady one are two graphs. prime ran one decode call a bucket and loaded only the
+    first: production's second token was refused as a recompile at every request."""
+    cell = run_cell("recurrent_gemma", tmp_path)
+    assert cell["generate"].startswith("pass: 0 graphs after priming"), cell
+    assert cell["train"] == "pass", cell
+
+
 def test_sliding_window_only_where_the_family_declares_one() -> None:
     """transformers' caches read ``sliding_window`` off any config without ``layer_types``: given to BLOOM, whose
     attention has no window, it windowed BLOOM's cache but not its mask, and verify disproved warmcache's (right)

@@ -56,9 +56,9 @@ def child(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from warmcache.modeling.compile_counter import CompileCounter
-    from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+    from warmcache.modeling.generation import DECODE_TOKENS, compile_config, generate_kwargs, max_new_tokens_that_fit
     from warmcache.shapes.workload_settings import GenerateSettings
-    from warmcache.warmup.workloads import DECODE_TOKENS, token_ids
+    from warmcache.warmup.workloads import token_ids
 
     imported = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -119,7 +119,7 @@ def guarded_request_seconds(guard: Any, model: Any, ids: Any) -> float:
     """Seconds of one guarded ``generate()`` of ``DECODE_TOKENS`` new tokens (the request every scenario times)."""
     import torch
 
-    from warmcache.warmup.workloads import DECODE_TOKENS
+    from warmcache.modeling.generation import DECODE_TOKENS
 
     begin = time.perf_counter()
     guard.generate(

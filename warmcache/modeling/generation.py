@@ -52,6 +52,13 @@ def compile_config(backend: str, mode: str, device: str) -> CompileConfig:
     return config
 
 
+#: New tokens of the calls that load a bucket (warmup, verify, prime): the prefill's token and two decode steps. The
+#: first decode call may differ from steady state (cache initialisation; RecurrentGemma's conv state is laid out by
+#: its prefill, then by its decode), the second must be the steady graph. Every later step, up to a full cache, must
+#: compile nothing.
+DECODE_TOKENS = 3
+
+
 def max_new_tokens_that_fit(prompt_len: int, max_cache_len: int) -> int:
     """The most new tokens a prompt of ``prompt_len`` can generate inside the compiled cache.
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.errors import UnseenShapeError, UsageError
 from warmcache.modeling.compile_counter import CompileCounter
-from warmcache.modeling.generation import compile_config, generate_kwargs, max_new_tokens_that_fit
+from warmcache.modeling.generation import DECODE_TOKENS, compile_config, generate_kwargs, max_new_tokens_that_fit
 from warmcache.runtime.budget import loud_recompile_limit, reserve_recompile_room
 from warmcache.runtime.padding import fit_generate_inputs, left_padded
 from warmcache.runtime.sentinel import recompile_sentinel
@@ -162,10 +162,14 @@ def prime(
     :mod:`warmcache.runtime.budget`), and priming runs with
     ``fail_on_recompile_limit_hit`` so a bucket that would still run eager is an
     error, not a slow surprise. Each bucket runs an unpadded request and a left-padded
-    one (:func:`_request_forms`: the masks production sends), each forced to two new
-    tokens: the first comes from the eager prefill, the second from the compiled decode
-    step being loaded. A bucket an AOTInductor package serves is not run: loading
-    and binding the package is all its start-up needs (no trace, no cache to warm).
+    one (:func:`_request_forms`: the masks production sends), each forced to the new tokens
+    warmup loads a bucket with (:data:`~warmcache.modeling.generation.DECODE_TOKENS`): the
+    prefill's token, the first decode call and the steady one. A model whose first decode call
+    is a graph of its own (RecurrentGemma: its prefill lays out the conv state it keeps on its
+    modules otherwise than its decode does) then had its steady graph first traced by
+    production's second token, and the strict sentinel refused every request. A bucket an
+    AOTInductor package serves is not run: loading and binding the package is all its start-up
+    needs (no trace, no cache to warm).
     """
     import torch
     from torch._dynamo.exc import FailOnRecompileLimitHit
@@ -197,7 +201,7 @@ def prime(
                 continue
             t0 = time.perf_counter()
             ids = torch.full((batch, length), int(token), dtype=torch.long)
-            new_tokens = min(2, max_new_tokens_that_fit(length, max_cache_len))
+            new_tokens = min(DECODE_TOKENS, max_new_tokens_that_fit(length, max_cache_len))
             try:
                 for form_ids, form_mask in _request_forms(model, ids):
                     guarded_generate(

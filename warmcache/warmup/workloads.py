@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from warmcache.errors import DecodeRecompileError
-from warmcache.modeling.generation import generate_kwargs, max_new_tokens_that_fit, special_token_ids
+from warmcache.modeling.generation import DECODE_TOKENS, generate_kwargs, max_new_tokens_that_fit, special_token_ids
 from warmcache.runtime.padding import left_padded
 from warmcache.shapes import ShapeSpec
 from warmcache.warmup.phases import NO_PHASES, DecodeSteps, Phase, SpecPhases
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     import torch
     from transformers import CompileConfig, PreTrainedModel
 
-#: New tokens of the loading calls: the prefill's token and two decode steps. The first
-#: decode call may differ from steady state (cache initialisation), the second must be
-#: the steady graph. Every later step, up to a full cache, must compile nothing.
-DECODE_TOKENS = 3
 TRAIN_STEPS = 2
 #: Seed for the synthetic token ids: a replay feeds the same tokens as the warmup.
 SEED = 1234

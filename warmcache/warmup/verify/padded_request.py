@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from warmcache.artifacts.format import Signature, decode_signature
 from warmcache.artifacts.kinds import routes_of
-from warmcache.modeling.generation import generate_kwargs
+from warmcache.modeling.generation import DECODE_TOKENS, generate_kwargs
 from warmcache.runtime.padding import left_padded
 from warmcache.warmup.verify.agreement import eager_decode_logits, judge_decode
-from warmcache.warmup.workloads import DECODE_TOKENS, bucket_prompt, pad_token_id
+from warmcache.warmup.workloads import bucket_prompt, pad_token_id
 
 if TYPE_CHECKING:
     import torch
