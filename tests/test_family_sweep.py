@@ -63,6 +63,44 @@ def test_recurrent_gemma_whose_first_decode_call_is_a_graph_of_its_own_serves_af
     assert cell["train"] == "pass", cell
 
 
+@pytest.mark.parametrize(("family", "rounding"), [("hrm_text", True), ("lfm2-conv-bias", False)])
+def test_only_float32_rounding_excuses_a_padded_row_that_differs_from_its_unpadded_run(
+    family: str, rounding: bool, tmp_path: Path
+) -> None:
+    """The support matrix lets a padded row through that differs from its unpadded run only where transformers' own
+    padded decode gives the same tokens and float64 shows the padding changes nothing. A pad that reaches the state
+    (LFM2 with a trained conv bias) gives transformers' padded tokens too, and must stay a mismatch."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from warmcache_testkit.family_sweep import build_family_model
+    from warmcache_testkit.support_matrix import _float32_rounding, _ragged
+
+    from warmcache.examples.tiny_model import build_config
+
+    if family == "hrm_text":
+        path = build_family_model(family, tmp_path / family)
+    else:
+        torch.manual_seed(0)
+        config = build_config("lfm2")
+        config.conv_bias = True
+        biased = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for name, parameter in biased.named_parameters():
+                if name.endswith("in_proj.bias"):
+                    parameter.normal_()  # a trained bias is not zero (transformers initialises it to zero)
+        path = tmp_path / family
+        biased.save_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids, mask = _ragged((5, 8), 1)
+    padded = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=17, min_new_tokens=17, do_sample=False, pad_token_id=0
+    )[0, 8:]  # the best a guard can give row 0: transformers' own decode of the padded batch
+    fitted = SimpleNamespace(inputs={"input_ids": ids, "attention_mask": mask})
+    assert _float32_rounding(path, model, fitted, 0, 5, padded) is rounding
+
+
 def test_sliding_window_only_where_the_family_declares_one() -> None:
     """transformers' caches read ``sliding_window`` off any config without ``layer_types``: given to BLOOM, whose
     attention has no window, it windowed BLOOM's cache but not its mask, and verify disproved warmcache's (right)
