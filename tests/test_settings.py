@@ -156,6 +156,14 @@ def test_postgresql_locations_are_edited_as_urls_not_text() -> None:
     assert sqlite.bounded(3, 5000) == sqlite and sqlite.sqlite_file == Path("reg.sqlite").resolve()
 
 
+def test_a_location_formatted_into_a_message_or_a_log_line_hides_its_password() -> None:
+    """The URL keeps the password for the driver; ``str`` and ``repr`` (an f-string, a ``%s`` log argument, a
+    traceback's locals) show only :attr:`RegistryLocation.display`."""
+    location = RegistryLocation.parse("postgresql://u:hunter2@db:5432/reg", "--db")
+    assert "hunter2" in location.url
+    assert "hunter2" not in f"{location} {location!r}" and "u:***@db" in str(location) and "--db" in repr(location)
+
+
 def _manifest(tmp_path: Path, **tables: dict[str, str]) -> Path:
     path = tmp_path / "m.toml"
     path.write_text(manifest_toml(model("m", "some-org/some-model", backend="eager", generate=[generate()]), **tables))

@@ -113,6 +113,7 @@ class RegistryLocation:
     edits made to it afterwards (on the parsed URL, never on its text).
     """
 
+    #: The URL with its password: only the database driver reads it (``repr`` and ``str`` show :attr:`display`).
     url: str
     source: str = "registry URL"
 
@@ -176,7 +177,11 @@ class RegistryLocation:
         return RegistryLocation(parsed.set(query=query).render_as_string(hide_password=False), self.source)
 
     def __str__(self) -> str:
-        return self.url
+        """:attr:`display`: a location formatted into a log line or an error must not carry its password."""
+        return self.display
+
+    def __repr__(self) -> str:
+        return f"RegistryLocation({self.display!r}, source={self.source!r})"
 
 
 def default_registry(environ: Mapping[str, str] | None = None) -> RegistryLocation:
