@@ -83,14 +83,39 @@ class AotInductorRoute(PrecompiledRoute):
         return load_package(root, entry, expected_fingerprint(record), model, code)
 
     def prove(
-        self,
-        model: PreTrainedModel,
-        record: ShapeRecord,
-        root: Path,
-        max_cache_len: int,
-        generate_call: dict[str, Any],
+        self, model: PreTrainedModel, record: ShapeRecord, root: Path, max_cache_len: int, generate_call: dict[str, Any]
     ) -> str | None:
-        return prove_package_graphs(model, record, root, max_cache_len, generate_call)
+        """``None`` when every AOTInductor package of the row recorded the digest of the graph this model exports for
+        the bucket; else why not (one line).
+
+        ``generate_call``: the bucket's ``generate()`` arguments (its prompt, a fresh static
+        cache of ``max_cache_len``), run eagerly for one decode step to capture the exact call
+        the package serves.
+        """
+        entries = self.entries(record)
+        if not entries:
+            return None
+        expected = expected_fingerprint(record)
+        recorded = {entry: read_checked(root, entry, expected)[0].aotinductor or {} for entry in entries}
+        missing = [entry for entry, info in recorded.items() if "graph" not in info]
+        if missing:
+            return (
+                f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
+                "nothing proves it computes this model; warm it again (warmup --retry-failed)"
+            )
+        digests = _model_graph_digests(
+            model, max_cache_len, generate_call, {package_step(i) for i in recorded.values()}
+        )
+        for entry, info in recorded.items():
+            digest = digests[package_step(info)]
+            if info["graph"] != digest:
+                return (
+                    f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
+                    f"(graph sha256 {info['graph'][:12]}… at warmup, {digest[:12]}… now): the model's code changed "
+                    "since warmup (a patched or monkeypatched layer, other modeling code); warm it again (warmup "
+                    "--retry-failed)"
+                )
+        return None
 
 
 #: The route, as :data:`warmcache.artifacts.kinds.ROUTES` lists it.
@@ -141,40 +166,6 @@ def _slides(config: Any) -> bool:
     return (
         getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False
     )
-
-
-def prove_package_graphs(
-    model: PreTrainedModel, record: ShapeRecord, root: Path, max_cache_len: int, generate_call: dict[str, Any]
-) -> str | None:
-    """``None`` when every AOTInductor package of the row recorded the digest of the graph this model exports for the
-    bucket; else why not (one line).
-
-    ``generate_call``: the bucket's ``generate()`` arguments (its prompt, a fresh static
-    cache of ``max_cache_len``), run eagerly for one decode step to capture the exact call
-    the package serves.
-    """
-    entries = AOTINDUCTOR.entries(record)
-    if not entries:
-        return None
-    expected = expected_fingerprint(record)
-    recorded = {entry: read_checked(root, entry, expected)[0].aotinductor or {} for entry in entries}
-    missing = [entry for entry, info in recorded.items() if "graph" not in info]
-    if missing:
-        return (
-            f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
-            "nothing proves it computes this model; warm it again (warmup --retry-failed)"
-        )
-    digests = _model_graph_digests(model, max_cache_len, generate_call, {package_step(i) for i in recorded.values()})
-    for entry, info in recorded.items():
-        digest = digests[package_step(info)]
-        if info["graph"] != digest:
-            return (
-                f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
-                f"(graph sha256 {info['graph'][:12]}… at warmup, {digest[:12]}… now): the model's code changed "
-                "since warmup (a patched or monkeypatched layer, other modeling code); warm it again (warmup "
-                "--retry-failed)"
-            )
-    return None
 
 
 def _model_graph_digests(

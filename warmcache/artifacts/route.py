@@ -129,12 +129,7 @@ class PrecompiledRoute(ABC):
         for a file generate() does not call."""
 
     def prove(
-        self,
-        model: PreTrainedModel,
-        record: ShapeRecord,
-        root: Path,
-        max_cache_len: int,
-        generate_call: dict[str, Any],
+        self, model: PreTrainedModel, record: ShapeRecord, root: Path, max_cache_len: int, generate_call: dict[str, Any]
     ) -> str | None:
         """verify's exact proof of the row's files of this route, before it serves the bucket through them: ``None``,
         or why not (one line). ``generate_call``: the bucket's ``generate()`` arguments."""
