@@ -19,7 +19,7 @@ from test_bundle import Built
 from test_store import error_lines, run
 from warmcache_testkit.oci_registry import RunningRegistry, oci_registry, skopeo_copy
 
-from warmcache.store.oci.image import GUARD_MEMBER, INDEX_MEMBER, TAG_MEMBER
+from warmcache.store.oci.image import GUARD_MEMBER, INDEX_MEMBER, TAG_MEMBER, read_image
 from warmcache.store.oci.layers import read_members, write_layer
 from warmcache.store.oci.store import OciStore
 from warmcache.trust import SigningKey, canonical_bytes, generate_key, sign_document
@@ -372,6 +372,42 @@ def test_promote_copies_a_verified_tag_signed_for_its_new_name(
     code, _, err = run("store", "promote", unsigned, target, "--sign", str(tmp_path / "key"))
     (line,) = error_lines(err)
     assert code == 5 and f"{unsigned}: tag document: unsigned" in line and tag_document(target)["version"] == 2, err
+
+
+def test_promote_keeps_the_architecture_the_source_image_was_built_for(
+    built: Built, registry_host: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image pushed from an arm64 build host and promoted from an amd64 CI runner still says arm64: its compiled
+    code was built there (promote labelled it with the promoting host's architecture)."""
+    import platform
+
+    generate_key(tmp_path / "key")
+    source = registry_host.url(f"team/a-{uuid.uuid4().hex[:8]}", "candidate")
+    target = registry_host.url(f"prod/a-{uuid.uuid4().hex[:8]}", "release")
+    with monkeypatch.context() as arm_host:
+        arm_host.setattr(platform, "machine", lambda: "aarch64")
+        push(built, source, tmp_path / "key")
+    code, _, err = run("store", "promote", source, target, "--sign", str(tmp_path / "key"))
+    assert code == 0, err
+    for url in (source, target):
+        store = OciStore.open(url)
+        image = read_image(store.client, store.reference.tag)
+        assert image is not None and image.architecture == "arm64", url
+    store = OciStore.open(target)  # a config rewritten by anyone with push rights: read, and refused
+    found = store.client.manifest(store.reference.tag)
+    assert found is not None
+    manifest = json.loads(found[1])
+    config = json.loads(store.client.read_blob(manifest["config"]["digest"], manifest["config"]["size"], 1 << 20))
+    config_data = canonical_bytes({**config, "architecture": "arm64/../x"})
+    manifest["config"] = {
+        **manifest["config"],
+        "digest": store.client.upload_bytes(config_data),
+        "size": len(config_data),
+    }
+    store.client.put_manifest(store.reference.tag, canonical_bytes(manifest))
+    code, _, err = run("store", "ls", "--store", target)
+    (line,) = error_lines(err)
+    assert code != 0 and "the image config's architecture is 'arm64/../x'" in line, err
 
 
 def test_a_signer_builds_on_an_expired_tag_only_where_it_is_its_own_last_push(

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ MAX_MANIFEST_BYTES = MAX_ANSWER_BYTES
 #: Replaced manifests remembered for gc; older ones are left to the registry's own garbage collection.
 MAX_SUPERSEDED = 256
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+#: What an image config's ``architecture`` may read (OCI's are lowercase words: ``amd64``, ``arm64``, ``ppc64le``).
+_ARCHITECTURE_NAME = re.compile(r"[a-z0-9_]{1,32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,8 @@ class StoredImage:
     blobs: frozenset[str]
     #: Each layer's stored blob by its diff_id (uncompressed digest, as ``index.json`` names layers).
     descriptors: dict[str, Descriptor]
+    #: The image config's ``architecture``: the machine the compiled code in its layers was built for.
+    architecture: str
 
     def layer_blocks(self, client: RegistryClient, diff_id: str) -> Iterator[bytes]:
         """The uncompressed bytes of the data layer ``diff_id`` names, at most the size ``index.json`` gives it (the
@@ -194,8 +199,11 @@ def read_image(client: RegistryClient, tag: str) -> StoredImage | None:
         raise CacheError(
             f"{where}: {INDEX_MEMBER} names layer {unknown[0][:19]}, which the image does not hold; refused"
         )
+    architecture = config.get("architecture")
+    if not isinstance(architecture, str) or not _ARCHITECTURE_NAME.fullmatch(architecture):
+        raise CacheError(f"{where}: the image config's architecture is {shown(architecture)}, not a machine's; refused")
     return StoredImage(
-        tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, tag_doc, blobs, descriptors
+        tag, digest, index["flavor"], indexes, layer_map, superseded, pushed, tag_doc, blobs, descriptors, architecture
     )
 
 
@@ -276,10 +284,14 @@ def guard_snapshot(indexes: dict[str, dict[str, Any]], source: str, signing_key:
     return json.dumps(snapshot_document(records, source, signing_key), indent=1, sort_keys=True).encode()
 
 
-def config_bytes(diff_ids: list[str], labels: dict[str, str]) -> bytes:
-    """The image config: this host's architecture (compiled code is built for it), Linux, and the layers' diff_ids (=
-    digests: uncompressed)."""
-    architecture = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
+def host_architecture() -> str:
+    """This machine's architecture as OCI names it (``amd64``, ``arm64``): a push compiles its code here."""
+    return _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
+
+
+def config_bytes(diff_ids: list[str], labels: dict[str, str], architecture: str) -> bytes:
+    """The image config: the architecture its compiled code was built for (the pushing host's; a promoted image's
+    own), Linux, and the layers' diff_ids (= digests: uncompressed)."""
     return canonical_bytes(
         {
             "architecture": architecture,

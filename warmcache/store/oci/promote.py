@@ -87,7 +87,7 @@ def promote_image(
         digest, size = write_layer(tar, sorted(members))
         target.client.upload(tar, digest, size)
     labels = summary(image.flavor, image.indexes)
-    config = config_bytes([layer.digest for layer in image.layers] + [digest], labels)
+    config = config_bytes([layer.digest for layer in image.layers] + [digest], labels, image.architecture)
     manifest = manifest_bytes(
         (target.client.upload_bytes(config), len(config)), stored, Descriptor(LAYER_MEDIA_TYPE, digest, size), labels
     )

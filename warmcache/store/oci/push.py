@@ -49,6 +49,7 @@ from warmcache.store.oci.image import (
     Superseded,
     TagStatement,
     config_bytes,
+    host_architecture,
     manifest_bytes,
     metadata_members,
     read_image,
@@ -163,7 +164,7 @@ def _image(
     members = metadata_members(store.reference, flavor, indexes, layers, superseded, tag)
     metadata = builder.upload(sorted(members), None)
     labels = summary(flavor, indexes)
-    config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels)
+    config = config_bytes([layer.digest for layer in layers] + [metadata.digest], labels, host_architecture())
     # A layer kept from the tag keeps the blob it is stored as (a copy may have gzipped it); a new one goes up as a
     # plain tar.
     stored = [
