@@ -217,3 +217,32 @@ def test_a_recurrent_cache_is_taken_apart_into_its_states_and_held_around_them_a
         assert rebuilt.get_conv_state(index) is cache.layers[index].conv_states[0]
         assert rebuilt.get_recurrent_state(index) is cache.layers[index].recurrent_states[0]
         assert held.keys is cache.layers[index].keys and rebuilt.has_previous_state(index)
+
+
+@pytest.mark.slow
+def test_a_package_is_disproven_for_a_model_that_keeps_its_state_on_its_modules(tmp_path: Path) -> None:
+    """RecurrentGemma keeps its conv and recurrent state as plain attributes of its modules, outside the Cache object:
+    export carries them into the package at their value at warmup, so the package would serve every request with
+    warmup's state. verify's graph proof finds them moved and says so, where it used to blame a code change."""
+    import subprocess
+    import sys
+
+    from warmcache_testkit.family_sweep import build_family_model
+
+    path = build_family_model("recurrent_gemma", tmp_path / "rg")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        manifest_toml(
+            model("rg", str(path), backend="inductor", precompile="aotinductor", generate=[generate((2,), (8,), 24)]),
+            registry={"url": f"sqlite:///{tmp_path / 'r.sqlite'}"},
+            cache={"dir": str(tmp_path / "cache")},
+        )
+    )
+    for command, code in (("warmup", 0), ("verify", 1)):
+        done = subprocess.run(
+            [sys.executable, "-m", "warmcache", command, str(manifest)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == code, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert "carries model.model.layers.0.temporal_block.conv1d_state (and 1 more) at its value at warmup" in said, said
+    assert "precompile = false" in said and "code changed" not in said, said

@@ -38,6 +38,7 @@ from warmcache.artifacts.format import (
     AOTINDUCTOR_DIR,
     AOTINDUCTOR_LIBRARY,
     Signature,
+    encode_tensor,
     library_of,
     read_checked,
     write_call_artifact,
@@ -50,6 +51,7 @@ from warmcache.targets.routes import PrecompileRoute
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from warmcache.artifacts.aoti_export import ExportedDecode
     from warmcache.artifacts.code_check import ModelCodeCheck
     from warmcache.registry import ShapeRecord
 
@@ -103,19 +105,44 @@ class AotInductorRoute(PrecompiledRoute):
                 f"AOTInductor package {missing[0]} records no graph digest (packaged by an earlier warmcache), so "
                 "nothing proves it computes this model; warm it again (warmup --retry-failed)"
             )
-        digests = _model_graph_digests(
-            model, max_cache_len, generate_call, {package_step(i) for i in recorded.values()}
-        )
+        exports = _model_exports(model, max_cache_len, generate_call, {package_step(i) for i in recorded.values()})
         for entry, info in recorded.items():
-            digest = digests[package_step(info)]
-            if info["graph"] != digest:
-                return (
-                    f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
-                    f"(graph sha256 {info['graph'][:12]}… at warmup, {digest[:12]}… now): the model's code changed "
-                    "since warmup (a patched or monkeypatched layer, other modeling code); warm it again (warmup "
-                    "--retry-failed)"
-                )
+            exported = exports[package_step(info)]
+            if info["graph"] != exported.graph_digest:
+                return _another_graph(entry, info, exported)
         return None
+
+
+def _another_graph(entry: str, info: dict[str, Any], exported: ExportedDecode) -> str:
+    """Why package ``entry`` (header ``info``) is not the graph ``exported`` from the model now: a tensor it carries by
+    value that the model has since changed, or else the model's code.
+
+    A tensor the forward keeps as a plain attribute travels in the package at its value at warmup
+    (:func:`~warmcache.artifacts.aoti_export.constant_header`): right for one the model derives from its config
+    (Phi-3.5's ``long_inv_freq``), wrong for state it keeps between calls outside the Cache object (RecurrentGemma's
+    ``conv1d_state`` and ``recurrent_states``), which the package would then hold at warmup's prompt's value for every
+    request. The two differ in that a state's value is another one when verify exports the model again.
+    """
+    carried = info.get("computed_constants") or {}
+    moved = sorted(
+        fqn
+        for fqn, value in carried.items()
+        if fqn in exported.computed and encode_tensor(exported.computed[fqn]) != value
+    )
+    if moved:
+        more = f" (and {len(moved) - 1} more)" if len(moved) > 1 else ""
+        return (
+            f"AOTInductor package {entry} carries {moved[0]}{more} at its value at warmup, and the model now holds "
+            "another: the model keeps that tensor on its modules between calls (state outside the Cache object), so "
+            "a package would serve every request with warmup's; serve this model through torch.compile "
+            "(precompile = false)"
+        )
+    return (
+        f"AOTInductor package {entry} computes another graph than this model exports for the bucket "
+        f"(graph sha256 {info['graph'][:12]}… at warmup, {exported.graph_digest[:12]}… now): the model's code "
+        "changed since warmup (a patched or monkeypatched layer, other modeling code); warm it again (warmup "
+        "--retry-failed)"
+    )
 
 
 #: The route, as :data:`warmcache.artifacts.kinds.ROUTES` lists it.
@@ -168,11 +195,11 @@ def _slides(config: Any) -> bool:
     )
 
 
-def _model_graph_digests(
+def _model_exports(
     model: PreTrainedModel, max_cache_len: int, generate_call: dict[str, Any], steps: set[str]
-) -> dict[str, str]:
+) -> dict[str, ExportedDecode]:
     """Export the model's decode step for the bucket's first one-token call (and its prefill for the bucket's prompt,
-    if asked), as warmup did; ``{step: digest}``."""
+    if asked), as warmup did; ``{step: export}``."""
     import torch
     from transformers import GenerationMixin
 
@@ -181,8 +208,8 @@ def _model_graph_digests(
     assert isinstance(model, GenerationMixin), f"{type(model).__name__} cannot generate()"
     with capture_decode_call(model, eager=True) as decode_kwargs, torch.no_grad():
         model.generate(**{**generate_call, "max_new_tokens": 2, "min_new_tokens": 2})
-    digests = {step: export_decode(model, decode_kwargs, max_cache_len).graph_digest for step in steps - {PREFILL_STEP}}
+    exports = {step: export_decode(model, decode_kwargs, max_cache_len) for step in steps - {PREFILL_STEP}}
     if PREFILL_STEP in steps:
         seq_len = int(generate_call["input_ids"].shape[1])
-        digests[PREFILL_STEP] = export_prefill(model, decode_kwargs, seq_len, max_cache_len).graph_digest
-    return digests
+        exports[PREFILL_STEP] = export_prefill(model, decode_kwargs, seq_len, max_cache_len)
+    return exports
