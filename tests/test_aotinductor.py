@@ -605,6 +605,45 @@ class _LongRope:
 
 
 @pytest.mark.slow
+def test_a_carried_tensor_the_model_changes_as_it_decodes_is_refused_and_one_it_derives_is_not() -> None:
+    """Both are plain attributes that export carries by value: Phi-3.5's ``long_inv_freq`` is derived once and stays,
+    while state kept on a module (RecurrentGemma's ``conv1d_state``) moves at every call, and a package would serve
+    every request with warmup's. Warmup tells them apart by one more eager call, and puts the attribute back."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from warmcache.artifacts.aoti_export import _constants_as_buffers, refuse_carried_state
+
+    class Stateful(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(_LongRope.WIDTH, _LongRope.WIDTH)
+            self.state = torch.zeros(_LongRope.WIDTH)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.state = self.state + x.mean(0)
+            return self.proj(x) + self.state
+
+    x = torch.randn(2, _LongRope.WIDTH) * 4
+    for step, refused in ((_LongRope.module(), None), (Stateful().eval(), "reads state, a tensor the model keeps")):
+        with torch.no_grad():
+            step(x)  # warmup's earlier calls: the derived tensor is made, the state has moved
+            program = torch.export.export(step, (x,), strict=False)
+        computed = _constants_as_buffers(program)
+        assert len(computed) == 1, computed
+        ((fqn, value),) = computed.items()
+        before = value.clone()
+        exported = SimpleNamespace(step=step, computed=computed)
+        if refused is None:
+            refuse_carried_state(step, exported, {"x": x})  # type: ignore[arg-type]
+        else:
+            with pytest.raises(CacheError, match=refused):
+                refuse_carried_state(step, exported, {"x": x})  # type: ignore[arg-type]
+        holder, _, name = fqn.rpartition(".")
+        assert torch.equal(getattr(step.get_submodule(holder), name), before), fqn  # put back as it was
+
+
 def test_a_tensor_the_forward_computes_is_carried_by_the_package_under_its_own_name(tmp_path: Path) -> None:
     """Phi-3.5's longrope keeps ``long_inv_freq`` as a plain attribute: exported as a constant, AOTInductor named it
     ``_tensor_constant0`` and no model tensor could be bound to it. Re-declared as a buffer, the package lists it by

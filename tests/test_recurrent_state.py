@@ -220,14 +220,21 @@ def test_a_recurrent_cache_is_taken_apart_into_its_states_and_held_around_them_a
 
 
 @pytest.mark.slow
-def test_a_package_is_disproven_for_a_model_that_keeps_its_state_on_its_modules(tmp_path: Path) -> None:
+def test_a_model_that_keeps_its_state_on_its_modules_gets_no_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RecurrentGemma keeps its conv and recurrent state as plain attributes of its modules, outside the Cache object:
-    export carries them into the package at their value at warmup, so the package would serve every request with
-    warmup's state. verify's graph proof finds them moved and says so, where it used to blame a code change."""
+    export carries them into a package at their value at warmup, which would then serve every request with warmup's
+    state. Warmup refuses the spec before the compile; a package built without that check (an earlier warmcache) is
+    disproven by verify, naming the moved tensor, where it used to blame a code change."""
     import subprocess
     import sys
 
+    from click.testing import CliRunner
     from warmcache_testkit.family_sweep import build_family_model
+
+    from warmcache.artifacts import aoti_export
+    from warmcache.cli import main
 
     path = build_family_model("recurrent_gemma", tmp_path / "rg")
     manifest = tmp_path / "m.toml"
@@ -238,11 +245,22 @@ def test_a_package_is_disproven_for_a_model_that_keeps_its_state_on_its_modules(
             cache={"dir": str(tmp_path / "cache")},
         )
     )
-    for command, code in (("warmup", 0), ("verify", 1)):
+
+    def run(command: str, *extra: str) -> tuple[int, str]:
         done = subprocess.run(
-            [sys.executable, "-m", "warmcache", command, str(manifest)], capture_output=True, text=True, check=False
+            [sys.executable, "-m", "warmcache", command, str(manifest), *extra],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        assert done.returncode == code, done.stdout + done.stderr
-    said = done.stdout + done.stderr
-    assert "carries model.model.layers.0.temporal_block.conv1d_state (and 1 more) at its value at warmup" in said, said
+        return done.returncode, done.stdout + done.stderr
+
+    code, said = run("warmup")
+    assert code != 0 and "the decode step reads model.model.layers.0.temporal_block.conv1d_state (and 1 more)" in said
+    assert "precompile = false" in said, said
+    monkeypatch.setattr(aoti_export, "refuse_carried_state", lambda *args: None)  # as an earlier warmcache packaged it
+    built = CliRunner().invoke(main, ["warmup", str(manifest), "--retry-failed"])
+    assert built.exit_code == 0, built.output
+    code, said = run("verify")
+    assert code == 1 and "carries model.model.layers.0.temporal_block.conv1d_state (and 1 more) at its value" in said
     assert "precompile = false" in said and "code changed" not in said, said

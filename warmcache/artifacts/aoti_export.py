@@ -164,7 +164,58 @@ def package_decode(
 ) -> tuple[bytes, dict[str, Any]]:
     """Export and package the decode step of exactly these arguments (see :func:`package_exported`)."""
     phases.enter(SavePhase.EXPORTING)
-    return package_exported(export_decode(model, decode_kwargs, max_cache_len), DECODE_STEP, phases)
+    exported = export_decode(model, decode_kwargs, max_cache_len)
+    refuse_carried_state(model, exported, decode_kwargs)
+    return package_exported(exported, DECODE_STEP, phases)
+
+
+def refuse_carried_state(model: PreTrainedModel, exported: ExportedDecode, decode_kwargs: dict[str, Any]) -> None:
+    """Refuse (:class:`CacheError`) a decode step that carries by value a tensor the model changes as it decodes.
+
+    A tensor the forward keeps as a plain attribute travels in the package at its value now
+    (:func:`_constants_as_buffers`): right for one the model derives from its config (Phi-3.5's
+    ``long_inv_freq``), wrong for state it keeps between calls outside the Cache object (RecurrentGemma's
+    ``conv1d_state``), which the package would hold at warmup's value for every request. The two look alike at
+    export, so the model runs this decode call once more, eagerly, on a copy of its inputs: a carried tensor it
+    then holds at another value is state. The attributes are put back as they were.
+    """
+    if not exported.computed:
+        return
+    import copy
+
+    import torch
+
+    holders = {fqn: _holder(exported.step, fqn) for fqn in exported.computed}
+    with torch.inference_mode():  # the captured inputs are inference tensors, which the decode writes into
+        kept = {fqn: (getattr(module, name), getattr(module, name).clone()) for fqn, (module, name) in holders.items()}
+        try:
+            model(**copy.deepcopy(decode_kwargs))
+            moved = sorted(
+                fqn for fqn, (module, name) in holders.items() if not _same(getattr(module, name), kept[fqn][1])
+            )
+        finally:
+            for fqn, (module, name) in holders.items():
+                tensor, value = kept[fqn]
+                tensor.copy_(value)  # undo an in-place update as well as a new value
+                setattr(module, name, tensor)
+    if moved:
+        more = f" (and {len(moved) - 1} more)" if len(moved) > 1 else ""
+        raise CacheError(
+            f"aotinductor package: the decode step reads {moved[0]}{more}, a tensor the model keeps on its modules and "
+            "changes at every step (state outside the Cache object); a package would carry its value at warmup into "
+            "every request: serve this model through torch.compile (precompile = false)"
+        )
+
+
+def _holder(step: torch.nn.Module, fqn: str) -> tuple[torch.nn.Module, str]:
+    path, _, name = fqn.rpartition(".")
+    return step.get_submodule(path), name
+
+
+def _same(tensor: Any, value: torch.Tensor) -> bool:
+    import torch
+
+    return isinstance(tensor, torch.Tensor) and tensor.shape == value.shape and bool(torch.equal(tensor, value))
 
 
 def package_prefill(
