@@ -608,7 +608,8 @@ class _LongRope:
 def test_a_carried_tensor_the_model_changes_as_it_decodes_is_refused_and_one_it_derives_is_not() -> None:
     """Both are plain attributes that export carries by value: Phi-3.5's ``long_inv_freq`` is derived once and stays,
     while state kept on a module (RecurrentGemma's ``conv1d_state``) moves at every call, and a package would serve
-    every request with warmup's. Warmup tells them apart by one more eager call, and puts the attribute back."""
+    every request with warmup's. Warmup tells them apart by one more eager call, and puts the attribute back. A
+    tensor literal the forward makes at every call is carried too, held by no module: not state, and no error."""
     from types import SimpleNamespace
 
     import torch
@@ -625,7 +626,21 @@ def test_a_carried_tensor_the_model_changes_as_it_decodes_is_refused_and_one_it_
             self.state = self.state + x.mean(0)
             return self.proj(x) + self.state
 
+    class Literal(torch.nn.Module):  # a tensor the forward makes at every call: lifted as a constant no module holds
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(_LongRope.WIDTH, _LongRope.WIDTH)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(x) * torch.tensor([2.0] * _LongRope.WIDTH)
+
     x = torch.randn(2, _LongRope.WIDTH) * 4
+    with torch.no_grad():
+        literal = Literal().eval()
+        program = torch.export.export(literal, (x,), strict=False)
+    lifted = _constants_as_buffers(program)
+    assert list(lifted) == ["lifted_tensor_0"], lifted
+    refuse_carried_state(literal, SimpleNamespace(step=literal, computed=lifted), {"x": x})  # type: ignore[arg-type]
     for step, refused in ((_LongRope.module(), None), (Stateful().eval(), "reads state, a tensor the model keeps")):
         with torch.no_grad():
             step(x)  # warmup's earlier calls: the derived tensor is made, the state has moved

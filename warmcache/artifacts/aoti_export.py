@@ -179,13 +179,13 @@ def refuse_carried_state(model: PreTrainedModel, exported: ExportedDecode, decod
     export, so the model runs this decode call once more, eagerly, on a copy of its inputs: a carried tensor it
     then holds at another value is state. The attributes are put back as they were.
     """
-    if not exported.computed:
+    holders = {fqn: held for fqn in exported.computed if (held := _holder(exported.step, fqn)) is not None}
+    if not holders:
         return
     import copy
 
     import torch
 
-    holders = {fqn: _holder(exported.step, fqn) for fqn in exported.computed}
     with torch.inference_mode():  # the captured inputs are inference tensors, which the decode writes into
         kept = {fqn: (getattr(module, name), getattr(module, name).clone()) for fqn, (module, name) in holders.items()}
         try:
@@ -207,9 +207,17 @@ def refuse_carried_state(model: PreTrainedModel, exported: ExportedDecode, decod
         )
 
 
-def _holder(step: torch.nn.Module, fqn: str) -> tuple[torch.nn.Module, str]:
+def _holder(step: torch.nn.Module, fqn: str) -> tuple[torch.nn.Module, str] | None:
+    """The module holding the carried tensor ``fqn`` as a tensor attribute, and the attribute's name; ``None`` for a
+    constant no module holds (a tensor literal the forward makes at every call, lifted as ``lifted_tensor_0``)."""
+    import torch
+
     path, _, name = fqn.rpartition(".")
-    return step.get_submodule(path), name
+    try:
+        module = step.get_submodule(path)
+    except AttributeError:
+        return None
+    return (module, name) if isinstance(getattr(module, name, None), torch.Tensor) else None
 
 
 def _same(tensor: Any, value: torch.Tensor) -> bool:
